@@ -1,0 +1,62 @@
+"""Command-line and environment settings shared by `python -m backend` and `app.py`."""
+
+from __future__ import annotations
+
+import argparse
+import os
+
+from backend.engine import Engine
+from backend.engines import ENGINES, EngineOptions, create_engine
+from backend.engines.synthetic import DEFAULT_JITTER, DEFAULT_RATE
+from backend.settings import Limits
+
+DEFAULT_ENGINE = "synthetic"
+"""The engine when neither --engine nor DASHBOARD_ENGINE names one."""
+
+DEFAULT_BACKEND_PORT = 8765
+
+
+def env(name: str, default: str) -> str:
+    """An environment setting, or `default` when it is unset or empty."""
+    return os.environ.get(name) or default
+
+
+def add_engine_arguments(parser: argparse.ArgumentParser) -> None:
+    """--engine and the engines' own options, each defaulting to its environment variable."""
+    parser.add_argument(
+        "--engine",
+        default=env("DASHBOARD_ENGINE", DEFAULT_ENGINE),
+        choices=sorted(ENGINES),
+        help="engine that produces the samples (env DASHBOARD_ENGINE; default %(default)s)",
+    )
+    parser.add_argument(
+        "--rate",
+        type=float,
+        default=float(env("SYNTHETIC_RATE", str(DEFAULT_RATE))),
+        help="synthetic engine: tokens per second per sample (env SYNTHETIC_RATE; default %(default)s)",
+    )
+    parser.add_argument(
+        "--jitter",
+        type=float,
+        default=float(env("SYNTHETIC_JITTER", str(DEFAULT_JITTER))),
+        help="synthetic engine: each token interval varies by ± this fraction "
+        "(env SYNTHETIC_JITTER; default %(default)s)",
+    )
+    parser.add_argument(
+        "--n-max",
+        type=int,
+        default=int(env("DASHBOARD_N_MAX", str(Limits.n_max))),
+        help="most samples per request, and columns in the page (env DASHBOARD_N_MAX; default %(default)s)",
+    )
+
+
+def engine_from_args(args: argparse.Namespace) -> Engine:
+    """The engine the parsed arguments name, configured from them."""
+    return create_engine(args.engine, EngineOptions(rate=args.rate, jitter=args.jitter))
+
+
+def limits_from_args(args: argparse.Namespace) -> Limits:
+    """Server limits with the parsed --n-max."""
+    if args.n_max < 1:
+        raise ValueError(f"--n-max must be at least 1, got {args.n_max}")
+    return Limits(n_max=args.n_max)

@@ -1,0 +1,94 @@
+"""The Engine interface: one request in, per-sample delta chunks out, abort one sample or all.
+
+Every engine (embedded, SGLang, OpenAI-compatible, synthetic) sits behind these few types. Engines
+normalise what their source sends (cumulative text, deltas, per-sample ids) so that the server only
+ever sees `Chunk`s carrying deltas keyed by sample index.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+FINISH_REASONS = ("stop", "length", "abort", "error")
+"""Why a sample ended: natural stop, max_tokens reached, cancelled, engine failure."""
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    """Sampling settings of one request; `seed` is resolved (never None) by the time an engine sees it."""
+
+    max_tokens: int
+    temperature: float
+    top_p: float
+    seed: int | None = None
+
+    def sample_seed(self, index: int) -> int:
+        """The seed of sample `index`: the request seed plus the index, so samples differ."""
+        if self.seed is None:
+            raise ValueError("seed is not resolved")
+        return self.seed + index
+
+
+@dataclass(frozen=True)
+class Chunk:
+    """A delta of one sample: new text, how many tokens it holds, and the finish reason on the last."""
+
+    index: int
+    text: str
+    tokens: int
+    finish_reason: str | None = None
+    meta: Mapping[str, Any] = field(default_factory=dict)
+
+
+class Generation(ABC):
+    """One running request: an async iterator over the chunks of all its samples, interleaved.
+
+    The iterator yields exactly one chunk with a finish reason per sample, then stops. `abort`
+    makes the engine stop generating (one sample, or all); the aborted samples still end with a
+    chunk whose finish reason is "abort". `aclose` stops everything and releases the engine's
+    resources; it is safe to call more than once and after the iterator ended.
+    """
+
+    def __aiter__(self) -> Generation:
+        return self
+
+    @abstractmethod
+    async def __anext__(self) -> Chunk:
+        """The next chunk of any sample, in arrival order."""
+
+    @abstractmethod
+    async def abort(self, index: int | None = None) -> None:
+        """Stop generating sample `index`, or every sample when `index` is None."""
+
+    @abstractmethod
+    async def aclose(self) -> None:
+        """Abort whatever still runs and release the request's resources."""
+
+
+class Engine(ABC):
+    """A source of parallel samples, chosen by `name` on the command line."""
+
+    name: str = ""
+    """Registry name (`--engine NAME`)."""
+
+    @property
+    @abstractmethod
+    def model(self) -> str:
+        """What produces the text, as shown to the user."""
+
+    async def start(self) -> None:  # noqa: B027 - optional hook, most engines need no start-up
+        """Load weights or connect; called once on the server's loop before serving."""
+
+    async def stop(self) -> None:  # noqa: B027 - optional hook
+        """Release what `start` acquired."""
+
+    @abstractmethod
+    def generate(self, prompt: str, n: int, params: SamplingParams) -> Generation:
+        """Start `n` samples of `prompt`; chunks arrive by iterating the returned Generation."""
+
+    def health(self) -> dict[str, Any]:
+        """Engine facts for the /health endpoint (at least the running sample count)."""
+        return {"engine": self.name, "model": self.model}

@@ -1,0 +1,31 @@
+"""Engines by name: adding one is a module in this package and one line in `ENGINES`."""
+
+from __future__ import annotations
+
+import importlib
+from dataclasses import dataclass
+
+from backend.engine import Engine
+from backend.engines.synthetic import DEFAULT_JITTER, DEFAULT_RATE
+
+ENGINES: dict[str, str] = {
+    "synthetic": "backend.engines.synthetic:SyntheticEngine",
+}
+"""Engine name -> "module:Class"; imported only when chosen, so heavy engines cost nothing idle."""
+
+
+@dataclass(frozen=True)
+class EngineOptions:
+    """Command-line settings an engine may read; each engine takes the ones it knows."""
+
+    rate: float = DEFAULT_RATE
+    jitter: float = DEFAULT_JITTER
+
+
+def create_engine(name: str, options: EngineOptions | None = None) -> Engine:
+    """Build the engine registered as `name`; ValueError names the choices when it is unknown."""
+    if name not in ENGINES:
+        raise ValueError(f"unknown engine {name!r}; choose one of: {', '.join(sorted(ENGINES))}")
+    module_name, class_name = ENGINES[name].split(":")
+    engine_class = getattr(importlib.import_module(module_name), class_name)
+    return engine_class.from_options(options or EngineOptions())

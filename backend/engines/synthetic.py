@@ -1,0 +1,165 @@
+"""The synthetic engine: deterministic text at a set token rate, for tests, benchmarks and demos.
+
+Each sample's text depends only on its seed (the request's seed + its index), and at temperature
+0 on nothing at all: real engines decode greedily there, so every sample is the same. Each sample
+runs as its own asyncio task that sleeps until its next token is due, so n samples interleave on
+one event loop the way chunks of a real engine's stream do. A sample finishes with "length" at
+max_tokens, or with "stop" at a sentence end once it is long enough, so both reasons occur.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+from typing import Any
+
+from backend.engine import Chunk, Engine, Generation, SamplingParams
+
+WORDS = (
+    "the a river light stone quiet morning window garden road city signal engine thread loop "
+    "token sample stream column lantern harbor meadow forest bridge tower letter number pattern "
+    "answer question story idea measure moment minute second hour evening season winter summer "
+    "ocean mountain valley field cloud rain wind fire water silver copper paper glass machine "
+    "model weight layer memory cache batch queue task future promise worker socket frame packet "
+    "walks runs waits listens sings turns opens closes carries builds writes reads counts learns "
+    "finds keeps gives holds moves rests grows shines falls rises drifts hums "
+    "slowly quickly gently again always never together softly early late "
+    "bright calm small large old new warm cold steady patient curious careful simple clear "
+    "over under through across beside behind within between toward after before "
+    "and but so while because when where then"
+).split()
+
+STOP_PROBABILITY = 0.3
+"""Chance that a sample stops at a sentence end once it has reached its minimum length."""
+
+MIN_STOP_FRACTION = 0.4
+"""A sample may stop (finish "stop") only after this fraction of max_tokens."""
+
+
+def synthetic_tokens(sample_seed: int, max_tokens: int, temperature: float = 1.0) -> tuple[list[str], str]:
+    """The tokens of the sample with `sample_seed` and its finish reason ("stop" or "length").
+
+    A pure function. Tokens are words with their leading space; concatenated they are the text.
+    """
+    rng = random.Random("synthetic:greedy" if temperature == 0 else f"synthetic:{sample_seed}")
+    min_tokens = max(1, int(max_tokens * MIN_STOP_FRACTION))
+    tokens: list[str] = []
+    while True:
+        sentence_length = rng.randint(4, 12)
+        for position in range(sentence_length):
+            word = rng.choice(WORDS)
+            if position == 0:
+                word = word.capitalize()
+            if position == sentence_length - 1:
+                word += "."
+            tokens.append(word if not tokens else " " + word)
+            if len(tokens) == max_tokens:
+                return tokens, "length"
+        if len(tokens) >= min_tokens and rng.random() < STOP_PROBABILITY:
+            return tokens, "stop"
+
+
+def token_intervals(sample_seed: int, count: int, rate: float, jitter: float) -> list[float]:
+    """Seconds before each of `count` tokens: 1/rate, each scaled by 1 ± jitter (uniform)."""
+    rng = random.Random(f"timing:{sample_seed}")
+    base = 1.0 / rate
+    return [base * (1.0 + jitter * rng.uniform(-1.0, 1.0)) for _ in range(count)]
+
+
+DEFAULT_RATE = 20.0
+"""Tokens per second per sample: about what a small model gives one sample on a modest GPU."""
+
+DEFAULT_JITTER = 0.3
+"""Each token interval is 1/rate scaled by a uniform factor in [1 - jitter, 1 + jitter]."""
+
+
+class SyntheticEngine(Engine):
+    """Deterministic text at `rate` tokens/s per sample, each interval varied by ±`jitter`."""
+
+    name = "synthetic"
+
+    def __init__(self, rate: float = DEFAULT_RATE, jitter: float = DEFAULT_JITTER) -> None:
+        if not rate > 0:
+            raise ValueError(f"--rate must be > 0 tokens/s, got {rate}")
+        if not 0 <= jitter < 1:
+            raise ValueError(f"--jitter must be in [0, 1), got {jitter}")
+        self.rate = rate
+        self.jitter = jitter
+        self._generations: set[SyntheticGeneration] = set()
+
+    @classmethod
+    def from_options(cls, options: Any) -> SyntheticEngine:
+        """Build from the command line's `--rate` and `--jitter`."""
+        return cls(rate=options.rate, jitter=options.jitter)
+
+    @property
+    def model(self) -> str:
+        return f"synthetic ({self.rate:g} tok/s per sample, jitter {self.jitter:g})"
+
+    def generate(self, prompt: str, n: int, params: SamplingParams) -> Generation:
+        generation = SyntheticGeneration(self, n, params)
+        self._generations.add(generation)
+        return generation
+
+    def health(self) -> dict[str, Any]:
+        running = sum(g.running_samples for g in self._generations)
+        return {**super().health(), "running_requests": len(self._generations), "running_samples": running}
+
+    def _forget(self, generation: SyntheticGeneration) -> None:
+        self._generations.discard(generation)
+
+
+class SyntheticGeneration(Generation):
+    """n sample tasks feeding one queue; the iterator ends after every sample's finish chunk."""
+
+    def __init__(self, engine: SyntheticEngine, n: int, params: SamplingParams) -> None:
+        self._engine = engine
+        self._params = params
+        self._queue: asyncio.Queue[Chunk] = asyncio.Queue()
+        self._unfinished = n
+        self._tasks = [
+            asyncio.create_task(self._run_sample(index), name=f"synthetic-sample-{index}")
+            for index in range(n)
+        ]
+
+    @property
+    def running_samples(self) -> int:
+        """Sample tasks still generating."""
+        return sum(not task.done() for task in self._tasks)
+
+    async def _run_sample(self, index: int) -> None:
+        seed = self._params.sample_seed(index)
+        tokens, reason = synthetic_tokens(seed, self._params.max_tokens, self._params.temperature)
+        intervals = token_intervals(seed, len(tokens), self._engine.rate, self._engine.jitter)
+        loop = asyncio.get_running_loop()
+        due = loop.time()
+        try:
+            for position, (token, interval) in enumerate(zip(tokens, intervals, strict=True)):
+                # Deadlines, not sleeps of fixed length: a late wake-up does not slow the rate.
+                due += interval
+                await asyncio.sleep(max(0.0, due - loop.time()))
+                last = position == len(tokens) - 1
+                self._queue.put_nowait(Chunk(index, token, 1, reason if last else None))
+        except asyncio.CancelledError:
+            self._queue.put_nowait(Chunk(index, "", 0, "abort"))
+            raise
+
+    async def __anext__(self) -> Chunk:
+        if self._unfinished == 0:
+            self._engine._forget(self)
+            raise StopAsyncIteration
+        chunk = await self._queue.get()
+        if chunk.finish_reason is not None:
+            self._unfinished -= 1
+        return chunk
+
+    async def abort(self, index: int | None = None) -> None:
+        targets = self._tasks if index is None else [self._tasks[index]]
+        for task in targets:
+            task.cancel()
+
+    async def aclose(self) -> None:
+        for task in self._tasks:
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        self._engine._forget(self)

@@ -1,0 +1,236 @@
+"""Websocket protocol v1, without I/O: client frames parsed and validated, server frames built.
+
+Client to server: `generate` and `cancel`. Server to client: `accepted`, `chunk`, `finish`, `done`,
+`trace`, `error`. Every rejection is a `ProtocolError` with a stable `code` and a message a person
+can act on; the server turns it into an `error` frame and keeps the connection open.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass
+from typing import Any
+
+from backend.engine import SamplingParams
+from backend.settings import (
+    DEFAULT_MAX_TOKENS,
+    DEFAULT_TEMPERATURE,
+    DEFAULT_TOP_P,
+    SEED_MAX,
+    Limits,
+)
+
+PROTOCOL_VERSION = 1
+
+TEMPERATURE_MAX = 2.0
+"""Above this, sampling is close to uniform noise; engines disagree on what it means."""
+
+PARAM_NAMES = ("max_tokens", "temperature", "top_p", "seed")
+
+
+class ProtocolError(Exception):
+    """A frame the server will not act on; becomes an `error` frame on the same connection."""
+
+    def __init__(self, code: str, message: str, request_id: str | None = None) -> None:
+        super().__init__(message)
+        self.code = code
+        self.message = message
+        self.request_id = request_id
+
+
+@dataclass(frozen=True)
+class GenerateCommand:
+    """A valid `generate` frame."""
+
+    id: str
+    prompt: str
+    n: int
+    params: SamplingParams
+
+
+@dataclass(frozen=True)
+class CancelCommand:
+    """A valid `cancel` frame: every sample of `id`, or only sample `index`."""
+
+    id: str
+    index: int | None = None
+
+
+def _reject_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not a number JSON allows")
+
+
+def parse_client_frame(data: str | bytes, limits: Limits) -> GenerateCommand | CancelCommand:
+    """Parse one websocket message from a client, or raise ProtocolError saying what is wrong."""
+    if isinstance(data, bytes):
+        raise ProtocolError("bad_frame", "binary frames are not supported; send JSON as text frames")
+    if len(data.encode("utf-8", "surrogatepass")) > limits.max_frame_bytes:
+        raise ProtocolError(
+            "frame_too_large",
+            f"frame is larger than {limits.max_frame_bytes} bytes; shorten the prompt",
+        )
+    try:
+        frame = json.loads(data, parse_constant=_reject_constant)
+    except ValueError as exc:
+        raise ProtocolError("bad_json", f"frame is not valid JSON: {exc}") from None
+    if not isinstance(frame, dict):
+        raise ProtocolError("bad_frame", 'frame must be a JSON object with a "type" field')
+    request_id = frame.get("id") if isinstance(frame.get("id"), str) else None
+    kind = frame.get("type")
+    if kind == "generate":
+        return _parse_generate(frame, limits)
+    if kind == "cancel":
+        return _parse_cancel(frame, limits)
+    if "type" not in frame:
+        raise ProtocolError("missing_field", 'frame has no "type"; use "generate" or "cancel"', request_id)
+    raise ProtocolError(
+        "unknown_type", f'unknown frame type {kind!r}; use "generate" or "cancel"', request_id
+    )
+
+
+def _parse_id(frame: dict[str, Any], limits: Limits) -> str:
+    if "id" not in frame:
+        raise ProtocolError("missing_field", f'"{frame["type"]}" frame needs an "id" (a string)')
+    request_id = frame["id"]
+    if not isinstance(request_id, str) or not request_id:
+        raise ProtocolError("bad_field", '"id" must be a non-empty string')
+    if len(request_id) > limits.max_id_chars:
+        raise ProtocolError("bad_field", f'"id" must be at most {limits.max_id_chars} characters')
+    return request_id
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _is_number(value: Any) -> bool:
+    return (_is_int(value) or isinstance(value, float)) and math.isfinite(value)
+
+
+def _parse_generate(frame: dict[str, Any], limits: Limits) -> GenerateCommand:
+    request_id = _parse_id(frame, limits)
+
+    def fail(code: str, message: str) -> ProtocolError:
+        return ProtocolError(code, message, request_id)
+
+    if "prompt" not in frame:
+        raise fail("missing_field", '"generate" needs a "prompt" (a string)')
+    prompt = frame["prompt"]
+    if not isinstance(prompt, str):
+        raise fail("bad_field", '"prompt" must be a string')
+    if not prompt.strip():
+        raise fail("empty_prompt", "the prompt is empty; type something to sample from")
+    if len(prompt) > limits.max_prompt_chars:
+        raise fail(
+            "prompt_too_long",
+            f"the prompt has {len(prompt)} characters; the limit is {limits.max_prompt_chars}",
+        )
+
+    n = frame.get("n", 1)
+    if not _is_int(n):
+        raise fail("bad_field", '"n" must be an integer')
+    if not 1 <= n <= limits.n_max:
+        raise fail("n_out_of_range", f"n must be between 1 and {limits.n_max}, got {n}")
+
+    raw_params = frame.get("params", {})
+    if raw_params is None:
+        raw_params = {}
+    if not isinstance(raw_params, dict):
+        raise fail("bad_field", '"params" must be an object')
+    unknown = sorted(set(raw_params) - set(PARAM_NAMES))
+    if unknown:
+        raise fail(
+            "unknown_param",
+            f"unknown parameter {unknown[0]!r}; known: {', '.join(PARAM_NAMES)}",
+        )
+
+    max_tokens = raw_params.get("max_tokens", DEFAULT_MAX_TOKENS)
+    if not _is_int(max_tokens):
+        raise fail("bad_field", '"max_tokens" must be an integer')
+    if not 1 <= max_tokens <= limits.max_tokens_max:
+        raise fail(
+            "max_tokens_out_of_range",
+            f"max_tokens must be between 1 and {limits.max_tokens_max}, got {max_tokens}",
+        )
+
+    temperature = raw_params.get("temperature", DEFAULT_TEMPERATURE)
+    if not _is_number(temperature):
+        raise fail("bad_field", '"temperature" must be a number')
+    if not 0 <= temperature <= TEMPERATURE_MAX:
+        raise fail(
+            "temperature_out_of_range",
+            f"temperature must be between 0 and {TEMPERATURE_MAX:g}, got {temperature}",
+        )
+
+    top_p = raw_params.get("top_p", DEFAULT_TOP_P)
+    if not _is_number(top_p):
+        raise fail("bad_field", '"top_p" must be a number')
+    if not 0 < top_p <= 1:
+        raise fail("top_p_out_of_range", f"top_p must be in (0, 1], got {top_p}")
+
+    seed = raw_params.get("seed")
+    if seed is not None:
+        if not _is_int(seed):
+            raise fail("bad_field", '"seed" must be an integer or null')
+        if not 0 <= seed <= SEED_MAX - limits.n_max:
+            raise fail(
+                "seed_out_of_range", f"seed must be between 0 and {SEED_MAX - limits.n_max}, got {seed}"
+            )
+
+    params = SamplingParams(
+        max_tokens=max_tokens, temperature=float(temperature), top_p=float(top_p), seed=seed
+    )
+    return GenerateCommand(id=request_id, prompt=prompt, n=n, params=params)
+
+
+def _parse_cancel(frame: dict[str, Any], limits: Limits) -> CancelCommand:
+    request_id = _parse_id(frame, limits)
+    index = frame.get("index")
+    if index is not None and not _is_int(index):
+        raise ProtocolError("bad_field", '"index" must be an integer or left out', request_id)
+    return CancelCommand(id=request_id, index=index)
+
+
+def encode(frame: dict[str, Any]) -> str:
+    """A server frame as the JSON text sent on the wire."""
+    return json.dumps(frame, separators=(",", ":"), ensure_ascii=False)
+
+
+def accepted_frame(
+    request_id: str, n: int, engine: str, model: str, params: SamplingParams
+) -> dict[str, Any]:
+    """The server took the request; `params` echo what it will run with (the resolved seed too)."""
+    return {
+        "type": "accepted",
+        "id": request_id,
+        "n": n,
+        "engine": engine,
+        "model": model,
+        "params": {
+            "max_tokens": params.max_tokens,
+            "temperature": params.temperature,
+            "top_p": params.top_p,
+            "seed": params.seed,
+        },
+    }
+
+
+def chunk_frame(request_id: str, index: int, text: str, tokens: int) -> dict[str, Any]:
+    """New text of sample `index`; `tokens` counts the tokens in `text` (frames may coalesce)."""
+    return {"type": "chunk", "id": request_id, "index": index, "text": text, "tokens": tokens}
+
+
+def finish_frame(request_id: str, index: int, reason: str, stats: dict[str, Any]) -> dict[str, Any]:
+    """Sample `index` ended; sent exactly once per index."""
+    return {"type": "finish", "id": request_id, "index": index, "reason": reason, "stats": stats}
+
+
+def done_frame(request_id: str, stats: dict[str, Any]) -> dict[str, Any]:
+    """Every sample of the request has finished; the last frame of a request."""
+    return {"type": "done", "id": request_id, "stats": stats}
+
+
+def error_frame(code: str, message: str, request_id: str | None = None) -> dict[str, Any]:
+    """Something the server could not do; the connection stays usable."""
+    return {"type": "error", "id": request_id, "code": code, "message": message}

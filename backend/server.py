@@ -1,0 +1,322 @@
+"""The websocket server: protocol v1 at ws://HOST:PORT/ws, on its own plain asyncio loop.
+
+A thin I/O shell: parsing lives in `protocol`, request bookkeeping in `session`, send-side merging
+in `outbox`. Each connection has one receive loop, one send loop and a task per running request;
+closing the connection aborts its requests in the engine. `GET /health` reports the engine's load.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import random
+import threading
+from dataclasses import dataclass, replace
+from http import HTTPStatus
+from typing import Any
+from urllib.parse import urlsplit
+
+from websockets.asyncio.server import Server, ServerConnection, serve
+from websockets.datastructures import Headers
+from websockets.exceptions import ConnectionClosed
+from websockets.http11 import Request, Response
+
+from backend.engine import Engine, Generation
+from backend.outbox import Outbox
+from backend.protocol import (
+    CancelCommand,
+    GenerateCommand,
+    ProtocolError,
+    accepted_frame,
+    encode,
+    error_frame,
+    parse_client_frame,
+)
+from backend.session import RequestState
+from backend.settings import OUTBOX_MAX_FRAMES, SEED_MAX, WS_MAX_MESSAGE_BYTES, Limits
+
+log = logging.getLogger("backend")
+
+WS_PATH = "/ws"
+HEALTH_PATH = "/health"
+
+
+@dataclass
+class RunningRequest:
+    """An accepted request: its bookkeeping, the engine's generation and the task consuming it."""
+
+    state: RequestState
+    generation: Generation
+    task: asyncio.Task[None] | None = None
+
+
+class ClientSession:
+    """One websocket client: any number of requests (up to the limit), told apart by `id`."""
+
+    def __init__(self, ws: ServerConnection, engine: Engine, limits: Limits) -> None:
+        self.ws = ws
+        self.engine = engine
+        self.limits = limits
+        self.requests: dict[str, RunningRequest] = {}
+        self.outbox = Outbox()
+        self._wake = asyncio.Event()
+        self._side_tasks: set[asyncio.Task[None]] = set()
+
+    async def serve(self) -> None:
+        """Read frames until the client leaves, then abort whatever it left running."""
+        sender = asyncio.create_task(self._send_loop(), name="send-loop")
+        try:
+            async for message in self.ws:
+                self.handle_message(message)
+        except ConnectionClosed:
+            pass
+        finally:
+            running = [r.task for r in self.requests.values() if r.task is not None]
+            for task in running:
+                task.cancel()
+            await asyncio.gather(*running, *self._side_tasks, return_exceptions=True)
+            sender.cancel()
+            await asyncio.gather(sender, return_exceptions=True)
+
+    def handle_message(self, message: str | bytes) -> None:
+        """Act on one client frame; every rejection becomes an `error` frame."""
+        try:
+            command = parse_client_frame(message, self.limits)
+            if isinstance(command, GenerateCommand):
+                self._start(command)
+            else:
+                self._cancel(command)
+        except ProtocolError as exc:
+            self.send(error_frame(exc.code, exc.message, exc.request_id))
+
+    def send(self, frame: dict[str, Any]) -> None:
+        """Queue a frame for the send loop; never blocks the caller."""
+        self.outbox.push(frame)
+        self._wake.set()
+        if len(self.outbox) > OUTBOX_MAX_FRAMES:
+            log.warning("closing a client that stopped reading (%d frames queued)", len(self.outbox))
+            self._spawn(self.ws.close(1008, "client is not reading its frames"))
+
+    def _start(self, command: GenerateCommand) -> None:
+        if command.id in self.requests:
+            raise ProtocolError(
+                "duplicate_id",
+                f"request {command.id!r} is still running; use a new id or wait for its done",
+                command.id,
+            )
+        if len(self.requests) >= self.limits.max_requests_per_connection:
+            raise ProtocolError(
+                "too_many_requests",
+                f"{self.limits.max_requests_per_connection} requests are already running on this "
+                "connection; wait for one to finish",
+                command.id,
+            )
+        seed = command.params.seed
+        if seed is None:
+            seed = random.randrange(SEED_MAX - self.limits.n_max)
+        params = replace(command.params, seed=seed)
+        try:
+            generation = self.engine.generate(command.prompt, command.n, params)
+        except Exception as exc:
+            log.exception("engine refused request %s", command.id)
+            raise ProtocolError("engine_error", f"the engine could not start: {exc}", command.id) from None
+        loop = asyncio.get_running_loop()
+        state = RequestState(command.id, command.n, params, loop.time())
+        running = RunningRequest(state, generation)
+        self.requests[command.id] = running
+        self.send(accepted_frame(command.id, command.n, self.engine.name, self.engine.model, params))
+        running.task = asyncio.create_task(self._run(running), name=f"request {command.id}")
+
+    async def _run(self, running: RunningRequest) -> None:
+        state, generation = running.state, running.generation
+        loop = asyncio.get_running_loop()
+        try:
+            async for chunk in generation:
+                for frame in state.on_chunk(chunk, loop.time()):
+                    self.send(frame)
+                if state.finished:
+                    break
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:
+            log.exception("engine failed during request %s", state.request_id)
+            self.send(error_frame("engine_error", f"the engine failed: {exc}", state.request_id))
+        finally:
+            try:
+                await generation.aclose()
+            finally:
+                for frame in state.finish_unfinished():
+                    self.send(frame)
+                self.send(state.done(loop.time()))
+                del self.requests[state.request_id]
+
+    def _cancel(self, command: CancelCommand) -> None:
+        running = self.requests.get(command.id)
+        if running is None:
+            raise ProtocolError(
+                "unknown_id", f"no running request has id {command.id!r}; it may have finished", command.id
+            )
+        n = running.state.n
+        if command.index is not None and not 0 <= command.index < n:
+            raise ProtocolError(
+                "index_out_of_range",
+                f"index must be between 0 and {n - 1} for request {command.id!r}, got {command.index}",
+                command.id,
+            )
+        if running.state.request_abort(command.index):
+            self._spawn(self._abort(running, command.index))
+
+    async def _abort(self, running: RunningRequest, index: int | None) -> None:
+        try:
+            await running.generation.abort(index)
+        except Exception as exc:
+            log.exception("abort failed for request %s", running.state.request_id)
+            self.send(
+                error_frame("abort_failed", f"the engine did not abort: {exc}", running.state.request_id)
+            )
+
+    def _spawn(self, coroutine: Any) -> None:
+        task = asyncio.create_task(coroutine)
+        self._side_tasks.add(task)
+        task.add_done_callback(self._side_tasks.discard)
+
+    async def _send_loop(self) -> None:
+        try:
+            while True:
+                await self._wake.wait()
+                self._wake.clear()
+                for frame in self.outbox.drain():
+                    # Awaiting the socket here lets chunks merge in the outbox meanwhile.
+                    await self.ws.send(encode(frame))
+        except ConnectionClosed:
+            pass
+
+
+class BackendServer:
+    """The engine plus the websocket server in front of it, on the running loop."""
+
+    def __init__(
+        self, engine: Engine, limits: Limits | None = None, host: str = "127.0.0.1", port: int = 8765
+    ) -> None:
+        self.engine = engine
+        self.limits = limits or Limits()
+        self.host = host
+        self.port = port
+        self.sessions: set[ClientSession] = set()
+        self._server: Server | None = None
+
+    async def start(self) -> None:
+        """Start the engine, then listen; `port` becomes the bound port (useful with port 0)."""
+        await self.engine.start()
+        self._server = await serve(
+            self._handle,
+            self.host,
+            self.port,
+            process_request=self._process_request,
+            max_size=WS_MAX_MESSAGE_BYTES,
+        )
+        self.port = self._server.sockets[0].getsockname()[1]
+        log.info("serving %s engine (%s) at %s", self.engine.name, self.engine.model, self.url)
+
+    @property
+    def url(self) -> str:
+        """The websocket URL clients connect to."""
+        host = f"[{self.host}]" if ":" in self.host else self.host
+        return f"ws://{host}:{self.port}{WS_PATH}"
+
+    async def close(self) -> None:
+        """Stop listening, close every connection (aborting its requests), stop the engine."""
+        if self._server is not None:
+            self._server.close()
+            await self._server.wait_closed()
+        await self.engine.stop()
+
+    async def serve_forever(self) -> None:
+        """Run until cancelled."""
+        await self.start()
+        try:
+            await asyncio.Future()
+        finally:
+            await self.close()
+
+    def health(self) -> dict[str, Any]:
+        """What /health reports: the engine's load and the open connections."""
+        return {
+            "status": "ok",
+            **self.engine.health(),
+            "connections": len(self.sessions),
+            "active_requests": sum(len(s.requests) for s in self.sessions),
+            "n_max": self.limits.n_max,
+            "max_tokens_max": self.limits.max_tokens_max,
+        }
+
+    async def _handle(self, ws: ServerConnection) -> None:
+        session = ClientSession(ws, self.engine, self.limits)
+        self.sessions.add(session)
+        log.info("client connected from %s", ws.remote_address)
+        try:
+            await session.serve()
+        finally:
+            self.sessions.discard(session)
+            log.info("client %s left", ws.remote_address)
+
+    def _process_request(self, connection: ServerConnection, request: Request) -> Response | None:
+        path = urlsplit(request.path).path
+        if path == HEALTH_PATH:
+            return _json_response(HTTPStatus.OK, self.health())
+        if path != WS_PATH:
+            return connection.respond(HTTPStatus.NOT_FOUND, f"the websocket endpoint is {WS_PATH}\n")
+        return None
+
+
+def _json_response(status: HTTPStatus, body: dict[str, Any]) -> Response:
+    data = (encode(body) + "\n").encode()
+    headers = Headers(
+        [("Content-Type", "application/json"), ("Content-Length", str(len(data))), ("Connection", "close")]
+    )
+    return Response(status.value, status.phrase, headers, data)
+
+
+class BackendThread(threading.Thread):
+    """The backend on a daemon thread with its own plain asyncio loop (for app.py)."""
+
+    def __init__(self, server: BackendServer) -> None:
+        super().__init__(name="backend", daemon=True)
+        self.server = server
+        self._ready = threading.Event()
+        self._error: BaseException | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._stop_event: asyncio.Event | None = None
+
+    def run(self) -> None:
+        asyncio.run(self._main())
+
+    async def _main(self) -> None:
+        self._loop = asyncio.get_running_loop()
+        self._stop_event = asyncio.Event()
+        try:
+            await self.server.start()
+        except BaseException as exc:  # noqa: BLE001 - handed to the thread that waits for readiness
+            self._error = exc
+            self._ready.set()
+            return
+        self._ready.set()
+        try:
+            await self._stop_event.wait()
+        finally:
+            await self.server.close()
+
+    def start_and_wait(self, timeout: float = 60.0) -> str:
+        """Start the thread; return the websocket URL once serving, or raise why it could not."""
+        self.start()
+        if not self._ready.wait(timeout):
+            raise TimeoutError(f"the backend did not start within {timeout:g} s")
+        if self._error is not None:
+            raise RuntimeError(f"the backend could not start: {self._error}") from self._error
+        return self.server.url
+
+    def stop(self, timeout: float = 5.0) -> None:
+        """Close the server and wait for the thread to end."""
+        if self._loop is not None and self._stop_event is not None and self.is_alive():
+            self._loop.call_soon_threadsafe(self._stop_event.set)
+            self.join(timeout)

@@ -1,0 +1,45 @@
+"""Limits and defaults of the backend, each with the one thing it protects."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+# Hard cap enforced by the websockets library before a frame is parsed: a larger frame closes the
+# connection with code 1009. It bounds the memory one incoming message can take.
+WS_MAX_MESSAGE_BYTES = 1 << 20
+
+# Frames queued for one client that is not reading (chunks merge, so only errors and finishes pile
+# up). Past this the connection is closed: it bounds a stalled client's memory on the server.
+OUTBOX_MAX_FRAMES = 10_000
+
+# Default sampling parameters when a generate frame leaves them out.
+DEFAULT_MAX_TOKENS = 128
+DEFAULT_TEMPERATURE = 0.8
+DEFAULT_TOP_P = 0.95
+
+# Largest seed accepted; per-sample seeds are seed + index, which must stay a 32-bit value.
+SEED_MAX = 2**31 - 1
+
+
+@dataclass(frozen=True)
+class Limits:
+    """Per-request and per-connection bounds the server enforces with an `error` frame."""
+
+    n_max: int = 32
+    """Samples per request: bounds the engine's batch and the number of UI columns."""
+
+    max_tokens_max: int = 2048
+    """Tokens per sample: bounds how long one request can hold the engine."""
+
+    max_prompt_chars: int = 16_000
+    """Prompt length: bounds tokenisation and prefill work for one request."""
+
+    max_frame_bytes: int = 64 * 1024
+    """Client frame size answered with `frame_too_large` instead of being parsed (below the
+    library's hard cap, so the client gets an explanation rather than a closed socket)."""
+
+    max_requests_per_connection: int = 8
+    """Concurrent requests on one connection: keeps one client from monopolising the engine."""
+
+    max_id_chars: int = 128
+    """Length of a client's request id: ids are echoed in every frame, so they stay small."""

@@ -1,0 +1,114 @@
+"""Serving statistics, measured on the server, with the definitions of vLLM's and SGLang's benchmarks.
+
+Per sample (`SampleTimer`), from the moment the request was handed to the engine:
+
+- TTFT: time to the first chunk that carries output.
+- ITL (inter-token latency; here inter-chunk, since an engine may put several tokens in a chunk):
+  the gaps between consecutive chunks of one sample, reported as p50 and p99.
+- TPOT: time per output token after the first, (E2E latency - TTFT) / (tokens - 1); None with
+  fewer than two tokens.
+- E2E latency: time to the sample's last chunk.
+- tokens/s: tokens / E2E latency.
+
+Per request (`request_stats`), as the benchmarks aggregate over requests: mean and p99 TTFT, mean
+TPOT, ITL percentiles over the gaps of all samples together, total tokens, and output throughput,
+total tokens / request duration. Times are reported in milliseconds.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from typing import Any
+
+
+def percentile(values: Sequence[float], q: float) -> float | None:
+    """The q-th percentile (0..100) with linear interpolation, as numpy's default; None if empty."""
+    if not values:
+        return None
+    ordered = sorted(values)
+    position = (len(ordered) - 1) * q / 100.0
+    lower = math.floor(position)
+    upper = min(lower + 1, len(ordered) - 1)
+    return ordered[lower] + (ordered[upper] - ordered[lower]) * (position - lower)
+
+
+def _ms(seconds: float | None) -> float | None:
+    return None if seconds is None else round(seconds * 1000.0, 2)
+
+
+class SampleTimer:
+    """Arrival times of one sample's chunks, turned into its stats when it finishes."""
+
+    def __init__(self, started_at: float, seed: int | None) -> None:
+        self.started_at = started_at
+        self.seed = seed
+        self.first_at: float | None = None
+        self.last_at: float | None = None
+        self.gaps: list[float] = []
+        self.tokens = 0
+        self.chunks = 0
+
+    def on_chunk(self, now: float, tokens: int) -> None:
+        """Record a chunk carrying `tokens` tokens that arrived at `now` (seconds, monotonic)."""
+        if tokens <= 0:
+            return
+        if self.first_at is None:
+            self.first_at = now
+        elif self.last_at is not None:
+            self.gaps.append(now - self.last_at)
+        self.last_at = now
+        self.tokens += tokens
+        self.chunks += 1
+
+    @property
+    def ttft(self) -> float | None:
+        """Seconds from the request's start to this sample's first output."""
+        return None if self.first_at is None else self.first_at - self.started_at
+
+    @property
+    def e2e(self) -> float | None:
+        """Seconds from the request's start to this sample's last output."""
+        return None if self.last_at is None else self.last_at - self.started_at
+
+    @property
+    def tpot(self) -> float | None:
+        """Seconds per output token after the first."""
+        if self.tokens < 2 or self.ttft is None or self.e2e is None:
+            return None
+        return (self.e2e - self.ttft) / (self.tokens - 1)
+
+    def stats(self) -> dict[str, Any]:
+        """The sample's stats as sent in its `finish` frame."""
+        e2e = self.e2e
+        return {
+            "tokens": self.tokens,
+            "chunks": self.chunks,
+            "ttft_ms": _ms(self.ttft),
+            "tpot_ms": _ms(self.tpot),
+            "itl_p50_ms": _ms(percentile(self.gaps, 50)),
+            "itl_p99_ms": _ms(percentile(self.gaps, 99)),
+            "e2e_ms": _ms(e2e),
+            "tokens_per_s": round(self.tokens / e2e, 2) if e2e else None,
+            "seed": self.seed,
+        }
+
+
+def request_stats(samples: Sequence[SampleTimer], started_at: float, ended_at: float) -> dict[str, Any]:
+    """Stats of a whole request, as sent in its `done` frame."""
+    ttfts = [s.ttft for s in samples if s.ttft is not None]
+    tpots = [s.tpot for s in samples if s.tpot is not None]
+    gaps = [gap for s in samples for gap in s.gaps]
+    tokens = sum(s.tokens for s in samples)
+    duration = ended_at - started_at
+    return {
+        "n": len(samples),
+        "tokens": tokens,
+        "duration_ms": _ms(duration),
+        "tokens_per_s": round(tokens / duration, 2) if duration > 0 else None,
+        "ttft_mean_ms": _ms(sum(ttfts) / len(ttfts)) if ttfts else None,
+        "ttft_p99_ms": _ms(percentile(ttfts, 99)),
+        "tpot_mean_ms": _ms(sum(tpots) / len(tpots)) if tpots else None,
+        "itl_p50_ms": _ms(percentile(gaps, 50)),
+        "itl_p99_ms": _ms(percentile(gaps, 99)),
+    }
