@@ -94,7 +94,7 @@ class SyntheticEngine(Engine):
 
     @property
     def model(self) -> str:
-        return f"synthetic ({self.rate:g} tok/s per sample, jitter {self.jitter:g})"
+        return f"deterministic text, {self.rate:g} tok/s per sample ± {self.jitter:.0%}"
 
     def generate(self, prompt: str, n: int, params: SamplingParams) -> Generation:
         generation = SyntheticGeneration(self, n, params)

@@ -1,0 +1,88 @@
+"""Entry point: the backend on its own thread and loop, and the Gradio dashboard in front of it.
+
+`python app.py` is what a Hugging Face Space runs. It binds 0.0.0.0 inside a Space (where SPACE_ID
+is set) and 127.0.0.1 elsewhere, unless --host says otherwise. With --backend-url it starts no
+backend and uses the one at that URL (say, `python -m backend` on another machine).
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import sys
+
+from backend.cli import (
+    DEFAULT_BACKEND_PORT,
+    add_engine_arguments,
+    engine_from_args,
+    env,
+    limits_from_args,
+)
+from backend.server import BackendServer, BackendThread
+
+DEFAULT_UI_PORT = 7860
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    """Flags, each defaulting to its environment variable."""
+    in_space = bool(os.environ.get("SPACE_ID"))
+    parser = argparse.ArgumentParser(prog="python app.py", description=__doc__)
+    add_engine_arguments(parser)
+    parser.add_argument(
+        "--host",
+        default=env("DASHBOARD_HOST", "0.0.0.0" if in_space else "127.0.0.1"),
+        help="address the page binds (env DASHBOARD_HOST; 0.0.0.0 in a Space, else 127.0.0.1)",
+    )
+    parser.add_argument(
+        "--port",
+        type=int,
+        default=int(env("DASHBOARD_PORT", env("GRADIO_SERVER_PORT", str(DEFAULT_UI_PORT)))),
+        help="port of the page (env DASHBOARD_PORT or GRADIO_SERVER_PORT; default %(default)s)",
+    )
+    parser.add_argument(
+        "--backend-port",
+        type=int,
+        default=int(env("DASHBOARD_BACKEND_PORT", str(DEFAULT_BACKEND_PORT))),
+        help="port of the websocket backend, 0 for any free one (env DASHBOARD_BACKEND_PORT; "
+        "default %(default)s)",
+    )
+    parser.add_argument(
+        "--backend-url",
+        default=env("DASHBOARD_BACKEND_URL", ""),
+        help="use the backend at this ws:// URL instead of starting one (env DASHBOARD_BACKEND_URL)",
+    )
+    return parser.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Start the backend (unless --backend-url) and serve the page until interrupted."""
+    args = parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    try:
+        limits = limits_from_args(args)
+        backend: BackendThread | None = None
+        backend_url = args.backend_url
+        if not backend_url:
+            # The backend listens on loopback only: the page is its one client here.
+            server = BackendServer(engine_from_args(args), limits, "127.0.0.1", args.backend_port)
+            backend = BackendThread(server)
+            backend_url = backend.start_and_wait()
+    except (ValueError, RuntimeError, TimeoutError) as exc:
+        print(f"app: {exc}", file=sys.stderr)
+        return 2
+
+    from ui.app import CSS, build_demo  # imported late: Gradio takes seconds to import
+
+    demo = build_demo(backend_url, n_max=limits.n_max, max_tokens_max=limits.max_tokens_max)
+    print(f"backend: {backend_url}", flush=True)
+    try:
+        demo.launch(server_name=args.host, server_port=args.port, show_error=True, css=CSS)
+    finally:
+        if backend is not None:
+            backend.stop()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

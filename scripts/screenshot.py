@@ -1,0 +1,47 @@
+"""Take a screenshot of the dashboard mid-stream: `python scripts/screenshot.py [OUT.png]`.
+
+Starts `app.py` on the synthetic engine on free ports, drives Debian's chromium with Playwright
+(n=4, Generate), and saves the page while the samples are still streaming.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from pathlib import Path
+
+from playwright.sync_api import sync_playwright
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from tests.harness import CHROMIUM_ARGS, chromium_path, free_port, start_app  # noqa: E402
+
+
+def main(out: str = "docs/screenshot.png") -> int:
+    """Save a mid-stream screenshot to `out`."""
+    port = free_port()
+    app = start_app(port, rate=12.0)
+    try:
+        with sync_playwright() as p:
+            browser = p.chromium.launch(executable_path=chromium_path(), args=CHROMIUM_ARGS)
+            page = browser.new_page(viewport={"width": 1440, "height": 1000})
+            page.goto(f"http://127.0.0.1:{port}/")
+            page.locator("#n input[type=number]").fill("4")
+            page.locator("#n input[type=number]").press("Enter")
+            page.locator("#generate").click()
+            page.wait_for_function(
+                "document.querySelector('#sample-3 textarea')?.value.length > 120", timeout=30_000
+            )
+            time.sleep(1.0)
+            page.screenshot(path=str(ROOT / out), full_page=False)
+            browser.close()
+    finally:
+        app.terminate()
+        app.wait(10)
+    print(f"saved {out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(*sys.argv[1:]))

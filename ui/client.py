@@ -1,0 +1,140 @@
+"""The UI's websocket client: one run = one connection to the backend, read by a background task.
+
+The reader task applies every frame to a `RunView` as it arrives; `updates()` hands the view to the
+page at most `1 / interval` times a second, so however fast tokens come, the browser gets a steady
+frame rate. The reader belongs to the run, not to the Gradio event, so a Cancel (which Gradio
+delivers by cancelling the Generate event) still sees the backend's final `finish` frames.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import time
+import uuid
+from collections.abc import AsyncIterator
+from typing import Any
+
+from websockets.asyncio.client import ClientConnection, connect
+from websockets.exceptions import ConnectionClosed, InvalidHandshake, InvalidURI
+
+from ui.view import RunView
+
+CONNECT_TIMEOUT_S = 5.0
+"""How long to wait for the backend's websocket handshake before calling it unreachable."""
+
+ACCEPT_TIMEOUT_S = 30.0
+"""How long to wait for `accepted` (or an error) after sending `generate`."""
+
+CLOSE_TIMEOUT_S = 10.0
+"""How long a cancelled run keeps its connection open to collect the final frames."""
+
+MAX_FRAME_BYTES = 1 << 22
+"""Largest frame accepted from the backend; a chunk holds at most one sample's coalesced text."""
+
+
+class BackendError(Exception):
+    """The backend could not be reached, or refused the request; the message says which and why."""
+
+
+class BackendRun:
+    """One `generate` request and its connection, with a `RunView` kept current."""
+
+    def __init__(self, url: str, request_id: str | None = None) -> None:
+        self.url = url
+        self.request_id = request_id or f"r-{uuid.uuid4().hex[:8]}"
+        self.view = RunView(self.request_id, started_at=time.monotonic())
+        self._ws: ClientConnection | None = None
+        self._reader: asyncio.Task[None] | None = None
+        self._changed = asyncio.Event()
+        self._finished = asyncio.Event()
+
+    async def start(self, prompt: str, n: int, params: dict[str, Any]) -> RunView:
+        """Connect, send `generate`, wait for `accepted`; BackendError says why if that fails."""
+        try:
+            self._ws = await connect(self.url, open_timeout=CONNECT_TIMEOUT_S, max_size=MAX_FRAME_BYTES)
+        except (OSError, InvalidHandshake, InvalidURI, TimeoutError) as exc:
+            raise BackendError(
+                f"cannot reach the backend at {self.url}: {exc or type(exc).__name__}"
+            ) from None
+        frame = {"type": "generate", "id": self.request_id, "prompt": prompt, "n": n, "params": params}
+        try:
+            await self._ws.send(json.dumps(frame))
+            async with asyncio.timeout(ACCEPT_TIMEOUT_S):
+                while not self.view.accepted:
+                    reply = json.loads(await self._ws.recv())
+                    self.view.apply(reply, time.monotonic())
+                    if reply.get("type") == "error":
+                        raise BackendError(f"the backend refused the request: {reply.get('message')}")
+        except BackendError:
+            await self.close()
+            raise
+        except (ConnectionClosed, TimeoutError, ValueError) as exc:
+            await self.close()
+            raise BackendError(f"the backend did not accept the request: {exc or 'timed out'}") from None
+        self.view.started_at = time.monotonic()
+        self._reader = asyncio.create_task(self._read(), name=f"run {self.request_id}")
+        return self.view
+
+    async def _read(self) -> None:
+        assert self._ws is not None
+        reason = None
+        try:
+            async for message in self._ws:
+                self.view.apply(json.loads(message), time.monotonic())
+                self._changed.set()
+                if self.view.done_stats is not None:
+                    break
+        except ConnectionClosed as exc:
+            reason = f"the backend closed the connection before the run ended ({exc})"
+        except ValueError as exc:
+            reason = f"the backend sent a frame that is not JSON: {exc}"
+        else:
+            if self.view.done_stats is None:
+                reason = "the backend closed the connection before the run ended"
+        finally:
+            self.view.close(reason)
+            self._finished.set()
+            self._changed.set()
+            await self._ws.close()
+
+    async def updates(self, interval: float) -> AsyncIterator[RunView]:
+        """The view each time it changed, at most once per `interval` seconds, until the run ends."""
+        while True:
+            await self._changed.wait()
+            self._changed.clear()
+            yield self.view
+            if self.view.finished:
+                return
+            await asyncio.sleep(interval)
+
+    async def cancel(self, index: int | None = None) -> None:
+        """Ask the backend to stop every sample, or only sample `index`."""
+        if self._ws is None or self.view.finished:
+            return
+        frame: dict[str, Any] = {"type": "cancel", "id": self.request_id}
+        if index is not None:
+            frame["index"] = index
+        with contextlib.suppress(ConnectionClosed):
+            await self._ws.send(json.dumps(frame))
+
+    async def wait_finished(self, limit_s: float = CLOSE_TIMEOUT_S) -> bool:
+        """Wait until the run has ended; False if it had not after `limit_s` seconds."""
+        if self._reader is None:
+            return True
+        try:
+            async with asyncio.timeout(limit_s):
+                await self._finished.wait()
+        except TimeoutError:
+            return False
+        return True
+
+    async def close(self) -> None:
+        """Drop the connection (the backend then aborts whatever still runs)."""
+        if self._reader is not None and not self._reader.done():
+            self._reader.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._reader
+        if self._ws is not None:
+            await self._ws.close()

@@ -1,0 +1,194 @@
+"""What the page shows of one run, without I/O: server frames in, column text and headers out.
+
+`RunView` folds protocol v1 frames into per-sample state; the `*_markdown` functions turn that
+state into what the columns' headers, the status line and the summary panel display. Live figures
+(tokens/s, TTFT while streaming) are measured here, on the client; once a sample finishes, its
+header shows the server's own measurement from the `finish` frame.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+STREAMING = "streaming"
+WAITING = "waiting"
+
+REASON_LABELS = {
+    STREAMING: "streaming",
+    WAITING: "waiting",
+    "stop": "stop",
+    "length": "length",
+    "abort": "aborted",
+    "error": "error",
+}
+
+
+@dataclass
+class SampleView:
+    """One column: its text so far, its status and its figures."""
+
+    index: int
+    parts: list[str] = field(default_factory=list)
+    status: str = WAITING
+    tokens: int = 0
+    first_at: float | None = None
+    last_at: float | None = None
+    stats: dict[str, Any] | None = None
+
+    @property
+    def text(self) -> str:
+        """Everything the sample has produced so far."""
+        return "".join(self.parts)
+
+    @property
+    def finished(self) -> bool:
+        """The sample has its finish reason."""
+        return self.status not in (WAITING, STREAMING)
+
+
+@dataclass
+class RunView:
+    """One request as the page sees it, built from the frames the backend sends."""
+
+    request_id: str
+    started_at: float
+    n: int = 0
+    engine: str = ""
+    model: str = ""
+    params: dict[str, Any] = field(default_factory=dict)
+    samples: list[SampleView] = field(default_factory=list)
+    errors: list[str] = field(default_factory=list)
+    done_stats: dict[str, Any] | None = None
+    accepted: bool = False
+    closed: bool = False
+    """The connection ended (normally after `done`, or early if the backend went away)."""
+
+    @property
+    def finished(self) -> bool:
+        """Nothing more will arrive: `done` came, or the connection ended."""
+        return self.done_stats is not None or self.closed
+
+    def apply(self, frame: dict[str, Any], now: float) -> None:
+        """Fold one server frame into the view; frames of other requests are ignored."""
+        kind = frame.get("type")
+        if kind == "error":
+            self.errors.append(f"{frame.get('message')} ({frame.get('code')})")
+            return
+        if frame.get("id") != self.request_id:
+            return
+        if kind == "accepted":
+            self.accepted = True
+            self.n = int(frame["n"])
+            self.engine = frame.get("engine", "")
+            self.model = frame.get("model", "")
+            self.params = frame.get("params", {})
+            self.samples = [SampleView(i) for i in range(self.n)]
+        elif kind == "chunk" and self._has(frame):
+            sample = self.samples[frame["index"]]
+            sample.parts.append(frame["text"])
+            sample.tokens += int(frame.get("tokens", 0))
+            sample.status = STREAMING
+            sample.first_at = now if sample.first_at is None else sample.first_at
+            sample.last_at = now
+        elif kind == "finish" and self._has(frame):
+            sample = self.samples[frame["index"]]
+            sample.status = frame["reason"]
+            sample.stats = frame.get("stats")
+            if sample.stats:
+                sample.tokens = sample.stats.get("tokens", sample.tokens)
+        elif kind == "done":
+            self.done_stats = frame.get("stats", {})
+            for sample in self.samples:
+                if not sample.finished:
+                    sample.status = "error"
+
+    def close(self, reason: str | None = None) -> None:
+        """The connection ended; an unexpected end is recorded as an error on open samples."""
+        if self.done_stats is None and reason:
+            self.errors.append(reason)
+            for sample in self.samples:
+                if not sample.finished:
+                    sample.status = "error"
+        self.closed = True
+
+    def _has(self, frame: dict[str, Any]) -> bool:
+        index = frame.get("index")
+        return isinstance(index, int) and 0 <= index < len(self.samples)
+
+
+def _fmt(value: float | None, unit: str, digits: int = 0) -> str:
+    return "-" if value is None else f"{value:.{digits}f} {unit}"
+
+
+def header_markdown(sample: SampleView, started_at: float, now: float) -> str:
+    """A column's header: index, status, tokens, tokens/s, TTFT."""
+    if sample.stats is not None:
+        tokens_per_s = sample.stats.get("tokens_per_s")
+        ttft_ms = sample.stats.get("ttft_ms")
+    else:
+        elapsed = (sample.last_at if sample.last_at is not None else now) - started_at
+        tokens_per_s = sample.tokens / elapsed if sample.tokens and elapsed > 0 else None
+        ttft_ms = None if sample.first_at is None else (sample.first_at - started_at) * 1000
+    label = REASON_LABELS.get(sample.status, sample.status)
+    return (
+        f"**#{sample.index}** · `{label}` · {sample.tokens} tok · "
+        f"{_fmt(tokens_per_s, 'tok/s', 1)} · TTFT {_fmt(ttft_ms, 'ms')}"
+    )
+
+
+def status_markdown(view: RunView) -> str:
+    """The line above the columns: what runs where, and any error, said plainly."""
+    lines = [f"**Error:** {message}" for message in view.errors]
+    if view.accepted:
+        seed = view.params.get("seed")
+        streaming = sum(not s.finished for s in view.samples)
+        if view.done_stats is not None:
+            state = "finished"
+        elif view.closed:
+            state = "stopped"
+        else:
+            state = f"streaming {streaming} of {view.n} samples"
+        lines.append(
+            f"Request `{view.request_id}` · engine **{view.engine}** ({view.model}) · seed {seed} · {state}."
+        )
+    return "\n\n".join(lines)
+
+
+def summary_markdown(view: RunView) -> str:
+    """Per-sample server stats (TTFT, TPOT, ITL p50/p99, tokens/s, seed) and the request's totals."""
+    if not view.accepted:
+        return ""
+    rows = [
+        "| # | reason | tokens | TTFT ms | TPOT ms | ITL p50 | ITL p99 | tok/s | seed |",
+        "|---:|:---|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    for sample in view.samples:
+        stats = sample.stats or {}
+        cells = [
+            str(sample.index),
+            REASON_LABELS.get(sample.status, sample.status),
+            str(sample.tokens),
+            *(
+                _cell(stats.get(key))
+                for key in ("ttft_ms", "tpot_ms", "itl_p50_ms", "itl_p99_ms", "tokens_per_s")
+            ),
+            str(stats.get("seed", "")),
+        ]
+        rows.append("| " + " | ".join(cells) + " |")
+    totals = ""
+    if view.done_stats:
+        d = view.done_stats
+        totals = (
+            f"\n\n**Request:** {d.get('tokens')} tokens in {_fmt(d.get('duration_ms'), 'ms')}, "
+            f"{_fmt(d.get('tokens_per_s'), 'tok/s', 1)} · mean TTFT {_fmt(d.get('ttft_mean_ms'), 'ms')} · "
+            f"mean TPOT {_fmt(d.get('tpot_mean_ms'), 'ms', 1)} · "
+            f"ITL p50/p99 {_fmt(d.get('itl_p50_ms'), '', 1)}/{_fmt(d.get('itl_p99_ms'), 'ms', 1)}"
+        )
+    return "### Run summary\n\n" + "\n".join(rows) + totals
+
+
+def _cell(value: Any) -> str:
+    if value is None:
+        return "-"
+    return f"{value:.1f}" if isinstance(value, float) else str(value)
