@@ -1,0 +1,109 @@
+"""Protocol v1 parsing and validation, without a socket."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from backend.protocol import CancelCommand, GenerateCommand, ProtocolError, parse_client_frame
+from backend.settings import DEFAULT_MAX_TOKENS, Limits
+
+LIMITS = Limits()
+
+
+def generate(**overrides: object) -> str:
+    frame: dict[str, object] = {"type": "generate", "id": "r1", "prompt": "hello", "n": 4}
+    frame.update(overrides)
+    return json.dumps(frame)
+
+
+def test_generate_with_defaults() -> None:
+    command = parse_client_frame(generate(), LIMITS)
+    assert isinstance(command, GenerateCommand)
+    assert (command.id, command.prompt, command.n) == ("r1", "hello", 4)
+    assert command.params.max_tokens == DEFAULT_MAX_TOKENS
+    assert command.params.seed is None
+
+
+def test_generate_with_params() -> None:
+    params = {"max_tokens": 64, "temperature": 0, "top_p": 0.5, "seed": 33}
+    command = parse_client_frame(generate(params=params), LIMITS)
+    assert isinstance(command, GenerateCommand)
+    assert command.params.max_tokens == 64
+    assert command.params.temperature == 0.0
+    assert command.params.top_p == 0.5
+    assert command.params.seed == 33
+    assert command.params.sample_seed(2) == 35
+
+
+def test_extra_top_level_fields_are_allowed() -> None:
+    assert isinstance(parse_client_frame(generate(client="x"), LIMITS), GenerateCommand)
+
+
+def test_cancel_all_and_one() -> None:
+    assert parse_client_frame('{"type":"cancel","id":"r1"}', LIMITS) == CancelCommand("r1", None)
+    assert parse_client_frame('{"type":"cancel","id":"r1","index":2}', LIMITS) == CancelCommand("r1", 2)
+
+
+@pytest.mark.parametrize(
+    ("raw", "code", "request_id"),
+    [
+        ("not json", "bad_json", None),
+        ('{"type": "generate"', "bad_json", None),
+        ("[1, 2]", "bad_frame", None),
+        ('"generate"', "bad_frame", None),
+        ('{"id": "r1"}', "missing_field", "r1"),
+        ('{"type": "explode", "id": "r1"}', "unknown_type", "r1"),
+        ('{"type": "generate", "prompt": "x"}', "missing_field", None),
+        ('{"type": "generate", "id": 5, "prompt": "x"}', "bad_field", None),
+        ('{"type": "generate", "id": "", "prompt": "x"}', "bad_field", None),
+        (json.dumps({"type": "generate", "id": "x" * 200, "prompt": "x"}), "bad_field", None),
+        ('{"type": "generate", "id": "r1"}', "missing_field", "r1"),
+        (generate(prompt=7), "bad_field", "r1"),
+        (generate(prompt=""), "empty_prompt", "r1"),
+        (generate(prompt="   \n"), "empty_prompt", "r1"),
+        (generate(prompt="x" * (LIMITS.max_prompt_chars + 1)), "prompt_too_long", "r1"),
+        (generate(prompt="x" * (LIMITS.max_frame_bytes + 1)), "frame_too_large", None),
+        (generate(n=0), "n_out_of_range", "r1"),
+        (generate(n=LIMITS.n_max + 1), "n_out_of_range", "r1"),
+        (generate(n=-3), "n_out_of_range", "r1"),
+        (generate(n="4"), "bad_field", "r1"),
+        (generate(n=2.5), "bad_field", "r1"),
+        (generate(n=True), "bad_field", "r1"),
+        (generate(params=[]), "bad_field", "r1"),
+        (generate(params={"max_token": 5}), "unknown_param", "r1"),
+        (generate(params={"max_tokens": 0}), "max_tokens_out_of_range", "r1"),
+        (generate(params={"max_tokens": LIMITS.max_tokens_max + 1}), "max_tokens_out_of_range", "r1"),
+        (generate(params={"max_tokens": "10"}), "bad_field", "r1"),
+        (generate(params={"temperature": -0.1}), "temperature_out_of_range", "r1"),
+        (generate(params={"temperature": 9}), "temperature_out_of_range", "r1"),
+        (generate(params={"temperature": "hot"}), "bad_field", "r1"),
+        (generate().replace('"n": 4', '"n": 4, "params": {"temperature": NaN}'), "bad_json", None),
+        (generate(params={"top_p": 0}), "top_p_out_of_range", "r1"),
+        (generate(params={"top_p": 1.5}), "top_p_out_of_range", "r1"),
+        (generate(params={"seed": -1}), "seed_out_of_range", "r1"),
+        (generate(params={"seed": 2**40}), "seed_out_of_range", "r1"),
+        (generate(params={"seed": 1.5}), "bad_field", "r1"),
+        ('{"type": "cancel"}', "missing_field", None),
+        ('{"type": "cancel", "id": "r1", "index": "2"}', "bad_field", "r1"),
+    ],
+)
+def test_bad_frames_are_rejected_with_a_code(raw: str, code: str, request_id: str | None) -> None:
+    with pytest.raises(ProtocolError) as caught:
+        parse_client_frame(raw, LIMITS)
+    assert caught.value.code == code
+    assert caught.value.request_id == request_id
+    assert len(caught.value.message) > 10
+
+
+def test_binary_frames_are_rejected() -> None:
+    with pytest.raises(ProtocolError) as caught:
+        parse_client_frame(b'{"type":"cancel","id":"r1"}', LIMITS)
+    assert caught.value.code == "bad_frame"
+
+
+def test_n_limit_is_a_setting() -> None:
+    with pytest.raises(ProtocolError):
+        parse_client_frame(generate(n=8), Limits(n_max=4))
+    assert isinstance(parse_client_frame(generate(n=8), Limits(n_max=8)), GenerateCommand)

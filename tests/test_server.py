@@ -1,0 +1,331 @@
+"""The backend through a real websocket client: streams, cancel, disconnect, every bad input."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import subprocess
+import sys
+import urllib.error
+import urllib.request
+from collections.abc import AsyncIterator
+from typing import Any
+
+import pytest
+from websockets.asyncio.client import ClientConnection, connect
+
+from backend.engines.synthetic import SyntheticEngine, synthetic_tokens
+from backend.server import BackendServer
+from backend.settings import Limits
+from tests.harness import ROOT, free_port
+
+
+@pytest.fixture
+async def server() -> AsyncIterator[BackendServer]:
+    backend = BackendServer(
+        SyntheticEngine(rate=100, jitter=0.3), Limits(max_requests_per_connection=3), port=0
+    )
+    await backend.start()
+    try:
+        yield backend
+    finally:
+        await backend.close()
+
+
+async def recv(ws: ClientConnection, limit_s: float = 10.0) -> dict[str, Any]:
+    return json.loads(await asyncio.wait_for(ws.recv(), limit_s))
+
+
+async def until_done(ws: ClientConnection, request_id: str, limit_s: float = 30.0) -> list[dict[str, Any]]:
+    """Every frame up to and including `done` of `request_id` (frames of other ids included)."""
+    frames: list[dict[str, Any]] = []
+    async with asyncio.timeout(limit_s):
+        while True:
+            frame = await recv(ws)
+            frames.append(frame)
+            if frame["type"] == "done" and frame["id"] == request_id:
+                return frames
+
+
+def texts_of(frames: list[dict[str, Any]], request_id: str) -> dict[int, str]:
+    texts: dict[int, str] = {}
+    for f in frames:
+        if f["type"] == "chunk" and f["id"] == request_id:
+            texts[f["index"]] = texts.get(f["index"], "") + f["text"]
+    return texts
+
+
+def finishes_of(frames: list[dict[str, Any]], request_id: str) -> list[dict[str, Any]]:
+    return [f for f in frames if f["type"] == "finish" and f["id"] == request_id]
+
+
+def generate(request_id: str = "r1", n: int = 4, **params: Any) -> str:
+    return json.dumps(
+        {"type": "generate", "id": request_id, "prompt": "Tell a story.", "n": n, "params": params}
+    )
+
+
+def health(backend: BackendServer) -> dict[str, Any]:
+    url = f"http://127.0.0.1:{backend.port}/health"
+    with urllib.request.urlopen(url, timeout=5) as response:
+        return json.loads(response.read())
+
+
+async def test_n4_streams_each_sample_exactly(server: BackendServer) -> None:
+    async with connect(server.url) as ws:
+        await ws.send(generate(max_tokens=30, seed=7))
+        accepted = await recv(ws)
+        assert accepted["type"] == "accepted"
+        assert (accepted["id"], accepted["n"], accepted["engine"]) == ("r1", 4, "synthetic")
+        assert accepted["params"]["seed"] == 7
+        frames = await until_done(ws, "r1")
+    finishes = finishes_of(frames, "r1")
+    assert sorted(f["index"] for f in finishes) == [0, 1, 2, 3]
+    texts = texts_of(frames, "r1")
+    for finish in finishes:
+        index = finish["index"]
+        tokens, reason = synthetic_tokens(7 + index, 30, 0.8)
+        assert texts[index] == "".join(tokens)
+        assert finish["reason"] == reason
+        stats = finish["stats"]
+        assert stats["seed"] == 7 + index
+        assert stats["tokens"] == len(tokens)
+        assert stats["ttft_ms"] > 0 and stats["itl_p50_ms"] > 0 and stats["tpot_ms"] > 0
+        assert stats["itl_p99_ms"] >= stats["itl_p50_ms"]
+        assert 40 < stats["tokens_per_s"] < 150  # 100 tok/s per sample, measured
+    # nothing of an index comes after its finish
+    for finish in finishes:
+        position = frames.index(finish)
+        assert not [f for f in frames[position + 1 :] if f.get("index") == finish["index"]]
+    done = frames[-1]
+    assert done["stats"]["n"] == 4
+    assert done["stats"]["tokens"] == sum(f["stats"]["tokens"] for f in finishes)
+
+
+async def test_random_seed_is_reported(server: BackendServer) -> None:
+    async with connect(server.url) as ws:
+        await ws.send(generate(n=2, max_tokens=3))
+        accepted = await recv(ws)
+        seed = accepted["params"]["seed"]
+        assert isinstance(seed, int)
+        frames = await until_done(ws, "r1")
+    assert sorted(f["stats"]["seed"] for f in finishes_of(frames, "r1")) == [seed, seed + 1]
+
+
+async def test_cancel_one_sample_leaves_the_others_running(server: BackendServer) -> None:
+    async with connect(server.url) as ws:
+        await ws.send(generate(max_tokens=60, seed=1, temperature=0))  # every sample runs to length
+        assert (await recv(ws))["type"] == "accepted"
+        frames: list[dict[str, Any]] = []
+        while len([f for f in frames if f["type"] == "chunk"]) < 8:
+            frames.append(await recv(ws))
+        await ws.send(json.dumps({"type": "cancel", "id": "r1", "index": 2}))
+        frames += await until_done(ws, "r1")
+    reasons = {f["index"]: f["reason"] for f in finishes_of(frames, "r1")}
+    assert reasons == {0: "length", 1: "length", 2: "abort", 3: "length"}
+    tokens = {f["index"]: f["stats"]["tokens"] for f in finishes_of(frames, "r1")}
+    assert tokens[2] < 60 and tokens[0] == tokens[1] == tokens[3] == 60
+    assert texts_of(frames, "r1")[2] == "".join(synthetic_tokens(0, 60, 0)[0][: tokens[2]])
+
+
+async def test_cancel_all_stops_the_engine(server: BackendServer) -> None:
+    async with connect(server.url) as ws:
+        await ws.send(generate(max_tokens=1000, seed=1, temperature=0))
+        assert (await recv(ws))["type"] == "accepted"
+        for _ in range(6):
+            await recv(ws)
+        assert server.engine.health()["running_samples"] == 4
+        await ws.send(json.dumps({"type": "cancel", "id": "r1"}))
+        frames = await until_done(ws, "r1", limit_s=2.0)
+        assert {f["reason"] for f in finishes_of(frames, "r1")} == {"abort"}
+        assert len(finishes_of(frames, "r1")) == 4
+        assert server.engine.health()["running_samples"] == 0
+        assert frames[-1]["stats"]["finish_reasons"] == {"abort": 4}
+        # the connection is still usable
+        await ws.send(generate("r2", n=1, max_tokens=2))
+        assert (await recv(ws))["type"] == "accepted"
+        await until_done(ws, "r2")
+
+
+async def test_disconnect_aborts_requests_in_the_engine(server: BackendServer) -> None:
+    ws = await connect(server.url)
+    await ws.send(generate("a", max_tokens=1000))
+    await ws.send(generate("b", n=3, max_tokens=1000))
+    for _ in range(10):
+        await recv(ws)
+    assert server.engine.health()["running_samples"] == 7
+    assert (await asyncio.to_thread(health, server))["active_requests"] == 2
+    await ws.close()
+    async with asyncio.timeout(2):
+        while server.engine.health()["running_samples"] or server.sessions:  # noqa: ASYNC110 - no event to await
+            await asyncio.sleep(0.01)
+    report = await asyncio.to_thread(health, server)
+    assert report["running_samples"] == 0 and report["connections"] == 0 and report["active_requests"] == 0
+
+
+async def test_several_requests_share_one_connection(server: BackendServer) -> None:
+    async with connect(server.url) as ws:
+        await ws.send(generate("a", n=2, max_tokens=20, seed=1))
+        await ws.send(generate("b", n=3, max_tokens=10, seed=2))
+        frames: list[dict[str, Any]] = []
+        async with asyncio.timeout(20):
+            while len([f for f in frames if f["type"] == "done"]) < 2:
+                frames.append(await recv(ws))
+    assert len(finishes_of(frames, "a")) == 2 and len(finishes_of(frames, "b")) == 3
+    assert texts_of(frames, "b")[2] == "".join(synthetic_tokens(4, 10, 0.8)[0])
+    # the two requests interleaved on the wire
+    ids = [f["id"] for f in frames if f["type"] == "chunk"]
+    first_b = ids.index("b")
+    assert "a" in ids[first_b:]
+
+
+BAD_FRAMES = [
+    ("not json at all", "bad_json"),
+    ('{"type": "dance", "id": "x"}', "unknown_type"),
+    ('{"type": "generate", "id": "x"}', "missing_field"),
+    ('{"type": "generate", "id": "x", "prompt": 3}', "bad_field"),
+    ('{"type": "generate", "id": "x", "prompt": "hi", "n": 0}', "n_out_of_range"),
+    ('{"type": "generate", "id": "x", "prompt": "hi", "n": 33}', "n_out_of_range"),
+    ('{"type": "generate", "id": "x", "prompt": ""}', "empty_prompt"),
+    (json.dumps({"type": "generate", "id": "x", "prompt": "y" * 20_000}), "prompt_too_long"),
+    (json.dumps({"type": "generate", "id": "x", "prompt": "y" * 100_000}), "frame_too_large"),
+    (
+        '{"type": "generate", "id": "x", "prompt": "hi", "params": {"max_tokens": 0}}',
+        "max_tokens_out_of_range",
+    ),
+    (
+        '{"type": "generate", "id": "x", "prompt": "hi", "params": {"max_tokens": 99999}}',
+        "max_tokens_out_of_range",
+    ),
+    ('{"type": "generate", "id": "x", "prompt": "hi", "params": {"top_p": 2}}', "top_p_out_of_range"),
+    ('{"type": "cancel", "id": "nobody"}', "unknown_id"),
+]
+
+
+async def test_every_bad_input_gets_an_error_and_the_connection_keeps_working(server: BackendServer) -> None:
+    async with connect(server.url) as ws:
+        for raw, code in BAD_FRAMES:
+            await ws.send(raw)
+            frame = await recv(ws)
+            assert frame["type"] == "error", raw
+            assert frame["code"] == code, raw
+            assert frame["message"]
+        await ws.send(b"\x00\x01binary")
+        assert (await recv(ws))["code"] == "bad_frame"
+        # a valid request afterwards runs normally
+        await ws.send(generate("ok", n=2, max_tokens=5))
+        assert (await recv(ws))["type"] == "accepted"
+        frames = await until_done(ws, "ok")
+        assert len(finishes_of(frames, "ok")) == 2
+
+
+async def test_duplicate_id_index_out_of_range_and_request_limit(server: BackendServer) -> None:
+    async with connect(server.url) as ws:
+        await ws.send(generate("r1", n=2, max_tokens=1000))
+        assert (await recv(ws))["type"] == "accepted"
+        await ws.send(generate("r1", n=2, max_tokens=5))
+        frame = await recv(ws)
+        while frame["type"] == "chunk":
+            frame = await recv(ws)
+        assert (frame["type"], frame["code"], frame["id"]) == ("error", "duplicate_id", "r1")
+
+        await ws.send(json.dumps({"type": "cancel", "id": "r1", "index": 2}))
+        frame = await recv(ws)
+        while frame["type"] == "chunk":
+            frame = await recv(ws)
+        assert frame["code"] == "index_out_of_range"
+
+        for request_id in ("r2", "r3"):
+            await ws.send(generate(request_id, n=1, max_tokens=1000))
+        await ws.send(generate("r4", n=1, max_tokens=5))
+        codes = []
+        async with asyncio.timeout(5):
+            while "too_many_requests" not in codes:
+                frame = await recv(ws)
+                codes.append(frame.get("code"))
+        for request_id in ("r1", "r2", "r3"):
+            await ws.send(json.dumps({"type": "cancel", "id": request_id}))
+        frames: list[dict[str, Any]] = []
+        async with asyncio.timeout(5):
+            while len([f for f in frames if f["type"] == "done"]) < 3:
+                frames.append(await recv(ws))
+        # the id is free again once its request is done
+        await ws.send(generate("r1", n=1, max_tokens=2))
+        assert (await recv(ws))["type"] == "accepted"
+
+
+async def test_a_message_over_the_hard_cap_closes_only_that_connection(server: BackendServer) -> None:
+    async with connect(server.url, max_size=None) as bystander:
+        ws = await connect(server.url)
+        await ws.send("x" * (2 << 20))
+        with pytest.raises(Exception):  # noqa: B017 - the library closes with 1009
+            await recv(ws, 5)
+        await bystander.send(generate("ok", n=1, max_tokens=3))
+        assert (await recv(bystander))["type"] == "accepted"
+
+
+async def test_http_routes(server: BackendServer) -> None:
+    report = await asyncio.to_thread(health, server)
+    assert report["status"] == "ok" and report["engine"] == "synthetic" and report["n_max"] == 32
+    with pytest.raises(urllib.error.HTTPError) as caught:
+        await asyncio.to_thread(urllib.request.urlopen, f"http://127.0.0.1:{server.port}/nope", None, 5)
+    assert caught.value.code == 404
+    caught.value.close()
+
+
+def test_python_m_backend_serves_alone() -> None:
+    port = free_port()
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    process = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "backend",
+            "--engine",
+            "synthetic",
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(port),
+            "--rate",
+            "200",
+        ],
+        cwd=ROOT,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+    )
+
+    async def talk() -> list[dict[str, Any]]:
+        async with asyncio.timeout(30):
+            while True:
+                try:
+                    ws = await connect(f"ws://127.0.0.1:{port}/ws")
+                    break
+                except OSError:
+                    await asyncio.sleep(0.2)
+        async with ws:
+            await ws.send(generate("cli", n=2, max_tokens=10, seed=3))
+            return await until_done(ws, "cli")
+
+    try:
+        frames = asyncio.run(talk())
+    finally:
+        process.terminate()
+        output = process.communicate(timeout=10)[0].decode()
+    assert frames[0]["type"] == "accepted"
+    assert texts_of(frames, "cli")[1] == "".join(synthetic_tokens(4, 10, 0.8)[0])
+    assert "serving synthetic engine" in output
+
+
+def test_python_m_backend_rejects_bad_settings() -> None:
+    result = subprocess.run(
+        [sys.executable, "-m", "backend", "--rate", "-1", "--port", str(free_port())],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
+    assert result.returncode == 2
+    assert "--rate must be > 0" in result.stderr

@@ -1,0 +1,92 @@
+"""Request bookkeeping and the outbox, without a socket."""
+
+from __future__ import annotations
+
+from backend.engine import Chunk, SamplingParams
+from backend.outbox import Outbox
+from backend.protocol import chunk_frame, done_frame, finish_frame
+from backend.session import RequestState
+
+PARAMS = SamplingParams(max_tokens=8, temperature=0.8, top_p=0.95, seed=100)
+
+
+def test_chunks_then_one_finish_per_index_then_done() -> None:
+    state = RequestState("r1", 2, PARAMS, started_at=0.0)
+    frames = state.on_chunk(Chunk(0, "Hello", 1), 0.1)
+    frames += state.on_chunk(Chunk(1, "Hi", 1), 0.1)
+    frames += state.on_chunk(Chunk(0, " there", 1, "stop"), 0.2)
+    assert not state.finished
+    frames += state.on_chunk(Chunk(1, "", 0, "length"), 0.3)
+    assert state.finished
+    assert [f["type"] for f in frames] == ["chunk", "chunk", "chunk", "finish", "finish"]
+    finishes = [f for f in frames if f["type"] == "finish"]
+    assert [(f["index"], f["reason"]) for f in finishes] == [(0, "stop"), (1, "length")]
+    assert finishes[0]["stats"]["seed"] == 100 and finishes[1]["stats"]["seed"] == 101
+    done = state.done(0.4)
+    assert done["type"] == "done"
+    assert done["stats"]["tokens"] == 3
+    assert done["stats"]["finish_reasons"] == {"stop": 1, "length": 1}
+
+
+def test_chunks_after_a_finish_are_dropped() -> None:
+    state = RequestState("r1", 1, PARAMS, 0.0)
+    state.on_chunk(Chunk(0, "", 0, "abort"), 0.1)
+    assert state.on_chunk(Chunk(0, "late", 1), 0.2) == []
+    assert state.on_chunk(Chunk(0, "", 0, "stop"), 0.2) == []
+    assert state.on_chunk(Chunk(5, "bad index", 1), 0.2) == []
+
+
+def test_unknown_finish_reasons_become_error() -> None:
+    state = RequestState("r1", 1, PARAMS, 0.0)
+    (frame,) = state.on_chunk(Chunk(0, "", 0, "exploded"), 0.1)
+    assert frame["reason"] == "error"
+
+
+def test_samples_the_engine_left_open_finish_as_abort_or_error() -> None:
+    state = RequestState("r1", 3, PARAMS, 0.0)
+    state.on_chunk(Chunk(0, "x", 1, "stop"), 0.1)
+    assert state.request_abort(1) == [1]
+    assert state.request_abort(0) == []  # already finished
+    frames = state.finish_unfinished()
+    assert [(f["index"], f["reason"]) for f in frames] == [(1, "abort"), (2, "error")]
+    assert state.finished
+    assert state.finish_unfinished() == []
+
+
+def test_outbox_merges_queued_chunks_of_one_sample() -> None:
+    outbox = Outbox()
+    outbox.push(chunk_frame("r1", 0, "a", 1))
+    outbox.push(chunk_frame("r1", 1, "x", 1))
+    outbox.push(chunk_frame("r1", 0, "b", 1))
+    outbox.push(chunk_frame("r1", 0, "c", 2))
+    outbox.push(finish_frame("r1", 0, "stop", {}))
+    outbox.push(chunk_frame("r1", 1, "y", 1))
+    outbox.push(done_frame("r1", {}))
+    frames = outbox.drain()
+    assert [(f["type"], f.get("index"), f.get("text")) for f in frames] == [
+        ("chunk", 0, "abc"),
+        ("chunk", 1, "xy"),
+        ("finish", 0, None),
+        ("done", None, None),
+    ]
+    assert frames[0]["tokens"] == 4
+    assert outbox.merged == 3
+    assert len(outbox) == 0
+
+
+def test_outbox_does_not_merge_across_a_drain_or_mutate_pushed_frames() -> None:
+    outbox = Outbox()
+    first = chunk_frame("r1", 0, "a", 1)
+    outbox.push(first)
+    assert outbox.drain()[0]["text"] == "a"
+    outbox.push(chunk_frame("r1", 0, "b", 1))
+    outbox.push(chunk_frame("r1", 0, "c", 1))
+    assert [f["text"] for f in outbox.drain()] == ["bc"]
+    assert first["text"] == "a"
+
+
+def test_outbox_keeps_requests_apart() -> None:
+    outbox = Outbox()
+    outbox.push(chunk_frame("r1", 0, "a", 1))
+    outbox.push(chunk_frame("r2", 0, "b", 1))
+    assert [(f["id"], f["text"]) for f in outbox.drain()] == [("r1", "a"), ("r2", "b")]
