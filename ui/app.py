@@ -220,7 +220,13 @@ def build_demo(backend_url: str, n_max: int = 32, max_tokens_max: int = 2048) ->
             api_name="cancel",
         )
         for i, stop_btn in enumerate(stops):
-            stop_btn.click(make_stop(i), concurrency_limit=None, show_progress="hidden", api_name=f"stop_{i}")
+            stop_btn.click(
+                make_stop(i),
+                concurrency_limit=None,
+                show_progress="hidden",
+                api_name=f"stop_{i}",
+                api_visibility="undocumented",
+            )
 
     demo.queue(default_concurrency_limit=CONCURRENCY_LIMIT)
     return demo

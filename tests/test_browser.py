@@ -1,0 +1,108 @@
+"""The page in headless Debian chromium, driven by Playwright, as a person would use it."""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Iterator
+
+import pytest
+from playwright.sync_api import Browser, Page, expect, sync_playwright
+
+from tests.harness import CHROMIUM_ARGS, chromium_path, free_port, start_app
+
+if chromium_path() is None:
+    if os.environ.get("CI"):
+        raise RuntimeError("chromium is not installed; CI must run the browser tests (see .ci/run)")
+    pytest.skip("chromium is not installed (apt-get install chromium)", allow_module_level=True)
+
+
+@pytest.fixture(scope="module")
+def app_url() -> Iterator[str]:
+    port = free_port()
+    process = start_app(port, rate=15.0)
+    try:
+        yield f"http://127.0.0.1:{port}/"
+    finally:
+        process.terminate()
+        process.wait(15)
+
+
+@pytest.fixture(scope="module")
+def browser() -> Iterator[Browser]:
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=chromium_path(), args=CHROMIUM_ARGS)
+        yield browser
+        browser.close()
+
+
+@pytest.fixture
+def page(browser: Browser, app_url: str) -> Iterator[Page]:
+    page = browser.new_page(viewport={"width": 1400, "height": 1000})
+    page.goto(app_url)
+    expect(page.locator("#generate")).to_be_visible(timeout=30_000)
+    yield page
+    page.close()
+
+
+def sample_text(page: Page, index: int) -> str:
+    return page.locator(f"#sample-{index} textarea").input_value()
+
+
+def header(page: Page, index: int) -> str:
+    return page.locator(f"#header-{index}").inner_text()
+
+
+def start(page: Page, prompt: str, n: int, max_tokens: int) -> None:
+    page.locator("#prompt textarea").fill(prompt)
+    for elem_id, value in (("n", n), ("max-tokens", max_tokens)):
+        box = page.locator(f"#{elem_id} input[type=number]")
+        box.fill(str(value))
+        box.press("Enter")
+    page.locator("#generate").click()
+
+
+def test_generate_then_cancel(page: Page) -> None:
+    start(page, "Tell me about lighthouses.", 4, 1000)
+    for index in range(4):
+        expect(page.locator(f"#sample-{index} textarea")).not_to_have_value("", timeout=15_000)
+        expect(page.locator(f"#column-{index}")).to_be_visible()
+    expect(page.locator("#column-4")).to_be_hidden()
+    expect(page.locator("#status")).to_contain_text("streaming")
+    # the columns keep growing while streaming
+    before = [len(sample_text(page, i)) for i in range(4)]
+    page.wait_for_timeout(700)
+    assert all(len(sample_text(page, i)) > before[i] for i in range(4))
+
+    page.locator("#cancel").click()
+    for index in range(4):
+        expect(page.locator(f"#header-{index}")).to_contain_text("aborted", timeout=10_000)
+    stopped = [sample_text(page, i) for i in range(4)]
+    page.wait_for_timeout(1000)
+    assert [sample_text(page, i) for i in range(4)] == stopped
+    assert all(0 < len(text) for text in stopped)
+    expect(page.locator("#status")).to_contain_text("finished")
+    expect(page.locator("#trace")).to_contain_text("Run summary")
+
+
+def test_stop_one_column_only(page: Page) -> None:
+    start(page, "Tell me about rivers.", 3, 1000)
+    for index in range(3):
+        expect(page.locator(f"#sample-{index} textarea")).not_to_have_value("", timeout=15_000)
+    expect(page.locator("#column-3")).to_be_hidden()
+    page.locator("#stop-1").click()
+    expect(page.locator("#header-1")).to_contain_text("aborted", timeout=10_000)
+    stopped = sample_text(page, 1)
+    others = [len(sample_text(page, i)) for i in (0, 2)]
+    time.sleep(1.0)
+    assert sample_text(page, 1) == stopped
+    assert all(len(sample_text(page, i)) > before for i, before in zip((0, 2), others, strict=True))
+    assert "streaming" in header(page, 0) and "streaming" in header(page, 2)
+    page.locator("#cancel").click()
+    for index in (0, 2):
+        expect(page.locator(f"#header-{index}")).to_contain_text("aborted", timeout=10_000)
+
+
+def test_backend_error_is_shown_in_the_page(page: Page) -> None:
+    start(page, "   ", 2, 10)
+    expect(page.locator("#status")).to_contain_text("the prompt is empty", timeout=10_000)

@@ -1,0 +1,116 @@
+"""The Gradio app through gradio_client, against `python app.py` on the synthetic engine."""
+
+from __future__ import annotations
+
+import itertools
+import json
+import time
+import urllib.request
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from gradio_client import Client
+
+from backend.engines.synthetic import synthetic_tokens
+from tests.harness import free_port, start_app
+
+N_MAX = 32
+HEADERS = slice(0, N_MAX)
+TEXTS = slice(N_MAX, 2 * N_MAX)
+STATUS = 2 * N_MAX
+SUMMARY = 2 * N_MAX + 1
+
+
+@pytest.fixture(scope="module")
+def app() -> Iterator[dict[str, Any]]:
+    port, backend_port = free_port(), free_port()
+    process = start_app(port, rate=25.0, backend_port=backend_port)
+    try:
+        yield {"url": f"http://127.0.0.1:{port}/", "health": f"http://127.0.0.1:{backend_port}/health"}
+    finally:
+        process.terminate()
+        process.wait(15)
+
+
+def running_samples(app: dict[str, Any]) -> int:
+    with urllib.request.urlopen(app["health"], timeout=5) as response:
+        return json.loads(response.read())["running_samples"]
+
+
+def wait_for(predicate: Any, limit_s: float = 15.0) -> None:
+    deadline = time.monotonic() + limit_s
+    while not predicate():
+        assert time.monotonic() < deadline, "condition not reached in time"
+        time.sleep(0.05)
+
+
+def test_generate_streams_n_columns(app: dict[str, Any]) -> None:
+    client = Client(app["url"], verbose=False)
+    job = client.submit("Tell a story.", 4, 40, 0.8, 0.95, 5, api_name="/generate")
+    final = job.result(timeout=60)
+    outputs = job.outputs()
+    assert len(outputs) >= 4, "the page gets intermediate updates, not only the end"
+    texts = [list(o[TEXTS])[:4] for o in outputs]
+    # each column only grows
+    for before, after in itertools.pairwise(texts):
+        for a, b in zip(before, after, strict=True):
+            assert b.startswith(a)
+    for index in range(4):
+        tokens, reason = synthetic_tokens(5 + index, 40, 0.8)
+        assert final[TEXTS][index] == "".join(tokens)
+        assert f"`{reason}`" in final[HEADERS][index] and f"{len(tokens)} tok" in final[HEADERS][index]
+    assert "finished" in final[STATUS]
+    assert "Run summary" in final[SUMMARY] and "| 3 |" in final[SUMMARY]
+    # far fewer page updates than tokens: chunks are coalesced at a frame rate
+    assert len(outputs) < sum(len(synthetic_tokens(5 + i, 40, 0.8)[0]) for i in range(4)) / 2
+
+
+def test_cancel_stops_every_sample_in_the_engine(app: dict[str, Any]) -> None:
+    client = Client(app["url"], verbose=False)
+    job = client.submit("Tell a long story.", 4, 1000, 0.8, 0.95, 1, api_name="/generate")
+    wait_for(lambda: len(job.outputs()) >= 3)
+    assert running_samples(app) == 4
+    final = client.predict(api_name="/cancel")
+    for index in range(4):
+        assert "`aborted`" in final[HEADERS][index]
+        assert 0 < len(final[TEXTS][index]) < 1000 * 4
+    assert running_samples(app) == 0
+    job.result(timeout=15)
+
+
+def test_stop_one_column(app: dict[str, Any]) -> None:
+    client = Client(app["url"], verbose=False)
+    job = client.submit("Tell a story.", 3, 60, 0, 0.95, 1, api_name="/generate")
+    wait_for(lambda: len(job.outputs()) >= 2)
+    client.predict(api_name="/stop_1")
+    final = job.result(timeout=30)
+    assert "`aborted`" in final[HEADERS][1]
+    assert "`length`" in final[HEADERS][0] and "`length`" in final[HEADERS][2]
+
+
+def test_a_cancelled_event_aborts_the_backend_request(app: dict[str, Any]) -> None:
+    client = Client(app["url"], verbose=False)
+    job = client.submit("Tell a long story.", 2, 1000, 0.8, 0.95, 1, api_name="/generate")
+    wait_for(lambda: len(job.outputs()) >= 2)
+    assert running_samples(app) == 2
+    job.cancel()  # what Gradio does for cancels=[...] and for a closed tab
+    wait_for(lambda: running_samples(app) == 0, limit_s=10)
+
+
+def test_backend_errors_are_shown(app: dict[str, Any]) -> None:
+    client = Client(app["url"], verbose=False)
+    final = client.predict("   ", 4, 40, 0.8, 0.95, 5, api_name="/generate")
+    assert "the prompt is empty" in final[STATUS]
+
+
+def test_unreachable_backend_is_said_plainly() -> None:
+    port, dead = free_port(), free_port()
+    process = start_app(port, extra=["--backend-url", f"ws://127.0.0.1:{dead}/ws"])
+    try:
+        client = Client(f"http://127.0.0.1:{port}/", verbose=False)
+        final = client.predict("Hello", 2, 10, 0.8, 0.95, 5, api_name="/generate")
+        assert f"cannot reach the backend at ws://127.0.0.1:{dead}/ws" in final[STATUS]
+    finally:
+        process.terminate()
+        process.wait(15)
