@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import random
+import socket
 import threading
 from dataclasses import dataclass, replace
 from http import HTTPStatus
@@ -33,7 +34,7 @@ from backend.protocol import (
     parse_client_frame,
 )
 from backend.session import RequestState
-from backend.settings import OUTBOX_MAX_FRAMES, SEED_MAX, WS_MAX_MESSAGE_BYTES, Limits
+from backend.settings import OUTBOX_MAX_FRAMES, SEED_MAX, SEND_BUFFER_BYTES, WS_MAX_MESSAGE_BYTES, Limits
 
 log = logging.getLogger("backend")
 
@@ -251,6 +252,9 @@ class BackendServer:
         }
 
     async def _handle(self, ws: ServerConnection) -> None:
+        sock = ws.transport.get_extra_info("socket")
+        if sock is not None:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, SEND_BUFFER_BYTES)
         session = ClientSession(ws, self.engine, self.limits)
         self.sessions.add(session)
         log.info("client connected from %s", ws.remote_address)

@@ -12,6 +12,10 @@ WS_MAX_MESSAGE_BYTES = 1 << 20
 # up). Past this the connection is closed: it bounds a stalled client's memory on the server.
 OUTBOX_MAX_FRAMES = 10_000
 
+# Kernel send buffer of each client socket. It bounds how far a slow client lags behind the engine:
+# once this much is unread, sends wait and new chunks merge in the outbox instead of queueing.
+SEND_BUFFER_BYTES = 32 * 1024
+
 # Default sampling parameters when a generate frame leaves them out.
 DEFAULT_MAX_TOKENS = 128
 DEFAULT_TEMPERATURE = 0.8

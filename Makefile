@@ -1,0 +1,44 @@
+# One way to run things. `make run` and `make test` each set up what they need on a fresh machine.
+
+PYTHON ?= python3
+VENV ?= .venv
+PY := $(VENV)/bin/python
+TORCH := $(shell grep '^torch==' requirements.txt)
+
+.PHONY: run test lint bench screenshot chromium clean
+
+run: $(VENV)/.runtime  ## the dashboard on http://127.0.0.1:7860 (ARGS="--engine synthetic ...")
+	$(PY) app.py $(ARGS)
+
+test: $(VENV)/.dev chromium  ## lint, then every test (the browser ones included)
+	$(PY) -m ruff check .
+	$(PY) -m ruff format --check .
+	$(PY) -m pytest $(PYTEST_ARGS)
+
+lint: $(VENV)/.dev
+	$(PY) -m ruff check .
+	$(PY) -m ruff format --check .
+
+bench: $(VENV)/.dev  ## print the coalescing figures (docs/benchmarks.md)
+	$(PY) bench/coalescing.py
+
+screenshot: $(VENV)/.dev chromium  ## refresh docs/screenshot.png
+	$(PY) scripts/screenshot.py docs/screenshot.png
+
+chromium:
+	@command -v chromium >/dev/null 2>&1 || scripts/install-chromium.sh
+
+$(PY):
+	$(PYTHON) -m venv $(VENV)
+
+$(VENV)/.runtime: requirements.txt | $(PY)
+	$(PY) -m pip install --quiet --disable-pip-version-check $(TORCH)
+	$(PY) -m pip install --quiet --disable-pip-version-check -r requirements.txt
+	touch $@
+
+$(VENV)/.dev: requirements-dev.txt $(VENV)/.runtime
+	$(PY) -m pip install --quiet --disable-pip-version-check -r requirements-dev.txt
+	touch $@
+
+clean:
+	rm -rf $(VENV) .pytest_cache .ruff_cache
