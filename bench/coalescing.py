@@ -4,9 +4,9 @@
 in its own process (so the clients here do not share its interpreter) and measures on 127.0.0.1:
 
 1. the same request (n samples, fixed seed, temperature 0, no jitter) read by a client that reads
-   as fast as it can (the baseline) and by one that stops reading for a while, as a stalled browser
-   client would: frames received, tokens, and the request's duration measured by the server. Merging
-   in the outbox keeps the stalled reader's duration at the baseline's, and its text identical.
+   as fast as it can (the baseline) and by one that stops reading for a while, as a stalled client
+   would: frames received, tokens, and the request's duration measured by the server. Merging in
+   the outbox keeps the stalled reader's duration at the baseline's, and its text identical.
 2. the UI client's `updates()` at the page's frame rate: page updates per second against
    tokens per second.
 """
