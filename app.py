@@ -72,6 +72,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"app: {exc}", file=sys.stderr)
         return 2
 
+    # No usage reporting to a third party unless the operator asks for it.
+    os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")
     from ui.app import CSS, build_demo  # imported late: Gradio takes seconds to import
 
     demo = build_demo(backend_url, n_max=limits.n_max, max_tokens_max=limits.max_tokens_max)

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import itertools
 import json
+import subprocess
+import sys
 import time
 import urllib.request
 from collections.abc import Iterator
@@ -13,7 +15,7 @@ import pytest
 from gradio_client import Client
 
 from backend.engines.synthetic import synthetic_tokens
-from tests.harness import free_port, start_app
+from tests.harness import ROOT, free_port, start_app
 
 N_MAX = 32
 HEADERS = slice(0, N_MAX)
@@ -112,5 +114,28 @@ def test_unreachable_backend_is_said_plainly() -> None:
         final = client.predict("Hello", 2, 10, 0.8, 0.95, 5, api_name="/generate")
         assert f"cannot reach the backend at ws://127.0.0.1:{dead}/ws" in final[STATUS]
     finally:
+        process.terminate()
+        process.wait(15)
+
+
+def test_a_backend_that_dies_mid_run_is_reported() -> None:
+    backend_port, port = free_port(), free_port()
+    backend = subprocess.Popen(
+        [sys.executable, "-m", "backend", "--port", str(backend_port), "--rate", "20"],
+        cwd=ROOT,
+        stderr=subprocess.DEVNULL,
+    )
+    process = start_app(port, extra=["--backend-url", f"ws://127.0.0.1:{backend_port}/ws"])
+    try:
+        client = Client(f"http://127.0.0.1:{port}/", verbose=False)
+        job = client.submit("Hello", 2, 1000, 0.8, 0.95, 5, api_name="/generate")
+        wait_for(lambda: len(job.outputs()) >= 2, limit_s=30)
+        backend.kill()
+        final = job.result(timeout=30)
+        assert "the backend closed the connection before the run ended" in final[STATUS]
+        assert "`error`" in final[HEADERS][0] and "`error`" in final[HEADERS][1]
+        assert final[TEXTS][0]  # what streamed before stays on the page
+    finally:
+        backend.kill()
         process.terminate()
         process.wait(15)

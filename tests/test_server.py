@@ -329,3 +329,55 @@ def test_python_m_backend_rejects_bad_settings() -> None:
     )
     assert result.returncode == 2
     assert "--rate must be > 0" in result.stderr
+
+
+class FailingGeneration:
+    """Wraps a real synthetic generation and raises after `after` chunks, as a crashing engine would."""
+
+    def __init__(self, inner: Any, after: int) -> None:
+        self.inner, self.left = inner, after
+
+    def __aiter__(self) -> FailingGeneration:
+        return self
+
+    async def __anext__(self) -> Any:
+        if self.left == 0:
+            raise RuntimeError("GPU fell off the bus")
+        self.left -= 1
+        return await self.inner.__anext__()
+
+    async def abort(self, index: int | None = None) -> None:
+        await self.inner.abort(index)
+
+    async def aclose(self) -> None:
+        await self.inner.aclose()
+
+
+class FailingEngine(SyntheticEngine):
+    def generate(self, prompt: str, n: int, params: Any) -> Any:
+        if prompt == "refuse":
+            raise RuntimeError("out of memory")
+        return FailingGeneration(super().generate(prompt, n, params), after=5)
+
+
+async def test_an_engine_failure_ends_the_request_with_errors_and_keeps_serving() -> None:
+    backend = BackendServer(FailingEngine(rate=200), port=0)
+    await backend.start()
+    try:
+        async with connect(backend.url) as ws:
+            await ws.send(json.dumps({"type": "generate", "id": "r1", "prompt": "refuse", "n": 2}))
+            frame = await recv(ws)
+            assert (frame["type"], frame["code"], frame["id"]) == ("error", "engine_error", "r1")
+            assert "out of memory" in frame["message"]
+
+            await ws.send(generate("r2", n=3, max_tokens=50))
+            assert (await recv(ws))["type"] == "accepted"
+            frames = await until_done(ws, "r2")
+            errors = [f for f in frames if f["type"] == "error"]
+            assert [e["code"] for e in errors] == ["engine_error"]
+            assert "GPU fell off the bus" in errors[0]["message"]
+            assert sorted(f["index"] for f in finishes_of(frames, "r2")) == [0, 1, 2]
+            assert {f["reason"] for f in finishes_of(frames, "r2")} == {"error"}
+            assert backend.engine.health()["running_samples"] == 0
+    finally:
+        await backend.close()
