@@ -137,8 +137,6 @@ class ClientSession:
                     self.send(frame)
                 if state.finished:
                     break
-        except asyncio.CancelledError:
-            raise
         except Exception as exc:
             log.exception("engine failed during request %s", state.request_id)
             self.send(error_frame("engine_error", f"the engine failed: {exc}", state.request_id))

@@ -28,7 +28,7 @@ CHROMIUM_ARGS = [
 
 def chromium_path() -> str | None:
     """Debian's chromium binary, if installed."""
-    return shutil.which("chromium") or (os.path.exists("/usr/bin/chromium") and "/usr/bin/chromium") or None
+    return shutil.which("chromium")
 
 
 def free_port() -> int:
