@@ -104,8 +104,11 @@ class BackendRun:
         while True:
             await self._changed.wait()
             self._changed.clear()
+            # Decided before yielding: the run may end while the consumer renders, and that
+            # final state must still be yielded once more.
+            finished = self.view.finished
             yield self.view
-            if self.view.finished:
+            if finished:
                 return
             await asyncio.sleep(interval)
 

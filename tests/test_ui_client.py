@@ -1,0 +1,107 @@
+"""The page's websocket client and view state, against a real backend on this loop."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+
+import pytest
+
+from backend.engines.synthetic import SyntheticEngine, synthetic_tokens
+from backend.server import BackendServer
+from tests.harness import free_port
+from ui.client import BackendError, BackendRun
+from ui.view import RunView, header_markdown, status_markdown, summary_markdown
+
+
+@pytest.fixture
+async def backend_url() -> AsyncIterator[str]:
+    server = BackendServer(SyntheticEngine(rate=100), port=0)
+    await server.start()
+    try:
+        yield server.url
+    finally:
+        await server.close()
+
+
+async def test_run_streams_into_the_view(backend_url: str) -> None:
+    run = BackendRun(backend_url)
+    view = await run.start("Hello", 3, {"max_tokens": 20, "temperature": 0.8, "seed": 9})
+    assert view.accepted and view.n == 3 and view.params["seed"] == 9
+    async for _ in run.updates(0.05):
+        pass
+    assert view.done_stats is not None and view.finished
+    for sample in view.samples:
+        tokens, reason = synthetic_tokens(9 + sample.index, 20, 0.8)
+        assert sample.text == "".join(tokens) and sample.status == reason
+        assert sample.stats is not None and sample.stats["tokens"] == len(tokens)
+    assert "finished" in status_markdown(view)
+    assert "| 2 |" in summary_markdown(view) and "**Request:**" in summary_markdown(view)
+
+
+async def test_the_final_state_is_yielded_even_if_the_run_ends_while_the_consumer_is_busy(
+    backend_url: str,
+) -> None:
+    run = BackendRun(backend_url)
+    await run.start("Hello", 2, {"max_tokens": 5, "seed": 1})
+    seen_finished = []
+    async for view in run.updates(0.01):
+        seen_finished.append(view.finished)  # what a renderer sees at that moment
+        await asyncio.sleep(0.3)  # a slow renderer: the run ends meanwhile
+    assert seen_finished[-1] is True
+
+
+async def test_updates_are_capped_at_the_frame_rate(backend_url: str) -> None:
+    run = BackendRun(backend_url)
+    await run.start("Hello", 8, {"max_tokens": 60, "temperature": 0, "seed": 1})
+    loop = asyncio.get_running_loop()
+    started = loop.time()
+    updates = 0
+    async for _ in run.updates(0.1):
+        updates += 1
+    elapsed = loop.time() - started
+    tokens = sum(s.tokens for s in run.view.samples)
+    assert tokens == 8 * 60
+    assert updates <= elapsed / 0.1 + 2
+    assert updates < tokens / 10
+
+
+async def test_cancel_one_then_all(backend_url: str) -> None:
+    run = BackendRun(backend_url)
+    await run.start("Hello", 3, {"max_tokens": 1000, "seed": 1})
+    updates = run.updates(0.02)
+    await anext(updates)
+    await run.cancel(1)
+    await asyncio.sleep(0.2)
+    assert run.view.samples[1].status == "abort"
+    assert run.view.samples[0].status == "streaming"
+    await run.cancel()
+    assert await run.wait_finished(5)
+    assert [s.status for s in run.view.samples] == ["abort"] * 3
+    await updates.aclose()
+
+
+async def test_unreachable_backend_and_refused_request(backend_url: str) -> None:
+    dead = f"ws://127.0.0.1:{free_port()}/ws"
+    with pytest.raises(BackendError, match=f"cannot reach the backend at {dead}"):
+        await BackendRun(dead).start("Hello", 1, {})
+    with pytest.raises(BackendError, match="n must be between 1 and 32"):
+        await BackendRun(backend_url).start("Hello", 99, {})
+
+
+def test_view_ignores_other_requests_and_reports_errors() -> None:
+    view = RunView("r1", started_at=0.0)
+    view.apply({"type": "accepted", "id": "r1", "n": 2, "engine": "synthetic", "model": "m"}, 0.0)
+    view.apply({"type": "chunk", "id": "other", "index": 0, "text": "x", "tokens": 1}, 0.1)
+    view.apply({"type": "chunk", "id": "r1", "index": 7, "text": "x", "tokens": 1}, 0.1)
+    view.apply({"type": "chunk", "id": "r1", "index": 0, "text": "Hi", "tokens": 1}, 0.2)
+    view.apply({"type": "chunk", "id": "r1", "index": 0, "text": " there", "tokens": 1}, 0.4)
+    assert [s.text for s in view.samples] == ["Hi there", ""]
+    header = header_markdown(view.samples[0], view.started_at, now=0.5)
+    assert "**#0**" in header and "`streaming`" in header and "2 tok" in header
+    assert "5.0 tok/s" in header and "TTFT 200 ms" in header
+    assert "`waiting`" in header_markdown(view.samples[1], view.started_at, now=0.5)
+    view.close("the backend closed the connection before the run ended")
+    assert view.finished
+    assert [s.status for s in view.samples] == ["error", "error"]
+    assert "**Error:** the backend closed the connection" in status_markdown(view)
