@@ -139,3 +139,16 @@ def test_a_backend_that_dies_mid_run_is_reported() -> None:
         backend.kill()
         process.terminate()
         process.wait(15)
+
+
+def test_several_people_generate_at_once(app: dict[str, Any]) -> None:
+    clients = [Client(app["url"], verbose=False) for _ in range(3)]
+    jobs = [c.submit("Hello", 2, 1000, 0.8, 0.95, i, api_name="/generate") for i, c in enumerate(clients)]
+    # all three stream at the same time: none waits for another to finish
+    wait_for(lambda: all(len(job.outputs()) >= 3 for job in jobs), limit_s=30)
+    assert not any(job.done() for job in jobs)
+    assert running_samples(app) == 6
+    for client, job in zip(clients, jobs, strict=True):
+        client.predict(api_name="/cancel")
+        job.result(timeout=15)
+    wait_for(lambda: running_samples(app) == 0)
