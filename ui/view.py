@@ -117,8 +117,10 @@ class RunView:
         return isinstance(index, int) and 0 <= index < len(self.samples)
 
 
-def _fmt(value: float | None, unit: str, digits: int = 0) -> str:
-    return "-" if value is None else f"{value:.{digits}f} {unit}"
+def _fmt(value: float | None, unit: str = "", digits: int = 0) -> str:
+    if value is None:
+        return "-"
+    return f"{value:.{digits}f} {unit}" if unit else f"{value:.{digits}f}"
 
 
 def header_markdown(sample: SampleView, started_at: float, now: float) -> str:
@@ -183,7 +185,7 @@ def summary_markdown(view: RunView) -> str:
             f"\n\n**Request:** {d.get('tokens')} tokens in {_fmt(d.get('duration_ms'), 'ms')}, "
             f"{_fmt(d.get('tokens_per_s'), 'tok/s', 1)} · mean TTFT {_fmt(d.get('ttft_mean_ms'), 'ms')} · "
             f"mean TPOT {_fmt(d.get('tpot_mean_ms'), 'ms', 1)} · "
-            f"ITL p50/p99 {_fmt(d.get('itl_p50_ms'), '', 1)}/{_fmt(d.get('itl_p99_ms'), 'ms', 1)}"
+            f"ITL p50/p99 {_fmt(d.get('itl_p50_ms'), digits=1)}/{_fmt(d.get('itl_p99_ms'), 'ms', 1)}"
         )
     return "### Run summary\n\n" + "\n".join(rows) + totals
 
