@@ -93,7 +93,7 @@ async def test_n4_streams_each_sample_exactly(server: BackendServer) -> None:
         assert stats["tokens"] == len(tokens)
         assert stats["ttft_ms"] > 0 and stats["itl_p50_ms"] > 0 and stats["tpot_ms"] > 0
         assert stats["itl_p99_ms"] >= stats["itl_p50_ms"]
-        assert 40 < stats["tokens_per_s"] < 150  # 100 tok/s per sample, measured
+        assert 20 < stats["tokens_per_s"] < 150  # 100 tok/s per sample, measured
     # nothing of an index comes after its finish
     for finish in finishes:
         position = frames.index(finish)
