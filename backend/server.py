@@ -62,6 +62,7 @@ class ClientSession:
         self.outbox = Outbox()
         self._wake = asyncio.Event()
         self._side_tasks: set[asyncio.Task[None]] = set()
+        self._closing = False
 
     async def serve(self) -> None:
         """Read frames until the client leaves, then abort whatever it left running."""
@@ -94,7 +95,8 @@ class ClientSession:
         """Queue a frame for the send loop; never blocks the caller."""
         self.outbox.push(frame)
         self._wake.set()
-        if len(self.outbox) > OUTBOX_MAX_FRAMES:
+        if len(self.outbox) > OUTBOX_MAX_FRAMES and not self._closing:
+            self._closing = True
             log.warning("closing a client that stopped reading (%d frames queued)", len(self.outbox))
             self._spawn(self.ws.close(1008, "client is not reading its frames"))
 
