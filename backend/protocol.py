@@ -28,6 +28,15 @@ TEMPERATURE_MAX = 2.0
 
 PARAM_NAMES = ("max_tokens", "temperature", "top_p", "seed")
 
+CONSUMER_MODES = ("cooperative", "greedy", "blocking")
+"""How the server's task consumes the engine stream (teaching control, see docs/trace.md)."""
+
+FANOUTS = ("n", "requests")
+"""One engine request with n samples, or n engine requests with n=1 each."""
+
+BLOCK_MS_MAX = 200.0
+"""Longest CPU block per chunk in "blocking" mode: enough to show the cost, not to hang the server."""
+
 
 class ProtocolError(Exception):
     """A frame the server will not act on; becomes an `error` frame on the same connection."""
@@ -40,6 +49,14 @@ class ProtocolError(Exception):
 
 
 @dataclass(frozen=True)
+class Consumer:
+    """How the server consumes a request's stream: after each chunk, yield, don't, or block."""
+
+    mode: str = "cooperative"
+    block_ms: float = 20.0
+
+
+@dataclass(frozen=True)
 class GenerateCommand:
     """A valid `generate` frame."""
 
@@ -47,6 +64,16 @@ class GenerateCommand:
     prompt: str
     n: int
     params: SamplingParams
+    consumer: Consumer = Consumer()
+    fanout: str = "n"
+    trace: bool = True
+
+
+@dataclass(frozen=True)
+class ExportTraceCommand:
+    """A valid `export_trace` frame: the trace of request `id`, in Chrome trace-event format."""
+
+    id: str
 
 
 @dataclass(frozen=True)
@@ -61,7 +88,10 @@ def _reject_constant(name: str) -> Any:
     raise ValueError(f"{name} is not a number JSON allows")
 
 
-def parse_client_frame(data: str | bytes, limits: Limits) -> GenerateCommand | CancelCommand:
+ClientCommand = GenerateCommand | CancelCommand | ExportTraceCommand
+
+
+def parse_client_frame(data: str | bytes, limits: Limits) -> ClientCommand:
     """Parse one websocket message from a client, or raise ProtocolError saying what is wrong."""
     if isinstance(data, bytes):
         raise ProtocolError("bad_frame", "binary frames are not supported; send JSON as text frames")
@@ -82,11 +112,12 @@ def parse_client_frame(data: str | bytes, limits: Limits) -> GenerateCommand | C
         return _parse_generate(frame, limits)
     if kind == "cancel":
         return _parse_cancel(frame, limits)
+    if kind == "export_trace":
+        return ExportTraceCommand(_parse_id(frame, limits))
+    known = '"generate", "cancel" or "export_trace"'
     if "type" not in frame:
-        raise ProtocolError("missing_field", 'frame has no "type"; use "generate" or "cancel"', request_id)
-    raise ProtocolError(
-        "unknown_type", f'unknown frame type {kind!r}; use "generate" or "cancel"', request_id
-    )
+        raise ProtocolError("missing_field", f'frame has no "type"; use {known}', request_id)
+    raise ProtocolError("unknown_type", f"unknown frame type {kind!r}; use {known}", request_id)
 
 
 def _parse_id(frame: dict[str, Any], limits: Limits) -> str:
@@ -181,7 +212,30 @@ def _parse_generate(frame: dict[str, Any], limits: Limits) -> GenerateCommand:
     params = SamplingParams(
         max_tokens=max_tokens, temperature=float(temperature), top_p=float(top_p), seed=seed
     )
-    return GenerateCommand(id=request_id, prompt=prompt, n=n, params=params)
+    consumer = _parse_consumer(frame.get("consumer"), fail)
+    fanout = frame.get("fanout", "n")
+    if fanout not in FANOUTS:
+        raise fail("bad_field", f'"fanout" must be one of {", ".join(FANOUTS)}, got {fanout!r}')
+    trace = frame.get("trace", True)
+    if not isinstance(trace, bool):
+        raise fail("bad_field", '"trace" must be true or false')
+    return GenerateCommand(
+        id=request_id, prompt=prompt, n=n, params=params, consumer=consumer, fanout=fanout, trace=trace
+    )
+
+
+def _parse_consumer(raw: Any, fail: Any) -> Consumer:
+    if raw is None:
+        return Consumer()
+    if not isinstance(raw, dict):
+        raise fail("bad_field", '"consumer" must be an object like {"mode": "cooperative"}')
+    mode = raw.get("mode", "cooperative")
+    if mode not in CONSUMER_MODES:
+        raise fail("bad_field", f'"consumer.mode" must be one of {", ".join(CONSUMER_MODES)}, got {mode!r}')
+    block_ms = raw.get("block_ms", Consumer.block_ms)
+    if not _is_number(block_ms) or not 0 <= block_ms <= BLOCK_MS_MAX:
+        raise fail("bad_field", f'"consumer.block_ms" must be a number from 0 to {BLOCK_MS_MAX:g}')
+    return Consumer(mode=mode, block_ms=float(block_ms))
 
 
 def _parse_cancel(frame: dict[str, Any], limits: Limits) -> CancelCommand:
@@ -229,6 +283,11 @@ def finish_frame(request_id: str, index: int, reason: str, stats: dict[str, Any]
 def done_frame(request_id: str, stats: dict[str, Any]) -> dict[str, Any]:
     """Every sample of the request has finished; the last frame of a request."""
     return {"type": "done", "id": request_id, "stats": stats}
+
+
+def trace_export_frame(request_id: str, trace_events: list[dict[str, Any]]) -> dict[str, Any]:
+    """The trace of one request in Chrome trace-event format (Perfetto opens it)."""
+    return {"type": "trace_export", "id": request_id, "traceEvents": trace_events}
 
 
 def error_frame(code: str, message: str, request_id: str | None = None) -> dict[str, Any]:

@@ -1,17 +1,22 @@
 """The websocket server: protocol v1 at ws://HOST:PORT/ws, on its own plain asyncio loop.
 
 A thin I/O shell: parsing lives in `protocol`, request bookkeeping in `session`, send-side merging
-in `outbox`. Each connection has one receive loop, one send loop and a task per running request;
-closing the connection aborts its requests in the engine. `GET /health` reports the engine's load.
+in `outbox`, trace framing in `trace_frames`. Each connection has one receive loop (`ws reader @c1`),
+one send loop (`send @c1`), a trace loop (`trace @c1`) and a task per running request
+(`consume r1 @c1`); closing the connection aborts its requests in the engine. The loop is traced
+by `LoopTracer`. `GET /health` reports the engine's load and the tracer's cost.
 """
 
 from __future__ import annotations
 
 import asyncio
+import itertools
 import logging
 import random
 import socket
 import threading
+import time
+from collections import OrderedDict
 from dataclasses import dataclass, replace
 from http import HTTPStatus
 from typing import Any
@@ -23,50 +28,88 @@ from websockets.exceptions import ConnectionClosed
 from websockets.http11 import Request, Response
 
 from backend.engine import Engine, Generation
+from backend.fanout import FanoutGeneration
 from backend.outbox import Outbox
 from backend.protocol import (
     CancelCommand,
+    ExportTraceCommand,
     GenerateCommand,
     ProtocolError,
     accepted_frame,
     encode,
     error_frame,
     parse_client_frame,
+    trace_export_frame,
 )
 from backend.session import RequestState
 from backend.settings import OUTBOX_MAX_FRAMES, SEED_MAX, SEND_BUFFER_BYTES, WS_MAX_MESSAGE_BYTES, Limits
+from backend.trace import LoopTracer
+from backend.trace_frames import chrome_trace, live_frame
 
 log = logging.getLogger("backend")
 
 WS_PATH = "/ws"
 HEALTH_PATH = "/health"
 
+TRACE_FRAMES_PER_S = 10
+"""Trace frames per second per connection while it has requests: a live view, batched."""
+
+EXPORT_HISTORY = 32
+"""Finished requests per connection whose trace can still be exported (their time windows)."""
+
+
+def _block(seconds: float) -> None:
+    """Busy CPU work on the calling thread: what a blocking call does to an event loop."""
+    end = time.perf_counter() + seconds
+    while time.perf_counter() < end:
+        pass
+
 
 @dataclass
 class RunningRequest:
     """An accepted request: its bookkeeping, the engine's generation and the task consuming it."""
 
+    command: GenerateCommand
     state: RequestState
     generation: Generation
+    start_ns: int
     task: asyncio.Task[None] | None = None
 
 
 class ClientSession:
     """One websocket client: any number of requests (up to the limit), told apart by `id`."""
 
-    def __init__(self, ws: ServerConnection, engine: Engine, limits: Limits) -> None:
+    def __init__(
+        self,
+        ws: ServerConnection,
+        engine: Engine,
+        limits: Limits,
+        label: str = "c0",
+        tracer: LoopTracer | None = None,
+    ) -> None:
         self.ws = ws
         self.engine = engine
         self.limits = limits
+        self.label = label
+        self.tracer = tracer
         self.requests: dict[str, RunningRequest] = {}
         self.outbox = Outbox()
+        self.windows: OrderedDict[str, tuple[int, int]] = OrderedDict()
+        """Time windows (ns) of finished requests, for `export_trace`."""
         self._wake = asyncio.Event()
         self._side_tasks: set[asyncio.Task[None]] = set()
         self._closing = False
+        self._trace_cursor = 0
 
     async def serve(self) -> None:
         """Read frames until the client leaves, then abort whatever it left running."""
-        sender = asyncio.create_task(self._send_loop(), name="send-loop")
+        current = asyncio.current_task()
+        if current is not None:
+            current.set_name(f"ws reader @{self.label}")
+        sender = asyncio.create_task(self._send_loop(), name=f"send @{self.label}")
+        tracing = None
+        if self.tracer is not None:
+            tracing = asyncio.create_task(self._trace_loop(), name=f"trace @{self.label}")
         try:
             async for message in self.ws:
                 self.handle_message(message)
@@ -77,8 +120,10 @@ class ClientSession:
             for task in running:
                 task.cancel()
             await asyncio.gather(*running, *self._side_tasks, return_exceptions=True)
-            sender.cancel()
-            await asyncio.gather(sender, return_exceptions=True)
+            background = [task for task in (sender, tracing) if task is not None]
+            for task in background:
+                task.cancel()
+            await asyncio.gather(*background, return_exceptions=True)
 
     def handle_message(self, message: str | bytes) -> None:
         """Act on one client frame; every rejection becomes an `error` frame."""
@@ -86,8 +131,10 @@ class ClientSession:
             command = parse_client_frame(message, self.limits)
             if isinstance(command, GenerateCommand):
                 self._start(command)
-            else:
+            elif isinstance(command, CancelCommand):
                 self._cancel(command)
+            else:
+                self._export(command)
         except ProtocolError as exc:
             self.send(error_frame(exc.code, exc.message, exc.request_id))
 
@@ -119,26 +166,46 @@ class ClientSession:
             seed = random.randrange(SEED_MAX - self.limits.n_max)
         params = replace(command.params, seed=seed)
         try:
-            generation = self.engine.generate(command.prompt, command.n, params)
+            if command.fanout == "requests":
+                label = f"{command.id} @{self.label}"
+                generation: Generation = FanoutGeneration(
+                    self.engine, command.prompt, command.n, params, label
+                )
+            else:
+                generation = self.engine.generate(command.prompt, command.n, params)
         except Exception as exc:
             log.exception("engine refused request %s", command.id)
             raise ProtocolError("engine_error", f"the engine could not start: {exc}", command.id) from None
         loop = asyncio.get_running_loop()
+        if self.tracer is not None and not self.requests:
+            self._trace_cursor = self.tracer.recorded  # a new burst of activity: trace from here
         state = RequestState(command.id, command.n, params, loop.time())
-        running = RunningRequest(state, generation)
+        running = RunningRequest(command, state, generation, time.perf_counter_ns())
         self.requests[command.id] = running
         self.send(accepted_frame(command.id, command.n, self.engine.name, self.engine.model, params))
-        running.task = asyncio.create_task(self._run(running), name=f"request {command.id}")
+        running.task = asyncio.create_task(self._run(running), name=f"consume {command.id} @{self.label}")
 
     async def _run(self, running: RunningRequest) -> None:
-        state, generation = running.state, running.generation
+        state, generation, consumer = running.state, running.generation, running.command.consumer
+        key = (self.label, state.request_id)
+        tracer = self.tracer
+        block_s = consumer.block_ms / 1000
         loop = asyncio.get_running_loop()
         try:
             async for chunk in generation:
+                if tracer is not None:
+                    tracer.chunk(key, chunk.index, chunk.tokens)
                 for frame in state.on_chunk(chunk, loop.time()):
                     self.send(frame)
+                    if tracer is not None and frame.get("reason") == "abort":
+                        tracer.cancel(key, "finished", frame["index"])
                 if state.finished:
                     break
+                # The teaching control: what the consumer does between chunks.
+                if consumer.mode == "cooperative":
+                    await asyncio.sleep(0)
+                elif consumer.mode == "blocking":
+                    _block(block_s)
         except Exception as exc:
             log.exception("engine failed during request %s", state.request_id)
             self.send(error_frame("engine_error", f"the engine failed: {exc}", state.request_id))
@@ -148,6 +215,11 @@ class ClientSession:
             finally:
                 for frame in state.finish_unfinished():
                     self.send(frame)
+                self.windows[state.request_id] = (running.start_ns, time.perf_counter_ns())
+                while len(self.windows) > EXPORT_HISTORY:
+                    self.windows.popitem(last=False)
+                if running.command.trace:
+                    self._flush_trace()  # the last of the trace goes before `done`
                 self.send(state.done(loop.time()))
                 del self.requests[state.request_id]
 
@@ -164,12 +236,33 @@ class ClientSession:
                 f"index must be between 0 and {n - 1} for request {command.id!r}, got {command.index}",
                 command.id,
             )
+        if self.tracer is not None:
+            self.tracer.cancel((self.label, command.id), "received", command.index)
         if running.state.request_abort(command.index):
             self._spawn(self._abort(running, command.index))
+
+    def _export(self, command: ExportTraceCommand) -> None:
+        if self.tracer is None:
+            raise ProtocolError("trace_disabled", "tracing is off on this server (--no-trace)", command.id)
+        running = self.requests.get(command.id)
+        if running is not None:
+            window = (running.start_ns, time.perf_counter_ns())
+        elif command.id in self.windows:
+            window = self.windows[command.id]
+        else:
+            raise ProtocolError(
+                "unknown_id",
+                f"no running or recently finished request has id {command.id!r} on this connection",
+                command.id,
+            )
+        events = chrome_trace(list(self.tracer.events), self.tracer.origin_ns, self.label, command.id, window)
+        self.send(trace_export_frame(command.id, events))
 
     async def _abort(self, running: RunningRequest, index: int | None) -> None:
         try:
             await running.generation.abort(index)
+            if self.tracer is not None:
+                self.tracer.cancel((self.label, running.state.request_id), "aborted", index)
         except Exception as exc:
             log.exception("abort failed for request %s", running.state.request_id)
             self.send(
@@ -182,32 +275,58 @@ class ClientSession:
         task.add_done_callback(self._side_tasks.discard)
 
     async def _send_loop(self) -> None:
+        tracer = self.tracer
         try:
             while True:
                 await self._wake.wait()
                 self._wake.clear()
                 for frame in self.outbox.drain():
+                    text = encode(frame)
                     # Awaiting the socket here lets chunks merge in the outbox meanwhile.
-                    await self.ws.send(encode(frame))
+                    await self.ws.send(text)
+                    if tracer is not None:
+                        tracer.frame(self.label, frame["type"], len(text))
         except ConnectionClosed:
             pass
+
+    def _flush_trace(self) -> None:
+        """Send what the tracer recorded since the last trace frame, if anything."""
+        assert self.tracer is not None
+        events, self._trace_cursor = self.tracer.since(self._trace_cursor)
+        if events:
+            self.send(live_frame(events, self.tracer.origin_ns, self.label))
+
+    async def _trace_loop(self) -> None:
+        while True:
+            await asyncio.sleep(1 / TRACE_FRAMES_PER_S)
+            if any(r.command.trace for r in self.requests.values()):
+                self._flush_trace()
 
 
 class BackendServer:
     """The engine plus the websocket server in front of it, on the running loop."""
 
     def __init__(
-        self, engine: Engine, limits: Limits | None = None, host: str = "127.0.0.1", port: int = 8765
+        self,
+        engine: Engine,
+        limits: Limits | None = None,
+        host: str = "127.0.0.1",
+        port: int = 8765,
+        trace: bool = True,
     ) -> None:
         self.engine = engine
         self.limits = limits or Limits()
         self.host = host
         self.port = port
         self.sessions: set[ClientSession] = set()
+        self.tracer = LoopTracer() if trace else None
         self._server: Server | None = None
+        self._labels = itertools.count(1)
 
     async def start(self) -> None:
-        """Start the engine, then listen; `port` becomes the bound port (useful with port 0)."""
+        """Trace this loop, start the engine, then listen; `port` becomes the bound port."""
+        if self.tracer is not None:
+            self.tracer.install(asyncio.get_running_loop())
         await self.engine.start()
         self._server = await serve(
             self._handle,
@@ -231,6 +350,8 @@ class BackendServer:
             self._server.close()
             await self._server.wait_closed()
         await self.engine.stop()
+        if self.tracer is not None:
+            self.tracer.uninstall()
 
     async def serve_forever(self) -> None:
         """Run until cancelled."""
@@ -249,13 +370,20 @@ class BackendServer:
             "active_requests": sum(len(s.requests) for s in self.sessions),
             "n_max": self.limits.n_max,
             "max_tokens_max": self.limits.max_tokens_max,
+            "trace": None
+            if self.tracer is None
+            else {
+                "events_recorded": self.tracer.recorded,
+                "events_kept": len(self.tracer.events),
+                "overhead_per_event_ns": round(self.tracer.overhead_per_event_ns(), 1),
+            },
         }
 
     async def _handle(self, ws: ServerConnection) -> None:
         sock = ws.transport.get_extra_info("socket")
         if sock is not None:
             sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, SEND_BUFFER_BYTES)
-        session = ClientSession(ws, self.engine, self.limits)
+        session = ClientSession(ws, self.engine, self.limits, f"c{next(self._labels)}", self.tracer)
         self.sessions.add(session)
         log.info("client connected from %s", ws.remote_address)
         try:

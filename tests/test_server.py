@@ -34,7 +34,11 @@ async def server() -> AsyncIterator[BackendServer]:
 
 
 async def recv(ws: ClientConnection, limit_s: float = 10.0) -> dict[str, Any]:
-    return json.loads(await asyncio.wait_for(ws.recv(), limit_s))
+    """The next frame that is not a live trace frame (tests/test_trace.py covers those)."""
+    while True:
+        frame = json.loads(await asyncio.wait_for(ws.recv(), limit_s))
+        if frame["type"] != "trace":
+            return frame
 
 
 async def until_done(ws: ClientConnection, request_id: str, limit_s: float = 30.0) -> list[dict[str, Any]]:
