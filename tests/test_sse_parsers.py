@@ -1,0 +1,245 @@
+"""The stream parsers against every stream recorded from the real SGLang and vLLM servers."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from backend.engine import Chunk
+from backend.engines.streams import (
+    DONE,
+    OpenAIStream,
+    SGLangStream,
+    SSEDecoder,
+    StreamProtocolError,
+    sglang_finish_reason,
+)
+
+FIXTURES = Path(__file__).resolve().parent.parent.parent / "shared" / "fixtures"
+STREAMS = sorted(FIXTURES.glob("*.sse"))
+
+
+def fixture(name: str) -> bytes:
+    return (FIXTURES / name).read_bytes()
+
+
+def payloads(data: bytes, piece: int | None = None) -> list[str]:
+    """Decode `data` fed whole, or in pieces of `piece` bytes (splitting lines and UTF-8 anywhere)."""
+    decoder = SSEDecoder()
+    if piece is None:
+        return decoder.feed(data) + decoder.close()
+    out: list[str] = []
+    for start in range(0, len(data), piece):
+        out += decoder.feed(data[start : start + piece])
+    return out + decoder.close()
+
+
+def raw_events(data: bytes) -> list[str]:
+    """The payloads read the plain way, to check the decoder against."""
+    return [line[len("data: ") :] for line in data.decode().split("\n") if line.startswith("data: ")]
+
+
+def run_sglang(data: bytes, n: int) -> tuple[SGLangStream, list[Chunk]]:
+    stream = SGLangStream(n)
+    chunks = [chunk for payload in payloads(data) for chunk in stream.feed(payload)]
+    return stream, chunks
+
+
+def run_openai(data: bytes, n: int, hold: bool = False) -> tuple[OpenAIStream, list[Chunk]]:
+    stream = OpenAIStream(n, hold_last_finish=hold)
+    chunks = [chunk for payload in payloads(data) for chunk in stream.feed(payload)]
+    return stream, chunks + stream.close()
+
+
+def texts(chunks: list[Chunk], n: int) -> list[str]:
+    return ["".join(c.text for c in chunks if c.index == i) for i in range(n)]
+
+
+def finishes(chunks: list[Chunk]) -> dict[int, Chunk]:
+    found: dict[int, Chunk] = {}
+    for chunk in chunks:
+        if chunk.finish_reason is not None:
+            assert chunk.index not in found, f"sample {chunk.index} finished twice"
+            found[chunk.index] = chunk
+    return found
+
+
+def last_cumulative(data: bytes) -> dict[int, dict]:
+    """Each index's last native event, read without the parser."""
+    last: dict[int, dict] = {}
+    for payload in raw_events(data):
+        if payload != DONE:
+            event = json.loads(payload)
+            if "index" in event:
+                last[event["index"]] = event
+    return last
+
+
+def test_the_fixtures_are_there() -> None:
+    assert len(STREAMS) == 6, f"expected the six recorded streams in {FIXTURES}"
+
+
+@pytest.mark.parametrize("path", STREAMS, ids=lambda p: p.name)
+@pytest.mark.parametrize("piece", [None, 1, 7, 4096])
+def test_sse_decoder_reads_every_event_however_the_bytes_are_split(path: Path, piece: int | None) -> None:
+    data = path.read_bytes()
+    assert payloads(data, piece) == raw_events(data)
+    assert payloads(data, piece)[-1] == DONE
+
+
+def test_sse_decoder_handles_crlf_multiline_data_and_comments() -> None:
+    data = b': keep-alive\r\n\r\ndata: {"a":\r\ndata: 1}\r\n\r\nevent: x\ndata: two\n\n'
+    for piece in (None, 1, 2, 3):
+        assert payloads(data, piece) == ['{"a":\n1}', "two"]
+
+
+def test_sse_decoder_keeps_multibyte_characters_split_across_reads() -> None:
+    data = 'data: {"text": "héllo ✓"}\n\n'.encode()
+    assert payloads(data, 1) == ['{"text": "héllo ✓"}']
+
+
+def test_sglang_cumulative_text_becomes_deltas_routed_by_index() -> None:
+    data = fixture("sglang-generate-n4-cumulative.sse")
+    stream, chunks = run_sglang(data, 4)
+    last = last_cumulative(data)
+    assert texts(chunks, 4) == [last[i]["text"] for i in range(4)]
+    assert stream.done and stream.unfinished == []
+    # Cumulative text is never re-sent: every delta is new text (or a token with no visible text).
+    assert sum(len(c.text) for c in chunks) == sum(len(last[i]["text"]) for i in range(4))
+    for i in range(4):
+        assert sum(c.tokens for c in chunks if c.index == i) == 32
+        assert stream.request_id(i) == last[i]["meta_info"]["id"]
+    assert len({stream.request_id(i) for i in range(4)}) == 4
+
+
+def test_sglang_finish_objects_and_meta_pass_through() -> None:
+    data = fixture("sglang-generate-n4-cumulative.sse")
+    _, chunks = run_sglang(data, 4)
+    done = finishes(chunks)
+    assert sorted(done) == [0, 1, 2, 3]
+    last = last_cumulative(data)
+    for index, chunk in done.items():
+        assert chunk.finish_reason == "length"
+        info = last[index]["meta_info"]
+        assert chunk.meta["rid"] == info["id"]
+        assert chunk.meta["prompt_tokens"] == 4
+        assert chunk.meta["completion_tokens"] == 32
+        assert chunk.meta["cached_tokens"] == info["cached_tokens"]
+        assert chunk.meta["e2e_latency"] == pytest.approx(info["e2e_latency"])
+    # Nothing follows a sample's finish.
+    for index, chunk in done.items():
+        assert chunks.index(chunk) == max(j for j, c in enumerate(chunks) if c.index == index)
+
+
+def test_sglang_abort_of_one_sample_then_of_all() -> None:
+    data = fixture("sglang-generate-n3-abort-request.sse")
+    stream, chunks = run_sglang(data, 3)
+    done = finishes(chunks)
+    assert {i: c.finish_reason for i, c in done.items()} == {0: "abort", 1: "abort", 2: "abort"}
+    assert done[1].meta["message"] == "Aborted"
+    # Sample 1 was aborted by its own id after 8 tokens; the others went on until abort_all.
+    order = [c.index for c in chunks if c.finish_reason is not None]
+    assert order[0] == 1
+    tokens = {i: sum(c.tokens for c in chunks if c.index == i) for i in range(3)}
+    assert tokens[1] < tokens[0] and tokens[1] < tokens[2]
+    last = last_cumulative(data)
+    assert texts(chunks, 3) == [last[i]["text"] for i in range(3)]
+    assert stream.done
+
+
+def test_sglang_error_event_finishes_every_sample_with_the_servers_message() -> None:
+    stream, chunks = run_sglang(fixture("sglang-generate-error-context-length.sse"), 2)
+    assert [(c.index, c.finish_reason) for c in chunks] == [(0, "error"), (1, "error")]
+    for chunk in chunks:
+        assert "maximum context length of 2048 tokens" in chunk.meta["error"]
+        assert "(code 400)" in chunk.meta["error"]
+    assert stream.done and stream.unfinished == []
+
+
+def test_sglang_incremental_stream_gives_the_same_text() -> None:
+    """An `--incremental-streaming-output` server sends only new text; rebuild such a stream."""
+    data = fixture("sglang-generate-n4-cumulative.sse")
+    seen = {i: ("", 0) for i in range(4)}
+    incremental = SGLangStream(4, incremental=True)
+    chunks: list[Chunk] = []
+    for payload in payloads(data):
+        if payload != DONE:
+            event = json.loads(payload)
+            text, ids = seen[event["index"]]
+            seen[event["index"]] = (event["text"], len(event["output_ids"]))
+            event["text"] = event["text"][len(text) :]
+            event["output_ids"] = event["output_ids"][ids:]
+            payload = json.dumps(event)
+        chunks += incremental.feed(payload)
+    last = last_cumulative(data)
+    assert texts(chunks, 4) == [last[i]["text"] for i in range(4)]
+    assert all(sum(c.tokens for c in chunks if c.index == i) == 32 for i in range(4))
+
+
+def test_sglang_index_outside_the_request_is_a_protocol_error() -> None:
+    stream = SGLangStream(2)
+    with pytest.raises(StreamProtocolError):
+        stream.feed('{"text": "x", "index": 2, "meta_info": {"id": "a"}}')
+    with pytest.raises(StreamProtocolError):
+        stream.feed("not json")
+
+
+@pytest.mark.parametrize(
+    ("finish", "reason"),
+    [
+        (None, None),
+        ({"type": "stop", "matched": 2}, "stop"),
+        ({"type": "length", "length": 32}, "length"),
+        ({"type": "abort", "message": "Aborted", "status_code": None}, "abort"),
+        ({"type": "abort", "message": "out of memory", "status_code": 500}, "error"),
+        ({"type": "something new"}, "error"),
+    ],
+)
+def test_sglang_finish_reason_mapping(finish: object, reason: str | None) -> None:
+    assert sglang_finish_reason(finish) == reason
+
+
+@pytest.mark.parametrize("name", ["sglang-v1-completions-n4.sse", "vllm-v1-completions-n4.sse"])
+def test_openai_deltas_routed_by_choice_index_not_id(name: str) -> None:
+    data = fixture(name)
+    stream, chunks = run_openai(data, 4)
+    expected = ["", "", "", ""]
+    ids = set()
+    for payload in raw_events(data):
+        if payload != DONE:
+            event = json.loads(payload)
+            ids.add(event["id"])
+            for choice in event["choices"]:
+                expected[choice["index"]] += choice["text"]
+    assert texts(chunks, 4) == expected
+    assert len(ids) == (1 if name.startswith("vllm") else 4)
+    done = finishes(chunks)
+    assert {i: c.finish_reason for i, c in done.items()} == dict.fromkeys(range(4), "length")
+    assert all(sum(c.tokens for c in chunks if c.index == i) == 32 for i in range(4))
+    assert stream.model == "smollm2" and stream.done
+
+
+def test_openai_usage_chunk_rides_on_the_last_finish() -> None:
+    _, chunks = run_openai(fixture("sglang-v1-completions-n1-usage.sse"), 1, hold=True)
+    done = finishes(chunks)
+    assert done[0].finish_reason == "length"
+    assert chunks[-1] is done[0]
+    assert done[0].meta["usage"] == {
+        "prompt_tokens": 4,
+        "total_tokens": 260,
+        "completion_tokens": 256,
+        "reasoning_tokens": 0,
+    }
+    assert sum(c.tokens for c in chunks) == 256
+
+
+def test_openai_error_event_finishes_open_samples() -> None:
+    stream = OpenAIStream(2)
+    first = stream.feed('{"id": "x", "choices": [{"index": 0, "text": "a", "finish_reason": "stop"}]}')
+    assert [c.finish_reason for c in first] == ["stop"]
+    failed = stream.feed('{"error": {"object": "error", "message": "engine dead", "code": 500}}')
+    assert [(c.index, c.finish_reason, c.meta["error"]) for c in failed] == [
+        (1, "error", "engine dead (code 500)")
+    ]
