@@ -218,7 +218,7 @@ class ClientSession:
                 self.windows[state.request_id] = (running.start_ns, time.perf_counter_ns())
                 while len(self.windows) > EXPORT_HISTORY:
                     self.windows.popitem(last=False)
-                if running.command.trace:
+                if running.command.trace and self.tracer is not None:
                     self._flush_trace()  # the last of the trace goes before `done`
                 self.send(state.done(loop.time()))
                 del self.requests[state.request_id]

@@ -1,0 +1,224 @@
+"""The event-loop tracer, its live frames and its export, on real loops and a real server."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from collections.abc import AsyncIterator
+from typing import Any
+
+import pytest
+from websockets.asyncio.client import ClientConnection, connect
+
+from backend.engines.synthetic import SyntheticEngine, synthetic_tokens
+from backend.server import BackendServer
+from backend.trace import LAG, STEP, LoopTracer, callback_name
+from backend.trace_frames import OTHER_CONNECTION, live_frame, task_label
+
+
+@pytest.fixture
+async def server() -> AsyncIterator[BackendServer]:
+    backend = BackendServer(SyntheticEngine(rate=100, jitter=0.2), port=0)
+    await backend.start()
+    try:
+        yield backend
+    finally:
+        await backend.close()
+
+
+def generate(request_id: str, n: int = 2, **extra: Any) -> str:
+    frame = {"type": "generate", "id": request_id, "prompt": "hi", "n": n, **extra}
+    frame.setdefault("params", {"max_tokens": 30, "seed": 3})
+    return json.dumps(frame)
+
+
+async def frames_until_done(
+    ws: ClientConnection, request_id: str, limit_s: float = 30
+) -> list[dict[str, Any]]:
+    frames = []
+    async with asyncio.timeout(limit_s):
+        while True:
+            frame = json.loads(await ws.recv())
+            frames.append(frame)
+            if frame["type"] == "done" and frame["id"] == request_id:
+                return frames
+
+
+def _spin(seconds: float) -> None:
+    end = time.perf_counter() + seconds
+    while time.perf_counter() < end:
+        pass
+
+
+async def test_steps_are_attributed_to_their_tasks_and_a_block_shows_as_stall_and_lag() -> None:
+    tracer = LoopTracer(heartbeat_s=0.01)
+    tracer.install(asyncio.get_running_loop())
+
+    async def worker() -> None:
+        await asyncio.sleep(0.03)
+        _spin(0.05)  # an injected 50 ms block on the loop
+        await asyncio.sleep(0.03)
+
+    await asyncio.create_task(worker(), name="blocker")
+    tracer.uninstall()
+    steps = [(callback_name(e[3]), e[2] / 1e6) for e in tracer.events if e[0] == STEP]
+    blocker = [ms for name, ms in steps if name == "blocker"]
+    assert len(blocker) >= 3
+    assert 45 <= max(blocker) <= 80
+    assert "heartbeat" in {name for name, _ in steps}
+    lags = [e[2] / 1e6 for e in tracer.events if e[0] == LAG]
+    assert max(lags) >= 30  # the heartbeat that was due during the block woke that late
+    assert tracer.overhead_per_event_ns() > 0
+
+
+async def test_the_ring_buffer_bounds_memory() -> None:
+    tracer = LoopTracer(capacity=500)
+    tracer.install(asyncio.get_running_loop())
+    for _ in range(2000):
+        await asyncio.sleep(0)
+    tracer.uninstall()
+    assert len(tracer.events) == 500
+    assert tracer.recorded > 2000
+    events, cursor = tracer.since(0)
+    assert len(events) == 500 and cursor == tracer.recorded
+    assert tracer.since(cursor) == ([], cursor)
+
+
+def test_connections_see_their_own_tasks_and_others_anonymously() -> None:
+    assert task_label("consume r1 @c2", "c2") == "consume r1"
+    assert task_label("consume secret @c3", "c2") == OTHER_CONNECTION
+    assert task_label("heartbeat", "c2") == "heartbeat"
+    frame = live_frame([], 0, "c1")
+    assert frame["type"] == "trace" and frame["slices"] == [] and frame["counts"]["steps"] == 0
+
+
+async def test_live_trace_frames_name_tasks_and_count_every_chunk(server: BackendServer) -> None:
+    async with connect(server.url) as ws:
+        await ws.send(generate("r1", n=3))
+        frames = await frames_until_done(ws, "r1")
+    traces = [f for f in frames if f["type"] == "trace"]
+    assert traces, "trace frames arrive while the request runs"
+    assert frames.index(traces[-1]) < frames.index(frames[-1])  # the last trace comes before done
+    names = {name for f in traces for name in f["names"]}
+    assert {"consume r1", "send", "ws reader", "heartbeat"} <= names
+    assert not any("@" in name for name in names)
+    tokens_in_trace: dict[int, int] = {}
+    for f in traces:
+        for _, request_id, index, tokens in f["chunks"]:
+            assert request_id == "r1"
+            tokens_in_trace[index] = tokens_in_trace.get(index, 0) + tokens
+    finishes = {f["index"]: f["stats"]["tokens"] for f in frames if f["type"] == "finish"}
+    assert tokens_in_trace == finishes
+    assert sum(f["counts"]["frames"] for f in traces) > 0
+    for f in traces:
+        for start, end, busy, name, count in f["slices"]:
+            assert start <= end and 0 <= busy <= end - start + 0.01 and count >= 1
+            assert 0 <= name < len(f["names"])
+
+
+async def test_export_is_a_chrome_trace_with_every_event_kind(server: BackendServer) -> None:
+    async with connect(server.url, max_size=None) as ws:
+        await ws.send(generate("r1", n=2))
+        await frames_until_done(ws, "r1")
+        await ws.send(json.dumps({"type": "export_trace", "id": "r1"}))
+        async with asyncio.timeout(10):
+            while (export := json.loads(await ws.recv()))["type"] != "trace_export":
+                pass
+        await ws.send(json.dumps({"type": "export_trace", "id": "nope"}))
+        async with asyncio.timeout(10):
+            while (error := json.loads(await ws.recv()))["type"] != "error":
+                pass
+    assert error["code"] == "unknown_id"
+    events = export["traceEvents"]
+    json.dumps(events)
+    kinds = {(e["ph"], e.get("cat")) for e in events}
+    assert {("X", "loop"), ("X", "idle"), ("i", "chunk"), ("C", None), ("M", None)} <= kinds
+    chunk_indices = {e["args"]["index"] for e in events if e.get("cat") == "chunk"}
+    assert chunk_indices == {0, 1}
+    lane_names = {e["args"]["name"] for e in events if e["ph"] == "M" and e["name"] == "thread_name"}
+    assert {"event loop", "sample 0", "sample 1"} <= lane_names
+    assert all(e["dur"] >= 0 for e in events if e["ph"] == "X")
+    assert any(e["name"] == "consume r1" for e in events if e["ph"] == "X")
+
+
+async def cancel_latency_ms(server: BackendServer, mode: str) -> float:
+    """Client-side time from sending cancel to receiving `done`, under a consumer mode."""
+    async with connect(server.url) as ws:
+        params = {"max_tokens": 1000, "seed": 1, "temperature": 0}
+        await ws.send(generate("r", n=4, params=params, consumer={"mode": mode, "block_ms": 15}))
+        chunks = 0
+        while chunks < 40:
+            if json.loads(await ws.recv())["type"] == "chunk":
+                chunks += 1
+        sent = time.perf_counter()
+        await ws.send(json.dumps({"type": "cancel", "id": "r"}))
+        frames = await frames_until_done(ws, "r")
+        assert {f["reason"] for f in frames if f["type"] == "finish"} == {"abort"}
+        return (time.perf_counter() - sent) * 1000
+
+
+async def test_blocking_consumer_raises_cancel_latency(server: BackendServer) -> None:
+    cooperative = await cancel_latency_ms(server, "cooperative")
+    blocking = await cancel_latency_ms(server, "blocking")
+    assert blocking > cooperative + 15
+
+
+async def test_cancel_chain_is_traced(server: BackendServer) -> None:
+    async with connect(server.url) as ws:
+        await ws.send(generate("r1", n=2, params={"max_tokens": 1000, "seed": 1}))
+        while json.loads(await ws.recv())["type"] != "chunk":
+            pass
+        await ws.send(json.dumps({"type": "cancel", "id": "r1", "index": 1}))
+        await asyncio.sleep(0.1)
+        await ws.send(json.dumps({"type": "cancel", "id": "r1"}))
+        frames = await frames_until_done(ws, "r1")
+    cancels = [c for f in frames if f["type"] == "trace" for c in f["cancels"]]
+    stages = [(stage, index) for _, _, index, stage in cancels]
+    assert ("received", 1) in stages and ("aborted", 1) in stages and ("finished", 1) in stages
+    assert ("received", None) in stages and ("finished", 0) in stages
+
+
+async def test_fanout_requests_gives_the_same_samples(server: BackendServer) -> None:
+    async with connect(server.url) as ws:
+        await ws.send(generate("a", n=3, fanout="requests"))
+        frames = await frames_until_done(ws, "a")
+    texts: dict[int, str] = {}
+    for f in frames:
+        if f["type"] == "chunk":
+            texts[f["index"]] = texts.get(f["index"], "") + f["text"]
+    for index in range(3):
+        assert texts[index] == "".join(synthetic_tokens(3 + index, 30, 0.8)[0])
+    assert sorted(f["stats"]["seed"] for f in frames if f["type"] == "finish") == [3, 4, 5]
+
+
+async def test_greedy_consumer_runs_in_longer_steps_than_cooperative(server: BackendServer) -> None:
+    async def mean_steps_per_slice(mode: str) -> float:
+        async with connect(server.url) as ws:
+            await ws.send(generate(mode, n=8, params={"max_tokens": 40, "seed": 1}, consumer={"mode": mode}))
+            frames = await frames_until_done(ws, mode)
+        slices = [
+            s
+            for f in frames
+            if f["type"] == "trace"
+            for s in f["slices"]
+            if f["names"][s[3]] == f"consume {mode}"
+        ]
+        return sum(s[4] for s in slices) / len(slices)
+
+    # cooperative yields after every chunk: more, shorter steps of the consumer task
+    assert await mean_steps_per_slice("cooperative") > await mean_steps_per_slice("greedy")
+
+
+async def test_tracing_can_be_turned_off() -> None:
+    backend = BackendServer(SyntheticEngine(rate=200), port=0, trace=False)
+    await backend.start()
+    try:
+        async with connect(backend.url) as ws:
+            await ws.send(generate("r1"))
+            frames = await frames_until_done(ws, "r1")
+            assert not [f for f in frames if f["type"] == "trace"]
+            await ws.send(json.dumps({"type": "export_trace", "id": "r1"}))
+            assert json.loads(await ws.recv())["code"] == "trace_disabled"
+    finally:
+        await backend.close()
