@@ -1,9 +1,10 @@
 """Tracer events turned into what clients see, without I/O: live `trace` frames and Chrome export.
 
 Live frames are compact: consecutive steps of one task less than `MERGE_GAP_NS` apart merge into one
-slice `[start_ms, end_ms, busy_ms, name, count]`, so a frame's size follows the loop's activity in
-tasks, not in callbacks. A connection sees its own requests' chunks and cancels, the loop's work
-under the names of its own tasks, and other connections' tasks only as "other connection".
+slice `[start_ms, end_ms, busy_ms, name, count, longest_step_ms]`, so a frame's size follows the
+loop's activity in tasks, not in callbacks. A connection sees its own requests' chunks and
+cancels, the loop's work under the names of its own tasks, and other connections' tasks only as
+"other connection".
 
 Export is Chrome trace-event JSON (https://perfetto.dev opens it): `X` slices for loop work (`cat`
 "loop", `name` the task; `cat` "idle" for select() waits), `i` instants for chunk arrivals (`cat`
@@ -74,8 +75,9 @@ def live_frame(events: Iterable[Event], origin_ns: int, connection: str) -> dict
                 current[1] = start + duration
                 current[2] += duration
                 current[4] += 1
+                current[5] = max(current[5], duration)
             else:
-                current = [start, start + duration, duration, index, 1]
+                current = [start, start + duration, duration, index, 1, duration]
                 open_slice[index] = current
                 slices.append(current)
         elif kind == IDLE:
@@ -97,8 +99,8 @@ def live_frame(events: Iterable[Event], origin_ns: int, connection: str) -> dict
         "end_ms": None if end_ns is None else _ms(end_ns, origin_ns),
         "names": names,
         "slices": [
-            [_ms(s, origin_ns), _ms(e, origin_ns), round(busy / 1e6, 3), name, count]
-            for s, e, busy, name, count in slices
+            [_ms(s, origin_ns), _ms(e, origin_ns), round(busy / 1e6, 3), name, count, round(longest / 1e6, 3)]
+            for s, e, busy, name, count, longest in slices
         ],
         "idle": idle,
         "lag": lag,

@@ -69,6 +69,10 @@ def test_generate_then_cancel(page: Page) -> None:
         expect(page.locator(f"#column-{index}")).to_be_visible()
     expect(page.locator("#column-4")).to_be_hidden()
     expect(page.locator("#status")).to_contain_text("streaming")
+    # the loop trace draws live beside the columns: the loop lane and one lane per sample
+    expect(page.locator("#trace svg")).to_be_visible(timeout=10_000)
+    expect(page.locator("#trace svg")).to_contain_text("#3")
+    expect(page.locator("#trace")).to_contain_text("loop busy")
     # the columns keep growing while streaming
     before = [len(sample_text(page, i)) for i in range(4)]
     page.wait_for_timeout(700)
@@ -82,7 +86,13 @@ def test_generate_then_cancel(page: Page) -> None:
     assert [sample_text(page, i) for i in range(4)] == stopped
     assert all(0 < len(text) for text in stopped)
     expect(page.locator("#status")).to_contain_text("finished")
-    expect(page.locator("#trace")).to_contain_text("Run summary")
+    expect(page.locator("#summary")).to_contain_text("Run summary")
+    latency = page.locator("#trace .trace-figures div", has_text="cancel latency").inner_text()
+    assert "ms" in latency, latency
+
+    # the trace of the run downloads as Perfetto JSON
+    page.locator("#export-trace").click()
+    expect(page.locator("#trace-file")).to_contain_text(".json", timeout=15_000)
 
 
 def test_stop_one_column_only(page: Page) -> None:

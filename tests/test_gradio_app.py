@@ -22,6 +22,7 @@ HEADERS = slice(0, N_MAX)
 TEXTS = slice(N_MAX, 2 * N_MAX)
 STATUS = 2 * N_MAX
 SUMMARY = 2 * N_MAX + 1
+TRACE = 2 * N_MAX + 2
 
 
 @pytest.fixture(scope="module")
@@ -64,6 +65,7 @@ def test_generate_streams_n_columns(app: dict[str, Any]) -> None:
         assert f"`{reason}`" in final[HEADERS][index] and f"{len(tokens)} tok" in final[HEADERS][index]
     assert "finished" in final[STATUS]
     assert "Run summary" in final[SUMMARY] and "| 3 |" in final[SUMMARY]
+    assert "<svg" in final[TRACE] and "loop busy" in final[TRACE] and "#3" in final[TRACE]
     # far fewer page updates than tokens: chunks are coalesced at a frame rate
     assert len(outputs) < sum(len(synthetic_tokens(5 + i, 40, 0.8)[0]) for i in range(4)) / 2
 
@@ -152,3 +154,20 @@ def test_several_people_generate_at_once(app: dict[str, Any]) -> None:
         client.predict(api_name="/cancel")
         job.result(timeout=15)
     wait_for(lambda: running_samples(app) == 0)
+
+
+def test_the_trace_of_a_run_exports_for_perfetto(app: dict[str, Any]) -> None:
+    client = Client(app["url"], verbose=False)
+    final = client.predict("Hello", 2, 20, 0.8, 0.95, 4, "blocking", 5, "requests", api_name="/generate")
+    assert "finished" in final[STATUS]
+    update = client.predict(api_name="/export_trace")  # the file, downloaded, and shown in the page
+    assert update["visible"] is True
+    path = update["value"]
+    with open(path) as handle:
+        events = json.load(handle)["traceEvents"]
+    kinds = {(e["ph"], e.get("cat")) for e in events}
+    assert {("X", "loop"), ("i", "chunk"), ("C", None), ("M", None)} <= kinds
+    assert {e["args"]["index"] for e in events if e.get("cat") == "chunk"} == {0, 1}
+    # the blocking consumer shows up as loop slices of about block_ms
+    consume = [e["dur"] for e in events if e["ph"] == "X" and e["name"].startswith("consume")]
+    assert consume and max(consume) >= 4_000

@@ -112,8 +112,9 @@ async def test_live_trace_frames_name_tasks_and_count_every_chunk(server: Backen
     assert tokens_in_trace == finishes
     assert sum(f["counts"]["frames"] for f in traces) > 0
     for f in traces:
-        for start, end, busy, name, count in f["slices"]:
+        for start, end, busy, name, count, longest in f["slices"]:
             assert start <= end and 0 <= busy <= end - start + 0.01 and count >= 1
+            assert 0 <= longest <= busy + 0.001
             assert 0 <= name < len(f["names"])
 
 

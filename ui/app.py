@@ -1,13 +1,16 @@
-"""The Gradio page: controls, N_MAX sample columns (shown for the first n), the summary panel.
+"""The Gradio page: controls, N_MAX sample columns (shown for the first n), the loop trace beside them.
 
 Layout plus wiring, in page order. Generate is an async websocket client of the backend that
 updates the page at a frame rate; Cancel stops the Generate event (`cancels=`) and tells the
-backend, then shows each column's finish reason; a column's Stop cancels that sample only.
+backend, then shows each column's finish reason; a column's Stop cancels that sample only. The
+trace panel draws the backend loop's measured trace; Export saves it for Perfetto.
 """
 
 from __future__ import annotations
 
 import asyncio
+import json
+import tempfile
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
@@ -15,10 +18,14 @@ from typing import Any
 import gradio as gr
 
 from ui.client import CLOSE_TIMEOUT_S, BackendError, BackendRun
+from ui.trace_view import panel_html
 from ui.view import RunView, header_markdown, status_markdown, summary_markdown
 
 UPDATES_PER_S = 15
 """Page updates per second while streaming: browsers keep up with 10-20 (DESIGN.md)."""
+
+TRACE_EVERY = 3
+"""The trace panel is redrawn every 3rd page update (5 a second): it is the largest output."""
 
 CONCURRENCY_LIMIT = 32
 """Generate events that run at once (Gradio's default is 1: one user at a time)."""
@@ -27,8 +34,30 @@ DEFAULT_PROMPT = "Write one sentence about a lighthouse keeper who learns to jug
 DEFAULT_N = 4
 
 CSS = """
-#samples { display: grid; grid-template-columns: repeat(auto-fill, minmax(260px, 1fr)); gap: 12px; }
-.sample-header p { margin: 0; font-size: 0.9em; }
+#samples { display: grid; grid-template-columns: repeat(auto-fill, minmax(190px, 1fr)); gap: 10px; }
+.sample-header p { margin: 0; font-size: 0.85em; }
+.trace-svg { display: block; background: #f8fafc; border: 1px solid #e2e8f0; border-radius: 6px; }
+.trace-legend { display: flex; flex-wrap: wrap; gap: 10px; font-size: 0.75em; margin: 4px 0; }
+.trace-legend i { display: inline-block; width: 10px; height: 10px; margin-right: 4px; }
+.trace-figures { display: grid; grid-template-columns: repeat(2, 1fr); gap: 2px 12px; font-size: 0.85em; }
+.trace-figures div { display: flex; justify-content: space-between; border-bottom: 1px dotted #e2e8f0; }
+.trace-empty { color: #64748b; font-size: 0.9em; padding: 12px; }
+"""
+
+EXPLANATION = """
+**What the trace shows.** One thread, one asyncio loop, serving every sample. The loop lane is how
+busy the loop was (blue: the task consuming this request's stream; green: sending frames; grey:
+socket I/O; orange: the engine's own tasks); the lag lane is how late a 20 ms heartbeat woke; each
+sample's lane ticks when its chunk arrives.
+
+- **cooperative**: `async for chunk in stream:` then `await asyncio.sleep(0)` after each chunk:
+  the consumer hands the loop back every time, so the socket and other clients get turns.
+- **greedy**: no extra await: when chunks are already waiting, the consumer drains them in one
+  longer step (fewer, longer blue slices).
+- **blocking**: `block_ms` of CPU work on the loop per chunk, as a synchronous call would do: lag
+  climbs, chunks bunch up, and a Cancel waits behind the backlog (see cancel latency).
+- **fan-out `requests`**: n separate engine requests of one sample each instead of one request
+  with n samples: the engine cannot share the prompt's prefill, which shows in TTFT.
 """
 """Columns on a grid: as many per row as fit, all the same width, wrapping when n is large."""
 
@@ -91,6 +120,19 @@ def build_demo(backend_url: str, n_max: int = 32, max_tokens_max: int = 2048) ->
                 seed = gr.Number(
                     value=33, precision=0, label="seed (empty: random)", minimum=0, elem_id="seed"
                 )
+        with gr.Accordion("Event-loop experiments", open=False, elem_id="experiments"):
+            with gr.Row():
+                consumer = gr.Radio(
+                    ["cooperative", "greedy", "blocking"],
+                    value="cooperative",
+                    label="consumer",
+                    elem_id="consumer",
+                )
+                block_ms = gr.Slider(
+                    0, 200, value=20, step=1, label="block per chunk, ms (blocking)", elem_id="block-ms"
+                )
+                fanout = gr.Radio(["n", "requests"], value="n", label="fan-out", elem_id="fanout")
+            gr.Markdown(EXPLANATION)
         with gr.Row():
             generate_btn = gr.Button("Generate", variant="primary", elem_id="generate")
             cancel_btn = gr.Button("Cancel", variant="stop", elem_id="cancel")
@@ -100,29 +142,35 @@ def build_demo(backend_url: str, n_max: int = 32, max_tokens_max: int = 2048) ->
         headers: list[gr.Markdown] = []
         texts: list[gr.Textbox] = []
         stops: list[gr.Button] = []
-        with gr.Row(elem_id="samples"):
-            for i in range(n_max):
-                with gr.Column(visible=i < DEFAULT_N, min_width=260, elem_id=f"column-{i}") as column:
-                    headers.append(
-                        gr.Markdown(f"**#{i}**", elem_id=f"header-{i}", elem_classes="sample-header")
-                    )
-                    texts.append(
-                        gr.Textbox(
-                            show_label=False,
-                            lines=10,
-                            max_lines=10,
-                            interactive=False,
-                            autoscroll=True,
-                            elem_id=f"sample-{i}",
-                        )
-                    )
-                    stops.append(gr.Button("Stop", size="sm", elem_id=f"stop-{i}"))
-                columns.append(column)
-        trace = gr.Markdown("The run's summary appears here when it ends.", elem_id="trace")
+        with gr.Row(equal_height=False):
+            with gr.Column(scale=7):
+                with gr.Row(elem_id="samples"):
+                    for i in range(n_max):
+                        with gr.Column(visible=i < DEFAULT_N, min_width=180, elem_id=f"column-{i}") as column:
+                            headers.append(
+                                gr.Markdown(f"**#{i}**", elem_id=f"header-{i}", elem_classes="sample-header")
+                            )
+                            texts.append(
+                                gr.Textbox(
+                                    show_label=False,
+                                    lines=10,
+                                    max_lines=10,
+                                    interactive=False,
+                                    autoscroll=True,
+                                    elem_id=f"sample-{i}",
+                                )
+                            )
+                            stops.append(gr.Button("Stop", size="sm", elem_id=f"stop-{i}"))
+                        columns.append(column)
+                summary = gr.Markdown(elem_id="summary")
+            with gr.Column(scale=4, min_width=360):
+                trace = gr.HTML(panel_html_empty(), elem_id="trace")
+                export_btn = gr.Button("Export trace (Perfetto JSON)", size="sm", elem_id="export-trace")
+                trace_file = gr.File(label="trace export", visible=False, elem_id="trace-file")
 
-        outputs: list[Any] = [*columns, *headers, *texts, status, trace]
+        outputs: list[Any] = [*columns, *headers, *texts, status, summary, trace]
 
-        def render(view: RunView, layout: bool) -> list[Any]:
+        def render(view: RunView, layout: bool, with_trace: bool = True) -> list[Any]:
             """Every output for `view`; `layout` also sets column visibility and clears unused ones."""
             now = time.monotonic()
             shown = view.n if view.accepted else 0
@@ -143,11 +191,12 @@ def build_demo(backend_url: str, n_max: int = 32, max_tokens_max: int = 2048) ->
                 *text_updates,
                 status_markdown(view),
                 summary_markdown(view),
+                panel_html(view.trace, shown) if with_trace else gr.skip(),
             ]
 
         def render_error(message: str) -> list[Any]:
             skipped = [gr.skip()] * (3 * n_max)
-            return [*skipped, f"**Error:** {message}", gr.skip()]
+            return [*skipped, f"**Error:** {message}", gr.skip(), gr.skip()]
 
         async def generate(
             prompt_text: str,
@@ -156,36 +205,45 @@ def build_demo(backend_url: str, n_max: int = 32, max_tokens_max: int = 2048) ->
             temperature_value: float,
             top_p_value: float,
             seed_value: float | None,
+            consumer_mode: str,
+            block_ms_value: float,
+            fanout_value: str,
             request: gr.Request,
         ) -> AsyncIterator[list[Any]]:
             session = _session(request)
             run = BackendRun(backend_url)
             previous = runs.replace(session, run)
             if previous is not None:
-                await previous.cancel()
+                _in_background(background, _cancel_and_close(previous))
             params = {
                 "max_tokens": int(max_tokens_value),
                 "temperature": float(temperature_value),
                 "top_p": float(top_p_value),
                 "seed": None if seed_value is None else int(seed_value),
             }
+            options = {
+                "consumer": {"mode": consumer_mode or "cooperative", "block_ms": float(block_ms_value or 0)},
+                "fanout": fanout_value or "n",
+            }
             try:
                 try:
-                    view = await run.start(prompt_text, int(n_value), params)
+                    view = await run.start(prompt_text, int(n_value), params, options)
                 except BackendError as exc:
+                    runs.discard(session, run)
                     yield render_error(str(exc))
                     return
                 yield render(view, layout=True)
+                count = 0
                 async for view in run.updates(1.0 / UPDATES_PER_S):
-                    yield render(view, layout=False)
+                    count += 1
+                    yield render(view, layout=False, with_trace=view.finished or count % TRACE_EVERY == 0)
             finally:
                 if not run.view.finished:
                     # Cancelled by the page (Cancel, a new Generate, a closed tab): stop the engine,
                     # and let the run collect its last frames without holding up this event.
-                    task = asyncio.create_task(_cancel_and_close(run))
-                    background.add(task)
-                    task.add_done_callback(background.discard)
-                runs.discard(session, run)
+                    runs.discard(session, run)
+                    _in_background(background, _cancel_and_close(run))
+                # A finished run keeps its connection until the next Generate, for Export.
 
         async def cancel(request: gr.Request) -> list[Any]:
             run = runs.get(_session(request))
@@ -194,6 +252,26 @@ def build_demo(backend_url: str, n_max: int = 32, max_tokens_max: int = 2048) ->
             await run.cancel()
             await run.wait_finished(CLOSE_TIMEOUT_S)
             return render(run.view, layout=False)
+
+        async def export(request: gr.Request) -> Any:
+            run = runs.get(_session(request))
+            if run is None:
+                raise gr.Error("Nothing to export yet: press Generate first.")
+            try:
+                events = await run.export_trace()
+            except BackendError as exc:
+                raise gr.Error(str(exc)) from None
+            with tempfile.NamedTemporaryFile(
+                "w", suffix=".json", prefix=f"trace-{run.request_id}-", delete=False
+            ) as handle:
+                json.dump({"traceEvents": events, "displayTimeUnit": "ms"}, handle)
+            return gr.File(value=handle.name, visible=True)
+
+        async def close_session_run(request: gr.Request) -> None:
+            run = runs.get(_session(request))
+            if run is not None:
+                runs.discard(_session(request), run)
+                await _cancel_and_close(run)
 
         def make_stop(index: int) -> Callable[[gr.Request], Awaitable[None]]:
             async def stop(request: gr.Request) -> None:
@@ -205,7 +283,7 @@ def build_demo(backend_url: str, n_max: int = 32, max_tokens_max: int = 2048) ->
 
         generate_event = generate_btn.click(
             generate,
-            inputs=[prompt, n, max_tokens, temperature, top_p, seed],
+            inputs=[prompt, n, max_tokens, temperature, top_p, seed, consumer, block_ms, fanout],
             outputs=outputs,
             concurrency_limit=CONCURRENCY_LIMIT,
             show_progress="hidden",
@@ -219,6 +297,8 @@ def build_demo(backend_url: str, n_max: int = 32, max_tokens_max: int = 2048) ->
             show_progress="hidden",
             api_name="cancel",
         )
+        export_btn.click(export, outputs=trace_file, concurrency_limit=None, api_name="export_trace")
+        demo.unload(close_session_run)
         for i, stop_btn in enumerate(stops):
             stop_btn.click(
                 make_stop(i),
@@ -230,6 +310,17 @@ def build_demo(backend_url: str, n_max: int = 32, max_tokens_max: int = 2048) ->
 
     demo.queue(default_concurrency_limit=CONCURRENCY_LIMIT)
     return demo
+
+
+def panel_html_empty() -> str:
+    """The trace panel before the first run."""
+    return '<div class="trace-empty">The backend loop\'s trace appears here while samples stream.</div>'
+
+
+def _in_background(tasks: set[asyncio.Task[Any]], coroutine: Any) -> None:
+    task = asyncio.create_task(coroutine)
+    tasks.add(task)
+    task.add_done_callback(tasks.discard)
 
 
 async def _cancel_and_close(run: BackendRun) -> None:

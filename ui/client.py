@@ -3,7 +3,8 @@
 The reader task applies every frame to a `RunView` as it arrives; `updates()` hands the view to the
 page at most `1 / interval` times a second, so however fast tokens come, the browser gets a steady
 frame rate. The reader belongs to the run, not to the Gradio event, so a Cancel (which Gradio
-delivers by cancelling the Generate event) still sees the backend's final `finish` frames.
+delivers by cancelling the Generate event) still sees the backend's final `finish` frames. After
+`done` the connection stays open until `close()`, so the run's trace can still be exported.
 """
 
 from __future__ import annotations
@@ -30,8 +31,11 @@ ACCEPT_TIMEOUT_S = 30.0
 CLOSE_TIMEOUT_S = 10.0
 """How long a cancelled run keeps its connection open to collect the final frames."""
 
-MAX_FRAME_BYTES = 1 << 22
-"""Largest frame accepted from the backend; a chunk holds at most one sample's coalesced text."""
+EXPORT_TIMEOUT_S = 30.0
+"""How long to wait for a trace export (a large run's export is a few MB of JSON)."""
+
+MAX_FRAME_BYTES = 1 << 26
+"""Largest frame accepted from the backend: a trace export of a full ring buffer fits."""
 
 
 class BackendError(Exception):
@@ -49,16 +53,29 @@ class BackendRun:
         self._reader: asyncio.Task[None] | None = None
         self._changed = asyncio.Event()
         self._finished = asyncio.Event()
+        self._exports: list[asyncio.Future[list[dict[str, Any]]]] = []
 
-    async def start(self, prompt: str, n: int, params: dict[str, Any]) -> RunView:
-        """Connect, send `generate`, wait for `accepted`; BackendError says why if that fails."""
+    async def start(
+        self, prompt: str, n: int, params: dict[str, Any], options: dict[str, Any] | None = None
+    ) -> RunView:
+        """Connect, send `generate` (with `options` such as consumer and fanout), wait for `accepted`.
+
+        BackendError says why if that fails.
+        """
         try:
             self._ws = await connect(self.url, open_timeout=CONNECT_TIMEOUT_S, max_size=MAX_FRAME_BYTES)
         except (OSError, InvalidHandshake, InvalidURI, TimeoutError) as exc:
             raise BackendError(
                 f"cannot reach the backend at {self.url}: {exc or type(exc).__name__}"
             ) from None
-        frame = {"type": "generate", "id": self.request_id, "prompt": prompt, "n": n, "params": params}
+        frame = {
+            "type": "generate",
+            "id": self.request_id,
+            "prompt": prompt,
+            "n": n,
+            "params": params,
+            **(options or {}),
+        }
         try:
             await self._ws.send(json.dumps(frame))
             async with asyncio.timeout(ACCEPT_TIMEOUT_S):
@@ -82,10 +99,14 @@ class BackendRun:
         reason = None
         try:
             async for message in self._ws:
-                self.view.apply(json.loads(message), time.monotonic())
+                frame = json.loads(message)
+                if frame.get("type") == "trace_export" or (frame.get("type") == "error" and self._exports):
+                    self._settle_export(frame)
+                    continue
+                self.view.apply(frame, time.monotonic())
                 self._changed.set()
                 if self.view.done_stats is not None:
-                    break
+                    self._finished.set()
         except ConnectionClosed as exc:
             reason = f"the backend closed the connection before the run ended ({exc})"
         except ValueError as exc:
@@ -97,7 +118,32 @@ class BackendRun:
             self.view.close(reason)
             self._finished.set()
             self._changed.set()
+            self._settle_export({"type": "error", "message": "the connection to the backend closed"})
             await self._ws.close()
+
+    def _settle_export(self, frame: dict[str, Any]) -> None:
+        while self._exports:
+            future = self._exports.pop(0)
+            if future.done():
+                continue
+            if frame.get("type") == "trace_export":
+                future.set_result(frame["traceEvents"])
+            else:
+                future.set_exception(BackendError(f"the trace could not be exported: {frame.get('message')}"))
+            return
+
+    async def export_trace(self) -> list[dict[str, Any]]:
+        """The run's trace in Chrome trace-event format, asked of the backend on this connection."""
+        if self._ws is None or self._reader is None or self._reader.done():
+            raise BackendError("this run's connection is closed; generate again to export a trace")
+        future: asyncio.Future[list[dict[str, Any]]] = asyncio.get_running_loop().create_future()
+        self._exports.append(future)
+        await self._ws.send(json.dumps({"type": "export_trace", "id": self.request_id}))
+        try:
+            async with asyncio.timeout(EXPORT_TIMEOUT_S):
+                return await future
+        except TimeoutError:
+            raise BackendError(f"the backend did not send the trace within {EXPORT_TIMEOUT_S:g} s") from None
 
     async def updates(self, interval: float) -> AsyncIterator[RunView]:
         """The view each time it changed, at most once per `interval` seconds, until the run ends."""

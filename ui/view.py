@@ -11,6 +11,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from ui.trace_view import TraceView
+
 STREAMING = "streaming"
 WAITING = "waiting"
 
@@ -63,6 +65,10 @@ class RunView:
     accepted: bool = False
     closed: bool = False
     """The connection ended (normally after `done`, or early if the backend went away)."""
+    trace: TraceView = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.trace = TraceView(self.request_id)
 
     @property
     def finished(self) -> bool:
@@ -72,6 +78,9 @@ class RunView:
     def apply(self, frame: dict[str, Any], now: float) -> None:
         """Fold one server frame into the view; frames of other requests are ignored."""
         kind = frame.get("type")
+        if kind == "trace":
+            self.trace.apply(frame)
+            return
         if kind == "error":
             self.errors.append(f"{frame.get('message')} ({frame.get('code')})")
             return

@@ -1,0 +1,262 @@
+"""The trace panel, without I/O: live `trace` frames in, loop figures and a swimlane SVG out.
+
+Lanes, top to bottom: the loop (how busy it was in each pixel column, stacked by kind of task:
+consuming streams, sending frames, socket I/O, the engine's own tasks, the tracer, other clients),
+the loop's lag (how late a 20 ms heartbeat woke), then one lane per sample with a tick for each
+chunk, aligned with the columns. Red lines mark the cancel chain. Everything is drawn from the
+server's measurements; only the last `WINDOW_MS` is kept and drawn.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from html import escape
+from typing import Any
+
+from backend.stats import percentile
+
+WINDOW_MS = 20_000.0
+"""Trace kept and drawn: the last 20 s (bounds the page's memory and the SVG's size)."""
+
+WIDTH = 440
+LABEL_W = 56
+LOOP_H = 40
+LAG_H = 40
+LANE_H = 10
+COLUMN_PX = 2
+
+CATEGORY_COLORS = {
+    "consume": "#2563eb",
+    "send": "#16a34a",
+    "socket": "#64748b",
+    "engine": "#f59e0b",
+    "tracer": "#c084fc",
+    "other": "#94a3b8",
+}
+
+
+def category(task: str) -> str:
+    """The kind of work a task name stands for, for the loop lane's colours."""
+    if task.startswith("consume"):
+        return "consume"
+    if task.startswith("send"):
+        return "send"
+    if task.startswith(("ws reader", "socket", "accept")):
+        return "socket"
+    if task.startswith(("synthetic", "fanout", "engine", "embedded", "sglang", "openai")):
+        return "engine"
+    if task.startswith(("heartbeat", "trace")):
+        return "tracer"
+    return "other"
+
+
+@dataclass
+class TraceView:
+    """What the page keeps of one run's trace frames."""
+
+    request_id: str
+    slices: list[tuple[float, float, float, str, int, float]] = field(default_factory=list)
+    idle: list[tuple[float, float]] = field(default_factory=list)
+    lag: list[tuple[float, float]] = field(default_factory=list)
+    chunks: list[tuple[float, int]] = field(default_factory=list)
+    cancels: list[tuple[float, int | None, str]] = field(default_factory=list)
+    steps: int = 0
+    busy_ms: float = 0.0
+    idle_ms: float = 0.0
+    frames: int = 0
+    chunk_count: int = 0
+    first_ms: float | None = None
+    last_ms: float | None = None
+    longest_step_ms: float = 0.0
+
+    def apply(self, frame: dict[str, Any]) -> None:
+        """Fold one `trace` frame in; drop what fell out of the window."""
+        if frame.get("start_ms") is None:
+            return
+        names = frame["names"]
+        for start, end, busy, name, count, longest in frame["slices"]:
+            self.slices.append((start, end, busy, names[name], count, longest))
+            self.longest_step_ms = max(self.longest_step_ms, longest)
+        self.idle.extend((start, dur) for start, dur in frame["idle"])
+        self.lag.extend((t, ms) for t, ms in frame["lag"])
+        for t, request_id, index, _tokens in frame["chunks"]:
+            if request_id == self.request_id:
+                self.chunks.append((t, index))
+                self.chunk_count += 1
+        for t, request_id, index, stage in frame["cancels"]:
+            if request_id == self.request_id:
+                self.cancels.append((t, index, stage))
+        counts = frame["counts"]
+        self.steps += counts["steps"]
+        self.busy_ms += counts["busy_ms"]
+        self.idle_ms += counts["idle_ms"]
+        self.frames += counts["frames"]
+        self.first_ms = frame["start_ms"] if self.first_ms is None else min(self.first_ms, frame["start_ms"])
+        self.last_ms = frame["end_ms"] if self.last_ms is None else max(self.last_ms, frame["end_ms"])
+        self._forget_before(self.last_ms - WINDOW_MS)
+
+    def _forget_before(self, cutoff: float) -> None:
+        if self.slices and self.slices[0][1] < cutoff:
+            self.slices = [s for s in self.slices if s[1] >= cutoff]
+            self.idle = [i for i in self.idle if i[0] + i[1] >= cutoff]
+            self.lag = [x for x in self.lag if x[0] >= cutoff]
+            self.chunks = [c for c in self.chunks if c[0] >= cutoff]
+
+    def figures(self) -> dict[str, float | None]:
+        """Loop utilisation, lag p50/p99/max, longest stall, rates, cancel latency."""
+        span_s = ((self.last_ms or 0) - (self.first_ms or 0)) / 1000
+        lags = [ms for _, ms in self.lag]
+        measured = self.busy_ms + self.idle_ms
+        received = [t for t, _, stage in self.cancels if stage == "received"]
+        finished = [t for t, _, stage in self.cancels if stage == "finished"]
+        cancel_ms = None
+        if received and finished and max(finished) >= min(received):
+            cancel_ms = max(finished) - min(received)
+        return {
+            "utilisation": self.busy_ms / measured if measured else None,
+            "lag_p50_ms": percentile(lags, 50),
+            "lag_p99_ms": percentile(lags, 99),
+            "lag_max_ms": max(lags) if lags else None,
+            "longest_stall_ms": self.longest_step_ms or None,
+            "callbacks_per_s": self.steps / span_s if span_s > 0 else None,
+            "chunks_per_s": self.chunk_count / span_s if span_s > 0 else None,
+            "frames_per_s": self.frames / span_s if span_s > 0 else None,
+            "cancel_latency_ms": cancel_ms,
+        }
+
+
+def _fmt(value: float | None, pattern: str) -> str:
+    return "-" if value is None else pattern.format(value)
+
+
+def figures_html(view: TraceView) -> str:
+    """The numbers beside the timeline."""
+    f = view.figures()
+    cells = [
+        ("loop busy", _fmt(f["utilisation"], "{:.0%}")),
+        (
+            "lag p50 / p99 / max",
+            " / ".join(_fmt(f[k], "{:.1f}") for k in ("lag_p50_ms", "lag_p99_ms", "lag_max_ms")) + " ms",
+        ),
+        ("longest stall", _fmt(f["longest_stall_ms"], "{:.1f} ms")),
+        ("callbacks/s", _fmt(f["callbacks_per_s"], "{:.0f}")),
+        ("chunks/s", _fmt(f["chunks_per_s"], "{:.0f}")),
+        ("frames/s", _fmt(f["frames_per_s"], "{:.0f}")),
+        ("cancel latency", _fmt(f["cancel_latency_ms"], "{:.1f} ms")),
+    ]
+    items = "".join(f"<div><span>{escape(k)}</span><b>{escape(v)}</b></div>" for k, v in cells)
+    return f'<div class="trace-figures">{items}</div>'
+
+
+def trace_svg(view: TraceView, n: int) -> str:
+    """The swimlane timeline: loop work, loop lag, one lane per sample, cancel markers."""
+    if view.first_ms is None or view.last_ms is None:
+        return '<div class="trace-empty">The loop trace appears here while samples stream.</div>'
+    t1 = view.last_ms
+    t0 = max(view.first_ms, t1 - WINDOW_MS)
+    span = max(t1 - t0, 1.0)
+    plot_w = WIDTH - LABEL_W
+    columns = plot_w // COLUMN_PX
+
+    def x(t: float) -> float:
+        return LABEL_W + (t - t0) / span * plot_w
+
+    parts: list[str] = []
+    y = 4
+    # Loop lane: busy fraction per pixel column, stacked by category.
+    busy: dict[str, list[float]] = {c: [0.0] * columns for c in CATEGORY_COLORS}
+    column_ms = span / columns
+    for start, end, work, name, _count, _longest in view.slices:
+        if end < t0:
+            continue
+        first = max(0, min(columns - 1, int((start - t0) / column_ms)))
+        last = max(first, min(columns - 1, int((end - t0) / column_ms)))
+        share = work / (last - first + 1)
+        lane = busy[category(name)]
+        for col in range(first, last + 1):
+            lane[col] += share
+    parts.append(_label("loop", y + LOOP_H / 2))
+    stacked = [0.0] * columns
+    for name, color in CATEGORY_COLORS.items():
+        heights = [min(1.0, v / column_ms) for v in busy[name]]
+        runs = []
+        for col, h in enumerate(heights):
+            px = round(h * LOOP_H)
+            if px:
+                base = y + LOOP_H - stacked[col] - px
+                runs.append((col, px, base))
+                stacked[col] += px
+        # Neighbouring columns of the same height become one rect: the SVG stays small.
+        merged: list[list[float]] = []
+        for col, px, base in runs:
+            if merged and merged[-1][0] + merged[-1][1] == col and merged[-1][2:] == [px, base]:
+                merged[-1][1] += 1
+            else:
+                merged.append([col, 1, px, base])
+        for col, count, px, base in merged:
+            parts.append(
+                f'<rect x="{LABEL_W + col * COLUMN_PX:.0f}" y="{base:.0f}" width="{count * COLUMN_PX:.0f}" '
+                f'height="{px:.0f}" fill="{color}"/>'
+            )
+    parts.append(f'<line x1="{LABEL_W}" x2="{WIDTH}" y1="{y + LOOP_H}" y2="{y + LOOP_H}" stroke="#cbd5e1"/>')
+    y += LOOP_H + 6
+    # Lag lane.
+    lags = [(t, ms) for t, ms in view.lag if t >= t0]
+    top = max([ms for _, ms in lags] + [1.0])
+    parts.append(_label(f"lag ≤{top:.0f}ms", y + LAG_H / 2))
+    if lags:
+        points = " ".join(f"{x(t):.1f},{y + LAG_H - ms / top * LAG_H:.1f}" for t, ms in lags)
+        parts.append(f'<polyline points="{points}" fill="none" stroke="#dc2626" stroke-width="1"/>')
+    parts.append(f'<line x1="{LABEL_W}" x2="{WIDTH}" y1="{y + LAG_H}" y2="{y + LAG_H}" stroke="#cbd5e1"/>')
+    y += LAG_H + 6
+    # One lane per sample: a tick per chunk (one per pixel column at most).
+    lanes_top = y
+    ticks: dict[int, set[int]] = {}
+    for t, index in view.chunks:
+        if t >= t0 and index < n:
+            ticks.setdefault(index, set()).add(int(x(t)))
+    for index in range(n):
+        parts.append(_label(f"#{index}", y + LANE_H / 2, size=8))
+        path = "".join(f"M{px} {y}v{LANE_H - 2}" for px in sorted(ticks.get(index, ())))
+        if path:
+            parts.append(f'<path d="{path}" stroke="#0f172a" stroke-width="1"/>')
+        y += LANE_H
+    # Cancel chain markers.
+    for t, index, stage in view.cancels:
+        if t < t0:
+            continue
+        if stage == "received":
+            top_y, bottom_y = 0, y
+        else:
+            lane = lanes_top + (index or 0) * LANE_H
+            top_y, bottom_y = (lanes_top, y) if index is None else (lane, lane + LANE_H)
+        dash = "" if stage == "received" else ' stroke-dasharray="2,2"'
+        parts.append(
+            f'<line x1="{x(t):.1f}" x2="{x(t):.1f}" y1="{top_y}" y2="{bottom_y}" stroke="#dc2626"{dash}>'
+            f"<title>cancel {escape(stage)} {'' if index is None else index}</title></line>"
+        )
+    height = y + 14
+    axis = f'y="{height - 2}" font-size="9" fill="#64748b"'
+    parts.append(
+        f'<text x="{LABEL_W}" {axis}>0 ms</text>'
+        f'<text x="{WIDTH}" {axis} text-anchor="end">{span:.0f} ms</text>'
+    )
+    legend = "".join(
+        f'<span><i style="background:{color}"></i>{name}</span>' for name, color in CATEGORY_COLORS.items()
+    )
+    return (
+        f'<svg viewBox="0 0 {WIDTH} {height}" width="100%" role="img" aria-label="event loop trace" '
+        f'class="trace-svg">' + "".join(parts) + f'</svg><div class="trace-legend">{legend}</div>'
+    )
+
+
+def _label(text: str, y_mid: float, size: int = 10) -> str:
+    return (
+        f'<text x="{LABEL_W - 4}" y="{y_mid + size / 3:.1f}" font-size="{size}" fill="#334155" '
+        f'text-anchor="end">{escape(text)}</text>'
+    )
+
+
+def panel_html(view: TraceView, n: int) -> str:
+    """The whole trace panel: timeline and figures."""
+    return f'<div class="trace-panel">{trace_svg(view, n)}{figures_html(view)}</div>'
