@@ -17,7 +17,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Any
 
-from backend.trace import CANCEL, CHUNK, FRAME, IDLE, LAG, STEP, Event, callback_name
+from backend.trace import CANCEL, CHUNK, FRAME, IDLE, LAG, STEP, Event
 
 MERGE_GAP_NS = 200_000
 """Steps of one task closer than this merge into one live slice (bounds a frame's size)."""
@@ -47,7 +47,7 @@ def live_frame(events: Iterable[Event], origin_ns: int, connection: str) -> dict
     """One `trace` frame for `connection` from a batch of events in recording order."""
     names: list[str] = []
     name_index: dict[str, int] = {}
-    labels: dict[int, int] = {}
+    labels: dict[str, int] = {}
     slices: list[list[Any]] = []
     open_slice: dict[int, list[Any]] = {}
     idle: list[list[float]] = []
@@ -62,14 +62,13 @@ def live_frame(events: Iterable[Event], origin_ns: int, connection: str) -> dict
         if kind == STEP:
             steps += 1
             busy_ns += duration
-            key = id(subject)
-            index = labels.get(key)
+            index = labels.get(subject)
             if index is None:
-                label = task_label(callback_name(subject), connection)
+                label = task_label(subject, connection)
                 index = name_index.setdefault(label, len(names))
                 if index == len(names):
                     names.append(label)
-                labels[key] = index
+                labels[subject] = index
             current = open_slice.get(index)
             if current is not None and start - current[1] <= MERGE_GAP_NS:
                 current[1] = start + duration
@@ -127,7 +126,7 @@ def chrome_trace(
         {"ph": "M", "name": "thread_name", "pid": pid, "tid": LOOP_TID, "args": {"name": "event loop"}},
     ]
     sample_lanes: set[int] = set()
-    names: dict[int, str] = {}
+    names: dict[str, str] = {}
 
     def us(ns: int) -> float:
         return round((ns - origin_ns) / 1e3, 3)
@@ -136,14 +135,13 @@ def chrome_trace(
         if start + duration < low or start > high:
             continue
         if kind == STEP:
-            key = id(subject)
-            if key not in names:
-                names[key] = task_label(callback_name(subject), connection)
+            if subject not in names:
+                names[subject] = task_label(subject, connection)
             out.append(
                 {
                     "ph": "X",
                     "cat": "loop",
-                    "name": names[key],
+                    "name": names[subject],
                     "ts": us(start),
                     "dur": round(duration / 1e3, 3),
                     "pid": pid,

@@ -13,7 +13,7 @@ from websockets.asyncio.client import ClientConnection, connect
 
 from backend.engines.synthetic import SyntheticEngine, synthetic_tokens
 from backend.server import BackendServer
-from backend.trace import LAG, STEP, LoopTracer, callback_name
+from backend.trace import LAG, STEP, LoopTracer
 from backend.trace_frames import OTHER_CONNECTION, live_frame, task_label
 
 
@@ -62,7 +62,7 @@ async def test_steps_are_attributed_to_their_tasks_and_a_block_shows_as_stall_an
 
     await asyncio.create_task(worker(), name="blocker")
     tracer.uninstall()
-    steps = [(callback_name(e[3]), e[2] / 1e6) for e in tracer.events if e[0] == STEP]
+    steps = [(e[3], e[2] / 1e6) for e in tracer.events if e[0] == STEP]
     blocker = [ms for name, ms in steps if name == "blocker"]
     assert len(blocker) >= 3
     assert 45 <= max(blocker) <= 80
