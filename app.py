@@ -15,11 +15,10 @@ import sys
 from backend.cli import (
     DEFAULT_BACKEND_PORT,
     add_engine_arguments,
-    engine_from_args,
     env,
     limits_from_args,
 )
-from backend.server import BackendServer, BackendThread
+from backend.process import BackendProcess
 
 DEFAULT_UI_PORT = 7860
 
@@ -48,6 +47,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "default %(default)s)",
     )
     parser.add_argument(
+        "--no-trace",
+        action="store_true",
+        default=env("DASHBOARD_NO_TRACE", "") == "1",
+        help="do not trace the backend's event loop (env DASHBOARD_NO_TRACE=1)",
+    )
+    parser.add_argument(
         "--backend-url",
         default=env("DASHBOARD_BACKEND_URL", ""),
         help="use the backend at this ws:// URL instead of starting one (env DASHBOARD_BACKEND_URL)",
@@ -61,12 +66,11 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     try:
         limits = limits_from_args(args)
-        backend: BackendThread | None = None
+        backend: BackendProcess | None = None
         backend_url = args.backend_url
         if not backend_url:
             # The backend listens on loopback only: the page is its one client here.
-            server = BackendServer(engine_from_args(args), limits, "127.0.0.1", args.backend_port)
-            backend = BackendThread(server)
+            backend = BackendProcess(args, "127.0.0.1", args.backend_port)
             backend_url = backend.start_and_wait()
     except (ValueError, RuntimeError, TimeoutError) as exc:
         print(f"app: {exc}", file=sys.stderr)

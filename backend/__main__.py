@@ -25,10 +25,18 @@ def main(argv: list[str] | None = None) -> int:
         default=int(env("DASHBOARD_BACKEND_PORT", str(DEFAULT_BACKEND_PORT))),
         help="port to bind, 0 for any free one (env DASHBOARD_BACKEND_PORT; default %(default)s)",
     )
+    parser.add_argument(
+        "--no-trace",
+        action="store_true",
+        default=env("DASHBOARD_NO_TRACE", "") == "1",
+        help="do not trace the event loop (env DASHBOARD_NO_TRACE=1)",
+    )
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     try:
-        server = BackendServer(engine_from_args(args), limits_from_args(args), args.host, args.port)
+        server = BackendServer(
+            engine_from_args(args), limits_from_args(args), args.host, args.port, trace=not args.no_trace
+        )
         with contextlib.suppress(KeyboardInterrupt):
             asyncio.run(server.serve_forever())
     except (ValueError, OSError) as exc:

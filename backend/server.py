@@ -14,7 +14,6 @@ import itertools
 import logging
 import random
 import socket
-import threading
 import time
 from collections import OrderedDict
 from dataclasses import dataclass, replace
@@ -407,48 +406,3 @@ def _json_response(status: HTTPStatus, body: dict[str, Any]) -> Response:
         [("Content-Type", "application/json"), ("Content-Length", str(len(data))), ("Connection", "close")]
     )
     return Response(status.value, status.phrase, headers, data)
-
-
-class BackendThread(threading.Thread):
-    """The backend on a daemon thread with its own plain asyncio loop (for app.py)."""
-
-    def __init__(self, server: BackendServer) -> None:
-        super().__init__(name="backend", daemon=True)
-        self.server = server
-        self._ready = threading.Event()
-        self._error: BaseException | None = None
-        self._loop: asyncio.AbstractEventLoop | None = None
-        self._stop_event: asyncio.Event | None = None
-
-    def run(self) -> None:
-        asyncio.run(self._main())
-
-    async def _main(self) -> None:
-        self._loop = asyncio.get_running_loop()
-        self._stop_event = asyncio.Event()
-        try:
-            await self.server.start()
-        except BaseException as exc:  # noqa: BLE001 - handed to the thread that waits for readiness
-            self._error = exc
-            self._ready.set()
-            return
-        self._ready.set()
-        try:
-            await self._stop_event.wait()
-        finally:
-            await self.server.close()
-
-    def start_and_wait(self, timeout: float = 60.0) -> str:
-        """Start the thread; return the websocket URL once serving, or raise why it could not."""
-        self.start()
-        if not self._ready.wait(timeout):
-            raise TimeoutError(f"the backend did not start within {timeout:g} s")
-        if self._error is not None:
-            raise RuntimeError(f"the backend could not start: {self._error}") from self._error
-        return self.server.url
-
-    def stop(self, timeout: float = 5.0) -> None:
-        """Close the server and wait for the thread to end."""
-        if self._loop is not None and self._stop_event is not None and self.is_alive():
-            self._loop.call_soon_threadsafe(self._stop_event.set)
-            self.join(timeout)

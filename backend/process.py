@@ -1,0 +1,91 @@
+"""The backend in a child process, for app.py: its loop shares no interpreter lock with Gradio.
+
+In one process, the page's threads and the backend's loop take turns holding the GIL, and the
+trace then shows the page's work as stalls of the loop (tens of ms, measured). In its own process
+the backend's loop only ever waits for its own work, which is what the trace is there to show.
+The child builds the engine and server from the parsed command line, sends its URL (or why it
+could not start) through a pipe, and serves until it is terminated.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import multiprocessing
+import signal
+from multiprocessing.connection import Connection
+
+START_TIMEOUT_S = 300.0
+"""How long app.py waits for the backend (an engine's first start may convert model weights)."""
+
+
+def _serve(args: argparse.Namespace, host: str, port: int, ready: Connection) -> None:
+    """Child process: build, start, report the URL, serve until SIGTERM."""
+    import logging
+
+    from backend.cli import engine_from_args, limits_from_args
+    from backend.server import BackendServer
+
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+
+    async def main() -> None:
+        try:
+            server = BackendServer(
+                engine_from_args(args),
+                limits_from_args(args),
+                host,
+                port,
+                trace=not getattr(args, "no_trace", False),
+            )
+            await server.start()
+        except Exception as exc:  # noqa: BLE001 - reported to the parent, which says it plainly
+            ready.send(("error", str(exc) or type(exc).__name__))
+            return
+        ready.send(("ready", server.url))
+        stop = asyncio.Event()
+        asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, stop.set)
+        try:
+            await stop.wait()
+        finally:
+            await server.close()
+
+    with contextlib.suppress(KeyboardInterrupt):
+        asyncio.run(main())
+
+
+class BackendProcess:
+    """Starts the backend in a child process and waits until it serves."""
+
+    def __init__(self, args: argparse.Namespace, host: str, port: int) -> None:
+        context = multiprocessing.get_context("spawn")
+        self._parent, child = context.Pipe(duplex=False)
+        self._process = context.Process(
+            target=_serve, args=(args, host, port, child), name="backend", daemon=True
+        )
+
+    def start_and_wait(self, timeout: float = START_TIMEOUT_S) -> str:
+        """Start the child; its websocket URL once it serves, or RuntimeError saying why not."""
+        self._process.start()
+        if not self._parent.poll(timeout):
+            self.stop()
+            raise TimeoutError(f"the backend did not start within {timeout:g} s")
+        try:
+            status, detail = self._parent.recv()
+        except EOFError:
+            raise RuntimeError(
+                f"the backend exited with status {self._process.exitcode} before serving"
+            ) from None
+        if status != "ready":
+            self.stop()
+            raise RuntimeError(f"the backend could not start: {detail}")
+        return detail
+
+    def stop(self, timeout: float = 10.0) -> None:
+        """Terminate the child (it aborts its requests and stops its engine) and wait for it."""
+        if self._process.is_alive():
+            self._process.terminate()
+            self._process.join(timeout)
+        if self._process.is_alive():
+            self._process.kill()
+            self._process.join(timeout)
