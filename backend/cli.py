@@ -10,7 +10,7 @@ from backend.engines import ENGINES, EngineOptions, create_engine
 from backend.engines.synthetic import DEFAULT_JITTER, DEFAULT_RATE
 from backend.settings import Limits
 
-DEFAULT_ENGINE = "synthetic"
+DEFAULT_ENGINE = "embedded"
 """The engine when neither --engine nor DASHBOARD_ENGINE names one."""
 
 DEFAULT_BACKEND_PORT = 8765
@@ -43,6 +43,38 @@ def add_engine_arguments(parser: argparse.ArgumentParser) -> None:
         "(env SYNTHETIC_JITTER; default %(default)s)",
     )
     parser.add_argument(
+        "--threads",
+        type=int,
+        default=int(env("EMBEDDED_THREADS", str(EngineOptions.threads))),
+        help="embedded engine: torch threads per step (env EMBEDDED_THREADS; default %(default)s)",
+    )
+    parser.add_argument(
+        "--dtype",
+        default=env("EMBEDDED_DTYPE", EngineOptions.dtype),
+        choices=["auto", "float32", "bfloat16"],
+        help="embedded engine: auto is bf16 where the CPU has avx512_bf16 or amx_bf16, else fp32 "
+        "(env EMBEDDED_DTYPE; default %(default)s)",
+    )
+    parser.add_argument(
+        "--max-rows",
+        type=int,
+        default=int(env("EMBEDDED_MAX_ROWS", str(EngineOptions.max_rows))),
+        help="embedded engine: samples decoding at once across requests, more queue "
+        "(env EMBEDDED_MAX_ROWS; default %(default)s)",
+    )
+    parser.add_argument(
+        "--context",
+        type=int,
+        default=int(env("EMBEDDED_CONTEXT", str(EngineOptions.context))),
+        help="embedded engine: prompt plus max_tokens per sample (env EMBEDDED_CONTEXT; default %(default)s)",
+    )
+    parser.add_argument(
+        "--model",
+        default=env("DASHBOARD_MODEL", ""),
+        help="embedded engine: a local HF-format Llama folder (or a hub id where the hub is reachable) "
+        "instead of the bundled SmolLM2-135M (env DASHBOARD_MODEL)",
+    )
+    parser.add_argument(
         "--n-max",
         type=int,
         default=int(env("DASHBOARD_N_MAX", str(Limits.n_max))),
@@ -52,7 +84,16 @@ def add_engine_arguments(parser: argparse.ArgumentParser) -> None:
 
 def engine_from_args(args: argparse.Namespace) -> Engine:
     """The engine the parsed arguments name, configured from them."""
-    return create_engine(args.engine, EngineOptions(rate=args.rate, jitter=args.jitter))
+    options = EngineOptions(
+        rate=args.rate,
+        jitter=args.jitter,
+        model=args.model,
+        threads=args.threads,
+        dtype=args.dtype,
+        max_rows=args.max_rows,
+        context=args.context,
+    )
+    return create_engine(args.engine, options)
 
 
 def limits_from_args(args: argparse.Namespace) -> Limits:

@@ -290,6 +290,11 @@ def trace_export_frame(request_id: str, trace_events: list[dict[str, Any]]) -> d
     return {"type": "trace_export", "id": request_id, "traceEvents": trace_events}
 
 
+def queued_frame(request_id: str, position: int) -> dict[str, Any]:
+    """The request waits for room in the engine: `position` 1 is next in line; 0 means it started."""
+    return {"type": "queued", "id": request_id, "position": position}
+
+
 def error_frame(code: str, message: str, request_id: str | None = None) -> dict[str, Any]:
     """Something the server could not do; the connection stays usable."""
     return {"type": "error", "id": request_id, "code": code, "message": message}

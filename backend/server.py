@@ -26,7 +26,7 @@ from websockets.datastructures import Headers
 from websockets.exceptions import ConnectionClosed
 from websockets.http11 import Request, Response
 
-from backend.engine import Engine, Generation
+from backend.engine import Engine, Generation, RequestRejected
 from backend.fanout import FanoutGeneration
 from backend.outbox import Outbox
 from backend.protocol import (
@@ -38,6 +38,7 @@ from backend.protocol import (
     encode,
     error_frame,
     parse_client_frame,
+    queued_frame,
     trace_export_frame,
 )
 from backend.session import RequestState
@@ -165,6 +166,10 @@ class ClientSession:
             seed = random.randrange(SEED_MAX - self.limits.n_max)
         params = replace(command.params, seed=seed)
         try:
+            self.engine.validate(command.prompt, command.n, params)
+        except RequestRejected as exc:
+            raise ProtocolError(exc.code, str(exc), command.id) from None
+        try:
             if command.fanout == "requests":
                 label = f"{command.id} @{self.label}"
                 generation: Generation = FanoutGeneration(
@@ -182,6 +187,8 @@ class ClientSession:
         running = RunningRequest(command, state, generation, time.perf_counter_ns())
         self.requests[command.id] = running
         self.send(accepted_frame(command.id, command.n, self.engine.name, self.engine.model, params))
+        request_id = command.id
+        generation.watch_queue(lambda position: self.send(queued_frame(request_id, position)))
         running.task = asyncio.create_task(self._run(running), name=f"consume {command.id} @{self.label}")
 
     async def _run(self, running: RunningRequest) -> None:

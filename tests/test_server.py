@@ -325,7 +325,17 @@ def test_python_m_backend_serves_alone() -> None:
 
 def test_python_m_backend_rejects_bad_settings() -> None:
     result = subprocess.run(
-        [sys.executable, "-m", "backend", "--rate", "-1", "--port", str(free_port())],
+        [
+            sys.executable,
+            "-m",
+            "backend",
+            "--engine",
+            "synthetic",
+            "--rate",
+            "-1",
+            "--port",
+            str(free_port()),
+        ],
         cwd=ROOT,
         capture_output=True,
         text=True,

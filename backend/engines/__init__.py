@@ -10,6 +10,7 @@ from backend.engines.synthetic import DEFAULT_JITTER, DEFAULT_RATE
 
 ENGINES: dict[str, str] = {
     "synthetic": "backend.engines.synthetic:SyntheticEngine",
+    "embedded": "backend.engines.embedded:EmbeddedEngine",
 }
 """Engine name -> "module:Class"; imported only when chosen, so heavy engines cost nothing idle."""
 
@@ -20,6 +21,16 @@ class EngineOptions:
 
     rate: float = DEFAULT_RATE
     jitter: float = DEFAULT_JITTER
+    threads: int = 1
+    """Torch threads inside one embedded-engine step."""
+    dtype: str = "auto"
+    """Embedded engine: auto (bf16 where the CPU has it natively, else fp32), float32 or bfloat16."""
+    max_rows: int = 64
+    """Embedded engine: samples decoding at once across requests; beyond it requests queue."""
+    context: int = 4096
+    """Embedded engine: prompt plus max_tokens per sample."""
+    model: str = ""
+    """Embedded engine: a local HF-format folder or hub id; empty: the bundled SmolLM2-135M."""
 
 
 def create_engine(name: str, options: EngineOptions | None = None) -> Engine:
