@@ -1,0 +1,56 @@
+"""The page's trace panel: live frames folded into figures and a swimlane SVG, without I/O."""
+
+from __future__ import annotations
+
+from backend.trace import CANCEL, CHUNK, FRAME, IDLE, LAG, STEP
+from backend.trace_frames import live_frame
+from ui.trace_view import TraceView, category, panel_html
+
+MS = 1_000_000
+
+
+def frame_of(events: list[tuple]) -> dict:
+    return live_frame(events, 0, "c1")
+
+
+def test_figures_follow_the_measurements() -> None:
+    events = [
+        (STEP, 0 * MS, 2 * MS, "consume r1 @c1", None),
+        (STEP, 2 * MS, 1 * MS, "send @c1", None),
+        (IDLE, 3 * MS, 7 * MS, None, 0),
+        (STEP, 10 * MS, 30 * MS, "consume r1 @c1", None),  # a 30 ms stall
+        (LAG, 40 * MS, 25 * MS, None, None),
+        (LAG, 60 * MS, 1 * MS, None, None),
+        (CHUNK, 1 * MS, 0, ("c1", "r1"), (0, 1)),
+        (CHUNK, 11 * MS, 0, ("c1", "r1"), (1, 1)),
+        (CHUNK, 12 * MS, 0, ("c2", "secret"), (0, 1)),  # another connection's chunk
+        (FRAME, 12 * MS, 0, "c1", ("chunk", 80)),
+        (CANCEL, 20 * MS, 0, ("c1", "r1"), ("received", None)),
+        (CANCEL, 45 * MS, 0, ("c1", "r1"), ("finished", 1)),
+        (IDLE, 61 * MS, 39 * MS, None, 0),
+    ]
+    view = TraceView("r1")
+    view.apply(frame_of(events))
+    figures = view.figures()
+    assert figures["utilisation"] == (33 / (33 + 46))
+    assert figures["longest_stall_ms"] == 30
+    assert figures["lag_max_ms"] == 25
+    assert figures["cancel_latency_ms"] == 25
+    assert view.chunk_count == 2  # the other connection's chunk is not ours
+    assert figures["chunks_per_s"] == 2 / 0.1
+    html = panel_html(view, n=2)
+    assert "<svg" in html and "#0" in html and "#1" in html and "cancel received" in html
+    assert "30.0 ms" in html  # longest stall shown
+
+
+def test_categories_colour_the_loop_lane() -> None:
+    assert category("consume r1") == "consume"
+    assert category("send") == "send"
+    assert category("ws reader") == "socket" and category("socket read") == "socket"
+    assert category("synthetic-sample-3") == "engine"
+    assert category("heartbeat") == "tracer"
+    assert category("other connection") == "other"
+
+
+def test_an_empty_trace_says_so() -> None:
+    assert "appears here" in panel_html(TraceView("r1"), n=4)
