@@ -7,10 +7,11 @@ import os
 
 from backend.engine import Engine
 from backend.engines import ENGINES, EngineOptions, create_engine
+from backend.engines.auto import AUTO, auto_engine
 from backend.engines.synthetic import DEFAULT_JITTER, DEFAULT_RATE
 from backend.settings import Limits
 
-DEFAULT_ENGINE = "embedded"
+DEFAULT_ENGINE = AUTO
 """The engine when neither --engine nor DASHBOARD_ENGINE names one."""
 
 DEFAULT_BACKEND_PORT = 8765
@@ -26,7 +27,7 @@ def add_engine_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--engine",
         default=env("DASHBOARD_ENGINE", DEFAULT_ENGINE),
-        choices=sorted(ENGINES),
+        choices=[AUTO, *sorted(ENGINES)],
         help="engine that produces the samples (env DASHBOARD_ENGINE; default %(default)s)",
     )
     parser.add_argument(
@@ -41,6 +42,22 @@ def add_engine_arguments(parser: argparse.ArgumentParser) -> None:
         default=float(env("SYNTHETIC_JITTER", str(DEFAULT_JITTER))),
         help="synthetic engine: each token interval varies by ± this fraction "
         "(env SYNTHETIC_JITTER; default %(default)s)",
+    )
+    parser.add_argument(
+        "--sglang-url",
+        default=env("SGLANG_URL", ""),
+        help="engine sglang: SGLang server or router, e.g. http://127.0.0.1:30000 (env SGLANG_URL)",
+    )
+    parser.add_argument(
+        "--openai-url",
+        default=env("OPENAI_URL", ""),
+        help="engine openai: OpenAI-compatible server, e.g. http://127.0.0.1:8000 (env OPENAI_URL)",
+    )
+    parser.add_argument(
+        "--model",
+        default=env("DASHBOARD_MODEL", ""),
+        help="engine openai: the served model name (default: the first listed); sglang-engine and "
+        "auto on a GPU: the model path or HF id to load (env DASHBOARD_MODEL)",
     )
     parser.add_argument(
         "--threads",
@@ -69,12 +86,6 @@ def add_engine_arguments(parser: argparse.ArgumentParser) -> None:
         help="embedded engine: prompt plus max_tokens per sample (env EMBEDDED_CONTEXT; default %(default)s)",
     )
     parser.add_argument(
-        "--model",
-        default=env("DASHBOARD_MODEL", ""),
-        help="embedded engine: a local HF-format Llama folder (or a hub id where the hub is reachable) "
-        "instead of the bundled SmolLM2-135M (env DASHBOARD_MODEL)",
-    )
-    parser.add_argument(
         "--n-max",
         type=int,
         default=int(env("DASHBOARD_N_MAX", str(Limits.n_max))),
@@ -87,12 +98,16 @@ def engine_from_args(args: argparse.Namespace) -> Engine:
     options = EngineOptions(
         rate=args.rate,
         jitter=args.jitter,
-        model=args.model,
         threads=args.threads,
         dtype=args.dtype,
         max_rows=args.max_rows,
         context=args.context,
+        sglang_url=args.sglang_url,
+        openai_url=args.openai_url,
+        model=args.model,
     )
+    if args.engine == AUTO:
+        return auto_engine(options, ENGINES)
     return create_engine(args.engine, options)
 
 

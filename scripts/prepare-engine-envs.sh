@@ -21,7 +21,7 @@ SGLANG_CPU_DEPS=(
   interegular einops pillow scipy tqdm packaging blobfile==3.0.0 "llguidance>=1.7.6,<2.0.0"
   safetensors huggingface_hub gguf accelerate watchfiles zstandard distro python-dateutil
   "anthropic>=0.20.0" tiktoken "mistral_common>=1.11.5" "xgrammar==0.2.7" "compressed-tensors==0.18.0"
-  "numba==0.65.1" modelscope nvidia-ml-py datasets
+  "numba==0.65.1" modelscope nvidia-ml-py datasets IPython "soundfile==0.13.1"
 )
 # Pins each venv's torch to the CPU build: without it pip would resolve a multi-GB CUDA torch.
 CONSTRAINTS="$CACHE/torch-cpu-constraints.txt"
@@ -46,7 +46,11 @@ prepare_sglang() {
   pip_in "$venv" "$TORCH"
   pip_in "$venv" "${SGLANG_CPU_DEPS[@]}"
   pip_in "$venv" --no-deps "$SGLANG"
-  "$venv/bin/python" -c "import sglang; print('sglang', sglang.__version__)"
+  # PyPI's torchvision links CUDA torch and cannot load here; SGLang imports it only for images,
+  # so the test setup puts an import-only stand-in (tests/support) on the server's path instead.
+  "$venv/bin/python" -m pip uninstall --quiet -y torchvision >/dev/null 2>&1 || true
+  PYTHONPATH="$(dirname "$0")/../tests/support" "$venv/bin/python" -c \
+    "import sglang.srt.entrypoints.http_server; print('sglang', __import__('sglang').__version__)"
   echo "$stamp" >"$venv/.ready"
 }
 

@@ -11,6 +11,9 @@ from backend.engines.synthetic import DEFAULT_JITTER, DEFAULT_RATE
 ENGINES: dict[str, str] = {
     "synthetic": "backend.engines.synthetic:SyntheticEngine",
     "embedded": "backend.engines.embedded:EmbeddedEngine",
+    "sglang": "backend.engines.sglang:SGLangEngine",
+    "sglang-engine": "backend.engines.sglang_engine:SGLangInProcessEngine",
+    "openai": "backend.engines.openai:OpenAIEngine",
 }
 """Engine name -> "module:Class"; imported only when chosen, so heavy engines cost nothing idle."""
 
@@ -29,8 +32,12 @@ class EngineOptions:
     """Embedded engine: samples decoding at once across requests; beyond it requests queue."""
     context: int = 4096
     """Embedded engine: prompt plus max_tokens per sample."""
+    sglang_url: str = ""
+    """SGLang server or router (engine sglang); empty with --engine auto: none given."""
+    openai_url: str = ""
+    """OpenAI-compatible server (engine openai)."""
     model: str = ""
-    """Embedded engine: a local HF-format folder or hub id; empty: the bundled SmolLM2-135M."""
+    """Model to serve or ask for: a path or hub id (sglang child, sglang-engine), a served name (openai)."""
 
 
 def create_engine(name: str, options: EngineOptions | None = None) -> Engine:

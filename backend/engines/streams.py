@@ -201,7 +201,10 @@ class SGLangStream(StreamState):
         if payload == DONE:
             self.done = True
             return []
-        event = parse_json_payload(payload)
+        return self.feed_event(parse_json_payload(payload))
+
+    def feed_event(self, event: dict[str, Any]) -> list[Chunk]:
+        """The delta chunks of one event, already decoded (in-process SGLang yields these dicts)."""
         if "error" in event:
             return self.fail_unfinished(error_message(event["error"]))
         index = event.get("index", 0)  # n=1 streams may leave the index out

@@ -1,0 +1,79 @@
+"""`--engine auto`: pick the engine from what this machine has and what the command line gives.
+
+A server URL given -> that server's engine. Else CUDA and an importable SGLang -> start an SGLang
+server as a child process for `--model` and use the `sglang` engine on it. Else the embedded CPU
+model, or the synthetic engine where the embedded one is not installed. The choice itself is a pure
+function, so it is tested without any of those machines.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+from collections.abc import Collection
+from dataclasses import dataclass
+
+from backend.engine import Engine
+
+AUTO = "auto"
+"""The --engine value that chooses by itself."""
+
+DEFAULT_GPU_MODEL = "HuggingFaceTB/SmolLM2-135M-Instruct"
+"""What an SGLang child serves when --model names nothing: the dashboard's model, as an HF id."""
+
+
+@dataclass(frozen=True)
+class EngineChoice:
+    """The engine to build, and whether an SGLang server must be started for it."""
+
+    name: str
+    launch_sglang: bool = False
+    why: str = ""
+
+
+def choose_engine(
+    *, sglang_url: str, openai_url: str, cuda: bool, sglang_importable: bool, registered: Collection[str]
+) -> EngineChoice:
+    """The engine `--engine auto` means on a machine with these facts."""
+    if sglang_url:
+        return EngineChoice("sglang", why=f"--sglang-url {sglang_url}")
+    if openai_url:
+        return EngineChoice("openai", why=f"--openai-url {openai_url}")
+    if cuda and sglang_importable:
+        return EngineChoice("sglang", launch_sglang=True, why="CUDA and SGLang are available")
+    if "embedded" in registered:
+        return EngineChoice("embedded", why="no server URL and no CUDA with SGLang")
+    return EngineChoice("synthetic", why="no server URL, no CUDA with SGLang, no embedded engine")
+
+
+def cuda_available() -> bool:
+    """Whether torch sees a CUDA device (False where torch is missing)."""
+    if importlib.util.find_spec("torch") is None:
+        return False
+    import torch
+
+    return bool(torch.cuda.is_available())
+
+
+def sglang_importable() -> bool:
+    """Whether SGLang is installed, found without importing it (that takes seconds)."""
+    return importlib.util.find_spec("sglang") is not None
+
+
+def auto_engine(options: object, registered: Collection[str]) -> Engine:
+    """Build the engine `choose_engine` picks on this machine, configured from `options`."""
+    from backend.engines import create_engine
+
+    choice = choose_engine(
+        sglang_url=getattr(options, "sglang_url", ""),
+        openai_url=getattr(options, "openai_url", ""),
+        cuda=cuda_available(),
+        sglang_importable=sglang_importable(),
+        registered=registered,
+    )
+    if choice.launch_sglang:
+        from backend.engines.sglang import SGLangEngine
+        from backend.engines.sglang_launch import SGLangServerProcess
+
+        server = SGLangServerProcess(getattr(options, "model", "") or DEFAULT_GPU_MODEL)
+        return SGLangEngine(server.url, launcher=server)
+    return create_engine(choice.name, options)  # type: ignore[arg-type]

@@ -1,0 +1,257 @@
+"""What the HTTP engines (SGLang's native API, OpenAI-compatible servers) share.
+
+`HTTPEngine` owns one async HTTP client per server, checks the server at start-up and every few
+seconds after (so the page can say it is down, and the dashboard recovers when it comes back), and
+reports that in `model` and `health()`. `StreamingGeneration` reads one streamed response on a task
+of its own into a queue; the parsing is the sans-I/O parser of `backend.engines.streams`. Closing
+the response (cancelling that task) closes the connection, which makes both SGLang and vLLM abort
+the request's samples.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from abc import abstractmethod
+from typing import Any
+
+import httpx
+
+from backend.engine import Chunk, Engine, Generation
+from backend.engines.streams import SSEDecoder, StreamProtocolError, StreamState
+
+log = logging.getLogger("backend.engines.http")
+
+CONNECT_TIMEOUT_S = 5.0
+"""How long to wait for a TCP connection to the server: a dead host must fail fast, not hang the request."""
+
+PROBE_TIMEOUT_S = 10.0
+"""Limit of one health/model probe; a server busy generating still answers these within it."""
+
+CONTROL_TIMEOUT_S = 10.0
+"""Limit of an abort call: the server answers it at once, even while generating."""
+
+HEALTH_INTERVAL_S = 5.0
+"""Seconds between health checks: how soon the page learns the server went away or came back."""
+
+ABORT_GRACE_S = 10.0
+"""After a cancel, how long the server may take to end the stream before it is cut off locally."""
+
+MAX_CONNECTIONS = 256
+"""Open connections to the server at once: one per running request plus abort calls."""
+
+
+class EngineUnavailable(RuntimeError):
+    """The server could not be reached or refused the request; the message says which and why."""
+
+
+class HTTPEngine(Engine):
+    """An engine that is a server at `url`, checked at start-up and every HEALTH_INTERVAL_S after."""
+
+    label = "server"
+    """How the server is named in messages ("SGLang", "OpenAI-compatible server")."""
+
+    def __init__(self, url: str) -> None:
+        if not url.startswith(("http://", "https://")):
+            raise ValueError(f"the {self.label} URL must start with http:// or https://, got {url!r}")
+        self.url = url.rstrip("/")
+        self.served_model: str | None = None
+        self.server_error: str | None = "not checked yet"
+        self._client: httpx.AsyncClient | None = None
+        self._monitor: asyncio.Task[None] | None = None
+        self.generations: set[StreamingGeneration] = set()
+
+    @property
+    def client(self) -> httpx.AsyncClient:
+        """The HTTP client, made on first use on the running loop."""
+        if self._client is None:
+            self._client = httpx.AsyncClient(
+                base_url=self.url,
+                timeout=httpx.Timeout(PROBE_TIMEOUT_S, connect=CONNECT_TIMEOUT_S),
+                limits=httpx.Limits(max_connections=MAX_CONNECTIONS, max_keepalive_connections=16),
+            )
+        return self._client
+
+    @property
+    def model(self) -> str:
+        if self.server_error is not None:
+            return f"{self.label} at {self.url}: {self.server_error}"
+        return self.served_model or f"{self.label} at {self.url}"
+
+    async def start(self) -> None:
+        """Check the server once (a failure is reported, not raised), then keep checking."""
+        await self.check()
+        self._monitor = asyncio.create_task(self._watch(), name=f"{self.name}-health")
+
+    async def stop(self) -> None:
+        """Stop checking, close every running request's stream and the client."""
+        if self._monitor is not None:
+            self._monitor.cancel()
+            await asyncio.gather(self._monitor, return_exceptions=True)
+        await asyncio.gather(*(g.aclose() for g in list(self.generations)), return_exceptions=True)
+        if self._client is not None:
+            await self._client.aclose()
+            self._client = None
+
+    async def check(self) -> bool:
+        """Probe the server now; afterwards `server_error` is None when it is healthy."""
+        try:
+            self.served_model = await self.probe()
+        except (httpx.HTTPError, EngineUnavailable, ValueError) as exc:
+            error = describe_http_error(exc)
+            if error != self.server_error:
+                log.warning("%s at %s: %s", self.label, self.url, error)
+            self.server_error = error
+            return False
+        if self.server_error is not None:
+            log.info("%s at %s is up, serving %s", self.label, self.url, self.served_model)
+        self.server_error = None
+        return True
+
+    @abstractmethod
+    async def probe(self) -> str:
+        """Ask the server whether it is healthy and what it serves; the model name, or raise."""
+
+    async def get_json(self, path: str) -> Any:
+        """GET `path` as JSON; EngineUnavailable on a non-2xx answer."""
+        response = await self.client.get(path)
+        if response.status_code >= 300:
+            raise EngineUnavailable(f"GET {path} answered HTTP {response.status_code}: {response.text[:200]}")
+        return response.json()
+
+    def mark_unreachable(self, error: str) -> None:
+        """A request failed to connect: report the server down until the next good check."""
+        self.server_error = error
+
+    def health(self) -> dict[str, Any]:
+        return {
+            **super().health(),
+            "server": self.url,
+            "server_ok": self.server_error is None,
+            "server_error": self.server_error,
+            "running_requests": len(self.generations),
+            "running_samples": sum(len(g.state.unfinished) for g in self.generations),
+        }
+
+    async def _watch(self) -> None:
+        while True:
+            await asyncio.sleep(HEALTH_INTERVAL_S)
+            await self.check()
+
+
+def describe_http_error(exc: BaseException) -> str:
+    """A one-line reason for a failed call, without a traceback."""
+    if isinstance(exc, httpx.ConnectError):
+        return f"unreachable ({exc or 'connection refused'})"
+    if isinstance(exc, httpx.TimeoutException):
+        return f"no answer in time ({type(exc).__name__})"
+    return str(exc) or type(exc).__name__
+
+
+class StreamingGeneration(Generation):
+    """One streamed request: a reader task feeds parsed chunks (or the failure) into a queue."""
+
+    def __init__(self, engine: HTTPEngine, state: StreamState) -> None:
+        self.engine = engine
+        self.state = state
+        self._queue: asyncio.Queue[Chunk | BaseException] = asyncio.Queue()
+        self._unfinished = set(range(state.n))
+        self._side_tasks: set[asyncio.Task[Any]] = set()
+        engine.generations.add(self)
+        self._reader = asyncio.create_task(self._read(), name=f"{engine.name}-stream")
+
+    @abstractmethod
+    def request(self) -> tuple[str, dict[str, Any]]:
+        """The path and JSON body of the streaming request."""
+
+    def on_payload(self, payload: str) -> list[Chunk]:
+        """Parse one SSE payload; subclasses hook in here to act on what they learn."""
+        return self.state.feed(payload)  # type: ignore[attr-defined]
+
+    def tail(self) -> list[Chunk]:
+        """Chunks the parser still holds when the stream ended."""
+        return []
+
+    async def _read(self) -> None:
+        path, body = self.request()
+        label, url = self.engine.label, self.engine.url
+        try:
+            async with self.engine.client.stream(
+                "POST", path, json=body, timeout=self._timeout()
+            ) as response:
+                if response.status_code != 200:
+                    detail = (await response.aread()).decode(errors="replace")[:500]
+                    raise EngineUnavailable(
+                        f"{label} answered POST {path} with HTTP {response.status_code}: {detail}"
+                    )
+                decoder = SSEDecoder()
+                async for data in response.aiter_bytes():
+                    for payload in decoder.feed(data):
+                        self._put(self.on_payload(payload))
+                    if self.state.done:
+                        break
+                for payload in decoder.close():
+                    self._put(self.on_payload(payload))
+            self._put(self.tail())
+            if self.state.unfinished:
+                self._put(self.state.fail_unfinished(f"{label} ended the stream before the sample finished"))
+        except httpx.HTTPError as exc:
+            reason = describe_http_error(exc)
+            if isinstance(exc, httpx.ConnectError):
+                self.engine.mark_unreachable(reason)
+            self._queue.put_nowait(EngineUnavailable(f"{label} at {url}: {reason}"))
+        except (EngineUnavailable, StreamProtocolError) as exc:
+            self._queue.put_nowait(exc)
+
+    def _timeout(self) -> httpx.Timeout:
+        # No read limit: a queued request may wait long for its first token; cancel ends it instead.
+        return httpx.Timeout(None, connect=CONNECT_TIMEOUT_S)
+
+    def _put(self, chunks: list[Chunk]) -> None:
+        for chunk in chunks:
+            self._queue.put_nowait(chunk)
+
+    async def __anext__(self) -> Chunk:
+        if not self._unfinished:
+            self.engine.generations.discard(self)
+            raise StopAsyncIteration
+        item = await self._queue.get()
+        if isinstance(item, BaseException):
+            self._unfinished.clear()
+            raise item
+        if item.finish_reason is not None:
+            self._unfinished.discard(item.index)
+        return item
+
+    async def close_stream(self, finish_as: str = "abort") -> None:
+        """Close the connection (the server aborts what still runs); open samples end as `finish_as`."""
+        if not self._reader.done():
+            self._reader.cancel()
+        await asyncio.gather(self._reader, return_exceptions=True)
+        for index in self.state.unfinished:
+            self.state.samples[index].finished = True
+            self._queue.put_nowait(Chunk(index, "", 0, finish_as))
+
+    def spawn(self, coroutine: Any) -> None:
+        """Run a side call (an abort) that aclose waits for."""
+        task = asyncio.create_task(coroutine)
+        self._side_tasks.add(task)
+        task.add_done_callback(self._side_tasks.discard)
+
+    async def cut_off_after_grace(self) -> None:
+        """After a cancel: let the server end the stream, or close it after ABORT_GRACE_S."""
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(asyncio.shield(self._reader), ABORT_GRACE_S)
+            return
+        log.warning(
+            "%s did not end the stream %g s after a cancel; closing it", self.engine.label, ABORT_GRACE_S
+        )
+        await self.close_stream("abort")
+
+    async def aclose(self) -> None:
+        await self.close_stream("abort")
+        # Abort calls in flight end by themselves (CONTROL_TIMEOUT_S); cutting them off could leave
+        # a sample running on the server.
+        await asyncio.gather(*self._side_tasks, return_exceptions=True)
+        self.engine.generations.discard(self)

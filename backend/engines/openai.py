@@ -1,0 +1,101 @@
+"""The `openai` engine: any OpenAI-compatible `/v1/completions` server (vLLM, SGLang, routers).
+
+One request is one `POST /v1/completions` with `n`, `stream: true` and
+`stream_options.include_usage`. Choices are told apart by `choices[].index` only: vLLM sends one id
+for all of them, SGLang one per choice. The API has no way to stop one choice, so Stop on one
+column ends that sample at once in the dashboard and drops its later chunks, while the server
+finishes it; once every sample is stopped or done, the connection is closed, which makes the
+server abort whatever still runs. Cancel closes the connection at once.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from backend.engine import Chunk, Generation, SamplingParams
+from backend.engines.http_stream import HTTPEngine, StreamingGeneration
+from backend.engines.streams import OpenAIStream
+
+DEFAULT_OPENAI_URL = "http://127.0.0.1:8000"
+"""Where vLLM's OpenAI-compatible server listens by default."""
+
+
+class OpenAIEngine(HTTPEngine):
+    """An OpenAI-compatible completions server at `url` (the `/v1` prefix is added here)."""
+
+    name = "openai"
+    label = "OpenAI-compatible server"
+
+    def __init__(self, url: str = DEFAULT_OPENAI_URL, model_name: str = "") -> None:
+        super().__init__(url.removesuffix("/").removesuffix("/v1"))
+        self.requested_model = model_name
+        """The model to ask for (--model); empty: the first the server lists."""
+
+    @classmethod
+    def from_options(cls, options: Any) -> OpenAIEngine:
+        """Build from the command line's `--openai-url` and `--model`."""
+        return cls(getattr(options, "openai_url", "") or DEFAULT_OPENAI_URL, getattr(options, "model", ""))
+
+    async def probe(self) -> str:
+        listed = [m.get("id") for m in (await self.get_json("/v1/models")).get("data") or []]
+        if self.requested_model:
+            if self.requested_model not in listed:
+                raise ValueError(
+                    f"it does not serve {self.requested_model!r} (it serves {', '.join(listed)})"
+                )
+            return self.requested_model
+        if not listed:
+            raise ValueError("it lists no model at /v1/models")
+        return str(listed[0])
+
+    def generate(self, prompt: str, n: int, params: SamplingParams) -> Generation:
+        return OpenAIGeneration(self, prompt, n, params)
+
+
+def completions_request(model: str, prompt: str, n: int, params: SamplingParams) -> dict[str, Any]:
+    """The body of `POST /v1/completions` for `n` streamed choices of `prompt`.
+
+    No seed is sent: one seed for all n choices can make them identical on some servers.
+    """
+    return {
+        "model": model,
+        "prompt": prompt,
+        "n": n,
+        "max_tokens": params.max_tokens,
+        "temperature": params.temperature,
+        "top_p": params.top_p,
+        "stream": True,
+        "stream_options": {"include_usage": True},
+    }
+
+
+class OpenAIGeneration(StreamingGeneration):
+    """One `/v1/completions` stream with n choices."""
+
+    engine: OpenAIEngine
+    state: OpenAIStream
+
+    def __init__(self, engine: OpenAIEngine, prompt: str, n: int, params: SamplingParams) -> None:
+        if n < 1:
+            raise ValueError(f"n must be at least 1, got {n}")
+        model = engine.requested_model or engine.served_model or ""
+        self._body = completions_request(model, prompt, n, params)
+        super().__init__(engine, OpenAIStream(n, hold_last_finish=True))
+
+    def request(self) -> tuple[str, dict[str, Any]]:
+        return "/v1/completions", self._body
+
+    def tail(self) -> list[Chunk]:
+        return self.state.close()
+
+    async def abort(self, index: int | None = None) -> None:
+        if index is None:
+            await self.close_stream("abort")
+            return
+        sample = self.state.samples[index]
+        if sample.finished:
+            return
+        sample.finished = True
+        self._put([Chunk(index, "", 0, "abort")])
+        if not self.state.unfinished:
+            await self.close_stream("abort")

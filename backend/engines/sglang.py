@@ -1,0 +1,160 @@
+"""The `sglang` engine: a running SGLang server (or a router in front of many) by URL.
+
+One request is one native `POST /generate` with `sampling_params.n` and `stream: true`. Each sample
+of it has its own request id on the server (`meta_info.id`), so Stop on one column aborts exactly
+that sample with `POST /abort_request {"rid": <its id>}`, and Cancel aborts each sample of the
+request the same way (never `abort_all`, which would stop other users' requests too). A sample whose
+id has not arrived yet is aborted as soon as its first chunk brings it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import Any
+
+import httpx
+
+from backend.engine import Chunk, Generation, SamplingParams
+from backend.engines.http_stream import (
+    CONTROL_TIMEOUT_S,
+    EngineUnavailable,
+    HTTPEngine,
+    StreamingGeneration,
+    describe_http_error,
+)
+from backend.engines.sglang_launch import SGLangServerProcess
+from backend.engines.streams import SGLangStream
+
+log = logging.getLogger("backend.engines.sglang")
+
+DEFAULT_SGLANG_URL = "http://127.0.0.1:30000"
+"""Where `python -m sglang.launch_server` listens by default."""
+
+
+class SGLangEngine(HTTPEngine):
+    """SGLang's native API at `url`."""
+
+    name = "sglang"
+    label = "SGLang"
+
+    def __init__(self, url: str = DEFAULT_SGLANG_URL, launcher: SGLangServerProcess | None = None) -> None:
+        super().__init__(url)
+        self.launcher = launcher
+        """The child process serving `url`, started and stopped with the engine (--engine auto on a GPU)."""
+        self.incremental = False
+        """Whether the server runs with --incremental-streaming-output (read from /server_info)."""
+
+    async def start(self) -> None:
+        if self.launcher is not None:
+            await asyncio.to_thread(self.launcher.start)
+        await super().start()
+
+    async def stop(self) -> None:
+        await super().stop()
+        if self.launcher is not None:
+            await asyncio.to_thread(self.launcher.stop)
+
+    @classmethod
+    def from_options(cls, options: Any) -> SGLangEngine:
+        """Build from the command line's `--sglang-url`."""
+        return cls(getattr(options, "sglang_url", "") or DEFAULT_SGLANG_URL)
+
+    async def probe(self) -> str:
+        response = await self.client.get("/health")
+        if response.status_code != 200:
+            raise EngineUnavailable(f"/health answered HTTP {response.status_code}")
+        try:
+            info = await self.get_json("/model_info")
+            name = info.get("served_model_name") or info.get("model_path")
+        except EngineUnavailable:
+            # A router may not proxy /model_info; every SGLang front speaks the OpenAI model list.
+            models = (await self.get_json("/v1/models")).get("data") or [{}]
+            name = models[0].get("id")
+        try:
+            server_info = await self.get_json("/server_info")
+            self.incremental = bool(server_info.get("incremental_streaming_output", False))
+        except (EngineUnavailable, ValueError):
+            pass  # routers answer only what they proxy; the default server streams cumulative text
+        return str(name or "unknown model")
+
+    def generate(self, prompt: str, n: int, params: SamplingParams) -> Generation:
+        return SGLangGeneration(self, prompt, n, params)
+
+    async def abort_request(self, rid: str) -> None:
+        """Ask the server to stop the sample with request id `rid`."""
+        try:
+            response = await self.client.post("/abort_request", json={"rid": rid}, timeout=CONTROL_TIMEOUT_S)
+        except httpx.HTTPError as exc:
+            raise EngineUnavailable(
+                f"SGLang did not take the abort of {rid}: {describe_http_error(exc)}"
+            ) from exc
+        if response.status_code >= 300:
+            raise EngineUnavailable(f"SGLang answered /abort_request with HTTP {response.status_code}")
+
+
+def sglang_request(prompt: str, n: int, params: SamplingParams) -> dict[str, Any]:
+    """The body of `POST /generate` for `n` samples of `prompt`.
+
+    No seed is sent: SGLang would give every one of the n samples the same seed, so they would be
+    identical; without one each sample draws differently.
+    """
+    return {
+        "text": prompt,
+        "sampling_params": {
+            "n": n,
+            "max_new_tokens": params.max_tokens,
+            "temperature": params.temperature,
+            "top_p": params.top_p,
+        },
+        "stream": True,
+    }
+
+
+class SGLangGeneration(StreamingGeneration):
+    """One `/generate` stream; aborts go to /abort_request by each sample's own id."""
+
+    engine: SGLangEngine
+    state: SGLangStream
+
+    def __init__(self, engine: SGLangEngine, prompt: str, n: int, params: SamplingParams) -> None:
+        if n < 1:
+            raise ValueError(f"n must be at least 1, got {n}")  # SGLang itself would answer n=0 with 1
+        self._body = sglang_request(prompt, n, params)
+        self._pending_aborts: set[int] = set()
+        super().__init__(engine, SGLangStream(n, incremental=engine.incremental))
+
+    def request(self) -> tuple[str, dict[str, Any]]:
+        return "/generate", self._body
+
+    def on_payload(self, payload: str) -> list[Chunk]:
+        chunks = self.state.feed(payload)
+        for index in list(self._pending_aborts):
+            if self.state.request_id(index) is not None:
+                self._pending_aborts.discard(index)
+                self._send_abort(index)
+        return chunks
+
+    async def abort(self, index: int | None = None) -> None:
+        targets = self.state.unfinished if index is None else [index]
+        for target in targets:
+            if self.state.samples[target].finished:
+                continue
+            if self.state.request_id(target) is None:
+                self._pending_aborts.add(target)
+            else:
+                self._send_abort(target)
+        if index is None:
+            self.spawn(self.cut_off_after_grace())
+
+    def _send_abort(self, index: int) -> None:
+        rid = self.state.request_id(index)
+        if rid is not None:
+            self.spawn(self._abort_call(rid))
+
+    async def _abort_call(self, rid: str) -> None:
+        try:
+            await self.engine.abort_request(rid)
+        except EngineUnavailable as exc:
+            # The stream still ends the sample (or the grace cut-off does); say why it may go on.
+            log.warning("%s", exc)

@@ -1,0 +1,149 @@
+"""The `sglang-engine` engine: SGLang in this process, `sglang.Engine(...)`, for a GPU machine or Space.
+
+No separate server to run: the engine loads `--model` itself (its scheduler still runs in child
+processes, so the model step never blocks this loop). `async_generate(..., stream=True)` yields
+the same per-sample events as the HTTP `/generate` stream, so the same parser turns them into
+deltas; abort goes to the tokenizer manager by each sample's own request id.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import AsyncIterator
+from typing import Any
+
+from backend.engine import Chunk, Engine, Generation, SamplingParams
+from backend.engines.sglang import sglang_request
+from backend.engines.streams import SGLangStream
+
+log = logging.getLogger("backend.engines.sglang_engine")
+
+DEFAULT_ENGINE_MODEL = "HuggingFaceTB/SmolLM2-135M-Instruct"
+"""What is loaded when --model names nothing."""
+
+
+class SGLangInProcessEngine(Engine):
+    """`sglang.Engine(model_path=model, **engine_args)`, created on start and shut down on stop."""
+
+    name = "sglang-engine"
+
+    def __init__(self, model_path: str = DEFAULT_ENGINE_MODEL, **engine_args: Any) -> None:
+        self.model_path = model_path
+        self.engine_args = engine_args
+        self.sglang: Any = None
+        self.generations: set[SGLangInProcessGeneration] = set()
+
+    @classmethod
+    def from_options(cls, options: Any) -> SGLangInProcessEngine:
+        """Build from the command line's `--model`."""
+        return cls(getattr(options, "model", "") or DEFAULT_ENGINE_MODEL)
+
+    @property
+    def model(self) -> str:
+        return f"{self.model_path} (SGLang in-process)"
+
+    async def start(self) -> None:
+        import sglang
+
+        # Loading weights and starting the scheduler processes blocks for seconds to minutes.
+        self.sglang = await asyncio.to_thread(sglang.Engine, model_path=self.model_path, **self.engine_args)
+
+    async def stop(self) -> None:
+        await asyncio.gather(*(g.aclose() for g in list(self.generations)), return_exceptions=True)
+        if self.sglang is not None:
+            engine, self.sglang = self.sglang, None
+            await asyncio.to_thread(engine.shutdown)
+
+    @property
+    def incremental(self) -> bool:
+        """Whether the engine streams deltas rather than cumulative text."""
+        server_args = getattr(self.sglang, "server_args", None)
+        return bool(getattr(server_args, "incremental_streaming_output", False))
+
+    def generate(self, prompt: str, n: int, params: SamplingParams) -> Generation:
+        if self.sglang is None:
+            raise RuntimeError("the SGLang engine is not started")
+        if n < 1:
+            raise ValueError(f"n must be at least 1, got {n}")
+        return SGLangInProcessGeneration(self, prompt, n, params)
+
+    def abort_request(self, rid: str) -> None:
+        """Stop the sample with request id `rid`."""
+        self.sglang.tokenizer_manager.abort_request(rid=rid)
+
+    def health(self) -> dict[str, Any]:
+        return {
+            **super().health(),
+            "loaded": self.sglang is not None,
+            "running_requests": len(self.generations),
+            "running_samples": sum(len(g.state.unfinished) for g in self.generations),
+        }
+
+
+class SGLangInProcessGeneration(Generation):
+    """One `async_generate` stream read by a task into a queue, like the HTTP engines."""
+
+    def __init__(self, engine: SGLangInProcessEngine, prompt: str, n: int, params: SamplingParams) -> None:
+        self.engine = engine
+        self.state = SGLangStream(n, incremental=engine.incremental)
+        self._sampling = sglang_request(prompt, n, params)["sampling_params"]
+        self._prompt = prompt
+        self._queue: asyncio.Queue[Chunk | BaseException] = asyncio.Queue()
+        self._unfinished = set(range(n))
+        self._pending_aborts: set[int] = set()
+        engine.generations.add(self)
+        self._reader = asyncio.create_task(self._read(), name="sglang-engine-stream")
+
+    async def _read(self) -> None:
+        try:
+            stream: AsyncIterator[dict[str, Any]] = await self.engine.sglang.async_generate(
+                self._prompt, self._sampling, stream=True
+            )
+            async for event in stream:
+                for chunk in self.state.feed_event(event):
+                    self._queue.put_nowait(chunk)
+                self._abort_pending()
+            for chunk in self.state.fail_unfinished("SGLang ended the stream before the sample finished"):
+                self._queue.put_nowait(chunk)
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:  # noqa: BLE001 - SGLang raises its own types; the server reports it
+            self._queue.put_nowait(RuntimeError(f"SGLang failed: {exc}"))
+
+    def _abort_pending(self) -> None:
+        for index in list(self._pending_aborts):
+            rid = self.state.request_id(index)
+            if rid is not None:
+                self._pending_aborts.discard(index)
+                self.engine.abort_request(rid)
+
+    async def __anext__(self) -> Chunk:
+        if not self._unfinished:
+            self.engine.generations.discard(self)
+            raise StopAsyncIteration
+        item = await self._queue.get()
+        if isinstance(item, BaseException):
+            self._unfinished.clear()
+            raise item
+        if item.finish_reason is not None:
+            self._unfinished.discard(item.index)
+        return item
+
+    async def abort(self, index: int | None = None) -> None:
+        targets = self.state.unfinished if index is None else [index]
+        self._pending_aborts.update(i for i in targets if not self.state.samples[i].finished)
+        self._abort_pending()
+
+    async def aclose(self) -> None:
+        if self.state.unfinished:
+            await self.abort(None)
+        if not self._reader.done():
+            self._reader.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await asyncio.gather(self._reader, return_exceptions=True)
+        for index in self.state.unfinished:
+            self.state.samples[index].finished = True
+            self._queue.put_nowait(Chunk(index, "", 0, "abort"))
+        self.engine.generations.discard(self)

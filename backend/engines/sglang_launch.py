@@ -1,0 +1,116 @@
+"""An SGLang server as a child process: started for a model, waited for until healthy, stopped.
+
+`--engine auto` on a GPU machine uses it to run SGLang for `--model`; the integration tests use it
+to run the real server on this CPU. Blocking calls (the engine runs them in a worker thread).
+"""
+
+from __future__ import annotations
+
+import atexit
+import os
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+
+STARTUP_TIMEOUT_S = 600.0
+"""How long a fresh SGLang server may take to load weights and warm up before it counts as failed."""
+
+STOP_TIMEOUT_S = 20.0
+"""How long the server may take to exit after SIGTERM before it is killed."""
+
+HEALTH_POLL_S = 1.0
+"""Pause between /health polls while the server starts."""
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that nothing listens on right now."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+class SGLangServerProcess:
+    """`python -m sglang.launch_server --model-path MODEL` on 127.0.0.1 at a free port."""
+
+    def __init__(
+        self,
+        model: str,
+        *,
+        python: str = sys.executable,
+        port: int | None = None,
+        extra_args: Sequence[str] = (),
+        env: Mapping[str, str] | None = None,
+        log_path: Path | None = None,
+    ) -> None:
+        self.model = model
+        self.python = python
+        self.port = port or free_port()
+        self.extra_args = list(extra_args)
+        self.env = dict(env) if env is not None else None
+        self.log_path = log_path
+        self.process: subprocess.Popen[bytes] | None = None
+
+    @property
+    def url(self) -> str:
+        """The server's base URL."""
+        return f"http://127.0.0.1:{self.port}"
+
+    def command(self) -> list[str]:
+        """The command line that starts the server."""
+        return [
+            self.python,
+            "-m",
+            "sglang.launch_server",
+            "--model-path",
+            self.model,
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(self.port),
+            *self.extra_args,
+        ]
+
+    def start(self, timeout: float = STARTUP_TIMEOUT_S) -> None:
+        """Start the server and return once /health answers 200; RuntimeError if it exits first."""
+        output = open(self.log_path, "ab") if self.log_path else subprocess.DEVNULL
+        env = {**os.environ, **self.env} if self.env is not None else None
+        # Its own process group, so stop() ends the scheduler and detokenizer processes it spawns too.
+        self.process = subprocess.Popen(
+            self.command(), stdout=output, stderr=subprocess.STDOUT, env=env, start_new_session=True
+        )
+        atexit.register(self.stop)
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.process.poll() is not None:
+                where = f"; its output is in {self.log_path}" if self.log_path else ""
+                raise RuntimeError(
+                    f"the SGLang server exited with {self.process.returncode} while starting{where}"
+                )
+            try:
+                with urllib.request.urlopen(self.url + "/health", timeout=5) as response:
+                    if response.status == 200:
+                        return
+            except (urllib.error.URLError, OSError):
+                pass
+            time.sleep(HEALTH_POLL_S)
+        self.stop()
+        raise TimeoutError(f"the SGLang server did not answer /health within {timeout:g} s")
+
+    def stop(self) -> None:
+        """Terminate the server's process group; kill it if it does not exit in time."""
+        process, self.process = self.process, None
+        if process is None or process.poll() is not None:
+            return
+        try:
+            os.killpg(process.pid, 15)
+            process.wait(STOP_TIMEOUT_S)
+        except subprocess.TimeoutExpired:
+            os.killpg(process.pid, 9)
+            process.wait()
+        except ProcessLookupError:
+            pass

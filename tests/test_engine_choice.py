@@ -1,0 +1,68 @@
+"""`--engine auto`'s choice, and the command line's engine flags."""
+
+from __future__ import annotations
+
+import argparse
+
+import pytest
+
+from backend.cli import add_engine_arguments, engine_from_args
+from backend.engines import ENGINES
+from backend.engines.auto import choose_engine
+from backend.engines.openai import OpenAIEngine
+from backend.engines.sglang import SGLangEngine
+
+WITH_EMBEDDED = ("synthetic", "embedded", "sglang", "openai")
+WITHOUT_EMBEDDED = ("synthetic", "sglang", "openai")
+
+
+@pytest.mark.parametrize(
+    ("facts", "expected"),
+    [
+        ({"sglang_url": "http://h:30000", "cuda": True, "sglang_importable": True}, ("sglang", False)),
+        ({"sglang_url": "http://h:30000", "openai_url": "http://o:8000"}, ("sglang", False)),
+        ({"openai_url": "http://o:8000", "cuda": True, "sglang_importable": True}, ("openai", False)),
+        ({"cuda": True, "sglang_importable": True}, ("sglang", True)),
+        ({"cuda": True, "sglang_importable": False}, ("embedded", False)),
+        ({"cuda": False, "sglang_importable": True}, ("embedded", False)),
+        ({}, ("embedded", False)),
+    ],
+)
+def test_auto_choice(facts: dict, expected: tuple[str, bool]) -> None:
+    args = {"sglang_url": "", "openai_url": "", "cuda": False, "sglang_importable": False, **facts}
+    choice = choose_engine(**args, registered=WITH_EMBEDDED)
+    assert (choice.name, choice.launch_sglang) == expected
+    assert choice.why
+
+
+def test_auto_falls_back_to_synthetic_only_without_the_embedded_engine() -> None:
+    facts = {"sglang_url": "", "openai_url": "", "cuda": False, "sglang_importable": False}
+    assert choose_engine(**facts, registered=WITHOUT_EMBEDDED).name == "synthetic"
+    assert choose_engine(**facts, registered=WITH_EMBEDDED).name == "embedded"
+
+
+def parse(argv: list[str]) -> argparse.Namespace:
+    parser = argparse.ArgumentParser()
+    add_engine_arguments(parser)
+    return parser.parse_args(argv)
+
+
+def test_auto_is_the_default_and_every_engine_is_a_choice(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("DASHBOARD_ENGINE", raising=False)
+    assert parse([]).engine == "auto"
+    for name in ("sglang", "sglang-engine", "openai", "synthetic"):
+        assert name in ENGINES
+        assert parse(["--engine", name]).engine == name
+
+
+def test_a_server_url_makes_auto_pick_that_servers_engine() -> None:
+    engine = engine_from_args(parse(["--sglang-url", "http://127.0.0.1:30001/"]))
+    assert isinstance(engine, SGLangEngine) and engine.url == "http://127.0.0.1:30001"
+    engine = engine_from_args(parse(["--openai-url", "http://127.0.0.1:8001/v1", "--model", "m"]))
+    assert isinstance(engine, OpenAIEngine) and engine.url == "http://127.0.0.1:8001"
+    assert engine.requested_model == "m"
+
+
+def test_a_url_that_is_not_http_is_refused() -> None:
+    with pytest.raises(ValueError, match="http://"):
+        engine_from_args(parse(["--engine", "sglang", "--sglang-url", "127.0.0.1:30000"]))
