@@ -72,6 +72,8 @@ class Job:
     aborted: dict[int, int] = field(default_factory=dict)
     """Aborted sample index -> the scheduler's step count when the abort arrived."""
     submitted_at: float = field(default_factory=time.perf_counter)
+    position: int = 0
+    """Last queue position reported to the sink (0: not waiting)."""
 
 
 @dataclass(eq=False)
@@ -189,7 +191,6 @@ class BatchScheduler:
             kind, job, argument = command
             if kind == "submit":
                 self.waiting.append(job)
-                job.sink.set_queue_position(len(self.waiting))
             elif kind == "abort":
                 self._apply_abort(job, *argument)
             try:
@@ -231,18 +232,20 @@ class BatchScheduler:
         self.rows.pop()
 
     def _report_positions(self) -> None:
+        """Tell each waiting request its place when it changed (requests that never wait hear nothing)."""
         for position, job in enumerate(self.waiting, start=1):
-            job.sink.set_queue_position(position)
+            if job.position != position:
+                job.position = position
+                job.sink.set_queue_position(position)
 
     def _admit(self) -> None:
-        admitted = False
         while self.waiting and self.waiting[0].n <= self.max_rows - len(self.rows):
             job = self.waiting.popleft()
-            admitted = True
-            job.sink.set_queue_position(0)
+            if job.position:
+                job.position = 0
+                job.sink.set_queue_position(0)
             self._prefill(job)
-        if admitted:
-            self._report_positions()
+        self._report_positions()
 
     def _prefill(self, job: Job) -> None:
         params = job.params

@@ -1,0 +1,234 @@
+"""The embedded engine on the real SmolLM2-135M weights: sampling, batching, abort, bad input, offline load.
+
+The model is loaded once for the whole module (the first run ever also converts the GGUF, ~15-40 s);
+generated lengths stay short so the module takes well under a minute on two cores.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import torch
+from websockets.asyncio.client import connect
+
+from backend.engine import RequestRejected, SamplingParams
+from backend.engines.embedded import EmbeddedEngine, EmbeddedGeneration
+from backend.engines.embedded.detokenizer import TextStream
+from backend.engines.embedded.scheduler import DecodeParams
+from backend.engines.embedded.weights import ModelFileError, is_complete, read_tensors, resolve_model
+from backend.server import BackendServer
+from backend.settings import Limits
+from tests.harness import ROOT
+
+PROMPT = "Name three colors."
+
+
+@pytest.fixture(scope="module")
+def engine() -> Iterator[EmbeddedEngine]:
+    engine = EmbeddedEngine(max_rows=8, context=512)
+    engine.load()
+    yield engine
+    assert engine.scheduler is not None
+    engine.scheduler.stop()
+
+
+async def collect(generation: EmbeddedGeneration | object, n: int) -> tuple[list[str], list, list]:
+    texts, reasons, finals = [""] * n, [None] * n, [None] * n
+    async for chunk in generation:  # type: ignore[attr-defined]
+        texts[chunk.index] += chunk.text
+        if chunk.finish_reason is not None:
+            reasons[chunk.index] = chunk.finish_reason
+            finals[chunk.index] = chunk
+    return texts, reasons, finals
+
+
+def params(max_tokens: int = 12, temperature: float = 0.8, seed: int = 5, **extra: object) -> SamplingParams:
+    return SamplingParams(max_tokens=max_tokens, temperature=temperature, top_p=0.95, seed=seed, **extra)
+
+
+async def test_a_seed_reproduces_every_sample_and_indices_differ(engine: EmbeddedEngine) -> None:
+    first, reasons, _ = await collect(engine.generate(PROMPT, 4, params()), 4)
+    second, _, _ = await collect(engine.generate(PROMPT, 4, params()), 4)
+    assert first == second
+    assert all(reason in ("stop", "length") for reason in reasons)
+    assert len(set(first)) > 1
+
+
+async def test_greedy_equals_transformers_greedy(engine: EmbeddedEngine) -> None:
+    from transformers import AutoModelForCausalLM
+
+    folder = resolve_model().path
+    reference = AutoModelForCausalLM.from_pretrained(folder, dtype=engine.dtype)
+    ids = engine.prompt_ids(PROMPT)
+    with torch.inference_mode():
+        out = reference.generate(torch.tensor([ids]), max_new_tokens=16, do_sample=False)
+    expected = engine.tokenizer.decode(out[0, len(ids) :], skip_special_tokens=True)
+    texts, _, _ = await collect(engine.generate(PROMPT, 2, params(max_tokens=16, temperature=0.0)), 2)
+    assert texts == [expected, expected]
+
+
+async def test_abort_one_sample_then_all(engine: EmbeddedEngine) -> None:
+    generation = engine.generate(PROMPT, 3, params(200))
+    seen = 0
+    texts, reasons = [""] * 3, [None] * 3
+    async for chunk in generation:
+        texts[chunk.index] += chunk.text
+        seen += 1
+        if seen == 6:
+            await generation.abort(1)
+        if seen == 12:
+            await generation.abort()
+        if chunk.finish_reason:
+            reasons[chunk.index] = chunk.finish_reason
+            if chunk.finish_reason == "abort":
+                assert chunk.meta["tokens_after_abort"] <= 1
+    assert reasons[1] == "abort"
+    assert reasons.count("abort") >= 2
+    assert engine.health()["running_rows"] == 0
+
+
+async def test_two_requests_share_decode_steps(engine: EmbeddedEngine) -> None:
+    assert engine.scheduler is not None
+    before = engine.health()["shared_steps"]
+    results = await asyncio.gather(
+        collect(engine.generate(PROMPT, 2, params(max_tokens=10, seed=1)), 2),
+        collect(engine.generate("Say hello.", 3, params(max_tokens=10, seed=2)), 3),
+    )
+    assert all(all(r is not None for r in reasons) for _, reasons, _ in results)
+    assert engine.health()["shared_steps"] > before
+    assert engine.health()["max_batch_rows"] >= 5
+
+
+async def test_requests_beyond_the_row_cap_queue_first_come_first_served(engine: EmbeddedEngine) -> None:
+    first = engine.generate(PROMPT, 6, params(max_tokens=6, seed=1))
+    second = engine.generate(PROMPT, 6, params(max_tokens=6, seed=2))
+    positions: list[int] = []
+    second.watch_queue(positions.append)
+    await asyncio.gather(collect(first, 6), collect(second, 6))
+    assert positions == [1, 0]
+
+
+async def test_stop_strings_and_top_k(engine: EmbeddedEngine) -> None:
+    greedy, _, _ = await collect(engine.generate(PROMPT, 1, params(max_tokens=16, temperature=0.0)), 1)
+    stop = greedy[0][5:8]
+    texts, reasons, _ = await collect(
+        engine.generate(PROMPT, 1, params(max_tokens=16, temperature=0.0, stop=(stop,))), 1
+    )
+    assert reasons == ["stop"]
+    assert texts[0] == greedy[0][: greedy[0].index(stop)]
+    top1, _, _ = await collect(engine.generate(PROMPT, 2, params(max_tokens=8, seed=9, top_k=1)), 2)
+    assert top1[0] == top1[1] == greedy[0][: len(top1[0])]
+
+
+def test_text_stream_holds_back_a_possible_stop_string(engine: EmbeddedEngine) -> None:
+    ids = engine.tokenizer.encode("one two three four", add_special_tokens=False)
+    stream = TextStream(engine.tokenizer, stop=("thr",))
+    out = ""
+    for token in ids:
+        out += stream.push(token)
+        if stream.stopped:
+            break
+    assert stream.stopped
+    assert out == "one two "
+
+
+@pytest.mark.parametrize(
+    ("n", "bad", "code"),
+    [
+        (9, {}, "n_out_of_range"),
+        (1, {"max_tokens": 600}, "max_tokens_out_of_range"),
+        (1, {"temperature": float("nan")}, "temperature_out_of_range"),
+        (1, {"temperature": -0.5}, "temperature_out_of_range"),
+        (1, {"top_p": 0.0}, "top_p_out_of_range"),
+        (1, {"top_p": 1.5}, "top_p_out_of_range"),
+    ],
+)
+def test_bad_input_is_rejected_before_work(engine: EmbeddedEngine, n: int, bad: dict, code: str) -> None:
+    settings = {"max_tokens": 8, "temperature": 0.8, "top_p": 0.95, "seed": 1, **bad}
+    steps = engine.health()["steps"]
+    with pytest.raises(RequestRejected) as caught:
+        engine.generate(PROMPT, n, SamplingParams(**settings))
+    assert caught.value.code == code
+    assert engine.health()["steps"] == steps
+
+
+def test_prompt_longer_than_the_context_is_rejected(engine: EmbeddedEngine) -> None:
+    with pytest.raises(RequestRejected, match="context") as caught:
+        engine.validate("word " * 600, 1, params())
+    assert caught.value.code == "prompt_too_long"
+
+
+async def test_the_server_sends_the_engines_rejection_as_an_error_frame(engine: EmbeddedEngine) -> None:
+    server = BackendServer(engine, Limits(), port=0)
+    await server.start()  # the engine is loaded already: its start() returns at once
+    try:
+        async with connect(server.url) as ws:
+            frame = {"type": "generate", "id": "r1", "prompt": PROMPT, "n": 1, "params": {"max_tokens": 600}}
+            await ws.send(json.dumps(frame))
+            reply = json.loads(await ws.recv())
+            assert reply["type"] == "error"
+            assert reply["code"] == "max_tokens_out_of_range"
+            frame["params"] = {"max_tokens": 4, "seed": 2}
+            await ws.send(json.dumps(frame))
+            kinds = []
+            while "done" not in kinds:
+                kinds.append(json.loads(await ws.recv())["type"])
+            assert kinds[0] == "accepted" and "chunk" in kinds
+    finally:
+        server._server.close()  # the module's engine stays up for the other tests
+        await server._server.wait_closed()
+
+
+def test_the_model_loads_with_no_network_and_a_missing_model_is_explained(tmp_path: Path) -> None:
+    code = (
+        "import socket\n"
+        "def refuse(*a, **k): raise OSError('network used')\n"
+        "socket.socket.connect = refuse\n"
+        "socket.create_connection = refuse\n"
+        "from backend.engines.embedded import EmbeddedEngine\n"
+        "e = EmbeddedEngine(); e.load(); print('loaded', e.model); e.scheduler.stop()\n"
+    )
+    env = {k: v for k, v in os.environ.items() if not k.startswith("HF_")}
+    result = subprocess.run(
+        [sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True, text=True, timeout=170
+    )
+    assert result.returncode == 0, result.stderr
+    assert "loaded SmolLM2" in result.stdout
+    missing = subprocess.run(
+        [sys.executable, "-m", "backend", "--engine", "embedded", "--model", str(tmp_path / "nothing")],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert missing.returncode == 2
+    assert "Traceback" not in missing.stderr
+    assert "neither an HF-format folder nor a hub id" in missing.stderr
+
+
+def test_a_partly_written_or_truncated_copy_reads_as_incomplete(tmp_path: Path) -> None:
+    folder = tmp_path / "copy"
+    folder.mkdir()
+    (folder / "model.safetensors").write_bytes(b"x" * 100)
+    assert not is_complete(folder)  # no manifest: the writer died before the rename
+    (folder / "manifest.json").write_text(json.dumps({"sizes": {"model.safetensors": 100}}))
+    assert is_complete(folder)
+    (folder / "model.safetensors").write_bytes(b"x" * 10)
+    assert not is_complete(folder)
+    with pytest.raises(ModelFileError, match="corrupt"):
+        read_tensors(folder)
+
+
+def test_decode_params_need_a_seed() -> None:
+    with pytest.raises(ValueError, match="seed"):
+        EmbeddedEngine.decode_params(SamplingParams(max_tokens=4, temperature=1.0, top_p=1.0))
+    assert EmbeddedEngine.decode_params(params(), ignore_eos=True) == DecodeParams(
+        max_tokens=12, temperature=0.8, top_p=0.95, seed=5, ignore_eos=True
+    )
