@@ -46,10 +46,14 @@ class RequestState:
         frames: list[dict[str, Any]] = []
         if chunk.text or chunk.tokens:
             self.timers[index].on_chunk(now, chunk.tokens)
-            frames.append(chunk_frame(self.request_id, index, chunk.text, chunk.tokens))
+            frames.append(chunk_frame(self.request_id, index, chunk.text, chunk.tokens, now))
         if chunk.finish_reason is not None:
             reason = chunk.finish_reason if chunk.finish_reason in FINISH_REASONS else "error"
-            frames.append(self._finish(index, reason))
+            finish = self._finish(index, reason)
+            if chunk.meta:
+                # The engine's own figures (token counts, latency, an error message) for the UI.
+                finish["engine"] = dict(chunk.meta)
+            frames.append(finish)
         return frames
 
     def finish_unfinished(self) -> list[dict[str, Any]]:
