@@ -1,0 +1,157 @@
+"""The embedded engine against transformers `generate(num_return_sequences=n)`, same weights and dtype.
+
+For n = 1, 8, 32 and 64 new tokens per sample (end-of-turn ignored on both sides so every sample is
+that long): output tokens/s, time to first token, and peak memory above the idle process (RSS,
+sampled every 5 ms). While the engine runs, an asyncio heartbeat measures how late the event loop
+wakes (the engine steps on its own thread; this is the lag the backend's loop would see). Both
+sides run in this one process, one after the other, so a loaded machine slows both alike: read
+the ratios.
+
+Usage: python bench/embedded.py [--ns 1,8,32] [--tokens 64] [--threads 1]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import statistics
+import sys
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import psutil
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from backend.engines.embedded import EmbeddedEngine
+from backend.engines.embedded.scheduler import DecodeParams
+from backend.engines.embedded.weights import resolve_model
+
+PROMPT = "Write a short poem about the sea."
+HEARTBEAT_S = 0.005
+"""Interval of the loop-lag heartbeat."""
+
+
+class PeakMemory:
+    """Highest RSS above the level at entry, sampled on a thread."""
+
+    def __init__(self) -> None:
+        self.process = psutil.Process()
+        self.peak = 0
+
+    def __enter__(self) -> PeakMemory:
+        self.base = self.process.memory_info().rss
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._sample, daemon=True)
+        self._thread.start()
+        return self
+
+    def _sample(self) -> None:
+        while not self._stop.wait(0.005):
+            self.peak = max(self.peak, self.process.memory_info().rss - self.base)
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join()
+        self.peak = max(self.peak, self.process.memory_info().rss - self.base)
+
+
+async def run_engine(engine: EmbeddedEngine, ids: list[int], n: int, tokens: int) -> dict[str, float]:
+    loop = asyncio.get_running_loop()
+    lags: list[float] = []
+    done = asyncio.Event()
+
+    async def heartbeat() -> None:
+        while not done.is_set():
+            due = loop.time() + HEARTBEAT_S
+            await asyncio.sleep(HEARTBEAT_S)
+            lags.append(max(0.0, loop.time() - due))
+
+    beat = asyncio.create_task(heartbeat())
+    with PeakMemory() as memory:
+        start = time.perf_counter()
+        generation = engine.submit(ids, n, DecodeParams(tokens, 0.8, 0.95, seed=1, ignore_eos=True))
+        first = None
+        count = 0
+        async for chunk in generation:
+            count += chunk.tokens
+            if first is None and chunk.tokens:
+                first = time.perf_counter() - start
+        elapsed = time.perf_counter() - start
+    done.set()
+    await beat
+    return {
+        "tok_s": count / elapsed,
+        "ttft_ms": 1000 * (first or 0.0),
+        "mem_mb": memory.peak / 2**20,
+        "lag_p50_ms": 1000 * statistics.median(lags),
+        "lag_max_ms": 1000 * max(lags),
+    }
+
+
+def run_generate(model: object, ids: list[int], n: int, tokens: int) -> dict[str, float]:
+    input_ids = torch.tensor([ids])
+
+    def generate(new: int) -> Callable[[], object]:
+        return lambda: model.generate(  # type: ignore[attr-defined]
+            input_ids,
+            do_sample=True,
+            temperature=0.8,
+            top_p=0.95,
+            top_k=0,
+            num_return_sequences=n,
+            max_new_tokens=new,
+            min_new_tokens=new,
+        )
+
+    with torch.inference_mode():
+        start = time.perf_counter()
+        generate(1)()
+        ttft = time.perf_counter() - start
+        with PeakMemory() as memory:
+            start = time.perf_counter()
+            out = generate(tokens)()
+            elapsed = time.perf_counter() - start
+    count = (out.shape[1] - len(ids)) * n
+    return {"tok_s": count / elapsed, "ttft_ms": 1000 * ttft, "mem_mb": memory.peak / 2**20}
+
+
+async def main() -> None:
+    formatter = argparse.RawDescriptionHelpFormatter
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=formatter)
+    parser.add_argument("--ns", default="1,8,32")
+    parser.add_argument("--tokens", type=int, default=64)
+    parser.add_argument("--threads", type=int, default=1)
+    args = parser.parse_args()
+    engine = EmbeddedEngine(threads=args.threads)
+    engine.load()
+    from transformers import AutoModelForCausalLM
+
+    reference = AutoModelForCausalLM.from_pretrained(resolve_model().path, dtype=engine.dtype)
+    reference.generation_config.pad_token_id = engine.tokenizer.eos_token_id
+    ids = engine.prompt_ids(PROMPT)
+    print(f"{engine.model}; prompt {len(ids)} tokens (chat template), {args.tokens} new tokens per sample")
+    await run_engine(engine, ids, 2, 4)  # warm-up: first-call allocations
+    print(
+        f"{'n':>3} {'engine tok/s':>12} {'generate tok/s':>14} {'ratio':>6} {'engine TTFT':>11} "
+        f"{'generate TTFT':>13} {'engine MB':>9} {'generate MB':>11} {'loop lag p50/max ms':>20}"
+    )
+    for n in (int(x) for x in args.ns.split(",")):
+        ours = await run_engine(engine, ids, n, args.tokens)
+        theirs = run_generate(reference, ids, n, args.tokens)
+        ratio = ours["tok_s"] / theirs["tok_s"]
+        print(
+            f"{n:>3} {ours['tok_s']:>12.1f} {theirs['tok_s']:>14.1f} {ratio:>5.2f}x "
+            f"{ours['ttft_ms']:>9.0f}ms {theirs['ttft_ms']:>11.0f}ms {ours['mem_mb']:>9.0f} "
+            f"{theirs['mem_mb']:>11.0f} {ours['lag_p50_ms']:>9.2f}/{ours['lag_max_ms']:.1f}",
+            flush=True,
+        )
+    assert engine.scheduler is not None
+    engine.scheduler.stop()
+
+
+if __name__ == "__main__":
+    asyncio.run(main())
