@@ -5,7 +5,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 TORCH := $(shell grep '^torch==' requirements.txt)
 
-.PHONY: run test lint bench screenshot chromium clean
+.PHONY: run test test-engines lint bench screenshot chromium clean
 
 run: $(VENV)/.runtime  ## the dashboard on http://127.0.0.1:7860 (ARGS="--engine synthetic ...")
 	$(PY) app.py $(ARGS)
@@ -14,6 +14,10 @@ test: $(VENV)/.dev chromium  ## lint, then every test (the browser ones included
 	$(PY) -m ruff check .
 	$(PY) -m ruff format --check .
 	$(PY) -m pytest $(PYTEST_ARGS)
+
+test-engines: $(VENV)/.dev  ## the sglang/openai engines against real SGLang and vLLM servers on this CPU
+	scripts/prepare-engine-envs.sh
+	DASHBOARD_REAL_ENGINES=1 $(PY) -m pytest --timeout 900 tests/test_engines_real.py $(PYTEST_ARGS)
 
 lint: $(VENV)/.dev
 	$(PY) -m ruff check .

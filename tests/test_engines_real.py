@@ -1,0 +1,319 @@
+"""The sglang and openai engines through the backend websocket, against real SGLang and vLLM servers.
+
+The servers run on this CPU from the environments `scripts/prepare-engine-envs.sh` caches outside
+the repo (SGLang 0.5.23 with import-only stand-ins for its CUDA packages, vLLM's CPU build), both on
+SmolLM2-135M-Instruct converted from the GGUF. `make test-engines` prepares them and runs this file
+with DASHBOARD_REAL_ENGINES=1; without it (plain `make test`) these tests skip, saying so.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import re
+import subprocess
+import time
+import urllib.request
+from collections.abc import AsyncIterator, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+from websockets.asyncio.client import ClientConnection, connect
+
+from backend.engine import Engine
+from backend.engines.http_stream import HTTPEngine
+from backend.engines.openai import OpenAIEngine
+from backend.engines.sglang import SGLangEngine
+from backend.engines.sglang_launch import SGLangServerProcess, free_port
+from backend.server import BackendServer
+from tests.harness import ROOT
+
+pytestmark = pytest.mark.skipif(
+    os.environ.get("DASHBOARD_REAL_ENGINES") != "1",
+    reason="real SGLang/vLLM servers: run `make test-engines` (prepares them, sets DASHBOARD_REAL_ENGINES=1)",
+)
+
+CACHE = Path(os.environ.get("DASHBOARD_CACHE", Path.home() / ".cache" / "parallel-sampling-dashboard"))
+MODEL = CACHE / "models" / "SmolLM2-135M-Instruct"
+SERVED_NAME = "smollm2"
+SERVER_START_S = 600.0
+"""A cold server start on 2 shared cores: SGLang ~1 min, vLLM a few minutes."""
+FRAME_TIMEOUT_S = 120.0
+"""Longest wait for one websocket frame while a CPU server generates."""
+METRICS_SETTLE_S = 15.0
+"""How long the server may take to count an abort in /metrics."""
+LONG = 400
+"""max_tokens of samples that must still be running when they are stopped."""
+
+
+def cpu_env() -> dict[str, str]:
+    return {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
+
+
+def wait_health(url: str, process: subprocess.Popen[bytes]) -> None:
+    deadline = time.monotonic() + SERVER_START_S
+    while time.monotonic() < deadline:
+        assert process.poll() is None, f"the server exited with {process.returncode}"
+        try:
+            with urllib.request.urlopen(url + "/health", timeout=5) as response:
+                if response.status == 200:
+                    return
+        except OSError:
+            pass
+        time.sleep(1)
+    raise TimeoutError(f"{url} did not become healthy")
+
+
+def metrics(url: str) -> dict[str, float]:
+    """The server's Prometheus /metrics, summed per metric name over labels."""
+    with urllib.request.urlopen(url + "/metrics", timeout=10) as response:
+        text = response.read().decode()
+    totals: dict[str, float] = {}
+    for line in text.splitlines():
+        match = re.match(r"^([a-zA-Z_:][\w:]*)(\{[^}]*\})?\s+([-+0-9.eE]+|NaN)$", line)
+        if match and match.group(3) != "NaN":
+            name = match.group(1)
+            if 'finished_reason="abort"' in (match.group(2) or ""):
+                name += ":abort"
+            totals[name] = totals.get(name, 0.0) + float(match.group(3))
+    return totals
+
+
+@dataclass
+class RealServer:
+    """A running server and how to read its load from /metrics."""
+
+    kind: str
+    url: str
+    running_metric: str
+    aborted_metric: str
+
+    def make_engine(self) -> HTTPEngine:
+        return SGLangEngine(self.url) if self.kind == "sglang" else OpenAIEngine(self.url, SERVED_NAME)
+
+    def running(self) -> float:
+        return metrics(self.url).get(self.running_metric, 0.0)
+
+    def aborted(self) -> float:
+        return metrics(self.url).get(self.aborted_metric, 0.0)
+
+
+@pytest.fixture(scope="module")
+def sglang_server() -> Iterator[RealServer]:
+    python = CACHE / "envs" / "sglang" / "bin" / "python"
+    assert python.exists() and MODEL.exists(), "run scripts/prepare-engine-envs.sh first"
+    server = SGLangServerProcess(
+        str(MODEL),
+        python=str(python),
+        extra_args=[
+            "--device",
+            "cpu",
+            "--attention-backend",
+            "torch_native",
+            "--max-total-tokens",
+            "65536",
+            "--served-model-name",
+            SERVED_NAME,
+            "--enable-metrics",
+            "--context-length",
+            "2048",
+        ],
+        env={
+            "SGLANG_USE_CPU_ENGINE": "1",
+            "OMP_NUM_THREADS": "1",
+            "PYTHONPATH": str(ROOT / "tests" / "support"),
+        },
+        log_path=CACHE / "sglang-test-server.log",
+    )
+    server.start(SERVER_START_S)
+    try:
+        yield RealServer("sglang", server.url, "sglang:num_running_reqs", "sglang:num_aborted_requests_total")
+    finally:
+        server.stop()
+
+
+@pytest.fixture(scope="module")
+def vllm_server() -> Iterator[RealServer]:
+    python = CACHE / "envs" / "vllm" / "bin" / "python"
+    assert python.exists() and MODEL.exists(), "run scripts/prepare-engine-envs.sh first"
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    command = [
+        str(python), "-m", "vllm.entrypoints.openai.api_server", "--model", str(MODEL),
+        "--served-model-name", SERVED_NAME, "--host", "127.0.0.1", "--port", str(port),
+        "--max-model-len", "2048", "--dtype", "bfloat16",
+    ]  # fmt: skip
+    env = {**cpu_env(), "VLLM_CPU_KVCACHE_SPACE": "1"}
+    with open(CACHE / "vllm-test-server.log", "ab") as log:
+        process = subprocess.Popen(
+            command, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True
+        )
+    try:
+        wait_health(url, process)
+        yield RealServer("vllm", url, "vllm:num_requests_running", "vllm:request_success_total:abort")
+    finally:
+        process.terminate()
+        try:
+            process.wait(30)
+        except subprocess.TimeoutExpired:
+            process.kill()
+
+
+@pytest.fixture(params=["sglang", "vllm"])
+def real_server(request: pytest.FixtureRequest) -> RealServer:
+    return request.getfixturevalue(f"{request.param}_server")
+
+
+@pytest.fixture
+async def backend(real_server: RealServer) -> AsyncIterator[tuple[BackendServer, RealServer]]:
+    server = BackendServer(real_server.make_engine(), port=0)
+    await server.start()
+    try:
+        yield server, real_server
+    finally:
+        await server.close()
+
+
+async def recv(ws: ClientConnection) -> dict[str, Any]:
+    return json.loads(await asyncio.wait_for(ws.recv(), FRAME_TIMEOUT_S))
+
+
+async def run_request(ws: ClientConnection, rid: str, on_frame: Any = None) -> dict[str, Any]:
+    """Collect one request's frames until its done: texts, finishes, errors."""
+    texts: dict[int, str] = {}
+    finishes: dict[int, dict[str, Any]] = {}
+    errors: list[dict[str, Any]] = []
+    while True:
+        frame = await recv(ws)
+        if frame.get("id") != rid:
+            continue
+        if frame["type"] == "chunk":
+            texts[frame["index"]] = texts.get(frame["index"], "") + frame["text"]
+        elif frame["type"] == "finish":
+            assert frame["index"] not in finishes, "one finish per index"
+            finishes[frame["index"]] = frame
+        elif frame["type"] == "error":
+            errors.append(frame)
+        elif frame["type"] == "done":
+            return {"texts": texts, "finishes": finishes, "errors": errors, "done": frame}
+        if on_frame is not None:
+            await on_frame(frame, texts)
+
+
+def generate(rid: str, n: int, max_tokens: int, prompt: str = "Once upon a time") -> str:
+    frame = {"type": "generate", "id": rid, "prompt": prompt, "n": n}
+    frame["params"] = {"max_tokens": max_tokens, "temperature": 0.8, "top_p": 0.95}
+    return json.dumps(frame)
+
+
+async def settle(server: RealServer, aborted_before: float, expected: int) -> tuple[float, float]:
+    """Wait until the server runs nothing and counted `expected` more aborts; the last reading."""
+    deadline = time.monotonic() + METRICS_SETTLE_S
+    while True:
+        running, aborted = server.running(), server.aborted() - aborted_before
+        if (running == 0 and aborted >= expected) or time.monotonic() > deadline:
+            return running, aborted
+        await asyncio.sleep(0.5)
+
+
+async def test_n4_streams_every_sample(backend: tuple[BackendServer, RealServer]) -> None:
+    server, _ = backend
+    async with connect(server.url) as ws:
+        await ws.send(generate("r1", 4, 16))
+        accepted = await recv(ws)
+        assert accepted["type"] == "accepted" and accepted["model"] == SERVED_NAME
+        result = await run_request(ws, "r1")
+    assert sorted(result["finishes"]) == [0, 1, 2, 3]
+    assert {f["reason"] for f in result["finishes"].values()} <= {"stop", "length"}
+    assert all(result["texts"].get(i) for i in range(4)), result["texts"]
+    assert len(set(result["texts"].values())) > 1, "the samples should differ"
+    assert not result["errors"]
+
+
+async def test_stop_one_sample(backend: tuple[BackendServer, RealServer]) -> None:
+    server, _ = backend
+
+    async def stop_sample_1(frame: dict[str, Any], texts: dict[int, str]) -> None:
+        if frame["type"] == "chunk" and frame["index"] == 1 and not stopped:
+            stopped.append(True)
+            await ws.send(json.dumps({"type": "cancel", "id": "r2", "index": 1}))
+
+    stopped: list[bool] = []
+    async with connect(server.url) as ws:
+        await ws.send(generate("r2", 3, 48))
+        result = await run_request(ws, "r2", stop_sample_1)
+    reasons = {i: f["reason"] for i, f in result["finishes"].items()}
+    assert reasons[1] == "abort"
+    assert reasons[0] in ("stop", "length") and reasons[2] in ("stop", "length")
+
+
+async def test_cancel_all_aborts_on_the_server(backend: tuple[BackendServer, RealServer]) -> None:
+    server, real = backend
+    before = real.aborted()
+
+    async def cancel_after_some(frame: dict[str, Any], texts: dict[int, str]) -> None:
+        if frame["type"] == "chunk" and sum(len(t) for t in texts.values()) > 20 and not sent:
+            sent.append(True)
+            await ws.send(json.dumps({"type": "cancel", "id": "r3"}))
+
+    sent: list[bool] = []
+    async with connect(server.url) as ws:
+        await ws.send(generate("r3", 4, LONG))
+        result = await run_request(ws, "r3", cancel_after_some)
+    assert {f["reason"] for f in result["finishes"].values()} == {"abort"}
+    running, aborted = await settle(real, before, 4 if real.kind == "sglang" else 1)
+    assert running == 0
+    assert aborted >= (4 if real.kind == "sglang" else 1)
+
+
+async def test_client_disconnect_aborts_on_the_server(backend: tuple[BackendServer, RealServer]) -> None:
+    server, real = backend
+    before = real.aborted()
+    async with connect(server.url) as ws:
+        await ws.send(generate("r4", 4, LONG))
+        chunks = 0
+        while chunks < 8:
+            chunks += (await recv(ws))["type"] == "chunk"
+        assert real.running() > 0
+    running, aborted = await settle(real, before, 4 if real.kind == "sglang" else 1)
+    assert running == 0
+    assert aborted >= (4 if real.kind == "sglang" else 1)
+
+
+async def test_engine_error_becomes_error_finishes(backend: tuple[BackendServer, RealServer]) -> None:
+    server, _ = backend
+    async with connect(server.url) as ws:
+        await ws.send(generate("r5", 2, 4000))  # past the 2048-token context
+        result = await run_request(ws, "r5")
+    assert {f["reason"] for f in result["finishes"].values()} == {"error"}
+    said = json.dumps(result["errors"]) + json.dumps(result["finishes"])
+    assert re.search(r"context|max_tokens|maximum", said), said
+
+
+async def test_unreachable_server_is_reported_and_recovers(real_server: RealServer) -> None:
+    port = free_port()
+    engine: Engine = (
+        SGLangEngine(f"http://127.0.0.1:{port}")
+        if real_server.kind == "sglang"
+        else OpenAIEngine(f"http://127.0.0.1:{port}", SERVED_NAME)
+    )
+    server = BackendServer(engine, port=0)
+    await server.start()
+    try:
+        assert "unreachable" in engine.model and server.health()["server_ok"] is False
+        async with connect(server.url) as ws:
+            await ws.send(generate("r6", 2, 8))
+            result = await run_request(ws, "r6")
+        assert {f["reason"] for f in result["finishes"].values()} == {"error"}
+        assert result["errors"] and "unreachable" in result["errors"][0]["message"]
+        # The server comes back at that address: the engine notices without a restart.
+        assert isinstance(engine, HTTPEngine)
+        await engine.client.aclose()
+        engine.url, engine._client = real_server.url, None  # the next call connects to the new address
+        assert await engine.check()
+        assert engine.model == SERVED_NAME and server.health()["server_ok"] is True
+    finally:
+        await server.close()
