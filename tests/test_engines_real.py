@@ -317,3 +317,31 @@ async def test_unreachable_server_is_reported_and_recovers(real_server: RealServ
         assert engine.model == SERVED_NAME and server.health()["server_ok"] is True
     finally:
         await server.close()
+
+
+def test_sglang_engine_in_process() -> None:
+    """The sglang-engine path: SGLang's Engine in the driver's own process, on this CPU."""
+    python = CACHE / "envs" / "sglang" / "bin" / "python"
+    assert python.exists() and MODEL.exists(), "run scripts/prepare-engine-envs.sh first"
+    env = {
+        **cpu_env(),
+        "SGLANG_USE_CPU_ENGINE": "1",
+        "PYTHONPATH": f"{ROOT}:{ROOT / 'tests' / 'support'}",
+    }
+    driver = ROOT / "tests" / "support" / "sglang_engine_driver.py"
+    done = subprocess.run(
+        [str(python), str(driver), str(MODEL)],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=SERVER_START_S,
+    )
+    lines = [line for line in done.stdout.splitlines() if line.startswith("REPORT ")]
+    assert done.returncode == 0 and lines, done.stdout[-2000:] + done.stderr[-4000:]
+    report = json.loads(lines[-1].removeprefix("REPORT "))
+    assert sorted(report["n4"]["reasons"]) == ["0", "1", "2", "3"]
+    assert all(report["n4"]["texts"]), report["n4"]
+    assert report["stop_one"]["1"] == "abort"
+    assert report["stop_one"]["0"] in ("stop", "length") and report["stop_one"]["2"] in ("stop", "length")
+    assert "context length" in json.dumps(report["error"])
+    assert report["running_after"] == 0

@@ -1,0 +1,64 @@
+"""Drive the `sglang-engine` engine (SGLang in-process) on this CPU and print what happened as JSON.
+
+Run with the SGLang environment's Python (it has `sglang`), the repo and tests/support on
+PYTHONPATH, and SGLANG_USE_CPU_ENGINE=1; tests/test_engines_real.py does that and checks the output.
+Usage: python tests/support/sglang_engine_driver.py MODEL_DIR
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import sys
+from typing import Any
+
+from backend.engine import SamplingParams
+from backend.engines.sglang_engine import SGLangInProcessEngine
+
+CPU_ENGINE_ARGS = {
+    "device": "cpu",
+    "attention_backend": "torch_native",
+    "max_total_tokens": 65536,
+    "context_length": 2048,
+    "log_level": "warning",
+}
+"""SGLang's settings for this CPU (see DESIGN.md)."""
+
+
+async def run(model: str) -> dict[str, Any]:
+    """n=4 to the end, then n=3 with sample 1 stopped after its first chunk, then an engine error."""
+    engine = SGLangInProcessEngine(model, **CPU_ENGINE_ARGS)
+    await engine.start()
+    report: dict[str, Any] = {"model": engine.model}
+    try:
+        texts, reasons = ["", "", "", ""], {}
+        async for chunk in engine.generate("Once upon a time", 4, SamplingParams(16, 0.8, 0.95, 1)):
+            texts[chunk.index] += chunk.text
+            if chunk.finish_reason:
+                reasons[chunk.index] = chunk.finish_reason
+        report["n4"] = {"texts": texts, "reasons": reasons}
+
+        generation = engine.generate("Once upon a time", 3, SamplingParams(64, 0.8, 0.95, 1))
+        reasons = {}
+        async for chunk in generation:
+            if chunk.index == 1 and not reasons.get("stop_sent"):
+                reasons["stop_sent"] = True
+                await generation.abort(1)
+            if chunk.finish_reason:
+                reasons[chunk.index] = chunk.finish_reason
+        await generation.aclose()
+        report["stop_one"] = reasons
+
+        generation = engine.generate("Once upon a time", 2, SamplingParams(4000, 0.8, 0.95, 1))
+        try:
+            report["error"] = [[c.finish_reason, dict(c.meta)] async for c in generation if c.finish_reason]
+        except RuntimeError as exc:
+            report["error"] = str(exc)
+        report["running_after"] = engine.health()["running_samples"]
+    finally:
+        await engine.stop()
+    return report
+
+
+if __name__ == "__main__":
+    print("REPORT " + json.dumps(asyncio.run(run(sys.argv[1]))), flush=True)
