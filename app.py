@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import logging
 import os
+import secrets
 import sys
 
 from backend.cli import (
@@ -19,6 +20,7 @@ from backend.cli import (
     limits_from_args,
 )
 from backend.process import BackendProcess
+from backend.server_cli import add_server_arguments
 
 DEFAULT_UI_PORT = 7860
 
@@ -46,18 +48,19 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="port of the websocket backend, 0 for any free one (env DASHBOARD_BACKEND_PORT; "
         "default %(default)s)",
     )
-    parser.add_argument(
-        "--no-trace",
-        action="store_true",
-        default=env("DASHBOARD_NO_TRACE", "") == "1",
-        help="do not trace the backend's event loop (env DASHBOARD_NO_TRACE=1)",
-    )
+    add_server_arguments(parser)
     parser.add_argument(
         "--backend-url",
         default=env("DASHBOARD_BACKEND_URL", ""),
         help="use the backend at this ws:// URL instead of starting one (env DASHBOARD_BACKEND_URL)",
     )
     return parser.parse_args(argv)
+
+
+def page_origins(host: str, port: int) -> list[str]:
+    """The origins this page is served from, allowed by the backend's Origin check."""
+    hosts = {host, "127.0.0.1", "localhost"} if host in ("127.0.0.1", "0.0.0.0", "localhost") else {host}
+    return sorted(f"http://{h}:{port}" for h in hosts if h != "0.0.0.0")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -69,6 +72,9 @@ def main(argv: list[str] | None = None) -> int:
         backend: BackendProcess | None = None
         backend_url = args.backend_url
         if not backend_url:
+            # A backend of our own gets a token of our own: other local processes cannot use it.
+            args.token = args.token or secrets.token_urlsafe(24)
+            args.allowed_origin = [*(args.allowed_origin or ()), *page_origins(args.host, args.port)]
             # The backend listens on loopback only: the page is its one client here.
             backend = BackendProcess(args, "127.0.0.1", args.backend_port)
             backend_url = backend.start_and_wait()
@@ -80,7 +86,7 @@ def main(argv: list[str] | None = None) -> int:
     os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")
     from ui.app import CSS, build_demo  # imported late: Gradio takes seconds to import
 
-    demo = build_demo(backend_url, n_max=limits.n_max, max_tokens_max=limits.max_tokens_max)
+    demo = build_demo(backend_url, n_max=limits.n_max, max_tokens_max=limits.max_tokens_max, token=args.token)
     print(f"backend: {backend_url}", flush=True)
     try:
         demo.launch(server_name=args.host, server_port=args.port, show_error=True, css=CSS)

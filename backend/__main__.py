@@ -8,8 +8,8 @@ import contextlib
 import logging
 import sys
 
-from backend.cli import DEFAULT_BACKEND_PORT, add_engine_arguments, engine_from_args, env, limits_from_args
-from backend.server import BackendServer
+from backend.cli import DEFAULT_BACKEND_PORT, add_engine_arguments, env
+from backend.server_cli import add_server_arguments, server_from_args
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -25,18 +25,11 @@ def main(argv: list[str] | None = None) -> int:
         default=int(env("DASHBOARD_BACKEND_PORT", str(DEFAULT_BACKEND_PORT))),
         help="port to bind, 0 for any free one (env DASHBOARD_BACKEND_PORT; default %(default)s)",
     )
-    parser.add_argument(
-        "--no-trace",
-        action="store_true",
-        default=env("DASHBOARD_NO_TRACE", "") == "1",
-        help="do not trace the event loop (env DASHBOARD_NO_TRACE=1)",
-    )
+    add_server_arguments(parser)
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     try:
-        server = BackendServer(
-            engine_from_args(args), limits_from_args(args), args.host, args.port, trace=not args.no_trace
-        )
+        server = server_from_args(args, args.host, args.port)
         with contextlib.suppress(KeyboardInterrupt):
             asyncio.run(server.serve_forever())
     except (ValueError, OSError) as exc:

@@ -24,20 +24,13 @@ def _serve(args: argparse.Namespace, host: str, port: int, ready: Connection) ->
     """Child process: build, start, report the URL, serve until SIGTERM."""
     import logging
 
-    from backend.cli import engine_from_args, limits_from_args
-    from backend.server import BackendServer
+    from backend.server_cli import server_from_args
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
 
     async def main() -> None:
         try:
-            server = BackendServer(
-                engine_from_args(args),
-                limits_from_args(args),
-                host,
-                port,
-                trace=not getattr(args, "no_trace", False),
-            )
+            server = server_from_args(args, host, port)
             await server.start()
         except Exception as exc:  # noqa: BLE001 - reported to the parent, which says it plainly
             ready.send(("error", str(exc) or type(exc).__name__))

@@ -104,6 +104,8 @@ def parse_client_frame(data: str | bytes, limits: Limits) -> ClientCommand:
         frame = json.loads(data, parse_constant=_reject_constant)
     except ValueError as exc:
         raise ProtocolError("bad_json", f"frame is not valid JSON: {exc}") from None
+    except RecursionError:
+        raise ProtocolError("bad_json", "frame is nested too deeply to parse") from None
     if not isinstance(frame, dict):
         raise ProtocolError("bad_frame", 'frame must be a JSON object with a "type" field')
     request_id = frame.get("id") if isinstance(frame.get("id"), str) else None
@@ -270,9 +272,18 @@ def accepted_frame(
     }
 
 
-def chunk_frame(request_id: str, index: int, text: str, tokens: int) -> dict[str, Any]:
-    """New text of sample `index`; `tokens` counts the tokens in `text` (frames may coalesce)."""
-    return {"type": "chunk", "id": request_id, "index": index, "text": text, "tokens": tokens}
+def chunk_frame(
+    request_id: str, index: int, text: str, tokens: int, at: float | None = None
+) -> dict[str, Any]:
+    """New text of sample `index`; `tokens` counts the tokens in `text` (frames may coalesce).
+
+    `at` is when the server got the (first) chunk from the engine, in seconds of the host's
+    monotonic clock, so a client on the same host can measure the delivery latency.
+    """
+    frame = {"type": "chunk", "id": request_id, "index": index, "text": text, "tokens": tokens}
+    if at is not None:
+        frame["at"] = round(at, 6)
+    return frame
 
 
 def finish_frame(request_id: str, index: int, reason: str, stats: dict[str, Any]) -> dict[str, Any]:

@@ -10,6 +10,7 @@ by `LoopTracer`. `GET /health` reports the engine's load and the tracer's cost.
 from __future__ import annotations
 
 import asyncio
+import hmac
 import itertools
 import logging
 import random
@@ -26,6 +27,7 @@ from websockets.datastructures import Headers
 from websockets.exceptions import ConnectionClosed
 from websockets.http11 import Request, Response
 
+from backend.admission import Admission, client_address
 from backend.engine import Engine, Generation, RequestRejected
 from backend.fanout import FanoutGeneration
 from backend.outbox import Outbox
@@ -86,12 +88,18 @@ class ClientSession:
         limits: Limits,
         label: str = "c0",
         tracer: LoopTracer | None = None,
+        admission: Admission | None = None,
+        address: str = "",
+        log_prompts: bool = False,
     ) -> None:
         self.ws = ws
         self.engine = engine
         self.limits = limits
         self.label = label
         self.tracer = tracer
+        self.admission = admission or Admission(limits)
+        self.address = address
+        self.log_prompts = log_prompts
         self.requests: dict[str, RunningRequest] = {}
         self.outbox = Outbox()
         self.windows: OrderedDict[str, tuple[int, int]] = OrderedDict()
@@ -169,6 +177,8 @@ class ClientSession:
             self.engine.validate(command.prompt, command.n, params)
         except RequestRejected as exc:
             raise ProtocolError(exc.code, str(exc), command.id) from None
+        loop = asyncio.get_running_loop()
+        self.admission.start_request(self.address, command.n, loop.time(), command.id)
         try:
             if command.fanout == "requests":
                 label = f"{command.id} @{self.label}"
@@ -178,9 +188,13 @@ class ClientSession:
             else:
                 generation = self.engine.generate(command.prompt, command.n, params)
         except Exception as exc:
+            self.admission.end_request(command.n)
             log.exception("engine refused request %s", command.id)
             raise ProtocolError("engine_error", f"the engine could not start: {exc}", command.id) from None
-        loop = asyncio.get_running_loop()
+        if self.log_prompts:
+            log.info(
+                "request %s from %s: n=%d prompt=%r", command.id, self.address, command.n, command.prompt
+            )
         if self.tracer is not None and not self.requests:
             self._trace_cursor = self.tracer.recorded  # a new burst of activity: trace from here
         state = RequestState(command.id, command.n, params, loop.time())
@@ -228,6 +242,7 @@ class ClientSession:
                     self._flush_trace()  # the last of the trace goes before `done`
                 self.send(state.done(loop.time()))
                 del self.requests[state.request_id]
+                self.admission.end_request(state.n)
 
     def _cancel(self, command: CancelCommand) -> None:
         running = self.requests.get(command.id)
@@ -288,8 +303,17 @@ class ClientSession:
                 self._wake.clear()
                 for frame in self.outbox.drain():
                     text = encode(frame)
-                    # Awaiting the socket here lets chunks merge in the outbox meanwhile.
-                    await self.ws.send(text)
+                    # Awaiting the socket here lets chunks merge in the outbox meanwhile; a client
+                    # that takes nothing for `send_stall_s` is dropped (its requests then abort).
+                    try:
+                        async with asyncio.timeout(self.limits.send_stall_s):
+                            await self.ws.send(text)
+                    except TimeoutError:
+                        log.warning(
+                            "dropping %s: it read nothing for %g s", self.label, self.limits.send_stall_s
+                        )
+                        self.ws.transport.abort()
+                        return
                     if tracer is not None:
                         tracer.frame(self.label, frame["type"], len(text))
         except ConnectionClosed:
@@ -319,6 +343,9 @@ class BackendServer:
         host: str = "127.0.0.1",
         port: int = 8765,
         trace: bool = True,
+        allowed_origins: tuple[str, ...] = (),
+        token: str | None = None,
+        log_prompts: bool = False,
     ) -> None:
         self.engine = engine
         self.limits = limits or Limits()
@@ -326,6 +353,10 @@ class BackendServer:
         self.port = port
         self.sessions: set[ClientSession] = set()
         self.tracer = LoopTracer() if trace else None
+        self.admission = Admission(self.limits)
+        self.allowed_origins = allowed_origins
+        self.token = token
+        self.log_prompts = log_prompts
         self._server: Server | None = None
         self._labels = itertools.count(1)
 
@@ -340,6 +371,9 @@ class BackendServer:
             self.port,
             process_request=self._process_request,
             max_size=WS_MAX_MESSAGE_BYTES,
+            # Browsers send Origin: only the listed pages may connect; clients without one (the
+            # Gradio app's server side, scripts) may. This stops other sites' pages hijacking it.
+            origins=[None, *self.allowed_origins],
         )
         self.port = self._server.sockets[0].getsockname()[1]
         log.info("serving %s engine (%s) at %s", self.engine.name, self.engine.model, self.url)
@@ -389,14 +423,32 @@ class BackendServer:
         sock = ws.transport.get_extra_info("socket")
         if sock is not None:
             sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, SEND_BUFFER_BYTES)
-        session = ClientSession(ws, self.engine, self.limits, f"c{next(self._labels)}", self.tracer)
+        peer = str(ws.remote_address[0]) if ws.remote_address else ""
+        address = client_address(peer, ws.request.headers.get("X-Forwarded-For") if ws.request else None)
+        refusal = self.admission.connect(address)
+        if refusal is not None:
+            log.warning("refusing a connection from %s: %s", address, refusal)
+            await ws.send(encode(error_frame("too_many_connections", refusal)))
+            await ws.close(1008, "too many connections")
+            return
+        session = ClientSession(
+            ws,
+            self.engine,
+            self.limits,
+            f"c{next(self._labels)}",
+            self.tracer,
+            self.admission,
+            address,
+            self.log_prompts,
+        )
         self.sessions.add(session)
-        log.info("client connected from %s", ws.remote_address)
+        log.info("client %s connected from %s", session.label, address)
         try:
             await session.serve()
         finally:
             self.sessions.discard(session)
-            log.info("client %s left", ws.remote_address)
+            self.admission.disconnect(address)
+            log.info("client %s left", session.label)
 
     def _process_request(self, connection: ServerConnection, request: Request) -> Response | None:
         path = urlsplit(request.path).path
@@ -404,7 +456,17 @@ class BackendServer:
             return _json_response(HTTPStatus.OK, self.health())
         if path != WS_PATH:
             return connection.respond(HTTPStatus.NOT_FOUND, f"the websocket endpoint is {WS_PATH}\n")
+        if self.token is not None and not self._authorised(request):
+            return connection.respond(
+                HTTPStatus.UNAUTHORIZED, "this backend needs its token: Authorization: Bearer <token>\n"
+            )
         return None
+
+    def _authorised(self, request: Request) -> bool:
+        assert self.token is not None
+        header = request.headers.get("Authorization", "")
+        given = header.removeprefix("Bearer ").strip() if header.startswith("Bearer ") else ""
+        return hmac.compare_digest(given.encode(), self.token.encode())
 
 
 def _json_response(status: HTTPStatus, body: dict[str, Any]) -> Response:

@@ -47,3 +47,15 @@ class Limits:
 
     max_id_chars: int = 128
     """Length of a client's request id: ids are echoed in every frame, so they stay small."""
+
+    max_total_samples: int = 256
+    """Samples running at once over all connections: bounds the engine's total work."""
+
+    max_connections_per_address: int = 16
+    """Open connections from one address: one client cannot exhaust sockets and tasks."""
+
+    requests_per_minute: int = 120
+    """Requests one address may start in a minute: bounds a flood of short requests."""
+
+    send_stall_s: float = 15.0
+    """A client whose socket takes nothing for this long is dropped and its requests aborted."""

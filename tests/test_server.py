@@ -15,6 +15,7 @@ from typing import Any
 import pytest
 from websockets.asyncio.client import ClientConnection, connect
 
+from backend.engine import Generation
 from backend.engines.synthetic import SyntheticEngine, synthetic_tokens
 from backend.server import BackendServer
 from backend.settings import Limits
@@ -345,14 +346,11 @@ def test_python_m_backend_rejects_bad_settings() -> None:
     assert "--rate must be > 0" in result.stderr
 
 
-class FailingGeneration:
+class FailingGeneration(Generation):
     """Wraps a real synthetic generation and raises after `after` chunks, as a crashing engine would."""
 
     def __init__(self, inner: Any, after: int) -> None:
         self.inner, self.left = inner, after
-
-    def __aiter__(self) -> FailingGeneration:
-        return self
 
     async def __anext__(self) -> Any:
         if self.left == 0:

@@ -83,7 +83,7 @@ async def test_cancel_one_then_all(backend_url: str) -> None:
 
 async def test_unreachable_backend_and_refused_request(backend_url: str) -> None:
     dead = f"ws://127.0.0.1:{free_port()}/ws"
-    with pytest.raises(BackendError, match=f"cannot reach the backend at {dead}"):
+    with pytest.raises(BackendError, match="the backend is unreachable"):
         await BackendRun(dead).start("Hello", 1, {})
     with pytest.raises(BackendError, match="n must be between 1 and 32"):
         await BackendRun(backend_url).start("Hello", 99, {})

@@ -88,8 +88,10 @@ def _session(request: gr.Request | None) -> str:
     return (request.session_hash if request is not None else None) or "anonymous"
 
 
-def build_demo(backend_url: str, n_max: int = 32, max_tokens_max: int = 2048) -> gr.Blocks:
-    """The dashboard page, talking to the backend at `backend_url`."""
+def build_demo(
+    backend_url: str, n_max: int = 32, max_tokens_max: int = 2048, token: str | None = None
+) -> gr.Blocks:
+    """The dashboard page, talking to the backend at `backend_url` (with `token`, if it needs one)."""
     runs = ActiveRuns()
     background: set[asyncio.Task[Any]] = set()
 
@@ -211,7 +213,8 @@ def build_demo(backend_url: str, n_max: int = 32, max_tokens_max: int = 2048) ->
             request: gr.Request,
         ) -> AsyncIterator[list[Any]]:
             session = _session(request)
-            run = BackendRun(backend_url)
+            address = request.client.host if request is not None and request.client else None
+            run = BackendRun(backend_url, token=token, client_address=address)
             previous = runs.replace(session, run)
             if previous is not None:
                 _in_background(background, _cancel_and_close(previous))

@@ -12,15 +12,18 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import logging
 import time
 import uuid
 from collections.abc import AsyncIterator
 from typing import Any
 
 from websockets.asyncio.client import ClientConnection, connect
-from websockets.exceptions import ConnectionClosed, InvalidHandshake, InvalidURI
+from websockets.exceptions import ConnectionClosed, InvalidHandshake, InvalidStatus, InvalidURI
 
 from ui.view import RunView
+
+log = logging.getLogger("ui")
 
 CONNECT_TIMEOUT_S = 5.0
 """How long to wait for the backend's websocket handshake before calling it unreachable."""
@@ -38,6 +41,17 @@ MAX_FRAME_BYTES = 1 << 26
 """Largest frame accepted from the backend: a trace export of a full ring buffer fits."""
 
 
+def _reason(exc: BaseException) -> str:
+    """Why a connection failed, without addresses (the page does not show the backend's)."""
+    if isinstance(exc, InvalidStatus):
+        return f"it answered HTTP {exc.response.status_code}"
+    if isinstance(exc, TimeoutError):
+        return "no answer in time"
+    if isinstance(exc, ConnectionRefusedError) or "Connect call failed" in str(exc):
+        return "connection refused"
+    return type(exc).__name__
+
+
 class BackendError(Exception):
     """The backend could not be reached, or refused the request; the message says which and why."""
 
@@ -45,8 +59,16 @@ class BackendError(Exception):
 class BackendRun:
     """One `generate` request and its connection, with a `RunView` kept current."""
 
-    def __init__(self, url: str, request_id: str | None = None) -> None:
+    def __init__(
+        self,
+        url: str,
+        request_id: str | None = None,
+        token: str | None = None,
+        client_address: str | None = None,
+    ) -> None:
         self.url = url
+        self.token = token
+        self.client_address = client_address
         self.request_id = request_id or f"r-{uuid.uuid4().hex[:8]}"
         self.view = RunView(self.request_id, started_at=time.monotonic())
         self._ws: ClientConnection | None = None
@@ -62,12 +84,19 @@ class BackendRun:
 
         BackendError says why if that fails.
         """
+        headers = {}
+        if self.token:
+            headers["Authorization"] = f"Bearer {self.token}"
+        if self.client_address:
+            # The backend's per-address limits then apply to the page's user, not to this app.
+            headers["X-Forwarded-For"] = self.client_address
         try:
-            self._ws = await connect(self.url, open_timeout=CONNECT_TIMEOUT_S, max_size=MAX_FRAME_BYTES)
+            self._ws = await connect(
+                self.url, open_timeout=CONNECT_TIMEOUT_S, max_size=MAX_FRAME_BYTES, additional_headers=headers
+            )
         except (OSError, InvalidHandshake, InvalidURI, TimeoutError) as exc:
-            raise BackendError(
-                f"cannot reach the backend at {self.url}: {exc or type(exc).__name__}"
-            ) from None
+            log.warning("cannot reach the backend at %s: %s", self.url, exc)
+            raise BackendError(f"the backend is unreachable ({_reason(exc)}); is it running?") from None
         frame = {
             "type": "generate",
             "id": self.request_id,

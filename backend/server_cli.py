@@ -1,0 +1,84 @@
+"""Command-line settings of the websocket server itself (the engine's are in `backend.cli`)."""
+
+from __future__ import annotations
+
+import argparse
+import os
+from dataclasses import replace
+
+from backend.cli import engine_from_args, env, limits_from_args
+from backend.server import BackendServer
+from backend.settings import Limits
+
+LIMIT_FLAGS = {
+    "max_total_samples": (
+        "--max-total-samples",
+        "DASHBOARD_MAX_TOTAL_SAMPLES",
+        "samples running at once, all clients",
+    ),
+    "max_connections_per_address": (
+        "--max-connections-per-address",
+        "DASHBOARD_MAX_CONNECTIONS_PER_ADDRESS",
+        "open connections from one address",
+    ),
+    "requests_per_minute": (
+        "--requests-per-minute",
+        "DASHBOARD_REQUESTS_PER_MINUTE",
+        "requests per address a minute",
+    ),
+    "send_stall_s": ("--send-stall-s", "DASHBOARD_SEND_STALL_S", "seconds a non-reading client is kept"),
+}
+"""Server-wide limits settable on the command line (see backend/settings.py for what each protects)."""
+
+
+def add_server_arguments(parser: argparse.ArgumentParser) -> None:
+    """Tracing, access and server-wide limits, each with its environment variable."""
+    parser.add_argument(
+        "--no-trace",
+        action="store_true",
+        default=env("DASHBOARD_NO_TRACE", "") == "1",
+        help="do not trace the backend's event loop (env DASHBOARD_NO_TRACE=1)",
+    )
+    parser.add_argument(
+        "--allowed-origin",
+        action="append",
+        default=[o for o in env("DASHBOARD_ALLOWED_ORIGINS", "").split(",") if o],
+        help="a web page origin (https://host:port) allowed to open the backend's websocket from a "
+        "browser; repeatable (env DASHBOARD_ALLOWED_ORIGINS, comma-separated). Clients that send no "
+        "Origin, like the Gradio app's server side, are always allowed",
+    )
+    parser.add_argument(
+        "--token",
+        default=os.environ.get("DASHBOARD_TOKEN") or None,
+        help="require 'Authorization: Bearer TOKEN' from websocket clients (env DASHBOARD_TOKEN)",
+    )
+    parser.add_argument(
+        "--log-prompts",
+        action="store_true",
+        default=env("DASHBOARD_LOG_PROMPTS", "") == "1",
+        help="log each request's prompt (off by default: prompts stay out of logs)",
+    )
+    for field, (flag, env_name, what) in LIMIT_FLAGS.items():
+        default = getattr(Limits, field)
+        kind = type(default)
+        parser.add_argument(
+            flag,
+            type=kind,
+            default=kind(env(env_name, str(default))),
+            help=f"{what} (env {env_name}; default %(default)s)",
+        )
+
+
+def server_from_args(args: argparse.Namespace, host: str, port: int) -> BackendServer:
+    """The backend server (engine, limits, tracing, access rules) the parsed arguments describe."""
+    limits = replace(limits_from_args(args), **{field: getattr(args, field) for field in LIMIT_FLAGS})
+    return BackendServer(
+        engine_from_args(args),
+        limits,
+        host,
+        port,
+        trace=not args.no_trace,
+        allowed_origins=tuple(args.allowed_origin or ()),
+        token=args.token,
+        log_prompts=args.log_prompts,
+    )

@@ -1,0 +1,305 @@
+"""Reliability and access: load, slow and vanished clients, limits, origins, tokens, fuzzed frames."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import subprocess
+import sys
+from collections.abc import AsyncIterator
+from typing import Any
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from websockets.asyncio.client import connect
+from websockets.exceptions import ConnectionClosed, InvalidStatus
+
+from backend.admission import Admission, client_address
+from backend.engines.synthetic import SyntheticEngine
+from backend.protocol import ProtocolError, parse_client_frame
+from backend.server import BackendServer
+from backend.settings import Limits
+from bench.load import rss_mb, run_load, start_backend
+from tests.harness import ROOT
+
+LIMITS = Limits()
+
+
+async def started(**kwargs: Any) -> BackendServer:
+    limits = kwargs.pop("limits", Limits())
+    server = BackendServer(
+        SyntheticEngine(rate=kwargs.pop("rate", 200), jitter=0.2), limits, port=0, **kwargs
+    )
+    await server.start()
+    return server
+
+
+@pytest.fixture
+async def server() -> AsyncIterator[BackendServer]:
+    backend = await started()
+    try:
+        yield backend
+    finally:
+        await backend.close()
+
+
+async def next_of(ws: Any, kind: str, limit_s: float = 10) -> dict[str, Any]:
+    async with asyncio.timeout(limit_s):
+        while (frame := json.loads(await ws.recv()))["type"] != kind:
+            pass
+    return frame
+
+
+def generate(request_id: str, n: int = 2, max_tokens: int = 20) -> str:
+    return json.dumps(
+        {"type": "generate", "id": request_id, "prompt": "hi", "n": n, "params": {"max_tokens": max_tokens}}
+    )
+
+
+# Admission, without sockets.
+
+
+def test_forwarded_addresses_are_believed_only_from_this_machine() -> None:
+    assert client_address("127.0.0.1", "203.0.113.9, 10.0.0.1") == "203.0.113.9"
+    assert client_address("198.51.100.7", "203.0.113.9") == "198.51.100.7"
+    assert client_address("::1", None) == "::1"
+
+
+def test_admission_counts_connections_rate_and_samples() -> None:
+    admission = Admission(Limits(max_connections_per_address=2, requests_per_minute=3, max_total_samples=10))
+    assert admission.connect("a") is None and admission.connect("a") is None
+    assert "too many connections" in (admission.connect("a") or "")
+    assert admission.connect("b") is None
+    admission.disconnect("a")
+    assert admission.connect("a") is None
+    for t in (0.0, 1.0, 2.0):
+        admission.start_request("a", 3, t, "r")
+    with pytest.raises(ProtocolError) as caught:
+        admission.start_request("a", 1, 3.0, "r")
+    assert caught.value.code == "rate_limited" and "retry in 57 s" in caught.value.message
+    admission.start_request("a", 1, 60.5, "r")  # the first start left the window
+    with pytest.raises(ProtocolError) as caught:
+        admission.start_request("b", 1, 61.0, "r")
+    assert caught.value.code == "server_busy" and "10" in caught.value.message
+    admission.end_request(3)
+    admission.start_request("b", 1, 61.0, "r")
+
+
+# Limits and access on a real server.
+
+
+async def test_server_wide_limits_say_which_limit() -> None:
+    backend = await started(
+        limits=Limits(max_total_samples=5, requests_per_minute=2, max_connections_per_address=2)
+    )
+    try:
+        async with connect(backend.url) as a, connect(backend.url) as b:
+            await a.send(generate("big", n=4, max_tokens=1000))
+            await next_of(a, "accepted")
+            await b.send(generate("more", n=2))
+            error = await next_of(b, "error")
+            assert error["code"] == "server_busy" and error["id"] == "more"
+            await b.send(generate("fits", n=1))
+            await next_of(b, "done")
+            await b.send(generate("fourth", n=1))
+            assert (await next_of(b, "error"))["code"] == "rate_limited"
+            third = await connect(backend.url)
+            refusal = await next_of(third, "error")
+            assert refusal["code"] == "too_many_connections"
+            with pytest.raises(ConnectionClosed):
+                await third.recv()
+            assert third.close_code == 1008
+    finally:
+        await backend.close()
+
+
+async def test_origins_and_token() -> None:
+    backend = await started(allowed_origins=("http://127.0.0.1:7860",), token="s3cret")
+    try:
+        with pytest.raises(InvalidStatus) as caught:
+            await connect(backend.url)
+        assert caught.value.response.status_code == 401
+        auth = {"Authorization": "Bearer s3cret"}
+        with pytest.raises(InvalidStatus) as caught:
+            await connect(backend.url, additional_headers={**auth, "Origin": "https://evil.example"})
+        assert caught.value.response.status_code == 403
+        for headers in (auth, {**auth, "Origin": "http://127.0.0.1:7860"}):
+            async with connect(backend.url, additional_headers=headers) as ws:
+                await ws.send(generate("ok"))
+                await next_of(ws, "done")
+        with pytest.raises(InvalidStatus):
+            await connect(backend.url, additional_headers={"Authorization": "Bearer wrong"})
+    finally:
+        await backend.close()
+
+
+# Clients that stop reading, vanish, or send garbage.
+
+
+async def test_a_client_that_stops_reading_is_dropped_without_slowing_others() -> None:
+    backend = await started(rate=400, limits=Limits(send_stall_s=1.0))
+    try:
+        stalled = await connect(backend.url, max_queue=1, ping_interval=None)
+        await stalled.send(
+            json.dumps(
+                {
+                    "type": "generate",
+                    "id": "flood",
+                    "prompt": "x",
+                    "n": 32,
+                    "params": {"max_tokens": 2048, "temperature": 0},
+                }
+            )
+        )
+        # it never reads again; meanwhile another client streams normally
+        async with connect(backend.url) as other:
+            for i in range(3):
+                await other.send(generate(f"r{i}", n=2, max_tokens=20))
+                done = await next_of(other, "done", limit_s=10)
+                assert done["stats"]["tokens"] > 0
+        async with asyncio.timeout(20):
+            while backend.sessions and any(s.requests for s in backend.sessions):  # noqa: ASYNC110
+                await asyncio.sleep(0.1)
+        assert backend.engine.health()["running_samples"] == 0
+        await stalled.close()
+    finally:
+        await backend.close()
+
+
+def test_a_killed_client_process_aborts_its_work() -> None:
+    process, url = start_backend(rate=50)
+    port = url.split(":")[2].split("/")[0]
+    script = (
+        "import asyncio, json, websockets.asyncio.client as c\n"
+        "async def main():\n"
+        f"    ws = await c.connect('{url}')\n"
+        "    frame = {'type': 'generate', 'id': 'r', 'prompt': 'x', 'n': 4, 'params': {'max_tokens': 2000}}\n"
+        "    await ws.send(json.dumps(frame))\n"
+        "    while True:\n"
+        "        if json.loads(await ws.recv())['type'] == 'chunk': print('streaming', flush=True)\n"
+        "asyncio.run(main())\n"
+    )
+    client = subprocess.Popen([sys.executable, "-c", script], cwd=ROOT, stdout=subprocess.PIPE, text=True)
+    try:
+        assert client.stdout is not None and client.stdout.readline().strip() == "streaming"
+        health_url = f"http://127.0.0.1:{port}/health"
+        import urllib.request
+
+        def running() -> int:
+            with urllib.request.urlopen(health_url, timeout=5) as response:
+                return json.loads(response.read())["running_samples"]
+
+        assert running() == 4
+        os.kill(client.pid, signal.SIGKILL)
+        client.wait(10)
+        import time
+
+        deadline = time.monotonic() + 10
+        while running() and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert running() == 0
+    finally:
+        client.kill()
+        process.terminate()
+        process.wait(10)
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    st.one_of(
+        st.text(max_size=200),
+        st.binary(max_size=200),
+        st.recursive(
+            st.none() | st.booleans() | st.integers() | st.floats() | st.text(max_size=20),
+            lambda children: (
+                st.lists(children, max_size=4) | st.dictionaries(st.text(max_size=10), children, max_size=4)
+            ),
+            max_leaves=20,
+        ).map(lambda value: json.dumps(value)),
+        st.fixed_dictionaries(
+            {"type": st.sampled_from(["generate", "cancel", "export_trace", "x"])},
+            optional={
+                "id": st.one_of(st.text(max_size=5), st.integers(), st.none()),
+                "prompt": st.one_of(st.text(max_size=20), st.integers(), st.none()),
+                "n": st.one_of(
+                    st.integers(-(10**30), 10**30), st.floats(), st.text(max_size=3), st.booleans()
+                ),
+                "index": st.one_of(st.integers(-(10**20), 10**20), st.none(), st.text(max_size=3)),
+                "params": st.one_of(
+                    st.dictionaries(
+                        st.sampled_from(["max_tokens", "temperature", "top_p", "seed", "other"]),
+                        st.one_of(
+                            st.integers(-(10**40), 10**40), st.floats(), st.text(max_size=3), st.none()
+                        ),
+                    ),
+                    st.integers(),
+                ),
+                "consumer": st.one_of(
+                    st.none(), st.integers(), st.dictionaries(st.text(max_size=6), st.integers())
+                ),
+                "fanout": st.one_of(st.text(max_size=8), st.integers()),
+            },
+        ).map(json.dumps),
+    )
+)
+def test_any_frame_parses_or_is_refused_with_a_code(data: str | bytes) -> None:
+    try:
+        parse_client_frame(data, LIMITS)
+    except ProtocolError as exc:
+        assert exc.code and exc.message
+
+
+def test_deep_nesting_and_huge_numbers_are_refused() -> None:
+    for raw in (
+        "[" * 50_000 + "]" * 50_000,
+        '{"type":"generate","id":"r","prompt":"x","n":' + "9" * 5000 + "}",
+    ):
+        with pytest.raises(ProtocolError) as caught:
+            parse_client_frame(raw, Limits(max_frame_bytes=1 << 20))
+        assert caught.value.code == "bad_json"
+
+
+async def test_a_flood_of_fuzzed_frames_never_breaks_the_connection(server: BackendServer) -> None:
+    frames = [
+        "[" * 20_000 + "]" * 20_000,
+        '{"type":"cancel","id":"ghost"}',
+        '{"type":"generate","id":"r","prompt":"x","n":1e400}',
+        b"\xff\xfe",
+        '{"type":"generate","id":"r","prompt":"x","params":{"seed":123456789012345678901234567890}}',
+        '{"type":"export_trace","id":42}',
+    ] * 20
+    async with connect(server.url) as ws:
+        await ws.send(generate("live", n=2, max_tokens=200))
+        await next_of(ws, "accepted")
+        for frame in frames:
+            await ws.send(frame)
+        for _ in range(50):  # a flood of cancels for a running request, then for a finished one
+            await ws.send(json.dumps({"type": "cancel", "id": "live"}))
+        errors = 0
+        async with asyncio.timeout(20):
+            while errors < len(frames):
+                frame = json.loads(await ws.recv())
+                errors += frame["type"] == "error" and frame["id"] != "live"
+        await next_of(ws, "done")
+        await ws.send(generate("after", n=1, max_tokens=5))
+        assert (await next_of(ws, "done"))["id"] == "after"
+
+
+def test_load_nothing_lost_and_memory_flat() -> None:
+    process, url = start_backend(rate=150)
+    try:
+        first = asyncio.run(run_load(url, clients=64, n=4, max_tokens=40, cancel_every=8))
+        _, peak_after_first = rss_mb(process.pid)
+        second = asyncio.run(run_load(url, clients=64, n=4, max_tokens=40, cancel_every=8))
+        _, peak = rss_mb(process.pid)
+    finally:
+        process.terminate()
+        process.wait(10)
+    for report in (first, second):
+        assert report.clients == 64 and report.samples == 256 and report.cancelled == 8
+        assert report.lost == 0
+        assert report.errors == [] and report.broken_promises == []
+    assert peak - peak_after_first < 20, "a second identical round must not grow the server's memory"
