@@ -121,33 +121,41 @@ def test_unreachable_backend_is_said_plainly() -> None:
         process.wait(15)
 
 
-def test_a_backend_that_dies_mid_run_is_reported() -> None:
-    backend_port, port = free_port(), free_port()
-    backend = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "backend",
-            "--engine",
-            "synthetic",
-            "--port",
-            str(backend_port),
-            "--rate",
-            "20",
-        ],
+def start_synthetic_backend(port: int) -> subprocess.Popen[bytes]:
+    return subprocess.Popen(
+        [sys.executable, "-m", "backend", "--engine", "synthetic", "--port", str(port), "--rate", "20"],
         cwd=ROOT,
         stderr=subprocess.DEVNULL,
     )
+
+
+def test_a_backend_that_dies_mid_run_is_reported_and_the_next_run_works_after_a_restart() -> None:
+    backend_port, port = free_port(), free_port()
+    backend = start_synthetic_backend(backend_port)
     process = start_app(port, extra=["--backend-url", f"ws://127.0.0.1:{backend_port}/ws"])
     try:
         client = Client(f"http://127.0.0.1:{port}/", verbose=False)
         job = client.submit("Hello", 2, 1000, 0.8, 0.95, 5, api_name="/generate")
         wait_for(lambda: len(job.outputs()) >= 2, limit_s=30)
         backend.kill()
+        backend.wait(10)
         final = job.result(timeout=30)
         assert "the backend closed the connection before the run ended" in final[STATUS]
         assert "`error`" in final[HEADERS][0] and "`error`" in final[HEADERS][1]
         assert final[TEXTS][0]  # what streamed before stays on the page
+
+        down = client.predict("Hello", 2, 10, 0.8, 0.95, 5, api_name="/generate")
+        assert "the backend is unreachable" in down[STATUS]
+
+        backend = start_synthetic_backend(backend_port)  # the backend restarts; the page is still open
+        deadline = time.monotonic() + 30
+        while True:
+            again = client.predict("Hello", 2, 10, 0.8, 0.95, 5, api_name="/generate")
+            if "finished" in again[STATUS] or time.monotonic() > deadline:
+                break
+            time.sleep(0.5)
+        assert "finished" in again[STATUS]
+        assert again[TEXTS][1] == "".join(synthetic_tokens(6, 10, 0.8)[0])
     finally:
         backend.kill()
         process.terminate()
