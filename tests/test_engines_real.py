@@ -9,9 +9,11 @@ with DASHBOARD_REAL_ENGINES=1; without it (plain `make test`) these tests skip, 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import re
+import signal
 import subprocess
 import time
 import urllib.request
@@ -29,6 +31,7 @@ from backend.engines.openai import OpenAIEngine
 from backend.engines.sglang import SGLangEngine
 from backend.engines.sglang_launch import SGLangServerProcess, free_port
 from backend.server import BackendServer
+from backend.settings import Limits
 from tests.harness import ROOT
 
 pytestmark = pytest.mark.skipif(
@@ -67,9 +70,9 @@ def wait_health(url: str, process: subprocess.Popen[bytes]) -> None:
     raise TimeoutError(f"{url} did not become healthy")
 
 
-def metrics(url: str) -> dict[str, float]:
-    """The server's Prometheus /metrics, summed per metric name over labels."""
-    with urllib.request.urlopen(url + "/metrics", timeout=10) as response:
+def metrics(url: str, path: str = "/metrics") -> dict[str, float]:
+    """The server's Prometheus text at `path`, summed per metric name over labels."""
+    with urllib.request.urlopen(url + path, timeout=10) as response:
         text = response.read().decode()
     totals: dict[str, float] = {}
     for line in text.splitlines():
@@ -88,14 +91,17 @@ class RealServer:
 
     kind: str
     url: str
-    running_metric: str
+    running_path: str
+    running_metrics: tuple[str, ...]
     aborted_metric: str
 
     def make_engine(self) -> HTTPEngine:
         return SGLangEngine(self.url) if self.kind == "sglang" else OpenAIEngine(self.url, SERVED_NAME)
 
     def running(self) -> float:
-        return metrics(self.url).get(self.running_metric, 0.0)
+        """Requests the server is running or has queued, read live from the server."""
+        found = metrics(self.url, self.running_path)
+        return sum(found.get(name, 0.0) for name in self.running_metrics)
 
     def aborted(self) -> float:
         return metrics(self.url).get(self.aborted_metric, 0.0)
@@ -130,7 +136,12 @@ def sglang_server() -> Iterator[RealServer]:
     )
     server.start(SERVER_START_S)
     try:
-        yield RealServer("sglang", server.url, "sglang:num_running_reqs", "sglang:num_aborted_requests_total")
+        # /metrics's running gauge is refreshed only every few decode steps; /v1/loads asks the
+        # scheduler now.
+        loads = ("sglang_num_running_reqs", "sglang_num_waiting_reqs")
+        yield RealServer(
+            "sglang", server.url, "/v1/loads?format=prometheus", loads, "sglang:num_aborted_requests_total"
+        )
     finally:
         server.stop()
 
@@ -141,10 +152,11 @@ def vllm_server() -> Iterator[RealServer]:
     assert python.exists() and MODEL.exists(), "run scripts/prepare-engine-envs.sh first"
     port = free_port()
     url = f"http://127.0.0.1:{port}"
+    # --enforce-eager: compiling the model for this CPU took over 5 minutes here, eager starts in ~1.
     command = [
         str(python), "-m", "vllm.entrypoints.openai.api_server", "--model", str(MODEL),
         "--served-model-name", SERVED_NAME, "--host", "127.0.0.1", "--port", str(port),
-        "--max-model-len", "2048", "--dtype", "bfloat16",
+        "--max-model-len", "2048", "--dtype", "bfloat16", "--enforce-eager",
     ]  # fmt: skip
     env = {**cpu_env(), "VLLM_CPU_KVCACHE_SPACE": "1"}
     with open(CACHE / "vllm-test-server.log", "ab") as log:
@@ -153,13 +165,18 @@ def vllm_server() -> Iterator[RealServer]:
         )
     try:
         wait_health(url, process)
-        yield RealServer("vllm", url, "vllm:num_requests_running", "vllm:request_success_total:abort")
+        running = ("vllm:num_requests_running", "vllm:num_requests_waiting")
+        yield RealServer("vllm", url, "/metrics", running, "vllm:request_success_total:abort")
     finally:
-        process.terminate()
+        # The whole process group: vLLM's engine core is a child process that SIGTERM may leave behind.
+        os.killpg(process.pid, signal.SIGTERM)
         try:
             process.wait(30)
         except subprocess.TimeoutExpired:
-            process.kill()
+            pass
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(process.pid, signal.SIGKILL)
+        process.wait()
 
 
 @pytest.fixture(params=["sglang", "vllm"])
@@ -169,7 +186,8 @@ def real_server(request: pytest.FixtureRequest) -> RealServer:
 
 @pytest.fixture
 async def backend(real_server: RealServer) -> AsyncIterator[tuple[BackendServer, RealServer]]:
-    server = BackendServer(real_server.make_engine(), port=0)
+    # max_tokens past the model's 2048-token context must reach the engine, for the error test.
+    server = BackendServer(real_server.make_engine(), Limits(max_tokens_max=4096), port=0)
     await server.start()
     try:
         yield server, real_server
@@ -277,7 +295,7 @@ async def test_client_disconnect_aborts_on_the_server(backend: tuple[BackendServ
         chunks = 0
         while chunks < 8:
             chunks += (await recv(ws))["type"] == "chunk"
-        assert real.running() > 0
+        assert real.running() > 0 and server.health()["running_samples"] > 0
     running, aborted = await settle(real, before, 4 if real.kind == "sglang" else 1)
     assert running == 0
     assert aborted >= (4 if real.kind == "sglang" else 1)

@@ -61,9 +61,11 @@ class SGLangEngine(HTTPEngine):
         return cls(getattr(options, "sglang_url", "") or DEFAULT_SGLANG_URL)
 
     async def probe(self) -> str:
-        response = await self.client.get("/health")
-        if response.status_code != 200:
-            raise EngineUnavailable(f"/health answered HTTP {response.status_code}")
+        if self.served_model is None:
+            # SGLang's /health runs a one-token generation: asked once, not on every periodic check.
+            response = await self.client.get("/health")
+            if response.status_code != 200:
+                raise EngineUnavailable(f"/health answered HTTP {response.status_code}")
         try:
             info = await self.get_json("/model_info")
             name = info.get("served_model_name") or info.get("model_path")
@@ -71,11 +73,12 @@ class SGLangEngine(HTTPEngine):
             # A router may not proxy /model_info; every SGLang front speaks the OpenAI model list.
             models = (await self.get_json("/v1/models")).get("data") or [{}]
             name = models[0].get("id")
-        try:
-            server_info = await self.get_json("/server_info")
-            self.incremental = bool(server_info.get("incremental_streaming_output", False))
-        except (EngineUnavailable, ValueError):
-            pass  # routers answer only what they proxy; the default server streams cumulative text
+        if self.served_model is None:
+            try:
+                server_info = await self.get_json("/server_info")
+                self.incremental = bool(server_info.get("incremental_streaming_output", False))
+            except (EngineUnavailable, ValueError):
+                pass  # routers answer only what they proxy; the default server streams cumulative text
         return str(name or "unknown model")
 
     def generate(self, prompt: str, n: int, params: SamplingParams) -> Generation:
