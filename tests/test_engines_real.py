@@ -93,7 +93,9 @@ class RealServer:
     url: str
     running_path: str
     running_metrics: tuple[str, ...]
-    aborted_metric: str
+    aborted_metric: str | None
+    """SGLang counts aborted requests; vLLM has no such counter (its running count and tokens tell)."""
+    generated_metric: str
 
     def make_engine(self) -> HTTPEngine:
         return SGLangEngine(self.url) if self.kind == "sglang" else OpenAIEngine(self.url, SERVED_NAME)
@@ -104,7 +106,10 @@ class RealServer:
         return sum(found.get(name, 0.0) for name in self.running_metrics)
 
     def aborted(self) -> float:
-        return metrics(self.url).get(self.aborted_metric, 0.0)
+        return metrics(self.url).get(self.aborted_metric, 0.0) if self.aborted_metric else 0.0
+
+    def generated(self) -> float:
+        return metrics(self.url).get(self.generated_metric, 0.0)
 
 
 @pytest.fixture(scope="module")
@@ -140,7 +145,12 @@ def sglang_server() -> Iterator[RealServer]:
         # scheduler now.
         loads = ("sglang_num_running_reqs", "sglang_num_waiting_reqs")
         yield RealServer(
-            "sglang", server.url, "/v1/loads?format=prometheus", loads, "sglang:num_aborted_requests_total"
+            "sglang",
+            server.url,
+            "/v1/loads?format=prometheus",
+            loads,
+            "sglang:num_aborted_requests_total",
+            "sglang:generation_tokens_total",
         )
     finally:
         server.stop()
@@ -166,7 +176,7 @@ def vllm_server() -> Iterator[RealServer]:
     try:
         wait_health(url, process)
         running = ("vllm:num_requests_running", "vllm:num_requests_waiting")
-        yield RealServer("vllm", url, "/metrics", running, "vllm:request_success_total:abort")
+        yield RealServer("vllm", url, "/metrics", running, None, "vllm:generation_tokens_total")
     finally:
         # The whole process group: vLLM's engine core is a child process that SIGTERM may leave behind.
         os.killpg(process.pid, signal.SIGTERM)
@@ -227,14 +237,18 @@ def generate(rid: str, n: int, max_tokens: int, prompt: str = "Once upon a time"
     return json.dumps(frame)
 
 
-async def settle(server: RealServer, aborted_before: float, expected: int) -> tuple[float, float]:
-    """Wait until the server runs nothing and counted `expected` more aborts; the last reading."""
+async def assert_stopped_on_server(
+    server: RealServer, aborted_before: float, generated_before: float, n: int
+) -> None:
+    """The server runs nothing of the request, counted its n aborts (SGLang), and generates no more."""
     deadline = time.monotonic() + METRICS_SETTLE_S
-    while True:
-        running, aborted = server.running(), server.aborted() - aborted_before
-        if (running == 0 and aborted >= expected) or time.monotonic() > deadline:
-            return running, aborted
+    while server.running() > 0 or (server.aborted_metric and server.aborted() - aborted_before < n):
+        assert time.monotonic() < deadline, (server.running(), server.aborted() - aborted_before)
         await asyncio.sleep(0.5)
+    generated = server.generated()
+    await asyncio.sleep(2.0)
+    assert server.generated() == generated, "the server still generates after the abort"
+    assert generated - generated_before < n * LONG, "the samples ran to max_tokens: nothing was aborted"
 
 
 async def test_n4_streams_every_sample(backend: tuple[BackendServer, RealServer]) -> None:
@@ -270,7 +284,7 @@ async def test_stop_one_sample(backend: tuple[BackendServer, RealServer]) -> Non
 
 async def test_cancel_all_aborts_on_the_server(backend: tuple[BackendServer, RealServer]) -> None:
     server, real = backend
-    before = real.aborted()
+    before, generated_before = real.aborted(), real.generated()
 
     async def cancel_after_some(frame: dict[str, Any], texts: dict[int, str]) -> None:
         if frame["type"] == "chunk" and sum(len(t) for t in texts.values()) > 20 and not sent:
@@ -282,23 +296,19 @@ async def test_cancel_all_aborts_on_the_server(backend: tuple[BackendServer, Rea
         await ws.send(generate("r3", 4, LONG))
         result = await run_request(ws, "r3", cancel_after_some)
     assert {f["reason"] for f in result["finishes"].values()} == {"abort"}
-    running, aborted = await settle(real, before, 4 if real.kind == "sglang" else 1)
-    assert running == 0
-    assert aborted >= (4 if real.kind == "sglang" else 1)
+    await assert_stopped_on_server(real, before, generated_before, 4)
 
 
 async def test_client_disconnect_aborts_on_the_server(backend: tuple[BackendServer, RealServer]) -> None:
     server, real = backend
-    before = real.aborted()
+    before, generated_before = real.aborted(), real.generated()
     async with connect(server.url) as ws:
         await ws.send(generate("r4", 4, LONG))
         chunks = 0
         while chunks < 8:
             chunks += (await recv(ws))["type"] == "chunk"
         assert real.running() > 0 and server.health()["running_samples"] > 0
-    running, aborted = await settle(real, before, 4 if real.kind == "sglang" else 1)
-    assert running == 0
-    assert aborted >= (4 if real.kind == "sglang" else 1)
+    await assert_stopped_on_server(real, before, generated_before, 4)
 
 
 async def test_engine_error_becomes_error_finishes(backend: tuple[BackendServer, RealServer]) -> None:
