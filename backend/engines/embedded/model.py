@@ -79,17 +79,20 @@ class RowCache:
         self.dtype = dtype
         self.rows = 0
         self.lengths = torch.zeros(max_rows, dtype=torch.long)
-        self._allocate(0)
+        self.row_capacity = 0
+        self.capacity = 0
+        self._allocate(0, 0)
 
-    def _allocate(self, positions: int) -> None:
+    def _allocate(self, rows: int, positions: int) -> None:
+        # Zeroed, not empty: masked positions still enter attention as 0 x value, and garbage could be NaN.
         c = self.config
-        shape = (c.layers, self.max_rows, c.kv_heads, positions, c.head_dim)
+        shape = (c.layers, rows, c.kv_heads, positions, c.head_dim)
         keys, values = torch.zeros(shape, dtype=self.dtype), torch.zeros(shape, dtype=self.dtype)
-        if positions and self.capacity:
-            keys[..., : self.capacity, :] = self.keys
-            values[..., : self.capacity, :] = self.values
+        if self.row_capacity and self.capacity and rows and positions:
+            keys[:, : self.row_capacity, :, : self.capacity] = self.keys
+            values[:, : self.row_capacity, :, : self.capacity] = self.values
         self.keys, self.values = keys, values
-        self.capacity = positions
+        self.row_capacity, self.capacity = rows, positions
 
     def reserve(self, positions: int) -> None:
         """Make room for `positions` positions per row (grows by blocks, at least doubling)."""
@@ -98,12 +101,16 @@ class RowCache:
         if positions > self.max_positions:
             raise ValueError(f"{positions} positions exceed the context of {self.max_positions}")
         blocks = -(-max(positions, 2 * self.capacity) // CACHE_BLOCK) * CACHE_BLOCK
-        self._allocate(min(blocks, self.max_positions))
+        self._allocate(self.row_capacity, min(blocks, self.max_positions))
 
     def add_rows(self, count: int) -> range:
         """Claim `count` rows at the end; returns their indices."""
         if self.rows + count > self.max_rows:
             raise ValueError(f"{self.rows} + {count} rows exceed the cap of {self.max_rows}")
+        if self.rows + count > self.row_capacity:
+            # Rows grow by doubling and are kept when idle: a new request pays no allocation.
+            wanted = min(self.max_rows, max(self.rows + count, 2 * self.row_capacity))
+            self._allocate(wanted, max(self.capacity, CACHE_BLOCK))
         first = self.rows
         self.rows += count
         self.lengths[first : self.rows] = 0
@@ -120,8 +127,6 @@ class RowCache:
             self.lengths[row] = self.lengths[last]
             moved = last
         self.rows = last
-        if self.rows == 0:
-            self._allocate(0)  # idle: give the memory back
         return moved
 
 
