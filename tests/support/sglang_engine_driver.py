@@ -52,8 +52,10 @@ async def run(model: str) -> dict[str, Any]:
         generation = engine.generate("Once upon a time", 2, SamplingParams(4000, 0.8, 0.95, 1))
         try:
             report["error"] = [[c.finish_reason, dict(c.meta)] async for c in generation if c.finish_reason]
-        except RuntimeError as exc:
+        except RuntimeError as exc:  # SGLang in-process raises what its server sends as an error event
             report["error"] = str(exc)
+        finally:
+            await generation.aclose()  # as the backend does after every request
         report["running_after"] = engine.health()["running_samples"]
     finally:
         await engine.stop()
