@@ -1,0 +1,374 @@
+"""Transport: what the backend's websocket and the Gradio page add to what the engine costs.
+
+`python bench/transport.py` runs the synthetic engine (no jitter, temperature 0, so every run of a
+configuration produces the same tokens) at n samples x R tokens/s per sample, for about `--seconds`
+per run, consumed three ways:
+
+- (a) `direct`, the limit: the engine in this process, its stream read with `async for`;
+- (b) `websocket`: `python -m backend` in its own process (tracing on, as the page uses it), read by
+  a plain websocket client here;
+- (c) `gradio`: `python app.py --backend-url` on a backend of its own, read by `gradio_client` as
+  the page's `/generate` API (n <= 32, the page's column count).
+
+(a) and (b) alternate, round by round, so both see the same machine noise; the table prints the
+medians. Columns:
+
+- `tok/s`, `b/a`: tokens delivered per second of wall time (from sending `generate` to `done`) and
+  (b)'s ratio to (a);
+- `add p50/p99 ms`: for each chunk frame, `time.monotonic() - frame["at"]` on receipt, where `at` is
+  when the server took the chunk from the engine (both clocks are the host's CLOCK_MONOTONIC): all
+  the backend adds to a chunk, queueing, encoding, socket and the client's parse;
+- `lag p99 ms`: the event loop's lateness, from the heartbeat (20 ms) in the trace frames for (b),
+  from a heartbeat of the same interval next to the engine for (a);
+- `cpu ms/1k`: CPU time per 1,000 tokens: of this process for (a) (the engine alone), of the
+  backend process for (b) (engine, server and tracer, from /proc/PID/stat);
+- `frames/s`: websocket frames the client received per second (chunk frames merge when the client
+  lags, and trace frames come 10 a second).
+
+For (c): page updates per second, whether every column's final text is exactly the engine's, and
+`end ms`: the final update's arrival minus (the first update's arrival + the server's request
+duration), i.e. how long after the engine's last token the page got its last update (slightly
+under by the first update's own delivery time).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from websockets.asyncio.client import connect
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from backend.engine import SamplingParams  # noqa: E402
+from backend.engines.synthetic import SyntheticEngine, synthetic_tokens  # noqa: E402
+from backend.stats import percentile  # noqa: E402
+from tests.harness import free_port, wait_for_http  # noqa: E402
+
+HEARTBEAT_S = 0.02
+"""The direct run's lag heartbeat: the backend tracer's interval, so both lag columns compare."""
+
+MAX_TOKENS_CAP = 2048
+"""The backend's max_tokens limit: a run is at most this many tokens per sample."""
+
+SEED = 7
+TICKS_PER_S = os.sysconf("SC_CLK_TCK")
+
+
+@dataclass
+class Run:
+    """What one consumer saw of one request."""
+
+    tokens: int
+    seconds: float
+    frames: int = 0
+    added_ms: list[float] | None = None
+    lag_ms: list[float] | None = None
+    cpu_s: float = 0.0
+
+    @property
+    def tok_s(self) -> float:
+        """Tokens delivered per second of wall time."""
+        return self.tokens / self.seconds
+
+
+def process_cpu_s(pid: int) -> float:
+    """User + system CPU seconds of a process, from /proc (Linux)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / TICKS_PER_S
+
+
+def max_tokens_for(rate: float, seconds: float) -> int:
+    """Tokens per sample for a run of about `seconds` at `rate` tokens/s."""
+    return max(1, min(MAX_TOKENS_CAP, round(rate * seconds)))
+
+
+async def run_direct(n: int, rate: float, max_tokens: int) -> Run:
+    """(a): the engine's stream read in this process, with a heartbeat measuring loop lag."""
+    engine = SyntheticEngine(rate=rate, jitter=0.0)
+    loop = asyncio.get_running_loop()
+    lags: list[float] = []
+
+    async def heartbeat() -> None:
+        while True:
+            due = loop.time() + HEARTBEAT_S
+            await asyncio.sleep(HEARTBEAT_S)
+            lags.append(max(0.0, loop.time() - due) * 1000)
+
+    beat = asyncio.create_task(heartbeat())
+    cpu = time.process_time()
+    started = time.monotonic()
+    generation = engine.generate("bench", n, SamplingParams(max_tokens, 0.0, 0.95, SEED))
+    tokens = 0
+    async for chunk in generation:
+        tokens += chunk.tokens
+    seconds = time.monotonic() - started
+    cpu = time.process_time() - cpu
+    await generation.aclose()
+    beat.cancel()
+    return Run(tokens, seconds, lag_ms=lags, cpu_s=cpu)
+
+
+async def run_websocket(url: str, pid: int, n: int, max_tokens: int) -> Run:
+    """(b): one request through the backend's websocket, read as fast as this process can."""
+    request = {
+        "type": "generate",
+        "id": "bench",
+        "prompt": "bench",
+        "n": n,
+        "params": {"max_tokens": max_tokens, "temperature": 0, "seed": SEED},
+    }
+    added: list[float] = []
+    lags: list[float] = []
+    tokens = frames = 0
+    async with connect(url, max_size=None) as ws:
+        cpu = process_cpu_s(pid)
+        started = time.monotonic()
+        await ws.send(json.dumps(request))
+        while True:
+            frame = json.loads(await ws.recv())
+            now = time.monotonic()
+            frames += 1
+            kind = frame["type"]
+            if kind == "chunk":
+                tokens += frame["tokens"]
+                added.append((now - frame["at"]) * 1000)
+            elif kind == "trace":
+                lags.extend(lag for _, lag in frame["lag"])
+            elif kind == "error":
+                raise RuntimeError(frame["message"])
+            elif kind == "done":
+                break
+        seconds = time.monotonic() - started
+        cpu = process_cpu_s(pid) - cpu
+    return Run(tokens, seconds, frames, added, lags, cpu)
+
+
+def start_backend(
+    rate: float, n_max: int, trace: bool = True, root: Path = ROOT
+) -> tuple[subprocess.Popen[bytes], int]:
+    """`python -m backend` (from checkout `root`) on the synthetic engine, once `/health` answers."""
+    port = free_port()
+    args = [
+        sys.executable,
+        "-m",
+        "backend",
+        "--engine",
+        "synthetic",
+        "--port",
+        str(port),
+        "--rate",
+        str(rate),
+        "--jitter",
+        "0",
+        "--n-max",
+        str(n_max),
+        # every client here comes from 127.0.0.1: lift the per-address limits for the run
+        "--max-connections-per-address",
+        "100000",
+        "--requests-per-minute",
+        "100000",
+        "--max-total-samples",
+        "100000",
+    ]
+    if not trace:
+        args.append("--no-trace")
+    process = subprocess.Popen(args, cwd=root, stderr=subprocess.DEVNULL)
+    wait_for_http(f"http://127.0.0.1:{port}/health", process)
+    return process, port
+
+
+def stop(process: subprocess.Popen[bytes]) -> None:
+    """Terminate a process this script started and wait for it."""
+    process.terminate()
+    try:
+        process.wait(10)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        process.wait(10)
+
+
+def p(values: list[float] | None, q: float) -> float:
+    """Percentile q of values, 0 when there are none."""
+    return (percentile(values, q) or 0.0) if values else 0.0
+
+
+def transport_table(
+    ns: list[int], rates: list[float], seconds: float, rounds: int, before: Path | None = None
+) -> None:
+    """(a) against (b) for every n x rate, alternating rounds; medians.
+
+    With `before` (another checkout), its backend is read the same way in the same rounds (b0),
+    for a before/after comparison of a change to the backend.
+    """
+    print(f"(a) direct vs (b) websocket: {rounds} alternating rounds of ~{seconds:g} s each, medians")
+    header = (
+        f"{'n':>3}{'tok/s/sample':>13}{'a tok/s':>10}{'b tok/s':>10}{'b/a':>7}{'add p50':>9}{'add p99':>9}"
+        f"{'a lag99':>9}{'b lag99':>9}{'a cpu/1k':>10}{'b cpu/1k':>10}{'b frames/s':>12}"
+    )
+    if before is not None:
+        header += f"{'b0/a':>7}{'b0 add99':>10}{'b0 lag99':>10}{'b0 cpu/1k':>11}"
+    print(header)
+    for rate in rates:
+        roots = [ROOT] if before is None else [ROOT, before]
+        backends = [start_backend(rate, max(ns), root=root) for root in roots]
+        try:
+            for n in ns:
+                max_tokens = max_tokens_for(rate, seconds)
+                direct: list[Run] = []
+                sockets: list[list[Run]] = [[] for _ in backends]
+                for _ in range(rounds):
+                    direct.append(asyncio.run(run_direct(n, rate, max_tokens)))
+                    for runs, (process, port) in zip(sockets, backends, strict=True):
+                        url = f"ws://127.0.0.1:{port}/ws"
+                        runs.append(asyncio.run(run_websocket(url, process.pid, n, max_tokens)))
+                counts = {r.tokens for runs in (direct, *sockets) for r in runs}
+                if len(counts) != 1:
+                    print(f"  n={n} rate={rate:g}: token counts differ: {sorted(counts)}")
+                a = med(direct, lambda r: r.tok_s)
+                socket = sockets[0]
+                line = (
+                    f"{n:>3}{rate:>13g}{a:>10.0f}{med(socket, lambda r: r.tok_s):>10.0f}"
+                    f"{med(socket, lambda r: r.tok_s) / a:>7.3f}"
+                    f"{med(socket, lambda r: p(r.added_ms, 50)):>9.2f}"
+                    f"{med(socket, lambda r: p(r.added_ms, 99)):>9.2f}"
+                    f"{med(direct, lambda r: p(r.lag_ms, 99)):>9.2f}"
+                    f"{med(socket, lambda r: p(r.lag_ms, 99)):>9.2f}"
+                    f"{med(direct, cpu_per_1k):>10.1f}"
+                    f"{med(socket, cpu_per_1k):>10.1f}"
+                    f"{med(socket, lambda r: r.frames / r.seconds):>12.0f}"
+                )
+                if before is not None:
+                    old = sockets[1]
+                    line += (
+                        f"{med(old, lambda r: r.tok_s) / a:>7.3f}"
+                        f"{med(old, lambda r: p(r.added_ms, 99)):>10.2f}"
+                        f"{med(old, lambda r: p(r.lag_ms, 99)):>10.2f}{med(old, cpu_per_1k):>11.1f}"
+                    )
+                print(line, flush=True)
+        finally:
+            for process, _ in backends:
+                stop(process)
+
+
+def med(runs: list[Run], key: Any) -> float:
+    """Median of `key` over runs."""
+    return statistics.median(key(r) for r in runs)
+
+
+def cpu_per_1k(run: Run) -> float:
+    """CPU milliseconds per 1,000 tokens."""
+    return 1e6 * run.cpu_s / run.tokens
+
+
+# The /generate API's outputs: 32 headers, 32 texts, status, summary, trace (tests/test_gradio_app.py).
+TEXTS = slice(32, 64)
+SUMMARY = 65
+
+
+def gradio_table(ns: list[int], rate: float, seconds: float) -> None:
+    """(c): `/generate` through the Gradio app, with `gradio_client`."""
+    from gradio_client import Client
+
+    backend, backend_port = start_backend(rate, 32)
+    port = free_port()
+    env = {**os.environ, "GRADIO_ANALYTICS_ENABLED": "False"}
+    app = subprocess.Popen(
+        [
+            sys.executable,
+            str(ROOT / "app.py"),
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(port),
+            "--backend-url",
+            f"ws://127.0.0.1:{backend_port}/ws",
+        ],
+        cwd=ROOT,
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        wait_for_http(f"http://127.0.0.1:{port}/", app)
+        client = Client(f"http://127.0.0.1:{port}/", verbose=False)
+        print(f"\n(c) gradio: /generate through app.py at {rate:g} tok/s per sample, ~{seconds:g} s runs")
+        print(
+            f"{'n':>3}{'tokens':>8}{'tok/s':>9}{'c/a':>7}{'updates':>9}{'updates/s':>11}{'all text':>10}"
+            f"{'end ms':>8}{'app cpu/1k':>12}"
+        )
+        for n in ns:
+            max_tokens = max_tokens_for(rate, seconds)
+            direct = asyncio.run(run_direct(n, rate, max_tokens))
+            expected = "".join(synthetic_tokens(SEED, max_tokens, 0.0)[0])
+            cpu = process_cpu_s(app.pid)
+            started = time.monotonic()
+            job = client.submit("bench", n, max_tokens, 0.0, 0.95, SEED, api_name="/generate")
+            arrivals: list[float] = []
+            outputs: list[Any] = []
+            for output in job:
+                arrivals.append(time.monotonic())
+                outputs.append(output)
+            final = job.result(timeout=60)
+            seconds_taken = arrivals[-1] - started
+            cpu = process_cpu_s(app.pid) - cpu
+            texts = list(final[TEXTS])[:n]
+            complete = all(text == expected for text in texts)
+            tokens = len(synthetic_tokens(SEED, max_tokens, 0.0)[0]) * n
+            duration_ms = _server_duration_ms(final[SUMMARY])
+            end_ms = (arrivals[-1] - arrivals[0]) * 1000 - duration_ms
+            streaming = arrivals[-1] - arrivals[0]
+            print(
+                f"{n:>3}{tokens:>8}{tokens / seconds_taken:>9.0f}"
+                f"{tokens / seconds_taken / direct.tok_s:>7.3f}"
+                f"{len(arrivals):>9}{(len(arrivals) - 1) / streaming:>11.1f}{complete!s:>10}{end_ms:>8.0f}"
+                f"{1e6 * cpu / tokens:>12.1f}",
+                flush=True,
+            )
+        client.close()
+    finally:
+        stop(app)
+        stop(backend)
+
+
+def _server_duration_ms(summary: str) -> float:
+    """The request's duration from the summary's "**Request:** T tokens in D ms" line."""
+    head = summary.split("**Request:**", 1)[1]
+    return float(head.split(" tokens in ", 1)[1].split(" ms", 1)[0])
+
+
+def main() -> int:
+    """Print the (a)/(b) table, then the (c) table."""
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--ns", default="1,8,32,64", help="samples per request, comma-separated")
+    parser.add_argument("--rates", default="50,500,2000", help="tokens/s per sample, comma-separated")
+    parser.add_argument("--seconds", type=float, default=1.0, help="about how long each run streams")
+    parser.add_argument("--rounds", type=int, default=3, help="alternating (a)/(b) rounds per row")
+    parser.add_argument("--gradio-ns", default="1,8,32", help="n for (c); empty to skip it")
+    parser.add_argument("--gradio-rate", type=float, default=500.0)
+    parser.add_argument(
+        "--before", type=Path, help="another checkout whose backend is measured too, for before/after"
+    )
+    args = parser.parse_args()
+    ns = [int(x) for x in args.ns.split(",")]
+    rates = [float(x) for x in args.rates.split(",")]
+    transport_table(ns, rates, args.seconds, args.rounds, args.before)
+    if args.gradio_ns:
+        gradio_table([int(x) for x in args.gradio_ns.split(",")], args.gradio_rate, args.seconds)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
