@@ -26,7 +26,14 @@ PROTOCOL_VERSION = 1
 TEMPERATURE_MAX = 2.0
 """Above this, sampling is close to uniform noise; engines disagree on what it means."""
 
-PARAM_NAMES = ("max_tokens", "temperature", "top_p", "seed")
+PARAM_NAMES = ("max_tokens", "temperature", "top_p", "seed", "top_k", "stop")
+
+TOP_K_MAX = 1000
+"""Largest top_k: beyond a thousand candidates it no longer changes what gets sampled."""
+
+STOP_STRINGS_MAX = 4
+STOP_CHARS_MAX = 64
+"""At most 4 stop strings of 64 characters: each is matched against the text after every token."""
 
 CONSUMER_MODES = ("cooperative", "greedy", "blocking")
 """How the server's task consumes the engine stream (teaching control, see docs/trace.md)."""
@@ -211,8 +218,29 @@ def _parse_generate(frame: dict[str, Any], limits: Limits) -> GenerateCommand:
                 "seed_out_of_range", f"seed must be between 0 and {SEED_MAX - limits.n_max}, got {seed}"
             )
 
+    top_k = raw_params.get("top_k", 0)
+    if not _is_int(top_k) or not 0 <= top_k <= TOP_K_MAX:
+        raise fail("top_k_out_of_range", f"top_k must be an integer from 0 (no limit) to {TOP_K_MAX}")
+    stop = raw_params.get("stop", [])
+    if isinstance(stop, str):
+        stop = [stop]
+    if (
+        not isinstance(stop, list)
+        or len(stop) > STOP_STRINGS_MAX
+        or not all(isinstance(x, str) and 0 < len(x) <= STOP_CHARS_MAX for x in stop)
+    ):
+        raise fail(
+            "bad_field",
+            f'"stop" must be a string or a list of at most {STOP_STRINGS_MAX} non-empty strings '
+            f"of at most {STOP_CHARS_MAX} characters",
+        )
     params = SamplingParams(
-        max_tokens=max_tokens, temperature=float(temperature), top_p=float(top_p), seed=seed
+        max_tokens=max_tokens,
+        temperature=float(temperature),
+        top_p=float(top_p),
+        seed=seed,
+        top_k=top_k,
+        stop=tuple(stop),
     )
     consumer = _parse_consumer(frame.get("consumer"), fail)
     fanout = frame.get("fanout", "n")

@@ -37,6 +37,14 @@ def test_generate_with_params() -> None:
     assert command.params.sample_seed(2) == 35
 
 
+def test_top_k_and_stop_strings() -> None:
+    command = parse_client_frame(generate(params={"top_k": 40, "stop": "\n\n"}), LIMITS)
+    assert isinstance(command, GenerateCommand)
+    assert command.params.top_k == 40 and command.params.stop == ("\n\n",)
+    command = parse_client_frame(generate(params={"stop": ["END", "###"]}), LIMITS)
+    assert isinstance(command, GenerateCommand) and command.params.stop == ("END", "###")
+
+
 def test_extra_top_level_fields_are_allowed() -> None:
     assert isinstance(parse_client_frame(generate(client="x"), LIMITS), GenerateCommand)
 
@@ -85,6 +93,11 @@ def test_cancel_all_and_one() -> None:
         (generate(params={"seed": -1}), "seed_out_of_range", "r1"),
         (generate(params={"seed": 2**40}), "seed_out_of_range", "r1"),
         (generate(params={"seed": 1.5}), "bad_field", "r1"),
+        (generate(params={"top_k": -1}), "top_k_out_of_range", "r1"),
+        (generate(params={"top_k": 1.5}), "top_k_out_of_range", "r1"),
+        (generate(params={"stop": [""]}), "bad_field", "r1"),
+        (generate(params={"stop": ["a", "b", "c", "d", "e"]}), "bad_field", "r1"),
+        (generate(params={"stop": 5}), "bad_field", "r1"),
         ('{"type": "cancel"}', "missing_field", None),
         ('{"type": "cancel", "id": "r1", "index": "2"}', "bad_field", "r1"),
     ],

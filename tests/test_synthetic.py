@@ -9,7 +9,7 @@ import pytest
 
 from backend.engine import Chunk, SamplingParams
 from backend.engines import create_engine
-from backend.engines.synthetic import SyntheticEngine, synthetic_tokens, token_intervals
+from backend.engines.synthetic import SyntheticEngine, cut_at_stop, synthetic_tokens, token_intervals
 
 
 def params(max_tokens: int = 40, seed: int = 33, temperature: float = 0.8) -> SamplingParams:
@@ -115,3 +115,22 @@ async def test_aclose_stops_every_sample_task() -> None:
     }
     await asyncio.sleep(0.05)
     assert not [t for t in asyncio.all_tasks() if t.get_name().startswith("synthetic-sample")]
+
+
+def test_stop_strings_cut_the_text_before_them() -> None:
+    tokens = ["Hello", " big", " world.", " Bye"]
+    assert cut_at_stop(tokens, "length", ()) == (tokens, "length")
+    assert cut_at_stop(tokens, "length", ("wor",)) == (["Hello", " big", " "], "stop")
+    assert cut_at_stop(tokens, "length", (" Bye", "big")) == (["Hello", " "], "stop")
+    assert cut_at_stop(tokens, "length", ("Hello",)) == ([], "stop")
+    assert cut_at_stop(tokens, "length", ("absent",)) == (tokens, "length")
+
+
+async def test_the_engine_honours_stop_strings() -> None:
+    engine = SyntheticEngine(rate=500)
+    full = "".join(synthetic_tokens(33, 40)[0])
+    stop = full.split()[3]
+    p = SamplingParams(max_tokens=40, temperature=0.8, top_p=0.95, seed=33, stop=(stop,))
+    chunks = await collect(engine, 1, p)
+    assert "".join(c.text for c in chunks) == full[: full.find(stop)]
+    assert chunks[-1].finish_reason == "stop"

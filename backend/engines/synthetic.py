@@ -59,6 +59,25 @@ def synthetic_tokens(sample_seed: int, max_tokens: int, temperature: float = 1.0
             return tokens, "stop"
 
 
+def cut_at_stop(tokens: list[str], reason: str, stop: tuple[str, ...]) -> tuple[list[str], str]:
+    """The tokens up to (not including) the first stop string, and "stop" if one was found."""
+    text = "".join(tokens)
+    cuts = [position for position in (text.find(s) for s in stop) if position >= 0]
+    if not cuts:
+        return tokens, reason
+    end = min(cuts)
+    kept: list[str] = []
+    length = 0
+    for token in tokens:
+        if length + len(token) > end:
+            if end > length:
+                kept.append(token[: end - length])
+            break
+        kept.append(token)
+        length += len(token)
+    return kept, "stop"
+
+
 def token_intervals(sample_seed: int, count: int, rate: float, jitter: float) -> list[float]:
     """Seconds before each of `count` tokens: 1/rate, each scaled by 1 ± jitter (uniform)."""
     rng = random.Random(f"timing:{sample_seed}")
@@ -130,6 +149,10 @@ class SyntheticGeneration(Generation):
     async def _run_sample(self, index: int) -> None:
         seed = self._params.sample_seed(index)
         tokens, reason = synthetic_tokens(seed, self._params.max_tokens, self._params.temperature)
+        tokens, reason = cut_at_stop(tokens, reason, self._params.stop)
+        if not tokens:  # the stop string starts the text: nothing to stream, only the finish
+            self._queue.put_nowait(Chunk(index, "", 0, reason))
+            return
         intervals = token_intervals(seed, len(tokens), self._engine.rate, self._engine.jitter)
         loop = asyncio.get_running_loop()
         due = loop.time()
