@@ -13,11 +13,13 @@ import json
 import tempfile
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
+from functools import partial
 from typing import Any
 
 import gradio as gr
 
 from ui.client import CLOSE_TIMEOUT_S, BackendError, BackendRun
+from ui.engine_info import engine_line_now
 from ui.trace_view import panel_html
 from ui.view import RunView, header_markdown, status_markdown, summary_markdown
 
@@ -101,6 +103,8 @@ def build_demo(
             "Type a prompt, pick **n**, press **Generate**: the backend's single asyncio loop "
             "consumes all n streams at once, and each sample fills its own column."
         )
+        engine_info = gr.Markdown(elem_id="engine-info")
+        demo.load(partial(engine_line_now, backend_url), outputs=engine_info, show_progress="hidden")
         with gr.Row():
             with gr.Column(scale=3):
                 prompt = gr.Textbox(DEFAULT_PROMPT, label="Prompt", lines=6, elem_id="prompt")
