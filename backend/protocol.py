@@ -276,8 +276,21 @@ def _parse_cancel(frame: dict[str, Any], limits: Limits) -> CancelCommand:
     return CancelCommand(id=request_id, index=index)
 
 
+_CHUNK_KEYS = ("type", "id", "index", "text", "tokens", "at")
+_json_string = json.encoder.encode_basestring  # what json.dumps(ensure_ascii=False) writes for a str
+
+
 def encode(frame: dict[str, Any]) -> str:
     """A server frame as the JSON text sent on the wire."""
+    # Chunk frames are nearly every frame sent: written directly, in the exact text json.dumps
+    # gives, they cost about a third of what going through json.dumps does.
+    if frame.get("type") == "chunk" and tuple(frame) == _CHUNK_KEYS:
+        index, tokens, at = frame["index"], frame["tokens"], frame["at"]
+        if type(index) is int and type(tokens) is int and type(at) is float:
+            return (
+                f'{{"type":"chunk","id":{_json_string(frame["id"])},"index":{index},'
+                f'"text":{_json_string(frame["text"])},"tokens":{tokens},"at":{at!r}}}'
+            )
     return json.dumps(frame, separators=(",", ":"), ensure_ascii=False)
 
 

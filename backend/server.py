@@ -246,7 +246,8 @@ class ClientSession:
                     self.send(frame)
                     if tracer is not None and frame.get("reason") == "abort":
                         tracer.cancel(key, "finished", frame["index"])
-                if state.finished:
+                # Only a finish can end the request; `finished` looks at all n samples.
+                if chunk.finish_reason is not None and state.finished:
                     break
                 # The teaching control: what the consumer does between chunks.
                 if consumer.mode == "cooperative":
@@ -404,6 +405,9 @@ class BackendServer:
             process_request=self._process_request,
             create_connection=FrameConnection,
             max_size=WS_MAX_MESSAGE_BYTES,
+            # permessage-deflate cost more CPU per small chunk frame than the rest of its sending,
+            # and its clients are on the same host (the page's server side) or a LAN.
+            compression=None,
             # Browsers send Origin: only the listed pages may connect; clients without one (the
             # Gradio app's server side, scripts) may. This stops other sites' pages hijacking it.
             origins=[None, *self.allowed_origins],

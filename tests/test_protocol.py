@@ -6,7 +6,14 @@ import json
 
 import pytest
 
-from backend.protocol import CancelCommand, GenerateCommand, ProtocolError, parse_client_frame
+from backend.protocol import (
+    CancelCommand,
+    GenerateCommand,
+    ProtocolError,
+    chunk_frame,
+    encode,
+    parse_client_frame,
+)
 from backend.settings import DEFAULT_MAX_TOKENS, Limits
 
 LIMITS = Limits()
@@ -120,3 +127,20 @@ def test_n_limit_is_a_setting() -> None:
     with pytest.raises(ProtocolError):
         parse_client_frame(generate(n=8), Limits(n_max=4))
     assert isinstance(parse_client_frame(generate(n=8), Limits(n_max=8)), GenerateCommand)
+
+
+@pytest.mark.parametrize(
+    "frame",
+    [
+        chunk_frame("r1", 0, " token", 1, 12.5),
+        chunk_frame('r"2\\', 31, 'quote " backslash \\ newline \n tab \t nul \x00 ü 漢 \u2028 🙂', 7, 1e-6),
+        chunk_frame("r3", 2, "", 0, 1e-7),
+        chunk_frame("r4", 1, "no at", 1),
+        {**chunk_frame("r5", 0, "merged", 2, 3.25), "extra": True},
+        {"type": "finish", "id": "r1", "index": 0, "reason": "stop", "stats": {"tokens": 3}},
+    ],
+)
+def test_encode_writes_what_json_dumps_writes(frame: dict) -> None:
+    # chunk frames take a fast path; its text must be exactly the general encoder's
+    assert encode(frame) == json.dumps(frame, separators=(",", ":"), ensure_ascii=False)
+    assert json.loads(encode(frame)) == frame
