@@ -23,7 +23,7 @@ from backend.protocol import ProtocolError, parse_client_frame
 from backend.server import BackendServer
 from backend.settings import Limits
 from bench.load import rss_mb, run_load, start_backend
-from tests.harness import ROOT
+from tests.harness import ROOT, free_port
 
 LIMITS = Limits()
 
@@ -303,3 +303,67 @@ def test_load_nothing_lost_and_memory_flat() -> None:
         assert report.lost == 0
         assert report.errors == [] and report.broken_promises == []
     assert peak - peak_after_first < 20, "a second identical round must not grow the server's memory"
+
+
+async def embedded_round(url: str, clients: int) -> dict[str, str]:
+    """Each client one request of n=2; returns text by (client, index), checking the promises."""
+    texts: dict[str, str] = {}
+
+    async def client(index: int) -> None:
+        request = {
+            "type": "generate",
+            "id": f"e{index}",
+            "prompt": f"Name a colour. ({index})",
+            "n": 2,
+            "trace": False,
+            "params": {"max_tokens": 8, "seed": 100 + 2 * index, "temperature": 0.8},
+        }
+        finishes: dict[int, str] = {}
+        async with connect(url) as ws:
+            await ws.send(json.dumps(request))
+            async with asyncio.timeout(180):
+                while True:
+                    frame = json.loads(await ws.recv())
+                    assert frame["type"] != "error", frame
+                    if frame["type"] == "chunk":
+                        assert frame["index"] not in finishes
+                        key = f"{index}:{frame['index']}"
+                        texts[key] = texts.get(key, "") + frame["text"]
+                    elif frame["type"] == "finish":
+                        assert frame["index"] not in finishes
+                        finishes[frame["index"]] = frame["reason"]
+                    elif frame["type"] == "done":
+                        break
+        assert sorted(finishes) == [0, 1] and set(finishes.values()) <= {"stop", "length"}
+
+    await asyncio.gather(*(client(i) for i in range(clients)))
+    return texts
+
+
+def test_load_on_the_embedded_engine_at_a_smaller_scale() -> None:
+    port = free_port()
+    process = subprocess.Popen(
+        [sys.executable, "-m", "backend", "--engine", "embedded", "--port", str(port), "--no-trace"],
+        cwd=ROOT,
+        stderr=subprocess.DEVNULL,
+    )
+    url = f"ws://127.0.0.1:{port}/ws"
+    try:
+
+        async def both_rounds() -> tuple[dict[str, str], dict[str, str]]:
+            async with asyncio.timeout(300):
+                while True:  # the first start may convert the model
+                    try:
+                        async with connect(url):
+                            break
+                    except OSError:
+                        assert process.poll() is None, "the embedded backend exited"
+                        await asyncio.sleep(0.5)
+            return await embedded_round(url, 4), await embedded_round(url, 4)
+
+        first, second = asyncio.run(both_rounds())
+    finally:
+        process.terminate()
+        process.wait(30)
+    assert len(first) == 8 and all(first.values())
+    assert first == second  # every sample reassembles to the same text when its seed repeats
