@@ -2,7 +2,8 @@
 
 Live frames are compact: consecutive steps of one task less than `MERGE_GAP_NS` apart merge into one
 slice `[start_ms, end_ms, busy_ms, name, count, longest_step_ms]`, so a frame's size follows the
-loop's activity in tasks, not in callbacks. A connection sees its own requests' chunks and
+loop's activity in tasks, not in callbacks; a sample's chunks within `CHUNK_BIN_NS` merge into one
+entry `[t_ms, request_id, index, tokens, chunks]`. A connection sees its own requests' chunks and
 cancels, the loop's work under the names of its own tasks, and other connections' tasks only as
 "other connection".
 
@@ -21,6 +22,11 @@ from backend.trace import CANCEL, CHUNK, FRAME, IDLE, LAG, STEP, Event
 
 MERGE_GAP_NS = 200_000
 """Steps of one task closer than this merge into one live slice (bounds a frame's size)."""
+
+CHUNK_BIN_NS = 10_000_000
+"""A sample's chunks less than this after the first of a run of them go in one live entry, with
+their count: at hundreds of tokens a second per sample, one entry per chunk made trace frames most
+of the bytes sent. The page draws a tick per pixel (about 50 ms); the export keeps every chunk."""
 
 MIN_IDLE_NS = 100_000
 """Shorter select() waits are counted in the stats but not sent as idle spans."""
@@ -53,6 +59,7 @@ def live_frame(events: Iterable[Event], origin_ns: int, connection: str) -> dict
     idle: list[list[float]] = []
     lag: list[list[float]] = []
     chunks: list[list[Any]] = []
+    open_chunk: dict[tuple[Any, int], list[Any]] = {}
     cancels: list[list[Any]] = []
     busy_ns = idle_ns = steps = frames = frame_bytes = 0
     start_ns = end_ns = None
@@ -86,7 +93,14 @@ def live_frame(events: Iterable[Event], origin_ns: int, connection: str) -> dict
         elif kind == LAG:
             lag.append([_ms(start, origin_ns), round(duration / 1e6, 3)])
         elif kind == CHUNK and subject[0] == connection:
-            chunks.append([_ms(start, origin_ns), subject[1], detail[0], detail[1]])
+            key = (subject[1], detail[0])
+            entry = open_chunk.get(key)
+            if entry is not None and start - entry[0] <= CHUNK_BIN_NS:
+                entry[3] += detail[1]
+                entry[4] += 1
+            else:
+                entry = open_chunk[key] = [start, subject[1], detail[0], detail[1], 1]
+                chunks.append(entry)
         elif kind == CANCEL and subject[0] == connection:
             cancels.append([_ms(start, origin_ns), subject[1], detail[1], detail[0]])
         elif kind == FRAME and subject == connection:
@@ -103,7 +117,10 @@ def live_frame(events: Iterable[Event], origin_ns: int, connection: str) -> dict
         ],
         "idle": idle,
         "lag": lag,
-        "chunks": chunks,
+        "chunks": [
+            [_ms(t, origin_ns), request_id, index, tokens, count]
+            for t, request_id, index, tokens, count in chunks
+        ],
         "cancels": cancels,
         "counts": {
             "steps": steps,

@@ -105,7 +105,8 @@ async def test_live_trace_frames_name_tasks_and_count_every_chunk(server: Backen
     assert not any("@" in name for name in names)
     tokens_in_trace: dict[int, int] = {}
     for f in traces:
-        for _, request_id, index, tokens in f["chunks"]:
+        for _, request_id, index, tokens, count in f["chunks"]:
+            assert count >= 1
             assert request_id == "r1"
             tokens_in_trace[index] = tokens_in_trace.get(index, 0) + tokens
     finishes = {f["index"]: f["stats"]["tokens"] for f in frames if f["type"] == "finish"}

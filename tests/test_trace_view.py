@@ -54,3 +54,14 @@ def test_categories_colour_the_loop_lane() -> None:
 
 def test_an_empty_trace_says_so() -> None:
     assert "appears here" in panel_html(TraceView("r1"), n=4)
+
+
+def test_close_chunks_of_a_sample_share_an_entry_and_still_count() -> None:
+    events = [(CHUNK, t * MS, 0, ("c1", "r1"), (0, 2)) for t in (0, 3, 6, 9)]  # within 10 ms
+    events += [(CHUNK, 4 * MS, 0, ("c1", "r1"), (1, 1)), (CHUNK, 30 * MS, 0, ("c1", "r1"), (0, 1))]
+    frame = frame_of(events)
+    assert frame["chunks"] == [[0.0, "r1", 0, 8, 4], [4.0, "r1", 1, 1, 1], [30.0, "r1", 0, 1, 1]]
+    view = TraceView("r1")
+    view.apply(frame)
+    assert view.chunk_count == 6
+    assert sorted(view.chunks) == [(0.0, 0), (4.0, 1), (30.0, 0)]

@@ -79,10 +79,11 @@ class TraceView:
             self.longest_step_ms = max(self.longest_step_ms, longest)
         self.idle.extend((start, dur) for start, dur in frame["idle"])
         self.lag.extend((t, ms) for t, ms in frame["lag"])
-        for t, request_id, index, _tokens in frame["chunks"]:
+        for t, request_id, index, _tokens, *count in frame["chunks"]:
             if request_id == self.request_id:
                 self.chunks.append((t, index))
-                self.chunk_count += 1
+                # an entry stands for `count` chunks of the sample (one before the backend merged them)
+                self.chunk_count += count[0] if count else 1
         for t, request_id, index, stage in frame["cancels"]:
             if request_id == self.request_id:
                 self.cancels.append((t, index, stage))
