@@ -2,10 +2,10 @@
 
 For n = 1, 8, 32 and 64 new tokens per sample (end-of-turn ignored on both sides so every sample is
 that long): output tokens/s, time to first token, and peak memory above the idle process (RSS,
-sampled every 5 ms). While the engine runs, an asyncio heartbeat measures how late the event loop
-wakes (the engine steps on its own thread; this is the lag the backend's loop would see). Both
-sides run in this one process, one after the other, so a loaded machine slows both alike: read
-the ratios.
+sampled every 5 ms; for the engine, of its model process). While the engine runs, an asyncio
+heartbeat measures how late the event loop wakes (the engine steps in its own process; this is the
+lag the backend's loop would see). Both sides run one after the other, so a loaded machine slows
+both alike: read the ratios.
 
 Usage: python bench/embedded.py [--ns 1,8,32] [--tokens 64] [--threads 1]
 """
@@ -36,10 +36,10 @@ HEARTBEAT_S = 0.005
 
 
 class PeakMemory:
-    """Highest RSS above the level at entry, sampled on a thread."""
+    """Highest RSS of process `pid` (default: this one) above the level at entry, sampled on a thread."""
 
-    def __init__(self) -> None:
-        self.process = psutil.Process()
+    def __init__(self, pid: int | None = None) -> None:
+        self.process = psutil.Process(pid)
         self.peak = 0
 
     def __enter__(self) -> PeakMemory:
@@ -71,7 +71,7 @@ async def run_engine(engine: EmbeddedEngine, ids: list[int], n: int, tokens: int
             lags.append(max(0.0, loop.time() - due))
 
     beat = asyncio.create_task(heartbeat())
-    with PeakMemory() as memory:
+    with PeakMemory(engine.worker_pid) as memory:
         start = time.perf_counter()
         generation = engine.submit(ids, n, DecodeParams(tokens, 0.8, 0.95, seed=1, ignore_eos=True))
         first = None
@@ -149,8 +149,7 @@ async def main() -> None:
             f"{theirs['mem_mb']:>11.0f} {ours['lag_p50_ms']:>9.2f}/{ours['lag_max_ms']:.1f}",
             flush=True,
         )
-    assert engine.scheduler is not None
-    engine.scheduler.stop()
+    await engine.stop()
 
 
 if __name__ == "__main__":

@@ -9,8 +9,10 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import shutil
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -35,8 +37,7 @@ def engine() -> Iterator[EmbeddedEngine]:
     engine = EmbeddedEngine(max_rows=8, context=512)
     engine.load()
     yield engine
-    assert engine.scheduler is not None
-    engine.scheduler.stop()
+    engine.shutdown()
 
 
 async def collect(generation: EmbeddedGeneration | object, n: int) -> tuple[list[str], list, list]:
@@ -95,7 +96,6 @@ async def test_abort_one_sample_then_all(engine: EmbeddedEngine) -> None:
 
 
 async def test_two_requests_share_decode_steps(engine: EmbeddedEngine) -> None:
-    assert engine.scheduler is not None
     before = engine.health()["shared_steps"]
     results = await asyncio.gather(
         collect(engine.generate(PROMPT, 2, params(max_tokens=10, seed=1)), 2),
@@ -186,31 +186,89 @@ async def test_the_server_sends_the_engines_rejection_as_an_error_frame(engine: 
         await server._server.wait_closed()
 
 
-def test_the_model_loads_with_no_network_and_a_missing_model_is_explained(tmp_path: Path) -> None:
+def gone(pid: int) -> bool:
+    """Whether process `pid` has ended (a zombie nobody reaps counts as ended)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except FileNotFoundError:
+        return True
+    return stat.rpartition(")")[2].split()[0] == "Z"
+
+
+async def test_stop_ends_the_running_requests_and_the_model_process() -> None:
+    engine = EmbeddedEngine(max_rows=2, context=256)
+    await engine.start()
+    pid = engine.worker_pid
+    assert pid is not None and pid != os.getpid() and not gone(pid)
+    generation = engine.generate(PROMPT, 2, params(100))
+    first = await anext(generation)
+    assert first.finish_reason is None
+    await engine.stop()
+    _, reasons, _ = await collect(generation, 2)
+    assert reasons == ["abort", "abort"]
+    assert gone(pid)
+    assert engine.health()["loading"] is True
+    with pytest.raises(RequestRejected) as caught:
+        engine.validate(PROMPT, 1, params())
+    assert caught.value.code == "engine_not_ready"
+
+
+def test_the_model_loads_with_no_network_and_its_process_dies_with_the_backend() -> None:
     code = (
-        "import socket\n"
+        "import socket, sys\n"
         "def refuse(*a, **k): raise OSError('network used')\n"
         "socket.socket.connect = refuse\n"
         "socket.create_connection = refuse\n"
         "from backend.engines.embedded import EmbeddedEngine\n"
-        "e = EmbeddedEngine(); e.load(); print('loaded', e.model); e.scheduler.stop()\n"
+        "e = EmbeddedEngine(); e.load(); print('loaded', e.worker_pid, e.model, flush=True)\n"
+        "sys.stdin.read()\n"
     )
     env = {k: v for k, v in os.environ.items() if not k.startswith("HF_")}
-    result = subprocess.run(
-        [sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True, text=True, timeout=170
-    )
-    assert result.returncode == 0, result.stderr
-    assert "loaded SmolLM2" in result.stdout
-    missing = subprocess.run(
-        [sys.executable, "-m", "backend", "--engine", "embedded", "--model", str(tmp_path / "nothing")],
+    backend = subprocess.Popen(
+        [sys.executable, "-c", code],
         cwd=ROOT,
-        capture_output=True,
+        env=env,
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
         text=True,
-        timeout=60,
     )
+    try:
+        assert backend.stdout is not None
+        line = backend.stdout.readline()  # blocks until loaded; the subprocess's own limits apply
+        assert line.startswith("loaded ") and "SmolLM2" in line, line
+        child = int(line.split()[1])
+        assert not gone(child)
+        backend.kill()  # no clean-up runs: only the pipe's end tells the child
+        backend.wait(30)
+        deadline = time.monotonic() + 60
+        while not gone(child) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert gone(child)
+    finally:
+        backend.kill()
+        backend.wait(30)
+
+
+def test_a_missing_or_corrupt_model_is_explained(tmp_path: Path) -> None:
+    def start(model: Path) -> subprocess.CompletedProcess[str]:
+        command = [sys.executable, "-m", "backend", "--engine", "embedded", "--model", str(model)]
+        return subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=120)
+
+    missing = start(tmp_path / "nothing")
     assert missing.returncode == 2
     assert "Traceback" not in missing.stderr
     assert "neither an HF-format folder nor a hub id" in missing.stderr
+    # Config and tokenizer are fine, so the backend starts the model's process; the weights are
+    # truncated, so that process fails to load them and the backend must say so plainly.
+    source = resolve_model().path
+    broken = tmp_path / "broken"
+    shutil.copytree(source, broken)
+    weights = broken / "model.safetensors"
+    weights.write_bytes(weights.read_bytes()[:1000])
+    corrupt = start(broken)
+    assert corrupt.returncode == 2, corrupt.stderr
+    assert "Traceback" not in corrupt.stderr
+    assert "is corrupt" in corrupt.stderr
 
 
 def test_a_partly_written_or_truncated_copy_reads_as_incomplete(tmp_path: Path) -> None:

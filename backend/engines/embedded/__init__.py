@@ -2,14 +2,17 @@
 
 True parallel sampling as SGLang does it: a request's prompt is prefilled once and its cache
 copied into n rows, then every row of every running request decodes in one batch per step
-(continuous batching, `scheduler`). The model runs on the scheduler's own thread; this module is
-the asyncio side: it validates requests, applies the chat template, and turns the scheduler's
-per-step chunks into each `Generation`'s async stream on the caller's loop.
+(continuous batching, `scheduler`). The model and the scheduler run in the engine's own process
+(`worker`), so their Python work never holds this process's GIL; this module is the asyncio side:
+it loads only the tokenizer, validates requests, applies the chat template, and turns the child's
+per-step messages into each `Generation`'s async stream on the caller's loop, with one
+`call_soon_threadsafe` per loop per step.
 """
 
 from __future__ import annotations
 
 import asyncio
+import itertools
 import logging
 import math
 import os
@@ -18,7 +21,8 @@ from collections.abc import Callable
 from typing import Any
 
 from backend.engine import Chunk, Engine, Generation, RequestRejected, SamplingParams
-from backend.engines.embedded.scheduler import BatchScheduler, DecodeParams, Job
+from backend.engines.embedded.scheduler import DecodeParams
+from backend.engines.embedded.worker import WorkerProcess, WorkerSetup
 
 log = logging.getLogger("backend.embedded")
 
@@ -38,7 +42,7 @@ END_OF_TURN = "<|im_end|>"
 
 
 class EmbeddedEngine(Engine):
-    """A Llama on the CPU, one scheduler thread, many requests sharing each step."""
+    """A Llama on the CPU in a child process, many requests sharing each step."""
 
     name = "embedded"
 
@@ -64,7 +68,12 @@ class EmbeddedEngine(Engine):
         self.max_rows = max_rows
         self.context = context
         self.tokenizer: Any = None
-        self.scheduler: BatchScheduler | None = None
+        self.worker: WorkerProcess | None = None
+        self._generations: dict[int, EmbeddedGeneration] = {}
+        """Requests the child still runs, by id; read and pruned on the worker's reader thread."""
+        self._ids = itertools.count(1)
+        self._figures: dict[str, Any] = {}
+        self._failure: str | None = None
         self._model_name = "SmolLM2-135M-Instruct (not loaded yet)"
 
     @classmethod
@@ -83,41 +92,59 @@ class EmbeddedEngine(Engine):
         return self._model_name
 
     def load(self) -> None:
-        """Read (converting once if needed) the weights and tokenizer, start the scheduler thread."""
-        if self.scheduler is not None:
+        """Resolve (converting once if needed) the weights, read the tokenizer, start the model's process.
+
+        Blocks until the child has loaded the weights; what kept it from loading is raised here.
+        """
+        if self.worker is not None:
             return
         import torch
 
-        from backend.engines.embedded.model import Llama, LlamaConfig
-        from backend.engines.embedded.weights import read_config, read_tensors, resolve_model
+        from backend.engines.embedded.model import LlamaConfig
+        from backend.engines.embedded.weights import read_config, resolve_model
 
         # The bundled model and local folders need no network; never let a library try it.
         if not self.model_source or os.path.isdir(os.path.expanduser(self.model_source)):
             os.environ.setdefault("HF_HUB_OFFLINE", "1")
         folder = resolve_model(self.model_source)
-        raw_config = read_config(folder.path)
-        config = LlamaConfig.from_hf(raw_config)
-        model = Llama(config, read_tensors(folder.path), self.dtype)
+        config = LlamaConfig.from_hf(read_config(folder.path))
         from transformers import AutoTokenizer
 
-        self.tokenizer = AutoTokenizer.from_pretrained(folder.path)
-        eos = {self.tokenizer.convert_tokens_to_ids(END_OF_TURN), self.tokenizer.eos_token_id}
-        eos_ids = [i for i in eos if isinstance(i, int) and i != self.tokenizer.unk_token_id]
+        tokenizer = AutoTokenizer.from_pretrained(folder.path)
+        eos = {tokenizer.convert_tokens_to_ids(END_OF_TURN), tokenizer.eos_token_id}
+        eos_ids = tuple(i for i in eos if isinstance(i, int) and i != tokenizer.unk_token_id)
         self.context = min(self.context, config.max_positions)
-        self.scheduler = BatchScheduler(model, self.tokenizer, eos_ids, self.max_rows, self.context)
-        self.scheduler.start(self.threads)
         dtype = str(self.dtype).removeprefix("torch.")
+        setup = WorkerSetup(str(folder.path), dtype, self.threads, self.max_rows, self.context, eos_ids)
+        worker = WorkerProcess(setup, self._on_message)
+        worker.start()
+        self.tokenizer, self.worker, self._failure = tokenizer, worker, None
+        self._figures = {"running_rows": 0}
         self._model_name = f"{folder.name}, {dtype}, {self.threads} thread(s), CPU"
-        log.info("embedded engine ready: %s (torch %s)", self._model_name, torch.__version__)
+        log.info(
+            "embedded engine ready: %s (torch %s, process %d)",
+            self._model_name,
+            torch.__version__,
+            worker.pid,
+        )
 
     async def start(self) -> None:
         """Load off the loop (conversion can take tens of seconds on the first start)."""
         await asyncio.to_thread(self.load)
 
     async def stop(self) -> None:
-        if self.scheduler is not None:
-            scheduler, self.scheduler = self.scheduler, None
-            await asyncio.to_thread(scheduler.stop)
+        await asyncio.to_thread(self.shutdown)
+
+    def shutdown(self) -> None:
+        """Stop the model's process: its running requests end with "abort" (blocking; for sync callers)."""
+        if self.worker is not None:
+            worker, self.worker = self.worker, None
+            worker.stop()
+
+    @property
+    def worker_pid(self) -> int | None:
+        """The model's process id while it runs."""
+        return None if self.worker is None else self.worker.pid
 
     def prompt_ids(self, prompt: str) -> list[int]:
         """The prompt as one user turn of the chat template, ready for the assistant's answer."""
@@ -130,7 +157,9 @@ class EmbeddedEngine(Engine):
         self._check(prompt, n, params)
 
     def _check(self, prompt: str, n: int, params: SamplingParams) -> list[int]:
-        if self.scheduler is None:
+        if self._failure is not None:
+            raise RequestRejected("engine_not_ready", f"the embedded engine stopped ({self._failure})")
+        if self.worker is None:
             raise RequestRejected("engine_not_ready", "the embedded model is still loading; try again")
         if not (math.isfinite(params.temperature) and params.temperature >= 0):
             raise RequestRejected(
@@ -187,52 +216,102 @@ class EmbeddedEngine(Engine):
 
     def submit(self, prompt_ids: list[int], n: int, params: DecodeParams) -> EmbeddedGeneration:
         """Queue already tokenized, already validated work (the benchmark's entry point too)."""
-        if self.scheduler is None:
+        worker = self.worker
+        if worker is None:
             raise RuntimeError("the embedded engine is not started")
-        generation = EmbeddedGeneration(self.scheduler, n, asyncio.get_running_loop())
-        generation.job = Job(prompt_ids, n, params, generation)
-        self.scheduler.submit(generation.job)
+        request_id = next(self._ids)
+        generation = EmbeddedGeneration(self, request_id, n, asyncio.get_running_loop())
+        self._generations[request_id] = generation
+        if not worker.send(("submit", request_id, list(prompt_ids), n, params)):
+            self._generations.pop(request_id, None)
+            raise RuntimeError("the embedded engine's process has ended")
         return generation
 
+    def abort(self, request_id: int, index: int | None) -> None:
+        """Ask the child to stop one sample of a request (or all) at its next step boundary."""
+        if self.worker is not None:
+            self.worker.send(("abort", request_id, index))
+
     def health(self) -> dict[str, Any]:
-        figures = self.scheduler.snapshot() if self.scheduler is not None else {"loading": True}
+        if self._failure is not None:
+            figures: dict[str, Any] = {"failed": self._failure}
+        elif self.worker is None:
+            figures = {"loading": True}
+        else:
+            figures = self._figures
         return {**super().health(), **figures, "running_samples": figures.get("running_rows", 0)}
+
+    # --- the worker's reader thread ------------------------------------------------------------
+
+    def _on_message(self, message: tuple[Any, ...]) -> None:
+        """One message of the child: hand its chunks to each request's loop, one call per loop."""
+        calls: dict[asyncio.AbstractEventLoop, list[tuple[Callable[[Any], None], Any]]] = {}
+        if message[0] == "step":
+            _, outputs, positions, figures = message
+            self._figures = figures
+            for request_id, position in positions:
+                generation = self._generations.get(request_id)
+                if generation is not None:
+                    calls.setdefault(generation.loop, []).append((generation.set_position, position))
+            for request_id, raw in outputs:
+                generation = self._generations.get(request_id)
+                if generation is None:
+                    continue
+                chunks = [Chunk(i, text, tokens, reason, meta or {}) for i, text, tokens, reason, meta in raw]
+                for chunk in chunks:
+                    if chunk.finish_reason is not None:
+                        generation.open_samples.discard(chunk.index)
+                if not generation.open_samples:
+                    del self._generations[request_id]
+                calls.setdefault(generation.loop, []).append((generation.receive, chunks))
+        elif message[0] == "exited":
+            if self.worker is not None:  # not asked to stop: the process died
+                self._failure = f"its process exited with status {message[1]}"
+                log.error("the embedded engine's process exited with status %s", message[1])
+            reason = "abort" if self.worker is None else "error"
+            for generation in list(self._generations.values()):
+                chunks = [Chunk(i, "", 0, reason) for i in sorted(generation.open_samples)]
+                generation.open_samples.clear()
+                calls.setdefault(generation.loop, []).append((generation.receive, chunks))
+            self._generations.clear()
+        for loop, batch in calls.items():
+            try:
+                loop.call_soon_threadsafe(_run_calls, batch)
+            except RuntimeError:
+                pass  # that consumer's loop is closed: nobody is left to read
+
+
+def _run_calls(calls: list[tuple[Callable[[Any], None], Any]]) -> None:
+    for callback, argument in calls:
+        callback(argument)
 
 
 class EmbeddedGeneration(Generation):
-    """One request's chunks, handed over from the scheduler thread to the caller's loop."""
+    """One request's chunks, handed over from the worker's reader thread to the caller's loop."""
 
-    def __init__(self, scheduler: BatchScheduler, n: int, loop: asyncio.AbstractEventLoop) -> None:
-        self._scheduler = scheduler
-        self._loop = loop
+    def __init__(
+        self, engine: EmbeddedEngine, request_id: int, n: int, loop: asyncio.AbstractEventLoop
+    ) -> None:
+        self._engine = engine
+        self.request_id = request_id
+        self.loop = loop
+        self.open_samples = set(range(n))
+        """Samples whose last chunk has not arrived from the child (kept by the reader thread)."""
         self._buffer: deque[Chunk] = deque()
         self._ready = asyncio.Event()
         self._unfinished = n
         self._listener: Callable[[int], None] | None = None
         self.queue_position: int | None = None
         """Place in the engine's queue (1 = next), 0 once running, None before the scheduler saw it."""
-        self.job: Job
 
-    # Sink, called from the scheduler thread.
-    def deliver(self, chunks: list[Chunk]) -> None:
-        """Hand this step's chunks to the loop (one wake-up per step, however many samples)."""
-        self._call_on_loop(self._receive, chunks)
-
-    def set_queue_position(self, position: int) -> None:
-        """Note the request's place in the queue (see `queue_position`)."""
-        self._call_on_loop(self._set_position, position)
-
-    def _call_on_loop(self, callback: Callable[..., None], argument: Any) -> None:
-        try:
-            self._loop.call_soon_threadsafe(callback, argument)
-        except RuntimeError:
-            pass  # the consumer's loop is closed: nobody is left to read
-
-    def _receive(self, chunks: list[Chunk]) -> None:
+    # On the loop, called through the engine's one call per step.
+    def receive(self, chunks: list[Chunk]) -> None:
+        """Take a step's chunks of this request."""
         self._buffer.extend(chunks)
         self._ready.set()
 
-    def _set_position(self, position: int) -> None:
+    def set_position(self, position: int) -> None:
+        """Note the request's place in the queue (see `queue_position`)."""
         self.queue_position = position
         if self._listener is not None:
             self._listener(position)
@@ -256,8 +335,8 @@ class EmbeddedGeneration(Generation):
 
     async def abort(self, index: int | None = None) -> None:
         if self._unfinished:
-            self._scheduler.abort(self.job, index)
+            self._engine.abort(self.request_id, index)
 
     async def aclose(self) -> None:
         if self._unfinished:
-            self._scheduler.abort(self.job, None)
+            self._engine.abort(self.request_id, None)

@@ -1,16 +1,18 @@
 """Continuous batching on one thread: requests join the running batch at the next step, rows leave when done.
 
-The scheduler owns the model and its row cache and runs on its own thread, so no model step ever
-runs on the server's event loop. Other threads talk to it only through `submit` and `abort`, which
-put a command in its inbox; the inbox is read between steps, so an abort stops a row at the next
-step boundary (at most the step already under way finishes). Each step:
+The scheduler owns the model and its row cache and steps them on one thread (in the engine's own
+process, `worker`), so no model step ever runs on the server's event loop. Other threads talk to it
+only through `submit` and `abort`, which put a command in its inbox; the inbox is read between
+steps, so an abort stops a row at the next step boundary (at most the step already under way
+finishes). Each pass:
 
 1. apply the inbox (new requests queue up, aborted rows leave and free their cache rows);
 2. admit queued requests first come, first served, while their n rows fit under the row cap:
    prefill the prompt once, copy its cache into n rows, sample each row's first token;
 3. decode one token for every running row, of every request, in one batch.
 
-Chunks go back to each request's `Sink` once per step, from this thread.
+Chunks go to each request's `Sink` from this thread; `on_pass_end`, if given, runs after every
+pass, so whoever forwards them can send one step's output of all requests at once.
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ import queue
 import threading
 import time
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -107,9 +109,16 @@ class BatchScheduler:
     """The model, its row cache, the request queue and the thread that steps them."""
 
     def __init__(
-        self, model: Llama, tokenizer: Any, eos_ids: Sequence[int], max_rows: int, context: int
+        self,
+        model: Llama,
+        tokenizer: Any,
+        eos_ids: Sequence[int],
+        max_rows: int,
+        context: int,
+        on_pass_end: Callable[[], None] | None = None,
     ) -> None:
         self.model = model
+        self.on_pass_end = on_pass_end
         self.tokenizer = tokenizer
         self.eos_ids = frozenset(eos_ids)
         self.max_rows = max_rows
@@ -127,13 +136,17 @@ class BatchScheduler:
     def start(self, threads: int) -> None:
         """Start the stepping thread; torch uses `threads` threads inside each step."""
         torch.set_num_threads(threads)
-        self._thread = threading.Thread(target=self._run, name="embedded-scheduler", daemon=True)
+        self._thread = threading.Thread(target=self.run, name="embedded-scheduler", daemon=True)
         self._thread.start()
+
+    def request_stop(self) -> None:
+        """Make `run` finish every request with "abort" and return, after the step under way."""
+        self._stopping.set()
+        self._inbox.put(("stop", None, None))
 
     def stop(self) -> None:
         """Finish every request with "abort" and end the thread."""
-        self._stopping.set()
-        self._inbox.put(("stop", None, None))
+        self.request_stop()
         if self._thread is not None:
             self._thread.join()
 
@@ -165,7 +178,8 @@ class BatchScheduler:
 
     # --- the scheduler thread ------------------------------------------------------------------
 
-    def _run(self) -> None:
+    def run(self) -> None:
+        """Step on the calling thread until `request_stop` (the stepping thread's body)."""
         # The cache is written between passes too (rows leave): everything here is inference.
         with torch.inference_mode():
             self._serve()
@@ -180,7 +194,13 @@ class BatchScheduler:
             except Exception:
                 log.exception("embedded engine step failed; ending the running requests")
                 self._fail_all("error")
+            self._pass_end()
         self._fail_all("abort")
+        self._pass_end()
+
+    def _pass_end(self) -> None:
+        if self.on_pass_end is not None:
+            self.on_pass_end()
 
     def _read_inbox(self, block: bool) -> None:
         try:

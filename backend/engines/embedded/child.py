@@ -1,0 +1,142 @@
+"""The embedded engine's child process: the model and its scheduler, fed and read through two pipes.
+
+Started by `worker.WorkerProcess` as `python -m backend.engines.embedded.child COMMAND_FD RESULT_FD`
+(the message formats are in `worker`). The child reads its commands on a thread of its own, so an
+abort is stamped with the step count at the moment it arrives, as on an in-process thread; the
+scheduler steps on the main thread and sends each pass's output of all requests as one message.
+When the parent goes away (its end of the command pipe closes, whatever killed it) the child aborts
+its requests and exits after the step under way. It ignores SIGINT, which a terminal sends to the
+whole process group, and leaves stopping to its parent.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import sys
+import threading
+from collections.abc import Callable
+from multiprocessing.connection import Connection
+from pathlib import Path
+from typing import Any
+
+from backend.engine import Chunk
+from backend.engines.embedded.worker import WorkerSetup
+
+log = logging.getLogger("backend.embedded")
+
+
+class RemoteSink:
+    """A request's sink in the child: its chunks and queue positions wait in the step's outbox."""
+
+    def __init__(self, request_id: int, n: int, outbox: StepOutbox) -> None:
+        self.request_id = request_id
+        self.unfinished = n
+        self.outbox = outbox
+
+    def deliver(self, chunks: list[Chunk]) -> None:
+        """Queue this step's chunks for the parent (called on the scheduler thread)."""
+        self.outbox.outputs.append(
+            (self.request_id, [(c.index, c.text, c.tokens, c.finish_reason, c.meta or None) for c in chunks])
+        )
+        self.unfinished -= sum(1 for c in chunks if c.finish_reason is not None)
+        if self.unfinished <= 0:
+            self.outbox.jobs.pop(self.request_id, None)
+
+    def set_queue_position(self, position: int) -> None:
+        """Queue the request's new place for the parent."""
+        self.outbox.positions.append((self.request_id, position))
+
+
+class StepOutbox:
+    """What one scheduler pass produced, sent to the parent as one message at the pass's end."""
+
+    def __init__(self, results: Connection) -> None:
+        self.results = results
+        self.outputs: list[tuple[int, list[tuple[Any, ...]]]] = []
+        self.positions: list[tuple[int, int]] = []
+        self.jobs: dict[int, Any] = {}
+        """Running or queued requests by id, so that aborts find them."""
+        self.scheduler: Any = None
+
+    def flush(self) -> None:
+        """Send the pass's output, if any, with the scheduler's figures; stop if the parent is gone."""
+        if not self.outputs and not self.positions:
+            return
+        message = ("step", self.outputs, self.positions, self.scheduler.snapshot())
+        self.outputs, self.positions = [], []
+        try:
+            self.results.send(message)
+        except OSError:
+            self.scheduler.request_stop()
+
+
+def read_commands(commands: Connection, outbox: StepOutbox) -> None:
+    """The child's command thread: submits and aborts into the scheduler's inbox until stop or EOF."""
+    from backend.engines.embedded.scheduler import Job
+
+    scheduler = outbox.scheduler
+    while True:
+        try:
+            message = commands.recv()
+        except (EOFError, OSError):
+            log.warning("the backend is gone; the embedded engine's process stops")
+            break
+        kind = message[0]
+        if kind == "submit":
+            _, request_id, prompt_ids, n, params = message
+            job = Job(prompt_ids, n, params, RemoteSink(request_id, n, outbox))
+            outbox.jobs[request_id] = job
+            scheduler.submit(job)
+        elif kind == "abort":
+            job = outbox.jobs.get(message[1])
+            if job is not None:
+                scheduler.abort(job, message[2])
+        elif kind == "stop":
+            break
+    scheduler.request_stop()
+
+
+def build_scheduler(setup: WorkerSetup, on_pass_end: Callable[[], None]) -> Any:
+    """Load the weights and tokenizer and make the scheduler (in the child)."""
+    import torch
+    from transformers import AutoTokenizer
+
+    from backend.engines.embedded.model import Llama, LlamaConfig
+    from backend.engines.embedded.scheduler import BatchScheduler
+    from backend.engines.embedded.weights import choose_dtype, read_config, read_tensors
+
+    torch.set_num_threads(setup.threads)
+    folder = Path(setup.folder)
+    config = LlamaConfig.from_hf(read_config(folder))
+    model = Llama(config, read_tensors(folder), choose_dtype(setup.dtype))
+    tokenizer = AutoTokenizer.from_pretrained(folder)
+    return BatchScheduler(model, tokenizer, setup.eos_ids, setup.max_rows, setup.context, on_pass_end)
+
+
+def main(argv: list[str]) -> int:
+    """Child entry: `python -m backend.engines.embedded.child COMMAND_FD RESULT_FD`."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")  # the folder is local; never let a library try the hub
+    commands = Connection(int(argv[0]), writable=False)
+    results = Connection(int(argv[1]), readable=False)
+    try:
+        setup = commands.recv()
+    except (EOFError, OSError):
+        return 0
+    outbox = StepOutbox(results)
+    try:
+        outbox.scheduler = build_scheduler(setup, outbox.flush)
+    except Exception as exc:  # noqa: BLE001 - every loading failure goes to the parent, which reports it
+        results.send(("failed", type(exc).__name__, str(exc)))
+        return 1
+    results.send(("ready", None))
+    threading.Thread(target=read_commands, args=(commands, outbox), name="commands", daemon=True).start()
+    outbox.scheduler.run()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
