@@ -56,8 +56,9 @@ def add_engine_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--model",
         default=env("DASHBOARD_MODEL", ""),
-        help="engine openai: the served model name (default: the first listed); sglang-engine and "
-        "auto on a GPU: the model path or HF id to load (env DASHBOARD_MODEL)",
+        help="embedded engine: a local HF-format Llama folder (or a hub id where the hub is reachable) "
+        "instead of the bundled SmolLM2-135M; openai: the served model name (default: the first "
+        "listed); sglang-engine and auto on a GPU: the model SGLang loads (env DASHBOARD_MODEL)",
     )
     parser.add_argument(
         "--threads",

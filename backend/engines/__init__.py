@@ -37,7 +37,8 @@ class EngineOptions:
     openai_url: str = ""
     """OpenAI-compatible server (engine openai)."""
     model: str = ""
-    """Model to serve or ask for: a path or hub id (sglang child, sglang-engine), a served name (openai)."""
+    """Embedded: a local HF-format folder or hub id, empty for the bundled SmolLM2-135M; sglang child and
+    sglang-engine: the model SGLang loads; openai: the served model name, empty for the first listed."""
 
 
 def create_engine(name: str, options: EngineOptions | None = None) -> Engine:
