@@ -21,12 +21,15 @@ class Outbox:
         self._queued_chunks: dict[ChunkKey, dict[str, Any]] = {}
         self.merged = 0
         """Chunk frames folded into an earlier queued one (how far the client lagged)."""
+        self.pushed = 0
+        """Frames pushed so far, merged or not: the send loop watches it to see a burst end."""
 
     def __len__(self) -> int:
         return len(self._frames)
 
     def push(self, frame: dict[str, Any]) -> None:
         """Queue a frame; a chunk may merge into its sample's queued chunk instead."""
+        self.pushed += 1
         kind = frame.get("type")
         if kind == "chunk":
             key = (frame["id"], frame["index"])
