@@ -10,6 +10,7 @@ import asyncio
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import time
@@ -195,7 +196,7 @@ def gone(pid: int) -> bool:
     return stat.rpartition(")")[2].split()[0] == "Z"
 
 
-async def test_stop_ends_the_running_requests_and_the_model_process() -> None:
+async def test_stop_ends_the_requests_and_the_process_and_a_dead_process_ends_them_too() -> None:
     engine = EmbeddedEngine(max_rows=2, context=256)
     await engine.start()
     pid = engine.worker_pid
@@ -211,6 +212,20 @@ async def test_stop_ends_the_running_requests_and_the_model_process() -> None:
     with pytest.raises(RequestRejected) as caught:
         engine.validate(PROMPT, 1, params())
     assert caught.value.code == "engine_not_ready"
+    # Started again, then its process dies mid-request: the request ends with "error", not a hang.
+    await engine.start()
+    pid = engine.worker_pid
+    assert pid is not None
+    generation = engine.generate(PROMPT, 2, params(100))
+    await anext(generation)
+    os.kill(pid, signal.SIGKILL)
+    _, reasons, _ = await collect(generation, 2)
+    assert "error" in reasons and None not in reasons
+    assert "exited" in engine.health()["failed"]
+    with pytest.raises(RequestRejected) as caught:
+        engine.validate(PROMPT, 1, params())
+    assert caught.value.code == "engine_not_ready"
+    await engine.stop()
 
 
 def test_the_model_loads_with_no_network_and_its_process_dies_with_the_backend() -> None:

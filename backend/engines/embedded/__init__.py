@@ -117,9 +117,8 @@ class EmbeddedEngine(Engine):
         dtype = str(self.dtype).removeprefix("torch.")
         setup = WorkerSetup(str(folder.path), dtype, self.threads, self.max_rows, self.context, eos_ids)
         worker = WorkerProcess(setup, self._on_message)
-        worker.start()
-        self.tokenizer, self.worker, self._failure = tokenizer, worker, None
-        self._figures = {"running_rows": 0}
+        figures = worker.start()
+        self.tokenizer, self.worker, self._failure, self._figures = tokenizer, worker, None, figures
         self._model_name = f"{folder.name}, {dtype}, {self.threads} thread(s), CPU"
         log.info(
             "embedded engine ready: %s (torch %s, process %d)",

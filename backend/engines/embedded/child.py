@@ -132,7 +132,7 @@ def main(argv: list[str]) -> int:
     except Exception as exc:  # noqa: BLE001 - every loading failure goes to the parent, which reports it
         results.send(("failed", type(exc).__name__, str(exc)))
         return 1
-    results.send(("ready", None))
+    results.send(("ready", outbox.scheduler.snapshot()))
     threading.Thread(target=read_commands, args=(commands, outbox), name="commands", daemon=True).start()
     outbox.scheduler.run()
     return 0

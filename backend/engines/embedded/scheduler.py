@@ -11,8 +11,9 @@ finishes). Each pass:
    prefill the prompt once, copy its cache into n rows, sample each row's first token;
 3. decode one token for every running row, of every request, in one batch.
 
-Chunks go to each request's `Sink` from this thread; `on_pass_end`, if given, runs after every
-pass, so whoever forwards them can send one step's output of all requests at once.
+Chunks go to each request's `Sink` from this thread; `on_pass_end`, if given, runs after the
+admissions and after the decode step of every pass, so whoever forwards the chunks can send each
+step's output of all requests at once, and the first tokens leave before the next decode step.
 """
 
 from __future__ import annotations
@@ -189,6 +190,7 @@ class BatchScheduler:
             try:
                 self._read_inbox(block=not self.rows and not self.waiting)
                 self._admit()
+                self._pass_end()
                 if self.rows:
                     self._step()
             except Exception:

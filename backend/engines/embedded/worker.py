@@ -9,7 +9,7 @@ as `multiprocessing.connection.Connection`s:
 
 - commands, parent to child: a `WorkerSetup` first, then `("submit", id, prompt_ids, n, params)`,
   `("abort", id, index)` and `("stop",)`;
-- results, child to parent: `("ready", None)` or `("failed", error class, message)` after loading,
+- results, child to parent: `("ready", stats)` or `("failed", error class, message)` after loading,
   then one `("step", outputs, positions, stats)` per scheduler pass that produced anything, where
   `outputs` is `[(id, [(index, text, tokens, finish_reason, meta), ...]), ...]`, `positions` is
   `[(id, queue position), ...]` and `stats` the scheduler's `snapshot()`.
@@ -75,8 +75,9 @@ class WorkerProcess:
         """The child's process id (None before `start`)."""
         return None if self.process is None else self.process.pid
 
-    def start(self, timeout: float = LOAD_TIMEOUT_S) -> None:
-        """Start the child and wait until it has loaded the model; raises what kept it from loading."""
+    def start(self, timeout: float = LOAD_TIMEOUT_S) -> dict[str, Any]:
+        """Start the child and wait until it has loaded the model; its first figures, or what kept it
+        from loading, raised."""
         command_read, command_write = os.pipe()
         result_read, result_write = os.pipe()
         env = dict(os.environ)
@@ -116,6 +117,7 @@ class WorkerProcess:
             raise load_error(status[1], status[2])
         self._reader = threading.Thread(target=self._read, name="embedded-results", daemon=True)
         self._reader.start()
+        return status[1]
 
     def send(self, message: Any) -> bool:
         """Send one command; False if the child is gone (its requests have ended or will)."""
