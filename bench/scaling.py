@@ -128,7 +128,7 @@ def main() -> int:
     parser.add_argument("--conns", default="1,16,64,256", help="connections for table 2")
     parser.add_argument("--conn-n", type=int, default=1, help="samples per request in table 2")
     parser.add_argument("--rate", type=float, default=20.0, help="tokens/s per sample")
-    parser.add_argument("--seconds", type=float, default=3.0, help="about how long each run streams")
+    parser.add_argument("--seconds", type=float, default=2.0, help="about how long each run streams")
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--no-trace", action="store_true", help="run the backend with --no-trace")
     args = parser.parse_args()
