@@ -176,16 +176,25 @@ class BackendRun:
 
     async def updates(self, interval: float) -> AsyncIterator[RunView]:
         """The view each time it changed, at most once per `interval` seconds, until the run ends."""
+        loop = asyncio.get_running_loop()
         while True:
             await self._changed.wait()
             self._changed.clear()
             # Decided before yielding: the run may end while the consumer renders, and that
             # final state must still be yielded once more.
             finished = self.view.finished
+            yielded_at = loop.time()
             yield self.view
             if finished:
                 return
-            await asyncio.sleep(interval)
+            # A frame clock: the consumer's render time counts toward the interval (sleeping a
+            # whole interval after each render gave the page 5-7 updates a second, not 15), and
+            # the end of the run is shown at once instead of at the next tick.
+            remaining = yielded_at + interval - loop.time()
+            if remaining > 0:
+                with contextlib.suppress(TimeoutError):
+                    async with asyncio.timeout(remaining):
+                        await self._finished.wait()
 
     async def cancel(self, index: int | None = None) -> None:
         """Ask the backend to stop every sample, or only sample `index`."""
