@@ -23,9 +23,11 @@ lint: $(VENV)/.dev
 	$(PY) -m ruff check .
 	$(PY) -m ruff format --check .
 
-bench: $(VENV)/.dev  ## print the coalescing and transport figures (docs/benchmarks.md)
+bench: $(VENV)/.dev  ## print the coalescing, transport, tracer and load figures (docs/benchmarks.md)
 	$(PY) bench/coalescing.py
 	$(PY) bench/transport.py --rates 500 --rounds 2 --gradio-ns 8
+	$(PY) bench/trace_overhead.py
+	$(PY) bench/load.py
 
 screenshot: $(VENV)/.dev chromium  ## refresh docs/screenshot.png
 	$(PY) scripts/screenshot.py docs/screenshot.png
