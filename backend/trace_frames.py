@@ -45,6 +45,10 @@ def task_label(name: str, connection: str) -> str:
     return head if owner == connection else OTHER_CONNECTION
 
 
+_NO_EVENT = 1 << 80
+"""Larger than any perf_counter_ns(): the first event's start is always below it."""
+
+
 def _ms(ns: int, origin_ns: int) -> float:
     return round((ns - origin_ns) / 1e6, 3)
 
@@ -62,10 +66,13 @@ def live_frame(events: Iterable[Event], origin_ns: int, connection: str) -> dict
     open_chunk: dict[tuple[Any, int], list[Any]] = {}
     cancels: list[list[Any]] = []
     busy_ns = idle_ns = steps = frames = frame_bytes = 0
-    start_ns = end_ns = None
+    # Comparisons, not min()/max() calls: this loop runs for every event the loop recorded.
+    start_ns, end_ns = _NO_EVENT, -1
     for kind, start, duration, subject, detail in events:
-        start_ns = start if start_ns is None else min(start_ns, start)
-        end_ns = start + duration if end_ns is None else max(end_ns, start + duration)
+        if start < start_ns:
+            start_ns = start
+        if start + duration > end_ns:
+            end_ns = start + duration
         if kind == STEP:
             steps += 1
             busy_ns += duration
@@ -108,11 +115,18 @@ def live_frame(events: Iterable[Event], origin_ns: int, connection: str) -> dict
             frame_bytes += detail[1]
     return {
         "type": "trace",
-        "start_ms": None if start_ns is None else _ms(start_ns, origin_ns),
-        "end_ms": None if end_ns is None else _ms(end_ns, origin_ns),
+        "start_ms": None if end_ns < 0 else _ms(start_ns, origin_ns),
+        "end_ms": None if end_ns < 0 else _ms(end_ns, origin_ns),
         "names": names,
         "slices": [
-            [_ms(s, origin_ns), _ms(e, origin_ns), round(busy / 1e6, 3), name, count, round(longest / 1e6, 3)]
+            [
+                round((s - origin_ns) / 1e6, 3),
+                round((e - origin_ns) / 1e6, 3),
+                round(busy / 1e6, 3),
+                name,
+                count,
+                round(longest / 1e6, 3),
+            ]
             for s, e, busy, name, count, longest in slices
         ],
         "idle": idle,
