@@ -17,7 +17,8 @@ from backend.engines.streams import (
     sglang_finish_reason,
 )
 
-FIXTURES = Path(__file__).resolve().parent.parent.parent / "shared" / "fixtures"
+FIXTURES = Path(__file__).resolve().parent / "fixtures"
+"""Real streams recorded from SGLang and vLLM servers (tests/fixtures/README.md says how)."""
 STREAMS = sorted(FIXTURES.glob("*.sse"))
 
 
