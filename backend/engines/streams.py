@@ -1,7 +1,7 @@
 """Sans-I/O parsers for what engine servers stream: SSE framing, SGLang's native stream, OpenAI's.
 
 Nothing here touches a socket: bytes go in, `Chunk`s come out, so the unit tests drive these
-classes with bytes recorded from real servers (../shared/fixtures). The HTTP engines are thin
+classes with bytes recorded from real servers (tests/fixtures). The HTTP engines are thin
 shells around them.
 
 - `SSEDecoder` turns response bytes, split anywhere, into the `data:` payload of each event.
