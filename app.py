@@ -11,6 +11,7 @@ import argparse
 import logging
 import os
 import secrets
+import signal
 import sys
 
 from backend.cli import (
@@ -57,6 +58,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return parser.parse_args(argv)
 
 
+def _exit_on_signal(signum: int, frame: object) -> None:
+    raise SystemExit(128 + signum)
+
+
 def page_origins(host: str, port: int) -> list[str]:
     """The origins this page is served from, allowed by the backend's Origin check."""
     hosts = {host, "127.0.0.1", "localhost"} if host in ("127.0.0.1", "0.0.0.0", "localhost") else {host}
@@ -88,6 +93,9 @@ def main(argv: list[str] | None = None) -> int:
 
     demo = build_demo(backend_url, n_max=limits.n_max, max_tokens_max=limits.max_tokens_max, token=args.token)
     print(f"backend: {backend_url}", flush=True)
+    # SIGTERM (a supervisor, a Space restarting) ends the process like Ctrl-C does, so the
+    # `finally` below stops the backend process instead of leaving it running.
+    signal.signal(signal.SIGTERM, _exit_on_signal)
     try:
         demo.launch(server_name=args.host, server_port=args.port, show_error=True, css=CSS)
     finally:

@@ -13,6 +13,7 @@ import argparse
 import asyncio
 import contextlib
 import multiprocessing
+import os
 import signal
 from multiprocessing.connection import Connection
 
@@ -20,8 +21,18 @@ START_TIMEOUT_S = 300.0
 """How long app.py waits for the backend (an engine's first start may convert model weights)."""
 
 
-def _serve(args: argparse.Namespace, host: str, port: int, ready: Connection) -> None:
-    """Child process: build, start, report the URL, serve until SIGTERM."""
+PARENT_CHECK_S = 1.0
+"""How often the child checks that app.py still runs: a killed parent must not leave it serving."""
+
+
+async def _stop_when_orphaned(parent: int, stop: asyncio.Event) -> None:
+    while os.getppid() == parent:  # noqa: ASYNC110 - a parent leaving has no event to await
+        await asyncio.sleep(PARENT_CHECK_S)
+    stop.set()
+
+
+def _serve(args: argparse.Namespace, host: str, port: int, ready: Connection, parent: int) -> None:
+    """Child process: build, start, report the URL, serve until SIGTERM or until app.py is gone."""
     import logging
 
     from backend.server_cli import server_from_args
@@ -38,9 +49,11 @@ def _serve(args: argparse.Namespace, host: str, port: int, ready: Connection) ->
         ready.send(("ready", server.url))
         stop = asyncio.Event()
         asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, stop.set)
+        watcher = asyncio.create_task(_stop_when_orphaned(parent, stop), name="parent watch")
         try:
             await stop.wait()
         finally:
+            watcher.cancel()
             await server.close()
 
     with contextlib.suppress(KeyboardInterrupt):
@@ -54,7 +67,7 @@ class BackendProcess:
         context = multiprocessing.get_context("spawn")
         self._parent, child = context.Pipe(duplex=False)
         self._process = context.Process(
-            target=_serve, args=(args, host, port, child), name="backend", daemon=True
+            target=_serve, args=(args, host, port, child, os.getpid()), name="backend", daemon=True
         )
 
     def start_and_wait(self, timeout: float = START_TIMEOUT_S) -> str:

@@ -1,7 +1,7 @@
 """Take a screenshot of the dashboard mid-stream: `python scripts/screenshot.py [OUT.png]`.
 
 Starts `app.py` on the synthetic engine on free ports, drives Debian's chromium with Playwright
-(n=4, Generate), and saves the page while the samples are still streaming.
+(n=8, Generate), and saves the page while the samples are still streaming.
 """
 
 from __future__ import annotations
@@ -25,13 +25,13 @@ def main(out: str = "docs/screenshot.png") -> int:
     try:
         with sync_playwright() as p:
             browser = p.chromium.launch(executable_path=chromium_path(), args=CHROMIUM_ARGS)
-            page = browser.new_page(viewport={"width": 1440, "height": 1000})
+            page = browser.new_page(viewport={"width": 1440, "height": 1150})
             page.goto(f"http://127.0.0.1:{port}/")
-            page.locator("#n input[type=number]").fill("4")
+            page.locator("#n input[type=number]").fill("8")
             page.locator("#n input[type=number]").press("Enter")
             page.locator("#generate").click()
             page.wait_for_function(
-                "document.querySelector('#sample-3 textarea')?.value.length > 120", timeout=30_000
+                "document.querySelector('#sample-7 textarea')?.value.length > 120", timeout=30_000
             )
             time.sleep(1.0)
             page.screenshot(path=str(ROOT / out), full_page=False)

@@ -190,3 +190,32 @@ def test_the_trace_of_a_run_exports_for_perfetto(app: dict[str, Any]) -> None:
     # the blocking consumer shows up as loop slices of about block_ms
     consume = [e["dur"] for e in events if e["ph"] == "X" and e["name"].startswith("consume")]
     assert consume and max(consume) >= 4_000
+
+
+def children_of(pid: int) -> list[int]:
+    """Child process ids, from /proc (Linux)."""
+    try:
+        with open(f"/proc/{pid}/task/{pid}/children") as handle:
+            return [int(p) for p in handle.read().split()]
+    except FileNotFoundError:
+        return []
+
+
+def alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as handle:
+            return handle.read().split()[2] != "Z"
+    except FileNotFoundError:
+        return False
+
+
+@pytest.mark.parametrize("signal_name", ["SIGTERM", "SIGKILL"])
+def test_the_backend_process_ends_with_the_app(signal_name: str) -> None:
+    import signal as signals
+
+    process = start_app(free_port())
+    backends = [pid for pid in children_of(process.pid) if alive(pid)]
+    assert backends, "app.py runs its backend in a child process"
+    process.send_signal(getattr(signals, signal_name))
+    process.wait(15)
+    wait_for(lambda: not any(alive(pid) for pid in backends), limit_s=10)
