@@ -16,7 +16,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -27,7 +26,7 @@ from websockets.asyncio.client import connect
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from tests.harness import free_port  # noqa: E402
+from tests.harness import start_backend, stop_process  # noqa: E402
 from ui.app import UPDATES_PER_S  # noqa: E402
 from ui.client import BackendRun  # noqa: E402
 
@@ -109,45 +108,12 @@ def main() -> int:
     parser.add_argument("--rate", type=float, default=400.0, help="tokens/s per sample")
     parser.add_argument("--stall", type=float, default=3.0, help="seconds the stalled reader reads nothing")
     args = parser.parse_args()
-    port = free_port()
-    backend = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "backend",
-            "--engine",
-            "synthetic",
-            "--port",
-            str(port),
-            "--rate",
-            str(args.rate),
-            "--jitter",
-            "0",
-        ],
-        cwd=ROOT,
-        stderr=subprocess.DEVNULL,
-    )
-    url = f"ws://127.0.0.1:{port}/ws"
+    backend, port = start_backend(["--engine", "synthetic", "--rate", str(args.rate), "--jitter", "0"])
     try:
-        asyncio.run(wait_and_measure(url, args))
+        asyncio.run(measure(f"ws://127.0.0.1:{port}/ws", args.n, args.max_tokens, args.stall))
     finally:
-        backend.terminate()
-        backend.wait(10)
+        stop_process(backend)
     return 0
-
-
-async def wait_and_measure(url: str, args: argparse.Namespace) -> None:
-    """Wait for the backend to listen, then measure."""
-    deadline = time.monotonic() + 30
-    while True:
-        try:
-            async with connect(url):
-                break
-        except OSError:
-            if time.monotonic() > deadline:
-                raise
-            await asyncio.sleep(0.2)
-    await measure(url, args.n, args.max_tokens, args.stall)
 
 
 if __name__ == "__main__":

@@ -24,7 +24,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import subprocess
 import sys
 import time
 import urllib.request
@@ -37,8 +36,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from backend.stats import percentile  # noqa: E402
-from bench.transport import stop  # noqa: E402
-from tests.harness import free_port, wait_for_http  # noqa: E402
+from tests.harness import LOCAL_LOAD_FLAGS, start_backend, stop_process  # noqa: E402
 
 LOAD_LIMIT_S = 600.0
 """How long the first start may take (it converts the model to a cached safetensors copy)."""
@@ -143,28 +141,11 @@ def main() -> int:
     parser.add_argument("--users", default="1,4,16", help="simultaneous users for table 2")
     parser.add_argument("--tokens", type=int, default=24, help="new tokens per sample")
     args = parser.parse_args()
-    port = free_port()
-    process = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "backend",
-            "--engine",
-            "embedded",
-            "--port",
-            str(port),
-            "--max-connections-per-address",
-            "100000",
-            "--requests-per-minute",
-            "100000",
-        ],
-        cwd=ROOT,
-    )
+    process, port = start_backend(["--engine", "embedded", *LOCAL_LOAD_FLAGS], limit_s=LOAD_LIMIT_S)
     try:
-        wait_for_http(f"http://127.0.0.1:{port}/health", process, LOAD_LIMIT_S)
         asyncio.run(measure(port, process, args))
     finally:
-        stop(process)
+        stop_process(process)
     return 0
 
 

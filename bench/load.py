@@ -27,7 +27,8 @@ sys.path.insert(0, str(ROOT))
 
 from backend.engines.synthetic import synthetic_tokens  # noqa: E402
 from backend.stats import percentile  # noqa: E402
-from tests.harness import free_port  # noqa: E402
+from tests.harness import LOCAL_LOAD_FLAGS, stop_process  # noqa: E402
+from tests.harness import start_backend as harness_start_backend  # noqa: E402
 
 
 @dataclass
@@ -121,42 +122,11 @@ def rss_mb(pid: int) -> tuple[float, float]:
 
 
 def start_backend(rate: float) -> tuple[subprocess.Popen[bytes], str]:
-    """`python -m backend` on the synthetic engine on a free port, once it listens."""
-    port = free_port()
-    process = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "backend",
-            "--engine",
-            "synthetic",
-            "--port",
-            str(port),
-            "--rate",
-            str(rate),
-            "--no-trace",
-            # every client here comes from 127.0.0.1: lift the per-address limits for the run
-            "--max-connections-per-address",
-            "100000",
-            "--requests-per-minute",
-            "100000",
-        ],
-        cwd=ROOT,
-        stderr=subprocess.DEVNULL,
+    """`python -m backend` on the synthetic engine, untraced, for many local clients; its URL."""
+    process, port = harness_start_backend(
+        ["--engine", "synthetic", "--rate", str(rate), "--no-trace", *LOCAL_LOAD_FLAGS]
     )
-    url = f"ws://127.0.0.1:{port}/ws"
-
-    async def wait() -> None:
-        async with asyncio.timeout(30):
-            while True:
-                try:
-                    async with connect(url):
-                        return
-                except OSError:
-                    await asyncio.sleep(0.2)
-
-    asyncio.run(wait())
-    return process, url
+    return process, f"ws://127.0.0.1:{port}/ws"
 
 
 def main() -> int:
@@ -192,8 +162,7 @@ def main() -> int:
                 print("  ", problem)
         print(f"chunk latency p50 {statistics.median(report.latencies_ms):.2f} ms, last round")
     finally:
-        process.terminate()
-        process.wait(10)
+        stop_process(process)
     return 0
 
 

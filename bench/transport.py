@@ -53,7 +53,9 @@ sys.path.insert(0, str(ROOT))
 from backend.engine import SamplingParams  # noqa: E402
 from backend.engines.synthetic import SyntheticEngine, synthetic_tokens  # noqa: E402
 from backend.stats import percentile  # noqa: E402
-from tests.harness import free_port, wait_for_http  # noqa: E402
+from tests.harness import LOCAL_LOAD_FLAGS, free_port, wait_for_http  # noqa: E402
+from tests.harness import start_backend as harness_start_backend  # noqa: E402
+from tests.harness import stop_process as stop  # noqa: E402
 
 HEARTBEAT_S = 0.02
 """The direct run's lag heartbeat: the backend tracer's interval, so both lag columns compare."""
@@ -158,44 +160,11 @@ def start_backend(
     rate: float, n_max: int, trace: bool = True, root: Path = ROOT
 ) -> tuple[subprocess.Popen[bytes], int]:
     """`python -m backend` (from checkout `root`) on the synthetic engine, once `/health` answers."""
-    port = free_port()
-    args = [
-        sys.executable,
-        "-m",
-        "backend",
-        "--engine",
-        "synthetic",
-        "--port",
-        str(port),
-        "--rate",
-        str(rate),
-        "--jitter",
-        "0",
-        "--n-max",
-        str(n_max),
-        # every client here comes from 127.0.0.1: lift the per-address limits for the run
-        "--max-connections-per-address",
-        "100000",
-        "--requests-per-minute",
-        "100000",
-        "--max-total-samples",
-        "100000",
-    ]
+    flags = ["--engine", "synthetic", "--rate", str(rate), "--jitter", "0", "--n-max", str(n_max)]
+    flags += [*LOCAL_LOAD_FLAGS, "--max-total-samples", "100000"]
     if not trace:
-        args.append("--no-trace")
-    process = subprocess.Popen(args, cwd=root, stderr=subprocess.DEVNULL)
-    wait_for_http(f"http://127.0.0.1:{port}/health", process)
-    return process, port
-
-
-def stop(process: subprocess.Popen[bytes]) -> None:
-    """Terminate a process this script started and wait for it."""
-    process.terminate()
-    try:
-        process.wait(10)
-    except subprocess.TimeoutExpired:
-        process.kill()
-        process.wait(10)
+        flags.append("--no-trace")
+    return harness_start_backend(flags, root=root)
 
 
 def p(values: list[float] | None, q: float) -> float:

@@ -54,6 +54,36 @@ def wait_for_http(url: str, process: subprocess.Popen[bytes], limit_s: float = 9
     raise TimeoutError(f"{url} did not answer within {limit_s:g} s")
 
 
+LOCAL_LOAD_FLAGS = ("--max-connections-per-address", "100000", "--requests-per-minute", "100000")
+"""Backend flags for many clients from this one host: lift the per-address limits for a test or benchmark."""
+
+
+def start_backend(
+    flags: list[str] | tuple[str, ...], root: Path = ROOT, limit_s: float = 60.0
+) -> tuple[subprocess.Popen[bytes], int]:
+    """`python -m backend FLAGS` (from checkout `root`) on a free port, once its /health answers."""
+    port = free_port()
+    process = subprocess.Popen(
+        [sys.executable, "-m", "backend", "--port", str(port), *flags], cwd=root, stderr=subprocess.DEVNULL
+    )
+    try:
+        wait_for_http(f"http://127.0.0.1:{port}/health", process, limit_s)
+    except BaseException:
+        stop_process(process)
+        raise
+    return process, port
+
+
+def stop_process(process: subprocess.Popen[bytes]) -> None:
+    """Terminate a process a test or benchmark started, and wait for it (kill if it lingers)."""
+    process.terminate()
+    try:
+        process.wait(10)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        process.wait(10)
+
+
 def start_app(
     port: int, rate: float = 20.0, backend_port: int | None = None, extra: list[str] | None = None
 ) -> subprocess.Popen[bytes]:
