@@ -367,3 +367,85 @@ def test_load_on_the_embedded_engine_at_a_smaller_scale() -> None:
         process.wait(30)
     assert len(first) == 8 and all(first.values())
     assert first == second  # every sample reassembles to the same text when its seed repeats
+
+
+class DyingSGLang:
+    """An HTTP server on 127.0.0.1 that answers like SGLang, then dies in the middle of a stream.
+
+    /health and /model_info answer as the real server did; POST /generate sends the first part of
+    a stream recorded from a real SGLang server (tests/fixtures) and then drops the connection,
+    as a server that crashes or restarts mid-stream does.
+    """
+
+    def __init__(self) -> None:
+        fixtures = ROOT / "tests" / "fixtures"
+        self.stream = (fixtures / "sglang-generate-n4-cumulative.sse").read_bytes()
+        self.model_info = (fixtures / "sglang-model_info.json").read_bytes()
+        self.server: asyncio.Server | None = None
+
+    async def start(self) -> str:
+        self.server = await asyncio.start_server(self._serve, "127.0.0.1", 0)
+        return f"http://127.0.0.1:{self.server.sockets[0].getsockname()[1]}"
+
+    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        try:
+            while True:
+                head = await reader.readuntil(b"\r\n\r\n")
+                request_line = head.split(b"\r\n")[0].decode()
+                length = 0
+                for line in head.split(b"\r\n")[1:]:
+                    if line.lower().startswith(b"content-length:"):
+                        length = int(line.split(b":")[1])
+                await reader.readexactly(length)
+                if request_line.startswith("POST /generate"):
+                    writer.write(
+                        b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\nconnection: close\r\n\r\n"
+                    )
+                    cut = self.stream.index(b"\n\n", len(self.stream) // 3) + 2
+                    writer.write(self.stream[:cut])
+                    await writer.drain()
+                    writer.transport.abort()  # the server dies mid-stream
+                    return
+                body = self.model_info if "/model_info" in request_line else b'{"ok": true}'
+                writer.write(
+                    b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\n"
+                    + f"content-length: {len(body)}\r\n\r\n".encode()
+                    + body
+                )
+                await writer.drain()
+        except (asyncio.IncompleteReadError, ConnectionError):
+            writer.close()
+
+    async def close(self) -> None:
+        if self.server is not None:
+            self.server.close()
+
+
+async def test_an_sglang_server_dying_mid_stream_ends_the_samples_with_error() -> None:
+    from backend.engines.sglang import SGLangEngine
+
+    dying = DyingSGLang()
+    url = await dying.start()
+    backend = BackendServer(SGLangEngine(url), port=0)
+    await backend.start()
+    try:
+        async with connect(backend.url) as ws:
+            for rid in ("first", "second"):  # and the backend keeps serving the next request
+                await ws.send(generate(rid, n=4, max_tokens=32))
+                frames = []
+                async with asyncio.timeout(30):
+                    while True:
+                        frame = json.loads(await ws.recv())
+                        frames.append(frame)
+                        if frame["type"] == "done":
+                            break
+                chunks = [f for f in frames if f["type"] == "chunk"]
+                finishes = [f for f in frames if f["type"] == "finish"]
+                assert chunks, "what streamed before the failure reached the client"
+                assert sorted(f["index"] for f in finishes) == [0, 1, 2, 3]
+                assert {f["reason"] for f in finishes} == {"error"}
+                # each affected sample says what happened
+                assert all("ended the stream" in f["engine"]["error"] for f in finishes)
+    finally:
+        await backend.close()
+        await dying.close()

@@ -101,7 +101,14 @@ def test_view_ignores_other_requests_and_reports_errors() -> None:
     assert "**#0**" in header and "`streaming`" in header and "2 tok" in header
     assert "5.0 tok/s" in header and "TTFT 200 ms" in header
     assert "`waiting`" in header_markdown(view.samples[1], view.started_at, now=0.5)
+    view.apply(
+        {"type": "finish", "id": "r1", "index": 1, "reason": "error", "engine": {"error": "boom"}}, 0.6
+    )
+    view.apply(
+        {"type": "finish", "id": "r1", "index": 0, "reason": "error", "engine": {"error": "boom"}}, 0.6
+    )
+    assert view.errors == ["boom"]  # an engine's message, once
     view.close("the backend closed the connection before the run ended")
     assert view.finished
     assert [s.status for s in view.samples] == ["error", "error"]
-    assert "**Error:** the backend closed the connection" in status_markdown(view)
+    assert "**Error:** boom" in status_markdown(view)

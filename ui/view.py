@@ -103,6 +103,9 @@ class RunView:
         elif kind == "finish" and self._has(frame):
             sample = self.samples[frame["index"]]
             sample.status = frame["reason"]
+            engine_error = (frame.get("engine") or {}).get("error")
+            if frame["reason"] == "error" and engine_error and engine_error not in self.errors:
+                self.errors.append(engine_error)
             sample.stats = frame.get("stats")
             if sample.stats:
                 sample.tokens = sample.stats.get("tokens", sample.tokens)
