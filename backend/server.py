@@ -2,9 +2,10 @@
 
 A thin I/O shell: parsing lives in `protocol`, request bookkeeping in `session`, send-side merging
 in `outbox`, trace framing in `trace_frames`. Each connection has one receive loop (`ws reader @c1`),
-one send loop (`send @c1`), a trace loop (`trace @c1`) and a task per running request
-(`consume r1 @c1`); closing the connection aborts its requests in the engine. The loop is traced
-by `LoopTracer`. `GET /health` reports the engine's load and the tracer's cost.
+one send loop (`send @c1`) and a task per running request (`consume r1 @c1`); closing the
+connection aborts its requests in the engine. The loop is traced by `LoopTracer`, and one `trace`
+task (`trace_feed`) sends every traced connection its live frames. `GET /health` reports the
+engine's load and the tracer's cost.
 """
 
 from __future__ import annotations
@@ -46,15 +47,13 @@ from backend.protocol import (
 from backend.session import RequestState
 from backend.settings import OUTBOX_MAX_FRAMES, SEED_MAX, SEND_BUFFER_BYTES, WS_MAX_MESSAGE_BYTES, Limits
 from backend.trace import LoopTracer
-from backend.trace_frames import chrome_trace, live_frame
+from backend.trace_feed import TraceFeed
+from backend.trace_frames import chrome_trace
 
 log = logging.getLogger("backend")
 
 WS_PATH = "/ws"
 HEALTH_PATH = "/health"
-
-TRACE_FRAMES_PER_S = 10
-"""Trace frames per second per connection while it has requests: a live view, batched."""
 
 SEND_INTERVAL_S = 0.004
 """Longest a connection's pending frames wait for more to join them in one socket write.
@@ -118,6 +117,7 @@ class ClientSession:
         admission: Admission | None = None,
         address: str = "",
         log_prompts: bool = False,
+        feed: TraceFeed | None = None,
     ) -> None:
         self.ws = ws
         self.engine = engine
@@ -134,7 +134,7 @@ class ClientSession:
         self._wake = asyncio.Event()
         self._side_tasks: set[asyncio.Task[None]] = set()
         self._closing = False
-        self._trace_cursor = 0
+        self.feed = feed
 
     async def serve(self) -> None:
         """Read frames until the client leaves, then abort whatever it left running."""
@@ -142,9 +142,6 @@ class ClientSession:
         if current is not None:
             current.set_name(f"ws reader @{self.label}")
         sender = asyncio.create_task(self._send_loop(), name=f"send @{self.label}")
-        tracing = None
-        if self.tracer is not None:
-            tracing = asyncio.create_task(self._trace_loop(), name=f"trace @{self.label}")
         try:
             async for message in self.ws:
                 self.handle_message(message)
@@ -155,10 +152,8 @@ class ClientSession:
             for task in running:
                 task.cancel()
             await asyncio.gather(*running, *self._side_tasks, return_exceptions=True)
-            background = [task for task in (sender, tracing) if task is not None]
-            for task in background:
-                task.cancel()
-            await asyncio.gather(*background, return_exceptions=True)
+            sender.cancel()
+            await asyncio.gather(sender, return_exceptions=True)
 
     def handle_message(self, message: str | bytes) -> None:
         """Act on one client frame; every rejection becomes an `error` frame."""
@@ -222,8 +217,8 @@ class ClientSession:
             log.info(
                 "request %s from %s: n=%d prompt=%r", command.id, self.address, command.n, command.prompt
             )
-        if self.tracer is not None and not self.requests:
-            self._trace_cursor = self.tracer.recorded  # a new burst of activity: trace from here
+        if self.feed is not None and command.trace:
+            self.feed.request_started()
         state = RequestState(command.id, command.n, params, loop.time())
         running = RunningRequest(command, state, generation, time.perf_counter_ns())
         self.requests[command.id] = running
@@ -266,8 +261,8 @@ class ClientSession:
                 self.windows[state.request_id] = (running.start_ns, time.perf_counter_ns())
                 while len(self.windows) > EXPORT_HISTORY:
                     self.windows.popitem(last=False)
-                if running.command.trace and self.tracer is not None:
-                    self._flush_trace()  # the last of the trace goes before `done`
+                if running.command.trace and self.feed is not None:
+                    self.feed.flush()  # the last of the trace goes before `done`
                 self.send(state.done(loop.time()))
                 del self.requests[state.request_id]
                 self.admission.end_request(state.n)
@@ -350,23 +345,14 @@ class ClientSession:
                     self.ws.transport.abort()
                     return
                 if tracer is not None:
-                    for frame, message in zip(frames, messages, strict=True):
-                        tracer.frame(self.label, frame["type"], len(message))
+                    tracer.frames(self.label, len(messages), sum(map(len, messages)))
         except ConnectionClosed:
             pass
 
-    def _flush_trace(self) -> None:
-        """Send what the tracer recorded since the last trace frame, if anything."""
-        assert self.tracer is not None
-        events, self._trace_cursor = self.tracer.since(self._trace_cursor)
-        if events:
-            self.send(live_frame(events, self.tracer.origin_ns, self.label))
-
-    async def _trace_loop(self) -> None:
-        while True:
-            await asyncio.sleep(1 / TRACE_FRAMES_PER_S)
-            if any(r.command.trace for r in self.requests.values()):
-                self._flush_trace()
+    @property
+    def wants_trace(self) -> bool:
+        """Whether a request that asked for live trace frames is running on this connection."""
+        return any(r.command.trace for r in self.requests.values())
 
 
 class BackendServer:
@@ -389,6 +375,8 @@ class BackendServer:
         self.port = port
         self.sessions: set[ClientSession] = set()
         self.tracer = LoopTracer() if trace else None
+        self.feed = TraceFeed(self.tracer) if self.tracer is not None else None
+        self._feed_task: asyncio.Task[None] | None = None
         self.admission = Admission(self.limits)
         self.allowed_origins = allowed_origins
         self.token = token
@@ -400,6 +388,8 @@ class BackendServer:
         """Trace this loop, start the engine, then listen; `port` becomes the bound port."""
         if self.tracer is not None:
             self.tracer.install(asyncio.get_running_loop())
+        if self.feed is not None:
+            self._feed_task = asyncio.create_task(self.feed.run(), name="trace")
         await self.engine.start()
         self._server = await serve(
             self._handle,
@@ -430,6 +420,9 @@ class BackendServer:
             self._server.close()
             await self._server.wait_closed()
         await self.engine.stop()
+        if self._feed_task is not None:
+            self._feed_task.cancel()
+            await asyncio.gather(self._feed_task, return_exceptions=True)
         if self.tracer is not None:
             self.tracer.uninstall()
 
@@ -454,7 +447,7 @@ class BackendServer:
             if self.tracer is None
             else {
                 "events_recorded": self.tracer.recorded,
-                "events_kept": len(self.tracer.events),
+                "events_kept": self.tracer.kept,
                 "overhead_per_event_ns": round(self.tracer.overhead_per_event_ns(), 1),
             },
         }
@@ -480,13 +473,18 @@ class BackendServer:
             self.admission,
             address,
             self.log_prompts,
+            self.feed,
         )
         self.sessions.add(session)
+        if self.feed is not None:
+            self.feed.add(session)
         log.info("client %s connected from %s", session.label, address)
         try:
             await session.serve()
         finally:
             self.sessions.discard(session)
+            if self.feed is not None:
+                self.feed.discard(session)
             self.admission.disconnect(address)
             log.info("client %s left", session.label)
 

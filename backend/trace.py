@@ -3,58 +3,58 @@
 Hooks, all on one plain asyncio loop (uvloop's handles are not Python objects, so it is not used):
 
 - every callback the loop runs goes through `asyncio.events.Handle._run`; a task step is such a
-  callback whose `_callback.__self__` is the task (true of CPython's C Task too). The patched
-  `_run` times it when its loop carries a tracer and does nothing else otherwise;
+  callback whose `_callback.__self__` is the task (true of CPython's C Task too). While a loop is
+  traced, `_run` is wrapped by a closure bound to that loop; callbacks of other loops go straight
+  through;
 - the loop's selector is wrapped so that each `select()` call, the loop's idle wait, is timed;
 - a heartbeat task sleeps a fixed interval and records how late it woke (loop lag);
 - the server records chunks, frames and the cancel chain through `chunk`, `frame`, `cancel`.
 
-Events go to a ring buffer (`collections.deque` with `maxlen`), so memory is bounded whatever the
-load. Each event is a tuple `(kind, start_ns, duration_ns, subject, detail)` with times from
-`time.perf_counter_ns()`. Steps are stored under their task's name (or the callback's qualified
-name), never as objects. The tracer measures its own cost per step event (on a sample of them).
+Recording a step is the cost that matters (the loop runs tens of thousands a second), so it is one
+clock read and two list stores: the loop runs callbacks back to back after each `select()`, so a
+step starts where the previous step or idle wait ended, and only its end is read. The ring is two
+preallocated lists (times and items, a step's item being its task's name), filled in place: no
+tuple, no attribute lookup, nothing for the garbage collector. `since()` and `events` turn the ring
+back into `(kind, start_ns, duration_ns, subject, detail)` tuples, with times from
+`time.perf_counter_ns()`. The tracer measures its own recording cost on a sample of steps.
 """
 
 from __future__ import annotations
 
 import asyncio
-import itertools
 import selectors
 import time
-from collections import deque
 from collections.abc import Callable
 from typing import Any
 
 STEP = 0
 """A callback or task step ran: subject is its name (the task's), duration its run time."""
 IDLE = 1
-"""The loop waited in select(): detail is how many events it returned."""
+"""The loop waited in select(): detail is how many events it returned. A poll with timeout 0 (the
+loop had callbacks ready) is not recorded: its few microseconds go to the step after it."""
 LAG = 2
 """A heartbeat woke late by duration_ns."""
 CHUNK = 3
 """A chunk arrived from the engine: subject is the request key, detail (index, tokens)."""
 FRAME = 4
-"""A frame was written to a socket: subject is the connection label, detail (type, bytes)."""
+"""Frames were written to a socket in one write: subject is the connection label, detail (frames,
+bytes)."""
 CANCEL = 5
 """A step of the cancel chain: subject is the request key, detail (stage, index)."""
 
 TRACE_CAPACITY = 200_000
-"""Events kept (about 100 bytes each): bounds the tracer's memory; the oldest are dropped."""
+"""Events kept (about 30 bytes each in the ring, plus other events' tuples): bounds the tracer's
+memory; the oldest are overwritten."""
 
 HEARTBEAT_INTERVAL_S = 0.02
 """How often the heartbeat checks the loop's lateness; each wake-up is one more event."""
 
+OVERHEAD_SAMPLE = 32
+"""The tracer times its own recording on one step in 32 (a clock read costs ~0.1 us here)."""
+
 Event = tuple[int, int, int, Any, Any]
 
-_TRACER_ATTRIBUTE = "_loop_tracer"
-_original_handle_run: Callable[[asyncio.Handle], None] | None = None
-
-
-_Task = asyncio.Task
 _names: dict[Any, str] = {}
-
-OVERHEAD_SAMPLE = 32
-"""The tracer times its own recording on one step event in 32 (a clock read costs ~0.1-0.3 us)."""
 
 
 def _other_name(callback: Any) -> str:
@@ -68,36 +68,6 @@ def _other_name(callback: Any) -> str:
     return name
 
 
-def _traced_handle_run(handle: asyncio.Handle) -> None:
-    """Handle._run, timed when the handle's loop is traced."""
-    tracer: LoopTracer | None = getattr(handle._loop, _TRACER_ATTRIBUTE, None)  # type: ignore[attr-defined]
-    if tracer is None:
-        _original_handle_run(handle)  # type: ignore[misc]
-        return
-    start = _clock()
-    _original_handle_run(handle)  # type: ignore[misc]
-    end = _clock()
-    callback = handle._callback  # type: ignore[attr-defined]
-    owner = getattr(callback, "__self__", None)
-    # Only ints and a str go into the ring: the garbage collector stops tracking such tuples, so a
-    # full ring costs no collection time (storing the callbacks themselves cost about 10%).
-    name = owner.get_name() if isinstance(owner, _Task) else _other_name(callback)
-    tracer._append((STEP, start, end - start, name, None))
-    tracer.recorded += 1
-    if not tracer.recorded % OVERHEAD_SAMPLE:
-        tracer.overhead_ns += (_clock() - end) * OVERHEAD_SAMPLE
-
-
-_clock = time.perf_counter_ns
-
-
-def _patch_handles() -> None:
-    global _original_handle_run
-    if _original_handle_run is None:
-        _original_handle_run = asyncio.events.Handle._run
-        asyncio.events.Handle._run = _traced_handle_run  # type: ignore[method-assign]
-
-
 class _TimedSelector:
     """The loop's selector, with each select() (the loop's idle wait) recorded."""
 
@@ -106,10 +76,12 @@ class _TimedSelector:
         self._tracer = tracer
 
     def select(self, timeout: float | None = None) -> list[tuple[selectors.SelectorKey, int]]:
+        if timeout == 0:  # a poll between bursts of ready callbacks, not a wait
+            return self._selector.select(0)
         start = time.perf_counter_ns()
         ready = self._selector.select(timeout)
         end = time.perf_counter_ns()
-        self._tracer._record((IDLE, start, end - start, None, len(ready)))
+        self._tracer._push(start, (IDLE, end - start, None, len(ready)))
         return ready
 
     def __getattr__(self, name: str) -> Any:
@@ -120,30 +92,81 @@ class LoopTracer:
     """Records what one asyncio loop runs, its idle waits and its lag, into a ring buffer."""
 
     def __init__(self, capacity: int = TRACE_CAPACITY, heartbeat_s: float = HEARTBEAT_INTERVAL_S) -> None:
-        self.events: deque[Event] = deque(maxlen=capacity)
-        self._append = self.events.append
-        self.recorded = 0
-        """Events recorded since install (the ring holds the last `capacity` of them)."""
-        self.overhead_ns = 0
-        """Time spent recording step events: measured on one in `OVERHEAD_SAMPLE`, scaled up."""
+        self.capacity = capacity
         self.heartbeat_s = heartbeat_s
         self.origin_ns = time.perf_counter_ns()
         self.loop: asyncio.AbstractEventLoop | None = None
         self._heartbeat: asyncio.Task[None] | None = None
+        self._times = [0] * capacity
+        self._items: list[Any] = [None] * capacity
+        self._counters = [0, 0, 0]  # events recorded, overhead samples, their total ns
+        self._disable: Callable[[], None] | None = None
+        self._wrapper: Callable[[asyncio.Handle], None] | None = None
+        self._previous_run: Callable[[asyncio.Handle], None] | None = None
 
-    def _record(self, event: Event) -> None:
-        self.events.append(event)
-        self.recorded += 1
+    @property
+    def recorded(self) -> int:
+        """Events recorded since the tracer was made (the ring holds the last `capacity` of them)."""
+        return self._counters[0]
+
+    @property
+    def kept(self) -> int:
+        """Events the ring holds now (at most `capacity`)."""
+        return min(self._counters[0], self.capacity)
+
+    def _push(self, at: int, item: tuple[int, int, Any, Any]) -> None:
+        """Record an event other than a step: `item` is (kind, duration_ns, subject, detail)."""
+        counters = self._counters
+        slot = counters[0] % self.capacity
+        self._times[slot] = at
+        self._items[slot] = item
+        counters[0] += 1
+
+    def _step_recorder(self, loop: asyncio.AbstractEventLoop) -> Callable[[asyncio.Handle], None]:
+        """A `Handle._run` that times `loop`'s callbacks and passes every other loop's through."""
+        previous = asyncio.events.Handle._run
+        self._previous_run = previous
+        times, items, counters, capacity = self._times, self._items, self._counters, self.capacity
+        clock = time.perf_counter_ns
+        task_type = asyncio.Task
+        other_name = _other_name
+        sample_mask = OVERHEAD_SAMPLE - 1
+        traced: asyncio.AbstractEventLoop | None = loop
+
+        def run(handle: asyncio.Handle) -> None:
+            previous(handle)
+            if handle._loop is not traced:  # type: ignore[attr-defined]
+                return
+            end = clock()
+            callback = handle._callback  # type: ignore[attr-defined]
+            owner = getattr(callback, "__self__", None)
+            count = counters[0]
+            slot = count % capacity
+            times[slot] = end
+            # Only the name goes into the ring, never the task or callback: keeping those alive
+            # made the garbage collector walk them (about 10% of the loop's time).
+            items[slot] = owner.get_name() if owner.__class__ is task_type else other_name(callback)
+            counters[0] = count + 1
+            if not count & sample_mask or not counters[1]:  # a sample from the first steps on
+                counters[1] += 1
+                counters[2] += clock() - end
+
+        def disable() -> None:
+            nonlocal traced
+            traced = None
+
+        self._disable = disable
+        return run
 
     def install(self, loop: asyncio.AbstractEventLoop) -> None:
         """Start tracing `loop` (a plain asyncio selector loop); call from that loop."""
         selector = getattr(loop, "_selector", None)
         if selector is None:
             raise TypeError(f"{type(loop).__name__} has no selector to trace; use a plain asyncio loop")
-        _patch_handles()
         self.loop = loop
         self.origin_ns = time.perf_counter_ns()
-        setattr(loop, _TRACER_ATTRIBUTE, self)
+        self._wrapper = self._step_recorder(loop)
+        asyncio.events.Handle._run = self._wrapper  # type: ignore[method-assign]
         loop._selector = _TimedSelector(selector, self)  # type: ignore[attr-defined]
         self._heartbeat = loop.create_task(self._beat(), name="heartbeat")
 
@@ -154,8 +177,12 @@ class LoopTracer:
             return
         if self._heartbeat is not None:
             self._heartbeat.cancel()
-        if getattr(loop, _TRACER_ATTRIBUTE, None) is self:
-            delattr(loop, _TRACER_ATTRIBUTE)
+        if self._disable is not None:
+            self._disable()
+        if asyncio.events.Handle._run is self._wrapper:
+            asyncio.events.Handle._run = self._previous_run  # type: ignore[method-assign]
+        # Otherwise another tracer wrapped ours since: the disabled wrapper stays in its chain and
+        # only passes callbacks on.
         selector = getattr(loop, "_selector", None)
         if isinstance(selector, _TimedSelector):
             loop._selector = selector._selector  # type: ignore[attr-defined]
@@ -167,38 +194,89 @@ class LoopTracer:
         while True:
             await asyncio.sleep(max(0, due - time.perf_counter_ns()) / 1e9)
             now = time.perf_counter_ns()
-            self._record((LAG, now, max(0, now - due), None, None))
+            self._push(now, (LAG, max(0, now - due), None, None))
             due = now + interval_ns
 
     def chunk(self, request_key: Any, index: int, tokens: int) -> None:
         """A chunk of sample `index` of a request arrived from the engine."""
-        self._record((CHUNK, time.perf_counter_ns(), 0, request_key, (index, tokens)))
+        self._push(time.perf_counter_ns(), (CHUNK, 0, request_key, (index, tokens)))
 
-    def frame(self, connection: str, kind: str, size: int) -> None:
-        """A frame of `size` bytes was handed to a connection's socket."""
-        self._record((FRAME, time.perf_counter_ns(), 0, connection, (kind, size)))
+    def frames(self, connection: str, count: int, size: int) -> None:
+        """`count` frames, `size` bytes in all, were handed to a connection's socket in one write."""
+        self._push(time.perf_counter_ns(), (FRAME, 0, connection, (count, size)))
 
     def cancel(self, request_key: Any, stage: str, index: int | None) -> None:
         """A step of the cancel chain: "received", "aborted" (engine told), "finished" (last chunk)."""
-        self._record((CANCEL, time.perf_counter_ns(), 0, request_key, (stage, index)))
+        self._push(time.perf_counter_ns(), (CANCEL, 0, request_key, (stage, index)))
 
     def since(self, recorded: int) -> tuple[list[Event], int]:
         """Events recorded after the first `recorded` ones (those still in the ring), and the new count."""
-        total = self.recorded
-        missing = total - recorded
-        if missing <= 0:
-            return [], total
-        available = min(missing, len(self.events))
-        # From the right end: copying the whole ring (200,000 events) for the newest few thousand
-        # cost more than everything else a trace frame does.
-        newest = list(itertools.islice(reversed(self.events), available))
-        newest.reverse()
-        return newest, total
+        times, items, boundary, total = self.raw_since(recorded)
+        return self._decode(times, items, boundary), total
+
+    @property
+    def events(self) -> list[Event]:
+        """Every event still in the ring, oldest first."""
+        return self.since(0)[0]
+
+    def raw_since(self, recorded: int) -> tuple[list[int], list[Any], int, int]:
+        """The ring's entries after the first `recorded` ones: their times, their items, where the
+        first step among them started (-1 if that is no longer known), and the new count.
+
+        An item is a task name for a step (which ended at its time) or `(kind, duration, subject,
+        detail)` for any other event (which started at its time)."""
+        total = self._counters[0]
+        capacity = self.capacity
+        oldest = max(0, total - capacity)
+        first = max(recorded, oldest)
+        if first >= total:
+            return [], [], -1, total
+        count = total - first
+        head = first % capacity
+        if head + count <= capacity:
+            times = self._times[head : head + count]
+            items = self._items[head : head + count]
+        else:
+            tail = head + count - capacity
+            times = self._times[head:] + self._times[:tail]
+            items = self._items[head:] + self._items[:tail]
+        return times, items, self._boundary_before(first, oldest), total
+
+    def _boundary_before(self, position: int, oldest: int) -> int:
+        """The end of the last step or idle wait recorded before ring position `position`, or -1."""
+        times, items, capacity = self._times, self._items, self.capacity
+        position -= 1
+        while position >= oldest:
+            slot = position % capacity
+            item = items[slot]
+            if item.__class__ is str:
+                return times[slot]
+            if item[0] == IDLE:
+                return times[slot] + item[1]
+            position -= 1
+        return -1
+
+    @staticmethod
+    def _decode(times: list[int], items: list[Any], boundary: int) -> list[Event]:
+        """Raw entries as event tuples; a step whose start is unknown is left out."""
+        out: list[Event] = []
+        append = out.append
+        for at, item in zip(times, items, strict=True):
+            if item.__class__ is str:
+                if boundary >= 0:
+                    append((STEP, boundary, at - boundary, item, None))
+                boundary = at
+            else:
+                kind, duration, subject, detail = item
+                append((kind, at, duration, subject, detail))
+                if kind == IDLE:
+                    boundary = at + duration
+        return out
 
     def overhead_per_event_ns(self) -> float:
-        """Mean measured cost of recording one step event."""
-        steps = sum(1 for event in self.events if event[0] == STEP)
-        return self.overhead_ns / steps if steps else 0.0
+        """Mean measured cost of recording one step (after the step ends: name, stores, counter)."""
+        samples = self._counters[1]
+        return self._counters[2] / samples if samples else 0.0
 
 
 def callback_name(callback: Any) -> str:

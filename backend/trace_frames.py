@@ -1,8 +1,11 @@
 """Tracer events turned into what clients see, without I/O: live `trace` frames and Chrome export.
 
-Live frames are compact: consecutive steps of one task less than `MERGE_GAP_NS` apart merge into one
-slice `[start_ms, end_ms, busy_ms, name, count, longest_step_ms]`, so a frame's size follows the
-loop's activity in tasks, not in callbacks; a sample's chunks within `CHUNK_BIN_NS` merge into one
+The tracer's new events are digested once per frame interval for every connection together
+(`digest_ring`: one pass over the ring's raw entries), and each connection's frame is cut from that
+digest (`connection_frame`), so the cost of live frames follows the events, not events x
+connections. Live frames are compact: consecutive steps of one task less than `MERGE_GAP_NS` apart
+merge into one slice `[start_ms, end_ms, busy_ms, name, count, longest_step_ms]`, so a frame's size
+follows the loop's activity in tasks, not in callbacks; a sample's chunks within `CHUNK_BIN_NS` merge into one
 entry `[t_ms, request_id, index, tokens, chunks]`. A connection sees its own requests' chunks and
 cancels, the loop's work under the names of its own tasks, and other connections' tasks only as
 "other connection".
@@ -15,21 +18,25 @@ Export is Chrome trace-event JSON (https://perfetto.dev opens it): `X` slices fo
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
 from backend.trace import CANCEL, CHUNK, FRAME, IDLE, LAG, STEP, Event
 
-MERGE_GAP_NS = 200_000
-"""Steps of one task closer than this merge into one live slice (bounds a frame's size)."""
+MERGE_GAP_NS = 5_000_000
+"""Steps of one task closer than this merge into one live slice (bounds a frame's size). The panel's
+pixel columns are 5-100 ms wide, so merging finer than this shows nothing more; at 0.2 ms every
+engine sample's step was its own slice and building and encoding them was a tenth of the backend."""
 
 CHUNK_BIN_NS = 10_000_000
 """A sample's chunks less than this after the first of a run of them go in one live entry, with
 their count: at hundreds of tokens a second per sample, one entry per chunk made trace frames most
 of the bytes sent. The page draws a tick per pixel (about 50 ms); the export keeps every chunk."""
 
-MIN_IDLE_NS = 100_000
-"""Shorter select() waits are counted in the stats but not sent as idle spans."""
+MIN_IDLE_NS = 1_000_000
+"""Shorter select() waits are counted in the stats but not sent as idle spans (a busy loop makes
+thousands a second)."""
 
 OTHER_CONNECTION = "other connection"
 
@@ -45,8 +52,165 @@ def task_label(name: str, connection: str) -> str:
     return head if owner == connection else OTHER_CONNECTION
 
 
-_NO_EVENT = 1 << 80
-"""Larger than any perf_counter_ns(): the first event's start is always below it."""
+@dataclass
+class TraceDigest:
+    """A batch of tracer events reduced once, for every connection: times in ns."""
+
+    start_ns: int = -1
+    end_ns: int = -1
+    names: list[str] = field(default_factory=list)
+    """Task names as recorded (with their `@connection`), indexed by the slices."""
+    slices: list[list[Any]] = field(default_factory=list)
+    """[start, end, busy, name index, steps, longest step]."""
+    idle: list[list[float]] = field(default_factory=list)
+    lag: list[list[float]] = field(default_factory=list)
+    chunks: dict[str, list[list[Any]]] = field(default_factory=dict)
+    """Per connection: [first arrival, request id, index, tokens, chunks]."""
+    cancels: dict[str, list[list[Any]]] = field(default_factory=dict)
+    frames: dict[str, list[int]] = field(default_factory=dict)
+    """Per connection: [frames, bytes]."""
+    steps: int = 0
+    busy_ns: int = 0
+    idle_ns: int = 0
+
+
+def digest_ring(times: Sequence[int], items: Sequence[Any], boundary: int, origin_ns: int) -> TraceDigest:
+    """Reduce raw ring entries (see `LoopTracer.raw_since`) in one pass.
+
+    An item that is a str is a step of that task which ended at its time and began at `boundary`, the
+    end of the step or idle wait before it; any other item is `(kind, duration, subject, detail)`
+    starting at its time (STEP items of that form carry their own start).
+    """
+    out = TraceDigest()
+    names = out.names
+    name_index: dict[str, int] = {}
+    slices = out.slices
+    open_slice: dict[int, list[Any]] = {}
+    chunks = out.chunks
+    open_chunk: dict[tuple[Any, int], list[Any]] = {}
+    steps = busy_ns = idle_ns = 0
+    first = -1
+    end_ns = -1
+    # This loop runs for every event the loop recorded: no function calls on the step path.
+    for at, item in zip(times, items, strict=True):
+        if item.__class__ is str:
+            name = item
+            start = boundary
+            duration = at - start
+            boundary = at
+            if start < 0:
+                continue  # the step before the window was overwritten: its start is unknown
+        else:
+            kind, duration, subject, detail = item
+            start = at
+            if kind != STEP:
+                if first < 0:
+                    first = at
+                if at + duration > end_ns:
+                    end_ns = at + duration
+                if kind == IDLE:
+                    boundary = at + duration
+                    idle_ns += duration
+                    if duration >= MIN_IDLE_NS:
+                        out.idle.append([_ms(at, origin_ns), round(duration / 1e6, 3)])
+                elif kind == CHUNK:
+                    key = (subject, detail[0])
+                    entry = open_chunk.get(key)
+                    if entry is not None and at - entry[0] <= CHUNK_BIN_NS:
+                        entry[3] += detail[1]
+                        entry[4] += 1
+                    else:
+                        entry = open_chunk[key] = [at, subject[1], detail[0], detail[1], 1]
+                        connection_chunks = chunks.get(subject[0])
+                        if connection_chunks is None:
+                            connection_chunks = chunks[subject[0]] = []
+                        connection_chunks.append(entry)
+                elif kind == LAG:
+                    out.lag.append([_ms(at, origin_ns), round(duration / 1e6, 3)])
+                elif kind == FRAME:
+                    counts = out.frames.get(subject)
+                    if counts is None:
+                        counts = out.frames[subject] = [0, 0]
+                    counts[0] += detail[0]
+                    counts[1] += detail[1]
+                elif kind == CANCEL:
+                    out.cancels.setdefault(subject[0], []).append(
+                        [_ms(at, origin_ns), subject[1], detail[1], detail[0]]
+                    )
+                continue
+            name = subject
+            boundary = at + duration
+        if first < 0:
+            first = start
+        if boundary > end_ns:
+            end_ns = boundary
+        steps += 1
+        busy_ns += duration
+        index = name_index.get(name)
+        if index is None:
+            index = name_index[name] = len(names)
+            names.append(name)
+        current = open_slice.get(index)
+        if current is not None and start - current[1] <= MERGE_GAP_NS:
+            current[1] = start + duration
+            current[2] += duration
+            current[4] += 1
+            if duration > current[5]:
+                current[5] = duration
+        else:
+            current = open_slice[index] = [start, start + duration, duration, index, 1, duration]
+            slices.append(current)
+    out.start_ns, out.end_ns = first, end_ns
+    out.steps, out.busy_ns, out.idle_ns = steps, busy_ns, idle_ns
+    return out
+
+
+def connection_frame(digest: TraceDigest, origin_ns: int, connection: str) -> dict[str, Any]:
+    """The `trace` frame `connection` gets from a digest: its own requests' chunks and cancels, the
+    loop's work under its own task names, other connections' work as "other connection"."""
+    names: list[str] = []
+    label_index: dict[str, int] = {}
+    remap: list[int] = []
+    for name in digest.names:
+        label = task_label(name, connection)
+        index = label_index.get(label)
+        if index is None:
+            index = label_index[label] = len(names)
+            names.append(label)
+        remap.append(index)
+    frames, frame_bytes = digest.frames.get(connection, (0, 0))
+    empty = digest.end_ns < 0
+    return {
+        "type": "trace",
+        "start_ms": None if empty else _ms(digest.start_ns, origin_ns),
+        "end_ms": None if empty else _ms(digest.end_ns, origin_ns),
+        "names": names,
+        "slices": [
+            [
+                round((s - origin_ns) / 1e6, 3),
+                round((e - origin_ns) / 1e6, 3),
+                round(busy / 1e6, 3),
+                remap[name],
+                count,
+                round(longest / 1e6, 3),
+            ]
+            for s, e, busy, name, count, longest in digest.slices
+        ],
+        "idle": digest.idle,
+        "lag": digest.lag,
+        "chunks": [
+            [_ms(t, origin_ns), request_id, index, tokens, count]
+            for t, request_id, index, tokens, count in digest.chunks.get(connection, ())
+        ],
+        "cancels": digest.cancels.get(connection, []),
+        "counts": {
+            "steps": digest.steps,
+            "busy_ms": round(digest.busy_ns / 1e6, 3),
+            "idle_ms": round(digest.idle_ns / 1e6, 3),
+            "frames": frames,
+            "frame_bytes": frame_bytes,
+        },
+    }
 
 
 def _ms(ns: int, origin_ns: int) -> float:
@@ -54,96 +218,13 @@ def _ms(ns: int, origin_ns: int) -> float:
 
 
 def live_frame(events: Iterable[Event], origin_ns: int, connection: str) -> dict[str, Any]:
-    """One `trace` frame for `connection` from a batch of events in recording order."""
-    names: list[str] = []
-    name_index: dict[str, int] = {}
-    labels: dict[str, int] = {}
-    slices: list[list[Any]] = []
-    open_slice: dict[int, list[Any]] = {}
-    idle: list[list[float]] = []
-    lag: list[list[float]] = []
-    chunks: list[list[Any]] = []
-    open_chunk: dict[tuple[Any, int], list[Any]] = {}
-    cancels: list[list[Any]] = []
-    busy_ns = idle_ns = steps = frames = frame_bytes = 0
-    # Comparisons, not min()/max() calls: this loop runs for every event the loop recorded.
-    start_ns, end_ns = _NO_EVENT, -1
+    """One `trace` frame for `connection` from event tuples (as `LoopTracer.since` gives them)."""
+    times: list[int] = []
+    items: list[Any] = []
     for kind, start, duration, subject, detail in events:
-        if start < start_ns:
-            start_ns = start
-        if start + duration > end_ns:
-            end_ns = start + duration
-        if kind == STEP:
-            steps += 1
-            busy_ns += duration
-            index = labels.get(subject)
-            if index is None:
-                label = task_label(subject, connection)
-                index = name_index.setdefault(label, len(names))
-                if index == len(names):
-                    names.append(label)
-                labels[subject] = index
-            current = open_slice.get(index)
-            if current is not None and start - current[1] <= MERGE_GAP_NS:
-                current[1] = start + duration
-                current[2] += duration
-                current[4] += 1
-                current[5] = max(current[5], duration)
-            else:
-                current = [start, start + duration, duration, index, 1, duration]
-                open_slice[index] = current
-                slices.append(current)
-        elif kind == IDLE:
-            idle_ns += duration
-            if duration >= MIN_IDLE_NS:
-                idle.append([_ms(start, origin_ns), round(duration / 1e6, 3)])
-        elif kind == LAG:
-            lag.append([_ms(start, origin_ns), round(duration / 1e6, 3)])
-        elif kind == CHUNK and subject[0] == connection:
-            key = (subject[1], detail[0])
-            entry = open_chunk.get(key)
-            if entry is not None and start - entry[0] <= CHUNK_BIN_NS:
-                entry[3] += detail[1]
-                entry[4] += 1
-            else:
-                entry = open_chunk[key] = [start, subject[1], detail[0], detail[1], 1]
-                chunks.append(entry)
-        elif kind == CANCEL and subject[0] == connection:
-            cancels.append([_ms(start, origin_ns), subject[1], detail[1], detail[0]])
-        elif kind == FRAME and subject == connection:
-            frames += 1
-            frame_bytes += detail[1]
-    return {
-        "type": "trace",
-        "start_ms": None if end_ns < 0 else _ms(start_ns, origin_ns),
-        "end_ms": None if end_ns < 0 else _ms(end_ns, origin_ns),
-        "names": names,
-        "slices": [
-            [
-                round((s - origin_ns) / 1e6, 3),
-                round((e - origin_ns) / 1e6, 3),
-                round(busy / 1e6, 3),
-                name,
-                count,
-                round(longest / 1e6, 3),
-            ]
-            for s, e, busy, name, count, longest in slices
-        ],
-        "idle": idle,
-        "lag": lag,
-        "chunks": [
-            [_ms(t, origin_ns), request_id, index, tokens, count]
-            for t, request_id, index, tokens, count in chunks
-        ],
-        "cancels": cancels,
-        "counts": {
-            "steps": steps,
-            "busy_ms": round(busy_ns / 1e6, 3),
-            "idle_ms": round(idle_ns / 1e6, 3),
-            "frames": frames,
-            "frame_bytes": frame_bytes,
-        },
-    }
+        times.append(start)
+        items.append((kind, duration, subject, detail))
+    return connection_frame(digest_ring(times, items, -1, origin_ns), origin_ns, connection)
 
 
 def chrome_trace(

@@ -24,7 +24,7 @@ def test_figures_follow_the_measurements() -> None:
         (CHUNK, 1 * MS, 0, ("c1", "r1"), (0, 1)),
         (CHUNK, 11 * MS, 0, ("c1", "r1"), (1, 1)),
         (CHUNK, 12 * MS, 0, ("c2", "secret"), (0, 1)),  # another connection's chunk
-        (FRAME, 12 * MS, 0, "c1", ("chunk", 80)),
+        (FRAME, 12 * MS, 0, "c1", (1, 80)),
         (CANCEL, 20 * MS, 0, ("c1", "r1"), ("received", None)),
         (CANCEL, 45 * MS, 0, ("c1", "r1"), ("finished", 1)),
         (IDLE, 61 * MS, 39 * MS, None, 0),

@@ -1,0 +1,75 @@
+"""Live trace frames for every connection that asks for them, from one digest of the tracer's events.
+
+Each frame interval the feed reads what the tracer recorded since its last read, reduces it once
+(`trace_frames.digest_ring`), and cuts a frame for each connection with a traced request running
+(`trace_frames.connection_frame`). Building each connection's frame from all events instead made the
+trace's cost grow with events x connections (about 4 ms of CPU per chunk at 256 connections).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any, Protocol
+
+from backend.trace import LoopTracer
+from backend.trace_frames import connection_frame, digest_ring
+
+TRACE_FRAMES_PER_S = 10
+"""Live trace frames per second to each traced connection: the panel's refresh rate; each frame
+costs a digest of everything the loop did since the last one."""
+
+
+class TraceSubscriber(Protocol):
+    """A connection as the feed sees it."""
+
+    label: str
+
+    @property
+    def wants_trace(self) -> bool:
+        """Whether a request that asked for the trace is running on it."""
+
+    def send(self, frame: dict[str, Any]) -> None:
+        """Queue a frame to it."""
+
+
+class TraceFeed:
+    """Digests the tracer's new events once per interval and sends each traced connection its frame."""
+
+    def __init__(self, tracer: LoopTracer) -> None:
+        self.tracer = tracer
+        self.subscribers: set[TraceSubscriber] = set()
+        self._cursor = tracer.recorded
+
+    def add(self, subscriber: TraceSubscriber) -> None:
+        """Start considering a connection (it gets frames while `wants_trace`)."""
+        self.subscribers.add(subscriber)
+
+    def discard(self, subscriber: TraceSubscriber) -> None:
+        """Forget a connection that left."""
+        self.subscribers.discard(subscriber)
+
+    def request_started(self) -> None:
+        """A traced request is about to start: when no one was traced, frames begin from now, not with
+        the idle time (or other work) since the last traced request."""
+        if not any(s.wants_trace for s in self.subscribers):
+            self._cursor = self.tracer.recorded
+
+    def flush(self) -> None:
+        """Send every traced connection what the loop did since the last flush, if anything."""
+        times, items, boundary, self._cursor = self.tracer.raw_since(self._cursor)
+        if not times:
+            return
+        traced = [s for s in self.subscribers if s.wants_trace]
+        if not traced:
+            return
+        origin = self.tracer.origin_ns
+        digest = digest_ring(times, items, boundary, origin)
+        for subscriber in traced:
+            subscriber.send(connection_frame(digest, origin, subscriber.label))
+
+    async def run(self) -> None:
+        """Flush at the frame rate while any connection is traced; until cancelled."""
+        while True:
+            await asyncio.sleep(1 / TRACE_FRAMES_PER_S)
+            if any(s.wants_trace for s in self.subscribers):
+                self.flush()
