@@ -22,13 +22,20 @@ per n:
   Page times are mapped to the host's monotonic clock by an offset measured just before each run:
   the `page.evaluate("performance.now()")` round trip with the smallest RTT of a few tries, its
   midpoint taken as the page's reading; the mapping's error is at most half that RTT (`+-ms`).
-  Split into `done->msg` (the page parsed the Gradio message that carried the final update: the
-  last `process_generating` before the final DOM write), `msg->DOM` and `DOM->frame` (to the rAF
-  frame that paints it).
+  Split: `done->net`, until the bytes of the Gradio stream (`/queue/data`) that carried the final
+  update reached the browser's network stack (CDP `Network.dataReceived`, whose timestamps are the
+  host's CLOCK_MONOTONIC on Linux: no calibration); `net->JS`, until the page parsed the last
+  `process_generating` message before the final DOM write; `JS->DOM`, until that write (Gradio
+  hands each message to a `setTimeout`, then Svelte applies it); `DOM->frame`, until the start of
+  the animation frame that paints it. `max d->DOM` is the worst run. `upd/cap` is `upd/s` over the
+  page's cap, `ui.app.UPDATES_PER_S`.
 - `wrong`: columns whose final text differs from the engine's deterministic text (must be 0).
 - Page memory after each run, each n: a forced GC (CDP `HeapProfiler.collectGarbage`), then CDP
   `Performance.getMetrics`: JSHeapUsedSize, DOM Nodes, JSEventListeners; first run against last.
   The benchmark's own in-page logs are handed over and emptied before each reading.
+
+The load average is printed at the start and the end: on a shared machine every figure here moves
+with it.
 
 The relay adds one loopback hop and this process's CPU to every frame on the way to the app; the
 engine, the backend, the app, chromium and this process share the machine's cores.
@@ -42,6 +49,7 @@ import bisect
 import contextlib
 import itertools
 import json
+import os
 import statistics
 import sys
 import threading
@@ -237,18 +245,48 @@ class DoneRelay:
 
 @dataclass
 class RunFigures:
-    """One run as the page drew it."""
+    """One run as the page drew it; times in ms."""
 
     updates_per_s: float
     gap_p50_ms: float
     messages_per_s: float
     done_to_dom_ms: float
-    done_to_message_ms: float
-    message_to_dom_ms: float
+    done_to_network_ms: float
+    network_to_parse_ms: float
+    parse_to_dom_ms: float
     dom_to_frame_ms: float
     clock_error_ms: float
     wrong: int
     streaming_s: float
+
+
+class NetworkLog:
+    """When the bytes of the page's Gradio stream (`/queue/data`) reach the browser, from CDP.
+
+    CDP's Network timestamps are the browser's monotonic clock, which on Linux is the host's
+    CLOCK_MONOTONIC, the clock `time.monotonic()` reads: they need no calibration.
+    """
+
+    def __init__(self, cdp: Any, enable: bool = True) -> None:
+        self._streams: set[str] = set()
+        self.received: list[float] = []
+        cdp.on("Network.requestWillBeSent", self._request)
+        cdp.on("Network.dataReceived", self._data)
+        if enable:
+            cdp.send("Network.enable")
+
+    def _request(self, event: dict[str, Any]) -> None:
+        if "/queue/data" in event["request"]["url"]:
+            self._streams.add(event["requestId"])
+
+    def _data(self, event: dict[str, Any]) -> None:
+        if event["requestId"] in self._streams:
+            self.received.append(event["timestamp"] * 1000)
+
+    def take(self) -> list[float]:
+        """Arrival times (host ms) since the last take."""
+        received, self.received = self.received, []
+        return received
 
 
 @dataclass
@@ -315,9 +353,10 @@ def rendered_frames(writes: list[list[float]], frames: list[float], n: int) -> t
 
 
 def analyse(
-    log: dict[str, Any], n: int, done_at: float, offset: float, error: float, wrong: int
+    log: dict[str, Any], network: list[float], n: int, done_at: float, offset: float, error: float, wrong: int
 ) -> RunFigures:
-    """One run's figures from the page's logs (ms, page clock) and the relay's `done` (host clock)."""
+    """One run's figures from the page's logs, the network log and the relay's `done`."""
+    shift = offset * 1000  # page ms - host ms
     frames = sorted(log["frames"])
     drawn, text_final = rendered_frames(log["writes"], frames, n)
     finished = [at for at, _ in log["status"]]
@@ -327,18 +366,21 @@ def analyse(
     span_s = (window[-1] - window[0]) / 1000 if len(window) > 1 else 0.0
     gaps = [b - a for a, b in itertools.pairwise(window)]
     messages = [at for at in log["messages"] if first_text - 100 <= at <= dom_final]
-    carried = [at for at in log["messages"] if at <= dom_final]
+    # The final update came in the last stream bytes, and the last parsed message, before it was in the DOM.
+    carried_by = max((at + shift for at in network if at + shift <= dom_final), default=float("nan"))
+    parsed = max((at for at in log["messages"] if at <= dom_final), default=float("nan"))
     painted = (
         frames[bisect.bisect_left(frames, dom_final)] if frames and frames[-1] >= dom_final else dom_final
     )
-    done_page_ms = (done_at + offset) * 1000
+    done = (done_at + offset) * 1000
     return RunFigures(
         updates_per_s=(len(window) - 1) / span_s if span_s else 0.0,
         gap_p50_ms=statistics.median(gaps) if gaps else 0.0,
         messages_per_s=len(messages) / span_s if span_s else 0.0,
-        done_to_dom_ms=dom_final - done_page_ms,
-        done_to_message_ms=(carried[-1] - done_page_ms) if carried else float("nan"),
-        message_to_dom_ms=(dom_final - carried[-1]) if carried else float("nan"),
+        done_to_dom_ms=dom_final - done,
+        done_to_network_ms=carried_by - done,
+        network_to_parse_ms=parsed - carried_by,
+        parse_to_dom_ms=dom_final - parsed,
         dom_to_frame_ms=painted - dom_final,
         clock_error_ms=error * 1000,
         wrong=wrong,
@@ -362,9 +404,12 @@ def memory(page: Page, cdp: Any) -> Memory:
     return Memory(metrics["JSHeapUsedSize"] / 1e6, int(metrics["Nodes"]), int(metrics["JSEventListeners"]))
 
 
-def one_run(page: Page, relay: DoneRelay, n: int, max_tokens: int, seed: int) -> RunFigures:
+def one_run(
+    page: Page, relay: DoneRelay, network: NetworkLog, n: int, max_tokens: int, seed: int
+) -> RunFigures:
     """Press Generate, wait for `done` and the finished status, and read the page's logs."""
     page.evaluate("window.__bench.take()")
+    network.take()
     offset, error = page_clock_offset(page)
     known = set(relay.done_at)
     page.locator("#generate").click()
@@ -372,7 +417,7 @@ def one_run(page: Page, relay: DoneRelay, n: int, max_tokens: int, seed: int) ->
     while not set(relay.done_at) - known:
         if time.monotonic() > deadline:
             raise TimeoutError(f"no done frame within {RUN_LIMIT_S:g} s")
-        time.sleep(0.02)
+        page.wait_for_timeout(20)  # not time.sleep: Playwright delivers CDP events while it waits
     (request_id,) = set(relay.done_at) - known
     page.wait_for_function(
         "id => { const t = document.querySelector('#status').textContent;"
@@ -380,14 +425,14 @@ def one_run(page: Page, relay: DoneRelay, n: int, max_tokens: int, seed: int) ->
         arg=request_id,
         timeout=RUN_LIMIT_S * 1000,
     )
-    time.sleep(SETTLE_S)
+    page.wait_for_timeout(SETTLE_S * 1000)
     log = page.evaluate("window.__bench.take()")
     log["status"] = [entry for entry in log["status"] if request_id in entry[1]]
     wrong = wrong_columns(page, n, max_tokens, seed)
-    return analyse(log, n, relay.done_at[request_id], offset, error, wrong)
+    return analyse(log, network.take(), n, relay.done_at[request_id], offset, error, wrong)
 
 
-def measure(ns: list[int], runs: int, rate: float, max_tokens: int) -> list[Row]:
+def measure(ns: list[int], runs: int, rate: float, max_tokens: int, with_network: bool = True) -> list[Row]:
     """Every n, `runs` runs each, against one backend, relay, app and browser."""
     backend, backend_port = start_backend(
         [
@@ -420,12 +465,13 @@ def measure(ns: list[int], runs: int, rate: float, max_tokens: int) -> list[Row]
             seed = int(page.locator("#seed input").input_value())
             cdp = page.context.new_cdp_session(page)
             cdp.send("Performance.enable")
+            network = NetworkLog(cdp, enable=with_network)
             for n in ns:
                 set_number(page, "n", n)
                 set_number(page, "max-tokens", max_tokens)
                 row = Row(n)
                 for run in range(runs):
-                    row.runs.append(one_run(page, relay, n, max_tokens, seed))
+                    row.runs.append(one_run(page, relay, network, n, max_tokens, seed))
                     row.memory.append(memory(page, cdp))
                     figures, mem = row.runs[-1], row.memory[-1]
                     print(
@@ -442,24 +488,38 @@ def measure(ns: list[int], runs: int, rate: float, max_tokens: int) -> list[Row]
     return rows
 
 
+TIMING_COLUMNS = (
+    ("stream s", "streaming_s", 9, ".2f"),
+    ("upd/s", "updates_per_s", 7, ".1f"),
+    ("gap p50", "gap_p50_ms", 8, ".0f"),
+    ("msg/s", "messages_per_s", 7, ".1f"),
+    ("done->DOM", "done_to_dom_ms", 10, ".0f"),
+    ("done->net", "done_to_network_ms", 10, ".0f"),
+    ("net->JS", "network_to_parse_ms", 8, ".0f"),
+    ("JS->DOM", "parse_to_dom_ms", 8, ".0f"),
+    ("DOM->frame", "dom_to_frame_ms", 11, ".0f"),
+)
+"""(header, RunFigures field, width, format) of the timing table's median columns."""
+
+
 def report(rows: list[Row]) -> None:
     """The tables: medians over runs (and the worst done->DOM), then memory first against last run."""
-
-    def med(row: Row, name: str) -> float:
-        return statistics.median(getattr(r, name) for r in row.runs)
-
     print(
-        f"\n{'n':>3}{'runs':>5}{'stream s':>9}{'upd/s':>7}{'gap p50':>8}{'msg/s':>7}{'done->DOM':>10}"
-        f"{'max':>6}{'done->msg':>10}{'msg->DOM':>9}{'DOM->frame':>11}{'+-ms':>6}{'wrong':>6}"
+        f"\n{'n':>3}{'runs':>5}"
+        + "".join(f"{header:>{width}}" for header, _, width, _ in TIMING_COLUMNS)
+        + f"{'max d->DOM':>11}{'+-ms':>6}{'wrong':>6}{'upd/cap':>8}"
     )
+    from ui.app import UPDATES_PER_S  # imported late: it imports Gradio, seconds
+
     for row in rows:
+        medians = "".join(
+            f"{statistics.median(getattr(r, name) for r in row.runs):>{width}{spec}}"
+            for _, name, width, spec in TIMING_COLUMNS
+        )
         print(
-            f"{row.n:>3}{len(row.runs):>5}{med(row, 'streaming_s'):>9.2f}{med(row, 'updates_per_s'):>7.1f}"
-            f"{med(row, 'gap_p50_ms'):>8.1f}{med(row, 'messages_per_s'):>7.1f}"
-            f"{med(row, 'done_to_dom_ms'):>10.0f}"
-            f"{max(r.done_to_dom_ms for r in row.runs):>6.0f}{med(row, 'done_to_message_ms'):>10.0f}"
-            f"{med(row, 'message_to_dom_ms'):>9.0f}{med(row, 'dom_to_frame_ms'):>11.1f}"
+            f"{row.n:>3}{len(row.runs):>5}{medians}{max(r.done_to_dom_ms for r in row.runs):>11.0f}"
             f"{max(r.clock_error_ms for r in row.runs):>6.1f}{sum(r.wrong for r in row.runs):>6}"
+            f"{statistics.median(r.updates_per_s for r in row.runs) / UPDATES_PER_S:>8.2f}"
         )
     print(
         f"\n{'n':>3}{'runs':>5}{'heap MB 1st':>12}{'last':>7}{'growth':>8}"
@@ -483,6 +543,11 @@ def main() -> int:
         "--rate", type=float, default=DEFAULT_RATE, help="tok/s per sample (default %(default)s)"
     )
     parser.add_argument("--max-tokens", type=int, default=DEFAULT_MAX_TOKENS, help="default %(default)s")
+    parser.add_argument(
+        "--no-network",
+        action="store_true",
+        help="leave CDP's Network domain off (no done->net / net->JS split), to see what observing costs",
+    )
     args = parser.parse_args()
     if chromium_path() is None:
         print("chromium is not installed (apt-get install chromium)", file=sys.stderr)
@@ -490,9 +555,11 @@ def main() -> int:
     ns = [int(n) for n in args.ns.split(",")]
     print(
         f"browser: n {ns}, {args.runs} runs each, {args.rate:g} tok/s per sample, "
-        f"max_tokens {args.max_tokens}"
+        f"max_tokens {args.max_tokens}, load average {os.getloadavg()[0]:.1f}"
     )
-    report(measure(ns, args.runs, args.rate, args.max_tokens))
+    rows = measure(ns, args.runs, args.rate, args.max_tokens, with_network=not args.no_network)
+    print(f"load average at the end {os.getloadavg()[0]:.1f}")
+    report(rows)
     return 0
 
 
