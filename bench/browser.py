@@ -388,12 +388,14 @@ def analyse(
     )
 
 
-def wrong_columns(page: Page, n: int, max_tokens: int, seed: int) -> int:
-    """Columns whose text differs from the synthetic engine's text for that sample."""
+def wrong_columns(page: Page, n: int, max_tokens: int) -> int:
+    """Columns whose text differs from the synthetic engine's, for the page's seed and temperature."""
+    seed = int(page.locator("#seed input").input_value())
+    temperature = float(page.locator("#temperature input[type=number]").input_value())
     texts = page.evaluate(
         f"[...Array({n}).keys()].map(i => document.querySelector(`#sample-${{i}} textarea`).value)"
     )
-    expected = ["".join(synthetic_tokens(seed + i, max_tokens, 0.8)[0]) for i in range(n)]
+    expected = ["".join(synthetic_tokens(seed + i, max_tokens, temperature)[0]) for i in range(n)]
     return sum(text != want for text, want in zip(texts, expected, strict=True))
 
 
@@ -404,9 +406,7 @@ def memory(page: Page, cdp: Any) -> Memory:
     return Memory(metrics["JSHeapUsedSize"] / 1e6, int(metrics["Nodes"]), int(metrics["JSEventListeners"]))
 
 
-def one_run(
-    page: Page, relay: DoneRelay, network: NetworkLog, n: int, max_tokens: int, seed: int
-) -> RunFigures:
+def one_run(page: Page, relay: DoneRelay, network: NetworkLog, n: int, max_tokens: int) -> RunFigures:
     """Press Generate, wait for `done` and the finished status, and read the page's logs."""
     page.evaluate("window.__bench.take()")
     network.take()
@@ -428,7 +428,7 @@ def one_run(
     page.wait_for_timeout(SETTLE_S * 1000)
     log = page.evaluate("window.__bench.take()")
     log["status"] = [entry for entry in log["status"] if request_id in entry[1]]
-    wrong = wrong_columns(page, n, max_tokens, seed)
+    wrong = wrong_columns(page, n, max_tokens)
     return analyse(log, network.take(), n, relay.done_at[request_id], offset, error, wrong)
 
 
@@ -462,7 +462,6 @@ def measure(ns: list[int], runs: int, rate: float, max_tokens: int, with_network
             page.goto(f"http://127.0.0.1:{port}/")
             page.locator("#generate").wait_for(timeout=60_000)
             page.evaluate("window.__bench.watchStatus()")
-            seed = int(page.locator("#seed input").input_value())
             cdp = page.context.new_cdp_session(page)
             cdp.send("Performance.enable")
             network = NetworkLog(cdp, enable=with_network)
@@ -471,7 +470,7 @@ def measure(ns: list[int], runs: int, rate: float, max_tokens: int, with_network
                 set_number(page, "max-tokens", max_tokens)
                 row = Row(n)
                 for run in range(runs):
-                    row.runs.append(one_run(page, relay, network, n, max_tokens, seed))
+                    row.runs.append(one_run(page, relay, network, n, max_tokens))
                     row.memory.append(memory(page, cdp))
                     figures, mem = row.runs[-1], row.memory[-1]
                     print(
