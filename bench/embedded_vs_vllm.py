@@ -282,7 +282,6 @@ async def compare(args: argparse.Namespace, engine: EmbeddedEngine, url: str, pi
             )
     print("ratios: engine/vLLM for tokens/s and tokens/CPU-s, vLLM/engine for TTFT (above 1: engine better)")
     print(f"the idle vLLM server used {100 * idle_cpu / idle_wall:.0f}% of a core while the engine ran")
-    print("ratios: tokens/s engine/vLLM (above 1: the engine is faster); TTFT vLLM/engine (likewise)")
     print(f"load average at the end: {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
 
 
