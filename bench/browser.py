@@ -6,8 +6,8 @@ sample, no jitter, tracing on as the page uses it), a websocket relay in this pr
 for each n, set n and max_tokens, press Generate `--runs` times, one run after another. It prints,
 per n:
 
-- `upd/s`: updates rendered per second while streaming. An init script wraps the textarea `value`
-  setter, so every write Gradio makes to a sample column is logged with `performance.now()`, and a
+- `upd/s`: updates rendered per second while streaming. A MutationObserver on the sample grid
+  logs, with `performance.now()`, each change of a column's text length (the grid's DOM patch), and a
   `requestAnimationFrame` loop logs every frame. A write that changed a column's text renders in
   the first frame at or after it (rAF runs before that frame's style, layout and paint); the rate
   is (distinct such frames - 1) / (last - first of them), over the run's streaming window (first
@@ -105,17 +105,7 @@ EXTRA_CHROMIUM_ARGS = ["--enable-precise-memory-info"]
 INIT_SCRIPT = """
 (() => {
   let log = {writes: [], frames: [], messages: [], completed: [], status: []};
-  const setter = Object.getOwnPropertyDescriptor(HTMLTextAreaElement.prototype, 'value');
-  Object.defineProperty(HTMLTextAreaElement.prototype, 'value', {
-    configurable: true,
-    enumerable: setter.enumerable,
-    get() { return setter.get.call(this); },
-    set(v) {
-      setter.set.call(this, v);
-      const box = this.closest('[id^="sample-"]');
-      if (box) log.writes.push([Number(box.id.slice(7)), performance.now(), setter.get.call(this).length]);
-    },
-  });
+  const lengths = new Map();
   const parse = JSON.parse;
   JSON.parse = function (text, reviver) {
     if (typeof text === 'string' && text.length > 40) {
@@ -134,6 +124,18 @@ INIT_SCRIPT = """
         const text = status.textContent;
         if (text.includes('finished')) log.status.push([performance.now(), text.slice(0, 400)]);
       }).observe(status, {subtree: true, childList: true, characterData: true});
+      const grid = document.querySelector('#samples');
+      new MutationObserver(() => {
+        const now = performance.now();
+        for (const box of grid.querySelectorAll('.sample-text')) {
+          const index = Number(box.id.slice(7));
+          const length = box.textContent.length;
+          if (lengths.get(index) !== length) {
+            lengths.set(index, length);
+            log.writes.push([index, now, length]);
+          }
+        }
+      }).observe(grid, {subtree: true, childList: true, characterData: true});
     },
     take() {
       const out = log;
@@ -393,7 +395,7 @@ def wrong_columns(page: Page, n: int, max_tokens: int) -> int:
     seed = int(page.locator("#seed input").input_value())
     temperature = float(page.locator("#temperature input[type=number]").input_value())
     texts = page.evaluate(
-        f"[...Array({n}).keys()].map(i => document.querySelector(`#sample-${{i}} textarea`).value)"
+        f"[...Array({n}).keys()].map(i => document.querySelector(`#sample-${{i}}`).textContent)"
     )
     expected = ["".join(synthetic_tokens(seed + i, max_tokens, temperature)[0]) for i in range(n)]
     return sum(text != want for text, want in zip(texts, expected, strict=True))

@@ -31,7 +31,7 @@ def main(out: str = "docs/screenshot.png") -> int:
             page.locator("#n input[type=number]").press("Enter")
             page.locator("#generate").click()
             page.wait_for_function(
-                "document.querySelector('#sample-7 textarea')?.value.length > 120", timeout=30_000
+                "document.querySelector('#sample-7')?.textContent.length > 120", timeout=30_000
             )
             time.sleep(1.0)
             page.screenshot(path=str(ROOT / out), full_page=False)

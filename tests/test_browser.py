@@ -46,7 +46,7 @@ def page(browser: Browser, app_url: str) -> Iterator[Page]:
 
 
 def sample_text(page: Page, index: int) -> str:
-    return page.locator(f"#sample-{index} textarea").input_value()
+    return page.locator(f"#sample-{index}").inner_text()
 
 
 def header(page: Page, index: int) -> str:
@@ -65,7 +65,7 @@ def start(page: Page, prompt: str, n: int, max_tokens: int) -> None:
 def test_generate_then_cancel(page: Page) -> None:
     start(page, "Tell me about lighthouses.", 4, 1000)
     for index in range(4):
-        expect(page.locator(f"#sample-{index} textarea")).not_to_have_value("", timeout=15_000)
+        expect(page.locator(f"#sample-{index}")).not_to_have_text("", timeout=15_000)
         expect(page.locator(f"#column-{index}")).to_be_visible()
     expect(page.locator("#column-4")).to_be_hidden()
     expect(page.locator("#status")).to_contain_text("streaming")
@@ -98,7 +98,7 @@ def test_generate_then_cancel(page: Page) -> None:
 def test_stop_one_column_only(page: Page) -> None:
     start(page, "Tell me about rivers.", 3, 1000)
     for index in range(3):
-        expect(page.locator(f"#sample-{index} textarea")).not_to_have_value("", timeout=15_000)
+        expect(page.locator(f"#sample-{index}")).not_to_have_text("", timeout=15_000)
     expect(page.locator("#column-3")).to_be_hidden()
     page.locator("#stop-1").click()
     expect(page.locator("#header-1")).to_contain_text("aborted", timeout=10_000)

@@ -11,7 +11,7 @@ from backend.engines.synthetic import SyntheticEngine, synthetic_tokens
 from backend.server import BackendServer
 from tests.harness import free_port
 from ui.client import BackendError, BackendRun
-from ui.view import RunView, header_markdown, status_markdown, summary_markdown
+from ui.view import RunView, sample_header, samples_value, status_markdown, summary_markdown
 
 
 @pytest.fixture
@@ -97,10 +97,16 @@ def test_view_ignores_other_requests_and_reports_errors() -> None:
     view.apply({"type": "chunk", "id": "r1", "index": 0, "text": "Hi", "tokens": 1}, 0.2)
     view.apply({"type": "chunk", "id": "r1", "index": 0, "text": " there", "tokens": 1}, 0.4)
     assert [s.text for s in view.samples] == ["Hi there", ""]
-    header = header_markdown(view.samples[0], view.started_at, now=0.5)
-    assert "**#0**" in header and "`streaming`" in header and "2 tok" in header
+    header = sample_header(view.samples[0], view.started_at, now=0.5)
+    assert header.startswith("#0 · streaming · 2 tok")
     assert "5.0 tok/s" in header and "TTFT 200 ms" in header
-    assert "`waiting`" in header_markdown(view.samples[1], view.started_at, now=0.5)
+    assert "#1 · waiting" in sample_header(view.samples[1], view.started_at, now=0.5)
+    grid = samples_value(view, now=0.5)["samples"]
+    assert [(s["index"], s["status"], s["text"]) for s in grid] == [
+        (0, "streaming", "Hi there"),
+        (1, "waiting", ""),
+    ]
+    assert grid[0]["header"] == header
     view.apply(
         {"type": "finish", "id": "r1", "index": 1, "reason": "error", "engine": {"error": "boom"}}, 0.6
     )

@@ -1,9 +1,10 @@
-"""The Gradio page: controls, N_MAX sample columns (shown for the first n), the loop trace beside them.
+"""The Gradio page: controls, a grid of n sample columns, the loop trace beside them.
 
 Layout plus wiring, in page order. Generate is an async websocket client of the backend that
 updates the page at a frame rate; Cancel stops the Generate event (`cancels=`) and tells the
 backend, then shows each column's finish reason; a column's Stop cancels that sample only. The
-trace panel draws the backend loop's measured trace; Export saves it for Perfetto.
+columns are one output (`ui.sample_grid`), so an update costs the same few outputs whatever n is.
+The trace panel draws the backend loop's measured trace; Export saves it for Perfetto.
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ import asyncio
 import json
 import tempfile
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator
 from functools import partial
 from typing import Any
 
@@ -20,8 +21,9 @@ import gradio as gr
 
 from ui.client import CLOSE_TIMEOUT_S, BackendError, BackendRun
 from ui.engine_info import engine_line_now
+from ui.sample_grid import empty_value, sample_grid
 from ui.trace_view import panel_html
-from ui.view import RunView, header_markdown, status_markdown, summary_markdown
+from ui.view import RunView, samples_value, status_markdown, summary_markdown
 
 UPDATES_PER_S = 15
 """Page updates per second while streaming: browsers keep up with 10-20 (DESIGN.md)."""
@@ -36,8 +38,6 @@ DEFAULT_PROMPT = "Write one sentence about a lighthouse keeper who learns to jug
 DEFAULT_N = 4
 
 CSS = """
-#samples { display: grid; grid-template-columns: repeat(auto-fill, minmax(190px, 1fr)); gap: 10px; }
-.sample-header p { margin: 0; font-size: 0.85em; }
 .trace-svg { display: block; background: #f8fafc; border: 1px solid #e2e8f0; border-radius: 6px; }
 .trace-legend { display: flex; flex-wrap: wrap; gap: 10px; font-size: 0.75em; margin: 4px 0; }
 .trace-legend i { display: inline-block; width: 10px; height: 10px; margin-right: 4px; }
@@ -144,65 +144,29 @@ def build_demo(
             cancel_btn = gr.Button("Cancel", variant="stop", elem_id="cancel")
         status = gr.Markdown(elem_id="status")
 
-        columns: list[gr.Column] = []
-        headers: list[gr.Markdown] = []
-        texts: list[gr.Textbox] = []
-        stops: list[gr.Button] = []
         with gr.Row(equal_height=False):
             with gr.Column(scale=7):
-                with gr.Row(elem_id="samples"):
-                    for i in range(n_max):
-                        with gr.Column(visible=i < DEFAULT_N, min_width=180, elem_id=f"column-{i}") as column:
-                            headers.append(
-                                gr.Markdown(f"**#{i}**", elem_id=f"header-{i}", elem_classes="sample-header")
-                            )
-                            texts.append(
-                                gr.Textbox(
-                                    show_label=False,
-                                    lines=10,
-                                    max_lines=10,
-                                    interactive=False,
-                                    autoscroll=True,
-                                    elem_id=f"sample-{i}",
-                                )
-                            )
-                            stops.append(gr.Button("Stop", size="sm", elem_id=f"stop-{i}"))
-                        columns.append(column)
+                samples = sample_grid()
                 summary = gr.Markdown(elem_id="summary")
             with gr.Column(scale=4, min_width=360):
                 trace = gr.HTML(panel_html_empty(), elem_id="trace")
                 export_btn = gr.Button("Export trace (Perfetto JSON)", size="sm", elem_id="export-trace")
                 trace_file = gr.File(label="trace export", visible=False, elem_id="trace-file")
 
-        outputs: list[Any] = [*columns, *headers, *texts, status, summary, trace]
+        outputs: list[Any] = [samples, status, summary, trace]
 
-        def render(view: RunView, layout: bool, with_trace: bool = True) -> list[Any]:
-            """Every output for `view`; `layout` also sets column visibility and clears unused ones."""
-            now = time.monotonic()
+        def render(view: RunView, with_trace: bool = True) -> list[Any]:
+            """Every output for `view` (the trace panel only when `with_trace`)."""
             shown = view.n if view.accepted else 0
-            column_updates = [gr.Column(visible=i < shown) if layout else gr.skip() for i in range(n_max)]
-            header_updates: list[Any] = []
-            text_updates: list[Any] = []
-            for i in range(n_max):
-                if i < shown:
-                    sample = view.samples[i]
-                    header_updates.append(header_markdown(sample, view.started_at, now))
-                    text_updates.append(sample.text)
-                else:
-                    header_updates.append(f"**#{i}**" if layout else gr.skip())
-                    text_updates.append("" if layout else gr.skip())
             return [
-                *column_updates,
-                *header_updates,
-                *text_updates,
+                samples_value(view, time.monotonic()),
                 status_markdown(view),
                 summary_markdown(view),
                 panel_html(view.trace, shown) if with_trace else gr.skip(),
             ]
 
         def render_error(message: str) -> list[Any]:
-            skipped = [gr.skip()] * (3 * n_max)
-            return [*skipped, f"**Error:** {message}", gr.skip(), gr.skip()]
+            return [empty_value(), f"**Error:** {message}", "", gr.skip()]
 
         async def generate(
             prompt_text: str,
@@ -239,11 +203,11 @@ def build_demo(
                     runs.discard(session, run)
                     yield render_error(str(exc))
                     return
-                yield render(view, layout=True)
+                yield render(view)
                 count = 0
                 async for view in run.updates(1.0 / UPDATES_PER_S):
                     count += 1
-                    yield render(view, layout=False, with_trace=view.finished or count % TRACE_EVERY == 0)
+                    yield render(view, with_trace=view.finished or count % TRACE_EVERY == 0)
             finally:
                 if not run.view.finished:
                     # Cancelled by the page (Cancel, a new Generate, a closed tab): stop the engine,
@@ -258,7 +222,7 @@ def build_demo(
                 return [gr.skip()] * len(outputs)
             await run.cancel()
             await run.wait_finished(CLOSE_TIMEOUT_S)
-            return render(run.view, layout=False)
+            return render(run.view)
 
         async def export(request: gr.Request) -> Any:
             run = runs.get(_session(request))
@@ -280,13 +244,14 @@ def build_demo(
                 runs.discard(_session(request), run)
                 await _cancel_and_close(run)
 
-        def make_stop(index: int) -> Callable[[gr.Request], Awaitable[None]]:
-            async def stop(request: gr.Request) -> None:
-                run = runs.get(_session(request))
-                if run is not None:
-                    await run.cancel(index)
+        async def stop_sample(index: int, request: gr.Request) -> None:
+            """Stop one sample of this session's run (the column's Stop button)."""
+            run = runs.get(_session(request))
+            if run is not None and 0 <= int(index) < run.view.n:
+                await run.cancel(int(index))
 
-            return stop
+        async def stop_clicked(event: gr.SelectData, request: gr.Request) -> None:
+            await stop_sample(int(event.index), request)
 
         generate_event = generate_btn.click(
             generate,
@@ -306,14 +271,8 @@ def build_demo(
         )
         export_btn.click(export, outputs=trace_file, concurrency_limit=None, api_name="export_trace")
         demo.unload(close_session_run)
-        for i, stop_btn in enumerate(stops):
-            stop_btn.click(
-                make_stop(i),
-                concurrency_limit=None,
-                show_progress="hidden",
-                api_name=f"stop_{i}",
-                api_visibility="undocumented",
-            )
+        samples.select(stop_clicked, concurrency_limit=None, show_progress="hidden", api_visibility="private")
+        gr.api(stop_sample, api_name="stop_sample", concurrency_limit=None)
 
     demo.queue(default_concurrency_limit=CONCURRENCY_LIMIT)
     return demo

@@ -1,7 +1,8 @@
 """What the page shows of one run, without I/O: server frames in, column text and headers out.
 
-`RunView` folds protocol v1 frames into per-sample state; the `*_markdown` functions turn that
-state into what the columns' headers, the status line and the summary panel display. Live figures
+`RunView` folds protocol v1 frames into per-sample state; `samples_value` turns that state into
+the value of the page's sample grid (one entry per column: header, status, text), and the
+`*_markdown` functions into the status line and the summary panel. Live figures
 (tokens/s, TTFT while streaming) are measured here, on the client; once a sample finishes, its
 header shows the server's own measurement from the `finish` frame.
 """
@@ -135,7 +136,7 @@ def _fmt(value: float | None, unit: str = "", digits: int = 0) -> str:
     return f"{value:.{digits}f} {unit}" if unit else f"{value:.{digits}f}"
 
 
-def header_markdown(sample: SampleView, started_at: float, now: float) -> str:
+def sample_header(sample: SampleView, started_at: float, now: float) -> str:
     """A column's header: index, status, tokens, tokens/s, TTFT."""
     if sample.stats is not None:
         tokens_per_s = sample.stats.get("tokens_per_s")
@@ -146,9 +147,30 @@ def header_markdown(sample: SampleView, started_at: float, now: float) -> str:
         ttft_ms = None if sample.first_at is None else (sample.first_at - started_at) * 1000
     label = REASON_LABELS.get(sample.status, sample.status)
     return (
-        f"**#{sample.index}** · `{label}` · {sample.tokens} tok · "
+        f"#{sample.index} · {label} · {sample.tokens} tok · "
         f"{_fmt(tokens_per_s, 'tok/s', 1)} · TTFT {_fmt(ttft_ms, 'ms')}"
     )
+
+
+def samples_value(view: RunView, now: float) -> dict[str, Any]:
+    """The sample grid's value: a column per sample with its header, status and text.
+
+    The page sends this as JSON; between two updates Gradio sends only what changed (a column's new
+    text is an append), and the page's template redraws only the columns that changed.
+    """
+    return {
+        "samples": [
+            {
+                "index": sample.index,
+                "status": REASON_LABELS.get(sample.status, sample.status),
+                "header": sample_header(sample, view.started_at, now),
+                "text": sample.text,
+            }
+            for sample in view.samples
+        ]
+        if view.accepted
+        else []
+    }
 
 
 def status_markdown(view: RunView) -> str:
