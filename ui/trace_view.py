@@ -25,6 +25,11 @@ LAG_H = 40
 LANE_H = 10
 COLUMN_PX = 2
 
+TICK_MS = 20.0
+"""A sample's chunk arrivals within one 20 ms bucket are kept (and drawn) as one tick: the panel's
+pixels are 50 ms or more of a 20 s window, and keeping every entry made each redraw at n=32 walk
+tens of thousands of them."""
+
 CATEGORY_COLORS = {
     "consume": "#2563eb",
     "send": "#16a34a",
@@ -59,6 +64,8 @@ class TraceView:
     idle: list[tuple[float, float]] = field(default_factory=list)
     lag: list[tuple[float, float]] = field(default_factory=list)
     chunks: list[tuple[float, int]] = field(default_factory=list)
+    """Chunk ticks: a sample's first arrival in each TICK_MS bucket."""
+    _tick_bucket: dict[int, int] = field(default_factory=dict, repr=False)
     cancels: list[tuple[float, int | None, str]] = field(default_factory=list)
     steps: int = 0
     busy_ms: float = 0.0
@@ -81,7 +88,10 @@ class TraceView:
         self.lag.extend((t, ms) for t, ms in frame["lag"])
         for t, request_id, index, _tokens, *count in frame["chunks"]:
             if request_id == self.request_id:
-                self.chunks.append((t, index))
+                bucket = int(t // TICK_MS)
+                if self._tick_bucket.get(index) != bucket:
+                    self._tick_bucket[index] = bucket
+                    self.chunks.append((t, index))
                 # an entry stands for `count` chunks of the sample (one before the backend merged them)
                 self.chunk_count += count[0] if count else 1
         for t, request_id, index, stage in frame["cancels"]:
