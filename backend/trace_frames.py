@@ -18,6 +18,7 @@ Export is Chrome trace-event JSON (https://perfetto.dev opens it): `X` slices fo
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -33,6 +34,14 @@ CHUNK_BIN_NS = 10_000_000
 """A sample's chunks less than this after the first of a run of them go in one live entry, with
 their count: at hundreds of tokens a second per sample, one entry per chunk made trace frames most
 of the bytes sent. The page draws a tick per pixel (about 50 ms); the export keeps every chunk."""
+
+OTHER_BUCKET_NS = 5_000_000
+"""Other connections' work reaches a connection as one "other connection" slice per 5 ms: its
+size then does not grow with the number of connections (each connection's frame had a slice per
+task of every connection: quadratic in connections)."""
+
+_NUMBERED = re.compile(r"[-_ #]*\d+$")
+"""The number at the end of a task name ("synthetic-sample-3", "Task-12")."""
 
 MIN_IDLE_NS = 1_000_000
 """Shorter select() waits are counted in the stats but not sent as idle spans (a busy loop makes
@@ -60,8 +69,15 @@ class TraceDigest:
     end_ns: int = -1
     names: list[str] = field(default_factory=list)
     """Task names as recorded (with their `@connection`), indexed by the slices."""
-    slices: list[list[Any]] = field(default_factory=list)
-    """[start, end, busy, name index, steps, longest step]."""
+    names_by_owner: dict[str | None, list[int]] = field(default_factory=dict)
+    """Name indexes per owning connection (None: tasks of no connection: engine, tracer, I/O)."""
+    slices_by_owner: dict[str | None, list[list[Any]]] = field(default_factory=dict)
+    """Per owning connection: [start, end, busy, name index, steps, longest step]."""
+    owned_buckets: dict[int, list[Any]] = field(default_factory=dict)
+    """All connections' tasks per OTHER_BUCKET_NS bucket: [busy, steps, longest, its owner, longest
+    of any other owner], so that each connection's "other connection" lane is a subtraction."""
+    buckets_by_owner: dict[str, dict[int, list[int]]] = field(default_factory=dict)
+    """One connection's tasks per bucket: [busy, steps]."""
     idle: list[list[float]] = field(default_factory=list)
     lag: list[list[float]] = field(default_factory=list)
     chunks: dict[str, list[list[Any]]] = field(default_factory=dict)
@@ -84,7 +100,11 @@ def digest_ring(times: Sequence[int], items: Sequence[Any], boundary: int, origi
     out = TraceDigest()
     names = out.names
     name_index: dict[str, int] = {}
-    slices = out.slices
+    group_index: dict[str, int] = {}
+    owners: list[str | None] = []
+    slices_by_owner = out.slices_by_owner
+    owned_buckets = out.owned_buckets
+    buckets_by_owner = out.buckets_by_owner
     open_slice: dict[int, list[Any]] = {}
     chunks = out.chunks
     open_chunk: dict[tuple[Any, int], list[Any]] = {}
@@ -148,8 +168,41 @@ def digest_ring(times: Sequence[int], items: Sequence[Any], boundary: int, origi
         busy_ns += duration
         index = name_index.get(name)
         if index is None:
-            index = name_index[name] = len(names)
-            names.append(name)
+            _, separator, owner = name.rpartition(" @")
+            # Numbered tasks of no connection (an engine's task per sample) share one lane.
+            group = name if separator else _NUMBERED.sub("", name) or name
+            index = group_index.get(group)
+            if index is None:
+                index = group_index[group] = len(names)
+                names.append(group)
+                owners.append(owner if separator else None)
+                out.names_by_owner.setdefault(owners[index], []).append(index)
+            name_index[name] = index
+        owner = owners[index]
+        if owner is not None:
+            bucket = start // OTHER_BUCKET_NS
+            total = owned_buckets.get(bucket)
+            if total is None:
+                owned_buckets[bucket] = [duration, 1, duration, owner, 0]
+            else:
+                total[0] += duration
+                total[1] += 1
+                if owner == total[3]:
+                    if duration > total[2]:
+                        total[2] = duration
+                elif duration > total[2]:
+                    total[4], total[2], total[3] = total[2], duration, owner
+                elif duration > total[4]:
+                    total[4] = duration
+            mine = buckets_by_owner.get(owner)
+            if mine is None:
+                mine = buckets_by_owner[owner] = {}
+            own = mine.get(bucket)
+            if own is None:
+                mine[bucket] = [duration, 1]
+            else:
+                own[0] += duration
+                own[1] += 1
         current = open_slice.get(index)
         if current is not None and start - current[1] <= MERGE_GAP_NS:
             current[1] = start + duration
@@ -159,7 +212,10 @@ def digest_ring(times: Sequence[int], items: Sequence[Any], boundary: int, origi
                 current[5] = duration
         else:
             current = open_slice[index] = [start, start + duration, duration, index, 1, duration]
-            slices.append(current)
+            group = slices_by_owner.get(owner)
+            if group is None:
+                group = slices_by_owner[owner] = []
+            group.append(current)
     out.start_ns, out.end_ns = first, end_ns
     out.steps, out.busy_ns, out.idle_ns = steps, busy_ns, idle_ns
     return out
@@ -167,17 +223,44 @@ def digest_ring(times: Sequence[int], items: Sequence[Any], boundary: int, origi
 
 def connection_frame(digest: TraceDigest, origin_ns: int, connection: str) -> dict[str, Any]:
     """The `trace` frame `connection` gets from a digest: its own requests' chunks and cancels, the
-    loop's work under its own task names, other connections' work as "other connection"."""
+    loop's work under its own task names, other connections' work as "other connection" (one slice
+    per OTHER_BUCKET_NS). Its cost follows this connection's own work, not every connection's."""
     names: list[str] = []
-    label_index: dict[str, int] = {}
-    remap: list[int] = []
-    for name in digest.names:
-        label = task_label(name, connection)
-        index = label_index.get(label)
-        if index is None:
-            index = label_index[label] = len(names)
-            names.append(label)
-        remap.append(index)
+    remap: dict[int, int] = {}
+    for owner in (None, connection):
+        for index in digest.names_by_owner.get(owner, ()):
+            name = digest.names[index]
+            remap[index] = len(names)
+            names.append(name if owner is None else name.rpartition(" @")[0])
+    slices = [
+        [s, e, busy, remap[name], count, longest]
+        for owner in (None, connection)
+        for s, e, busy, name, count, longest in digest.slices_by_owner.get(owner, ())
+    ]
+    mine = digest.buckets_by_owner.get(connection, {})
+    other = -1
+    for bucket, (busy, count, longest, longest_owner, runner_up) in digest.owned_buckets.items():
+        own = mine.get(bucket)
+        if own is not None:
+            busy -= own[0]
+            count -= own[1]
+        if count <= 0:
+            continue
+        if other < 0:
+            other = len(names)
+            names.append(OTHER_CONNECTION)
+        start = bucket * OTHER_BUCKET_NS
+        slices.append(
+            [
+                start,
+                start + OTHER_BUCKET_NS,
+                busy,
+                other,
+                count,
+                runner_up if longest_owner == connection else longest,
+            ]
+        )
+    slices.sort()
     frames, frame_bytes = digest.frames.get(connection, (0, 0))
     empty = digest.end_ns < 0
     return {
@@ -190,11 +273,11 @@ def connection_frame(digest: TraceDigest, origin_ns: int, connection: str) -> di
                 round((s - origin_ns) / 1e6, 3),
                 round((e - origin_ns) / 1e6, 3),
                 round(busy / 1e6, 3),
-                remap[name],
+                name,
                 count,
                 round(longest / 1e6, 3),
             ]
-            for s, e, busy, name, count, longest in digest.slices
+            for s, e, busy, name, count, longest in slices
         ],
         "idle": digest.idle,
         "lag": digest.lag,

@@ -65,3 +65,29 @@ def test_close_chunks_of_a_sample_share_an_entry_and_still_count() -> None:
     view.apply(frame)
     assert view.chunk_count == 6
     assert sorted(view.chunks) == [(0.0, 0), (4.0, 1), (30.0, 0)]
+
+
+def test_other_connections_work_is_one_lane_without_this_connections_own() -> None:
+    events = [
+        (STEP, 0 * MS, 3 * MS, "consume r1 @c1", None),
+        (STEP, 3 * MS, 1 * MS, "consume r1 @c2", None),
+        (STEP, 4 * MS, 2 * MS, "send @c3", None),
+        (STEP, 6 * MS, 1 * MS, "heartbeat", None),
+    ]
+
+    def lanes(connection: str) -> dict[str, tuple[float, int, float]]:
+        frame = live_frame(events, 0, connection)
+        out: dict[str, tuple[float, int, float]] = {}
+        for _start, _end, busy, name, count, longest in frame["slices"]:
+            label = frame["names"][name]
+            before = out.get(label, (0.0, 0, 0.0))
+            out[label] = (before[0] + busy, before[1] + count, max(before[2], longest))
+        return out
+
+    assert lanes("c1") == {
+        "consume r1": (3.0, 1, 3.0),
+        "other connection": (3.0, 2, 2.0),
+        "heartbeat": (1.0, 1, 1.0),
+    }
+    assert lanes("c2")["other connection"] == (5.0, 2, 3.0)
+    assert lanes("c3")["other connection"] == (4.0, 2, 3.0) and lanes("c3")["send"] == (2.0, 1, 2.0)
