@@ -305,3 +305,37 @@ def test_decode_params_need_a_seed() -> None:
     assert EmbeddedEngine.decode_params(params(), ignore_eos=True) == DecodeParams(
         max_tokens=12, temperature=0.8, top_p=0.95, seed=5, ignore_eos=True
     )
+
+
+async def test_a_prompt_reuses_the_previous_prompts_shared_head(engine: EmbeddedEngine) -> None:
+    """Positions shared with the last prompt are copied: the same logits and cache as computing them."""
+    from backend.engines.embedded.model import Llama, LlamaConfig, RowCache
+    from backend.engines.embedded.weights import read_config
+
+    folder = resolve_model().path
+    config = LlamaConfig.from_hf(read_config(folder))
+    model = Llama(config, read_tensors(folder), engine.dtype)
+    first, second = engine.prompt_ids(PROMPT), engine.prompt_ids("Say hello.")
+    shared = next(i for i, (a, b) in enumerate(zip(first, second, strict=False)) if a != b)
+    assert shared > 10  # the chat template's system turn
+    cold = RowCache(config, 4, 512, engine.dtype)
+    cold_logits, cold_kv = model.prefill(second, cold, cold.add_rows(2))
+    assert cold_kv.reused == 0
+    warm = RowCache(config, 4, 512, engine.dtype)
+    _, first_kv = model.prefill(first, warm, warm.add_rows(1))
+    warm_logits, warm_kv = model.prefill(second, warm, warm.add_rows(2), first_kv)
+    assert warm_kv.reused == shared
+    assert torch.allclose(warm_logits, cold_logits, atol=1e-4)
+    assert warm_logits.argmax() == cold_logits.argmax()
+    length = len(second)
+    for a, b in ((warm.keys, cold.keys), (warm.values, cold.values)):
+        assert torch.allclose(a[:, 1:3, :, :length], b[:, 0:2, :, :length], atol=1e-4)
+    # The same prompt again: all but its last position are copied; that one gives the logits.
+    again_logits, again_kv = model.prefill(second, warm, warm.add_rows(1), warm_kv)
+    assert again_kv.reused == length - 1
+    assert torch.allclose(again_logits, cold_logits, atol=1e-4)
+    # Through the engine: its second request copies the first one's template head.
+    before = engine.health()["reused_prompt_tokens"]
+    await collect(engine.generate("Say hello.", 1, params(max_tokens=2)), 1)
+    await collect(engine.generate(PROMPT, 1, params(max_tokens=2)), 1)
+    assert engine.health()["reused_prompt_tokens"] - before >= shared

@@ -2,9 +2,10 @@
 
 Written for batched decoding of many samples at different lengths: the cache holds one row per
 running sample, rows 0..R-1 kept contiguous (a leaving row is replaced by the last one), each row
-with its own length. `prefill` runs one prompt once and copies its keys and values into n rows;
-`decode` advances every row by one token in a single batch. Weights are fused (q, k and v in one
-matrix; gate and up in another) so a layer is a handful of large matmuls.
+with its own length. `prefill` runs one prompt once and copies its keys and values into n rows
+(positions the previous prompt shares, such as the chat template's system turn, are copied from it
+rather than computed); `decode` advances every row by one token in a single batch. Weights are
+fused (q, k and v in one matrix; gate and up in another) so a layer is a handful of large matmuls.
 """
 
 from __future__ import annotations
@@ -130,6 +131,30 @@ class RowCache:
         return moved
 
 
+PROMPT_KV_KEEP = 512
+"""Prompt positions whose keys and values are kept for the next prompt (46 KB each in fp32: 23 MB)."""
+
+
+@dataclass
+class PromptKV:
+    """Keys and values [layers, kv_heads, positions, head_dim] of a prompt's first positions."""
+
+    tokens: list[int]
+    keys: torch.Tensor
+    values: torch.Tensor
+    reused: int = 0
+    """Positions this prompt's prefill took from the previous prompt instead of computing them."""
+
+    def shared(self, tokens: list[int], limit: int) -> int:
+        """How many leading positions `tokens` has in common with this prompt, at most `limit`."""
+        count = 0
+        for mine, theirs in zip(self.tokens[:limit], tokens[:limit], strict=False):
+            if mine != theirs:
+                break
+            count += 1
+        return count
+
+
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     """RMSNorm computed in fp32, as Llama does, then scaled in the model's dtype."""
     x32 = x.float()
@@ -193,27 +218,55 @@ class Llama:
         return F.linear(rms_norm(x, self.final_norm, self.config.rms_eps), self.lm_head).float()
 
     @torch.inference_mode()
-    def prefill(self, tokens: list[int], cache: RowCache, rows: range) -> torch.Tensor:
-        """Run the prompt once, write its keys/values into every row of `rows`; last-token logits [V]."""
+    def prefill(
+        self, tokens: list[int], cache: RowCache, rows: range, reuse: PromptKV | None = None
+    ) -> tuple[torch.Tensor, PromptKV]:
+        """Run the prompt once, write its keys/values into every row of `rows`; last-token logits [V].
+
+        Positions the prompt shares with `reuse` (an earlier prompt's keys and values) are copied,
+        not computed: every chat-templated prompt starts with the same system turn. Also returns
+        this prompt's keys and values (its first `PROMPT_KV_KEEP` positions) for the next one.
+        """
         c = self.config
         length = len(tokens)
         cache.reserve(length)
-        x = self.embed[torch.tensor(tokens)]
-        cos, sin = self.cos[:length, None, :], self.sin[:length, None, :]
+        # At least the last token is computed: its logits are the first sample's.
+        start = reuse.shared(tokens, length - 1) if reuse is not None else 0
+        prior = reuse if start else None
+        new = length - start
+        keep = min(length, PROMPT_KV_KEEP)
+        shape = (c.layers, c.kv_heads, keep, c.head_dim)
+        kept = PromptKV(
+            tokens[:keep], torch.empty(shape, dtype=self.dtype), torch.empty(shape, dtype=self.dtype)
+        )
+        x = self.embed[torch.tensor(tokens[start:])]
+        cos, sin = self.cos[start:length, None, :], self.sin[start:length, None, :]
+        # Query i (position start + i) sees positions 0..start + i.
+        mask = None
+        if prior is not None:
+            mask = torch.arange(length)[None, :] <= torch.arange(start, length)[:, None]
         for index, layer in enumerate(self.layers):
             qkv = F.linear(rms_norm(x, layer.attn_norm, c.rms_eps), layer.qkv)
             q, k, v = qkv.split([self.q_size, self.kv_size, self.kv_size], dim=-1)
-            q = rotate(q.view(length, c.heads, c.head_dim), cos, sin).transpose(0, 1)
-            k = rotate(k.view(length, c.kv_heads, c.head_dim), cos, sin).transpose(0, 1)
-            v = v.view(length, c.kv_heads, c.head_dim).transpose(0, 1)
+            q = rotate(q.view(new, c.heads, c.head_dim), cos, sin).transpose(0, 1)
+            k = rotate(k.view(new, c.kv_heads, c.head_dim), cos, sin).transpose(0, 1)
+            v = v.view(new, c.kv_heads, c.head_dim).transpose(0, 1)
+            if prior is not None:
+                k = torch.cat((prior.keys[index, :, :start], k), dim=1)
+                v = torch.cat((prior.values[index, :, :start], v), dim=1)
+            kept.keys[index] = k[:, :keep]
+            kept.values[index] = v[:, :keep]
             # One prompt, n rows: the same keys and values are copied, never recomputed.
             cache.keys[index, rows.start : rows.stop, :, :length] = k
             cache.values[index, rows.start : rows.stop, :, :length] = v
-            attended = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
-            x = x + F.linear(attended.transpose(0, 1).reshape(length, self.q_size), layer.out)
+            attended = F.scaled_dot_product_attention(
+                q, k, v, attn_mask=mask, is_causal=mask is None, enable_gqa=True
+            )
+            x = x + F.linear(attended.transpose(0, 1).reshape(new, self.q_size), layer.out)
             x = self._mlp(x, layer)
         cache.lengths[rows.start : rows.stop] = length
-        return self._logits(x[-1])
+        kept.reused = start
+        return self._logits(x[-1]), kept
 
     @torch.inference_mode()
     def decode(self, tokens: torch.Tensor, cache: RowCache) -> torch.Tensor:

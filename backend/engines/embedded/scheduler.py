@@ -31,7 +31,7 @@ import torch
 
 from backend.engine import Chunk
 from backend.engines.embedded.detokenizer import TextStream
-from backend.engines.embedded.model import Llama, RowCache
+from backend.engines.embedded.model import Llama, PromptKV, RowCache
 from backend.engines.embedded.sampler import RowSampling, sample
 
 log = logging.getLogger("backend.embedded")
@@ -97,6 +97,8 @@ class SchedulerStats:
 
     steps: int = 0
     prefills: int = 0
+    reused_prompt_tokens: int = 0
+    """Prompt positions copied from the previous prompt's keys and values instead of computed."""
     tokens: int = 0
     rows_stepped: int = 0
     max_batch_rows: int = 0
@@ -125,6 +127,8 @@ class BatchScheduler:
         self.max_rows = max_rows
         self.context = context
         self.cache = RowCache(model.config, max_rows, context, model.dtype)
+        self.prompt_kv: PromptKV | None = None
+        """The last prompt's keys and values: the next prefill copies the positions it shares."""
         self.rows: list[Row] = []
         self.waiting: deque[Job] = deque()
         self.stats = SchedulerStats()
@@ -169,6 +173,7 @@ class BatchScheduler:
             "max_rows": self.max_rows,
             "steps": s.steps,
             "prefills": s.prefills,
+            "reused_prompt_tokens": s.reused_prompt_tokens,
             "tokens": s.tokens,
             "mean_batch_rows": round(s.rows_stepped / s.steps, 2) if s.steps else 0.0,
             "max_batch_rows": s.max_batch_rows,
@@ -272,8 +277,9 @@ class BatchScheduler:
     def _prefill(self, job: Job) -> None:
         params = job.params
         slots = self.cache.add_rows(job.n)
-        logits = self.model.prefill(job.prompt_ids, self.cache, slots)
+        logits, self.prompt_kv = self.model.prefill(job.prompt_ids, self.cache, slots, self.prompt_kv)
         self.stats.prefills += 1
+        self.stats.reused_prompt_tokens += self.prompt_kv.reused
         new_rows = []
         for index in range(job.n):
             generator = None
