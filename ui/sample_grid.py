@@ -41,14 +41,16 @@ CSS = """
 .sample-column.status-streaming .sample-header { color: #2563eb; }
 .sample-column.status-aborted .sample-header, .sample-column.status-error .sample-header { color: #dc2626; }
 .sample-scroll { height: 14em; overflow-y: auto; display: flex; flex-direction: column-reverse; }
-.sample-text { white-space: pre-wrap; overflow-wrap: anywhere; font-size: 0.9em; line-height: 1.35; }
+.sample-text { white-space: pre-wrap; overflow-wrap: anywhere; font-size: 0.9em; line-height: 1.35;
+  margin-bottom: auto; }
 .sample-stop { align-self: flex-start; font-size: 0.75em; padding: 1px 10px; border-radius: 6px;
   border: 1px solid var(--border-color-primary, #cbd5e1);
   background: var(--button-secondary-background-fill); }
 .sample-stop:disabled { opacity: 0.4; }
 """
 """Columns as many per row as fit, all the same width; each text box keeps its newest line in view
-(`column-reverse` anchors the scroll at the bottom while the text grows)."""
+(`column-reverse` anchors the scroll at the bottom while the text grows; a short text stays at the
+top)."""
 
 JS_ON_LOAD = """
 element.addEventListener('click', (event) => {
