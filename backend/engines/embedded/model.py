@@ -3,8 +3,8 @@
 Written for batched decoding of many samples at different lengths: the cache holds one row per
 running sample, rows 0..R-1 kept contiguous (a leaving row is replaced by the last one), each row
 with its own length. `prefill` runs one prompt once and copies its keys and values into n rows
-(positions the previous prompt shares, such as the chat template's system turn, are copied from it
-rather than computed); `decode` advances every row by one token in a single batch. Weights are
+(positions it shares with a kept prefix, the chat template's system turn, are copied rather than
+computed); `decode` advances every row by one token in a single batch. Weights are
 fused (q, k and v in one matrix; gate and up in another) so a layer is a handful of large matmuls.
 """
 
@@ -143,7 +143,7 @@ class PromptKV:
     keys: torch.Tensor
     values: torch.Tensor
     reused: int = 0
-    """Positions this prompt's prefill took from the previous prompt instead of computing them."""
+    """Positions this prompt's prefill copied from `reuse` instead of computing them."""
 
     def shared(self, tokens: list[int], limit: int) -> int:
         """How many leading positions `tokens` has in common with this prompt, at most `limit`."""

@@ -98,7 +98,7 @@ class SchedulerStats:
     steps: int = 0
     prefills: int = 0
     reused_prompt_tokens: int = 0
-    """Prompt positions copied from the previous prompt's keys and values instead of computed."""
+    """Prompt positions copied from the template head's keys and values instead of computed."""
     tokens: int = 0
     rows_stepped: int = 0
     max_batch_rows: int = 0
@@ -127,8 +127,11 @@ class BatchScheduler:
         self.max_rows = max_rows
         self.context = context
         self.cache = RowCache(model.config, max_rows, context, model.dtype)
-        self.prompt_kv: PromptKV | None = None
-        """The last prompt's keys and values: the next prefill copies the positions it shares."""
+        self.prompt_kv: PromptKV | None = self._template_head_kv()
+        """Keys and values of the chat template's fixed head (the system turn): every prompt that
+        starts with it copies them instead of computing them. Always this head and never the last
+        prompt: a prompt is then computed the same way every time, so a seed gives the same text
+        whatever ran before (a prefill split at another position rounds differently)."""
         self.rows: list[Row] = []
         self.waiting: deque[Job] = deque()
         self.stats = SchedulerStats()
@@ -274,12 +277,32 @@ class BatchScheduler:
             self._prefill(job)
         self._report_positions()
 
+    def _template_head_kv(self) -> PromptKV | None:
+        """The chat template's head (what two different user turns share), prefilled once."""
+        try:
+            turns = [
+                self.tokenizer.apply_chat_template(
+                    [{"role": "user", "content": text}], add_generation_prompt=True, tokenize=True
+                )
+                for text in ("a", "b")
+            ]
+        except ValueError:  # a model without a chat template: nothing to share
+            return None
+        ids = [list(t["input_ids"] if hasattr(t, "keys") else t) for t in turns]
+        head = 0
+        while head < min(map(len, ids)) and ids[0][head] == ids[1][head]:
+            head += 1
+        if head < 2:
+            return None
+        _, kept = self.model.prefill(ids[0][:head], self.cache, range(0))
+        return kept
+
     def _prefill(self, job: Job) -> None:
         params = job.params
         slots = self.cache.add_rows(job.n)
-        logits, self.prompt_kv = self.model.prefill(job.prompt_ids, self.cache, slots, self.prompt_kv)
+        logits, kept = self.model.prefill(job.prompt_ids, self.cache, slots, self.prompt_kv)
         self.stats.prefills += 1
-        self.stats.reused_prompt_tokens += self.prompt_kv.reused
+        self.stats.reused_prompt_tokens += kept.reused
         new_rows = []
         for index in range(job.n):
             generator = None
