@@ -28,7 +28,7 @@ from ui.view import RunView, samples_value, status_markdown, summary_markdown
 UPDATES_PER_S = 15
 """Page updates per second while streaming: browsers keep up with 10-20 (DESIGN.md)."""
 
-TRACE_EVERY = 3
+TRACE_EVERY = 8
 """The trace panel is redrawn every 3rd page update (5 a second): it is the largest output."""
 
 CONCURRENCY_LIMIT = 32

@@ -1,16 +1,16 @@
 """The sample grid: one column per sample (header, streaming text, Stop), drawn in the browser.
 
 All n columns are one `gr.HTML` output whose value is JSON (`view.samples_value`): Gradio then
-sends, per page update, only what changed (each column's new text as an append), and the template
-below redraws the grid in the page, where Gradio's HTML component patches only the nodes that
-differ. The page had been one Textbox, one Markdown header and one Column per sample (97 outputs
-at N_MAX 32): the app spent 50-140 ms of CPU per update on them and the browser fell to 2-3
-updates a second (docs/benchmarks.md, "Browser").
+sends, per page update, only what changed (each column's new text as an append), and a script in
+the page applies it to the grid, appending new text to each column's text node. The page had been
+one Textbox, one Markdown header and one Column per sample (97 outputs at N_MAX 32): the app spent
+50-140 ms of CPU per update on them and the browser fell to 2-3 updates a second
+(docs/benchmarks.md, "Browser").
 
-Texts are escaped in the template (a sample may contain anything). A column's Stop button triggers
-the component's `select` event with the column's index, which the app turns into a `cancel` of that
-sample. Element ids stay what tests and scripts look for: `column-i`, `header-i`, `sample-i`
-(the text), `stop-i`.
+Texts go into text nodes, never parsed as HTML (a sample may contain anything). A column's Stop
+button triggers the component's `select` event with the column's index, which the app turns into a
+`cancel` of that sample. Element ids stay what tests and scripts look for: `column-i`, `header-i`,
+`sample-i` (the text), `stop-i`.
 """
 
 from __future__ import annotations
@@ -19,18 +19,9 @@ from typing import Any
 
 import gradio as gr
 
-TEMPLATE = r"""<div class="sample-grid">${(() => {
-  const esc = (t) => String(t ?? '').replace(/&/g, '&amp;').replace(/</g, '&lt;').replace(/>/g, '&gt;');
-  const done = new Set(['stop', 'length', 'aborted', 'error']);
-  return (value?.samples ?? []).map((s) => `
-  <div class="sample-column status-${esc(s.status)}" id="column-${s.index}">
-    <div class="sample-header" id="header-${s.index}">${esc(s.header)}</div>
-    <div class="sample-scroll"><div class="sample-text" id="sample-${s.index}">${esc(s.text)}</div></div>
-    <button class="sample-stop" id="stop-${s.index}" data-index="${s.index}"
-      ${done.has(s.status) ? 'disabled' : ''}>Stop</button>
-  </div>`).join('');
-})()}</div>"""
-"""The grid, from the value {"samples": [{index, status, header, text}, ...]}."""
+TEMPLATE = '<div class="sample-grid"></div>'
+"""A constant template: the page script below owns the grid's contents, so Gradio never re-parses
+them (re-rendering a template of all n texts per update kept the page's main thread busy at n=32)."""
 
 CSS = """
 .sample-grid { display: grid; grid-template-columns: repeat(auto-fill, minmax(190px, 1fr)); gap: 10px; }
@@ -40,7 +31,8 @@ CSS = """
   color: var(--body-text-color-subdued); }
 .sample-column.status-streaming .sample-header { color: #2563eb; }
 .sample-column.status-aborted .sample-header, .sample-column.status-error .sample-header { color: #dc2626; }
-.sample-scroll { height: 14em; overflow-y: auto; display: flex; flex-direction: column-reverse; }
+.sample-scroll { height: 14em; overflow-y: auto; display: flex; flex-direction: column-reverse;
+  contain: strict; }
 .sample-text { white-space: pre-wrap; overflow-wrap: anywhere; font-size: 0.9em; line-height: 1.35;
   margin-bottom: auto; }
 .sample-stop { align-self: flex-start; font-size: 0.75em; padding: 1px 10px; border-radius: 6px;
@@ -53,6 +45,57 @@ CSS = """
 top)."""
 
 JS_ON_LOAD = """
+const grid = element.querySelector('.sample-grid');
+const done = new Set(['stop', 'length', 'aborted', 'error']);
+const columns = [];
+
+function column(index) {
+  const col = document.createElement('div');
+  col.id = `column-${index}`;
+  const header = document.createElement('div');
+  header.className = 'sample-header';
+  header.id = `header-${index}`;
+  const scroll = document.createElement('div');
+  scroll.className = 'sample-scroll';
+  const text = document.createElement('div');
+  text.className = 'sample-text';
+  text.id = `sample-${index}`;
+  const node = document.createTextNode('');
+  text.appendChild(node);
+  scroll.appendChild(text);
+  const stop = document.createElement('button');
+  stop.className = 'sample-stop';
+  stop.id = `stop-${index}`;
+  stop.dataset.index = String(index);
+  stop.textContent = 'Stop';
+  col.append(header, scroll, stop);
+  grid.appendChild(col);
+  return {col, header, node, stop, shown: '', status: ''};
+}
+
+function render(value) {
+  const samples = (value && value.samples) || [];
+  while (columns.length > samples.length) columns.pop().col.remove();
+  samples.forEach((sample, index) => {
+    const c = columns[index] || (columns[index] = column(index));
+    if (c.header.textContent !== sample.header) c.header.textContent = sample.header;
+    if (c.status !== sample.status) {
+      c.status = sample.status;
+      c.col.className = `sample-column status-${sample.status}`;
+      c.stop.disabled = done.has(sample.status);
+    }
+    const text = sample.text || '';
+    // Text nodes, never HTML: a sample may contain anything. Growing text is appended.
+    if (text !== c.shown) {
+      if (text.startsWith(c.shown)) c.node.appendData(text.slice(c.shown.length));
+      else c.node.data = text;
+      c.shown = text;
+    }
+  });
+}
+
+render(props.value);
+watch('value', () => render(props.value));
 element.addEventListener('click', (event) => {
   const button = event.target.closest('button[data-index]');
   if (button && !button.disabled) {
@@ -61,7 +104,9 @@ element.addEventListener('click', (event) => {
   }
 });
 """
-"""A Stop click becomes the grid's `select` event, carrying the column's index."""
+"""Builds and updates the columns from the value: only what changed is touched (a column's new
+text is appended to its text node); a Stop click becomes the grid's `select` event with the
+column's index."""
 
 
 def sample_grid() -> gr.HTML:

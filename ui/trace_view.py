@@ -9,6 +9,7 @@ server's measurements; only the last `WINDOW_MS` is kept and drawn.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from html import escape
 from typing import Any
@@ -24,6 +25,9 @@ LOOP_H = 40
 LAG_H = 40
 LANE_H = 10
 COLUMN_PX = 2
+
+TICK_GAP_PX = 2
+"""Chunk ticks this close (pixels) are drawn as one bar."""
 
 TICK_MS = 20.0
 """A sample's chunk arrivals within one 20 ms bucket are kept (and drawn) as one tick: the panel's
@@ -228,9 +232,10 @@ def trace_svg(view: TraceView, n: int) -> str:
             ticks.setdefault(index, set()).add(int(x(t)))
     for index in range(n):
         parts.append(_label(f"#{index}", y + LANE_H / 2, size=8))
-        path = "".join(f"M{px} {y}v{LANE_H - 2}" for px in sorted(ticks.get(index, ())))
+        mid = y + LANE_H / 2 - 1
+        path = "".join(f"M{start} {mid:g}H{end + 1}" for start, end in _runs(ticks.get(index, ())))
         if path:
-            parts.append(f'<path d="{path}" stroke="#0f172a" stroke-width="1"/>')
+            parts.append(f'<path d="{path}" stroke="#0f172a" stroke-width="{LANE_H - 2}"/>')
         y += LANE_H
     # Cancel chain markers.
     for t, index, stage in view.cancels:
@@ -259,6 +264,19 @@ def trace_svg(view: TraceView, n: int) -> str:
         f'<svg viewBox="0 0 {WIDTH} {height}" width="100%" role="img" aria-label="event loop trace" '
         f'class="trace-svg">' + "".join(parts) + f'</svg><div class="trace-legend">{legend}</div>'
     )
+
+
+def _runs(pixels: Iterable[int]) -> list[tuple[int, int]]:
+    """Tick pixels as runs [start, end]: ticks up to TICK_GAP_PX apart draw as one bar. A busy lane
+    is then a few bars instead of a segment per pixel (the SVG at n=32 was 70 KB of ticks, which
+    the browser re-parsed on every redraw)."""
+    runs: list[tuple[int, int]] = []
+    for px in sorted(pixels):
+        if runs and px - runs[-1][1] <= TICK_GAP_PX:
+            runs[-1] = (runs[-1][0], px)
+        else:
+            runs.append((px, px))
+    return runs
 
 
 def _label(text: str, y_mid: float, size: int = 10) -> str:
