@@ -29,7 +29,8 @@ UPDATES_PER_S = 15
 """Page updates per second while streaming: browsers keep up with 10-20 (DESIGN.md)."""
 
 TRACE_EVERY = 8
-"""The trace panel is redrawn every 3rd page update (5 a second): it is the largest output."""
+"""The trace panel is redrawn every 8th page update (about 2 a second) and at the end: its SVG is the
+largest output, and re-parsing it was the page's main cost at n=32 (docs/benchmarks.md, "Browser")."""
 
 CONCURRENCY_LIMIT = 32
 """Generate events that run at once (Gradio's default is 1: one user at a time)."""
