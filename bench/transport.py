@@ -26,9 +26,9 @@ medians. Columns:
   lags, and trace frames come 10 a second).
 
 For (c): page updates per second, whether every column's final text is exactly the engine's, and
-`end ms`: the final update's arrival minus (the first update's arrival + the server's request
-duration), i.e. how long after the engine's last token the page got its last update (slightly
-under by the first update's own delivery time).
+`end ms`: from the backend's `done` frame to the final update reaching `gradio_client`, both on
+this host's monotonic clock (the app talks to the backend through `bench.done_relay.DoneRelay`,
+which notes when each `done` passes).
 """
 
 from __future__ import annotations
@@ -53,6 +53,7 @@ sys.path.insert(0, str(ROOT))
 from backend.engine import SamplingParams  # noqa: E402
 from backend.engines.synthetic import SyntheticEngine, synthetic_tokens  # noqa: E402
 from backend.stats import percentile  # noqa: E402
+from bench.done_relay import DoneRelay  # noqa: E402
 from tests.harness import LOCAL_LOAD_FLAGS, free_port, wait_for_http  # noqa: E402
 from tests.harness import start_backend as harness_start_backend  # noqa: E402
 from tests.harness import stop_process as stop  # noqa: E402
@@ -242,7 +243,6 @@ def cpu_per_1k(run: Run) -> float:
 
 # The /generate API's outputs: the sample grid, status, summary, trace (tests/test_gradio_app.py).
 SAMPLES = 0
-SUMMARY = 2
 
 
 def gradio_table(ns: list[int], rate: float, seconds: float) -> None:
@@ -250,6 +250,8 @@ def gradio_table(ns: list[int], rate: float, seconds: float) -> None:
     from gradio_client import Client
 
     backend, backend_port = start_backend(rate, 32)
+    relay = DoneRelay(backend_port)
+    relay.start()
     port = free_port()
     env = {**os.environ, "GRADIO_ANALYTICS_ENABLED": "False"}
     app = subprocess.Popen(
@@ -261,7 +263,7 @@ def gradio_table(ns: list[int], rate: float, seconds: float) -> None:
             "--port",
             str(port),
             "--backend-url",
-            f"ws://127.0.0.1:{backend_port}/ws",
+            relay.url,
         ],
         cwd=ROOT,
         env=env,
@@ -281,6 +283,7 @@ def gradio_table(ns: list[int], rate: float, seconds: float) -> None:
             direct = asyncio.run(run_direct(n, rate, max_tokens))
             expected = "".join(synthetic_tokens(SEED, max_tokens, 0.0)[0])
             cpu = process_cpu_s(app.pid)
+            known = set(relay.done_at)
             started = time.monotonic()
             job = client.submit("bench", n, max_tokens, 0.0, 0.95, SEED, api_name="/generate")
             arrivals: list[float] = []
@@ -294,8 +297,8 @@ def gradio_table(ns: list[int], rate: float, seconds: float) -> None:
             texts = [sample["text"] for sample in final[SAMPLES]["samples"]]
             complete = all(text == expected for text in texts)
             tokens = len(synthetic_tokens(SEED, max_tokens, 0.0)[0]) * n
-            duration_ms = _server_duration_ms(final[SUMMARY])
-            end_ms = (arrivals[-1] - arrivals[0]) * 1000 - duration_ms
+            (request_id,) = set(relay.done_at) - known
+            end_ms = (arrivals[-1] - relay.done_at[request_id]) * 1000
             streaming = arrivals[-1] - arrivals[0]
             print(
                 f"{n:>3}{tokens:>8}{tokens / seconds_taken:>9.0f}"
@@ -307,13 +310,8 @@ def gradio_table(ns: list[int], rate: float, seconds: float) -> None:
         client.close()
     finally:
         stop(app)
+        relay.stop()
         stop(backend)
-
-
-def _server_duration_ms(summary: str) -> float:
-    """The request's duration from the summary's "**Request:** T tokens in D ms" line."""
-    head = summary.split("**Request:**", 1)[1]
-    return float(head.split(" tokens in ", 1)[1].split(" ms", 1)[0])
 
 
 def main() -> int:
