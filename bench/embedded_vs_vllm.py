@@ -50,7 +50,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from backend.engines.embedded import EmbeddedEngine
 from backend.engines.embedded.scheduler import DecodeParams
 from bench.embedded import PeakMemory
-from tests.harness import free_port
+from tests.harness import free_port, stop_process_group
 from tests.test_engines_real import CACHE, MODEL, SERVED_NAME, wait_health
 
 PROMPT = "Write a short poem about the sea."
@@ -133,22 +133,9 @@ def start_vllm(dtype: str, threads: int) -> tuple[subprocess.Popen[bytes], str]:
     try:
         wait_health(url, process)
     except BaseException:
-        stop_vllm(process)
+        stop_process_group(process)
         raise
     return process, url
-
-
-def stop_vllm(process: subprocess.Popen[bytes]) -> None:
-    """Stop the server's whole process group: its engine core is a child SIGTERM may leave behind."""
-    with contextlib.suppress(ProcessLookupError):
-        os.killpg(process.pid, signal.SIGTERM)
-    try:
-        process.wait(30)
-    except subprocess.TimeoutExpired:
-        pass
-    with contextlib.suppress(ProcessLookupError):
-        os.killpg(process.pid, signal.SIGKILL)
-    process.wait()
 
 
 async def run_vllm(
@@ -315,7 +302,7 @@ async def main() -> int:
         finally:
             await engine.stop()
     finally:
-        stop_vllm(process)
+        stop_process_group(process)
     return 0
 
 

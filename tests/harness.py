@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
+import signal
 import socket
 import subprocess
 import sys
@@ -112,3 +114,17 @@ def start_app(
         process.wait(10)
         raise
     return process
+
+
+def stop_process_group(process: subprocess.Popen[bytes]) -> None:
+    """Stop a server started in its own process group, children included (vLLM's engine core is a
+    child SIGTERM may leave behind): SIGTERM, up to 30 s, then SIGKILL."""
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(process.pid, signal.SIGTERM)
+    try:
+        process.wait(30)
+    except subprocess.TimeoutExpired:
+        pass
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(process.pid, signal.SIGKILL)
+    process.wait()

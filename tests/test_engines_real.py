@@ -9,11 +9,9 @@ with DASHBOARD_REAL_ENGINES=1; without it (plain `make test`) these tests skip, 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 import os
 import re
-import signal
 import subprocess
 import time
 import urllib.request
@@ -32,7 +30,7 @@ from backend.engines.sglang import SGLangEngine
 from backend.engines.sglang_launch import SGLangServerProcess, free_port
 from backend.server import BackendServer
 from backend.settings import Limits
-from tests.harness import ROOT
+from tests.harness import ROOT, stop_process_group
 
 pytestmark = pytest.mark.skipif(
     os.environ.get("DASHBOARD_REAL_ENGINES") != "1",
@@ -178,15 +176,7 @@ def vllm_server() -> Iterator[RealServer]:
         running = ("vllm:num_requests_running", "vllm:num_requests_waiting")
         yield RealServer("vllm", url, "/metrics", running, None, "vllm:generation_tokens_total")
     finally:
-        # The whole process group: vLLM's engine core is a child process that SIGTERM may leave behind.
-        os.killpg(process.pid, signal.SIGTERM)
-        try:
-            process.wait(30)
-        except subprocess.TimeoutExpired:
-            pass
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(process.pid, signal.SIGKILL)
-        process.wait()
+        stop_process_group(process)
 
 
 @pytest.fixture(params=["sglang", "vllm"])
