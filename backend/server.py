@@ -299,7 +299,7 @@ class ClientSession:
                 f"no running or recently finished request has id {command.id!r} on this connection",
                 command.id,
             )
-        events = chrome_trace(list(self.tracer.events), self.tracer.origin_ns, self.label, command.id, window)
+        events = chrome_trace(self.tracer.events, self.tracer.origin_ns, self.label, command.id, window)
         self.send(trace_export_frame(command.id, events))
 
     async def _abort(self, running: RunningRequest, index: int | None) -> None:

@@ -231,7 +231,7 @@ def connection_frame(digest: TraceDigest, origin_ns: int, connection: str) -> di
         for index in digest.names_by_owner.get(owner, ()):
             name = digest.names[index]
             remap[index] = len(names)
-            names.append(name if owner is None else name.rpartition(" @")[0])
+            names.append(task_label(name, connection))
     slices = [
         [s, e, busy, remap[name], count, longest]
         for owner in (None, connection)

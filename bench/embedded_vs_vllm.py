@@ -50,8 +50,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from backend.engines.embedded import EmbeddedEngine
 from backend.engines.embedded.scheduler import DecodeParams
 from bench.embedded import PeakMemory
-from tests.harness import free_port, stop_process_group
-from tests.test_engines_real import CACHE, MODEL, SERVED_NAME, wait_health
+from tests.harness import free_port, stop_process_group, wait_for_http
+from tests.test_engines_real import CACHE, MODEL, SERVED_NAME, SERVER_START_S
 
 PROMPT = "Write a short poem about the sea."
 VLLM_PYTHON = CACHE / "envs" / "vllm" / "bin" / "python"
@@ -131,7 +131,7 @@ def start_vllm(dtype: str, threads: int) -> tuple[subprocess.Popen[bytes], str]:
             command, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True
         )
     try:
-        wait_health(url, process)
+        wait_for_http(url + "/health", process, SERVER_START_S)
     except BaseException:
         stop_process_group(process)
         raise
@@ -171,14 +171,7 @@ async def run_vllm(
                     count = event["usage"]["completion_tokens"]
         elapsed = time.perf_counter() - start
     cpu = cpu_seconds([pid]) + process_cpu_seconds() - cpu
-    if count != n * tokens:
-        print(f"  (vLLM n={n}: {count} tokens, not {n * tokens})", flush=True)
-    return {
-        "tok_s": count / elapsed,
-        "tok_cpu_s": count / cpu,
-        "ttft_ms": 1000 * (first or 0.0),
-        "mem_mb": memory.peak / 2**20,
-    }
+    return figures("vLLM", n, tokens, count, elapsed, cpu, first, memory.peak)
 
 
 async def run_engine(engine: EmbeddedEngine, ids: list[int], n: int, tokens: int) -> dict[str, float]:
@@ -198,13 +191,20 @@ async def run_engine(engine: EmbeddedEngine, ids: list[int], n: int, tokens: int
                 first = time.perf_counter() - start
         elapsed = time.perf_counter() - start
     cpu = cpu_seconds(pids) + process_cpu_seconds() - cpu
+    return figures("engine", n, tokens, count, elapsed, cpu, first, memory.peak)
+
+
+def figures(
+    side: str, n: int, tokens: int, count: int, elapsed: float, cpu: float, first: float | None, peak: float
+) -> dict[str, float]:
+    """One request's figures; says so when a side did not give the n x tokens asked for."""
     if count != n * tokens:
-        print(f"  (engine n={n}: {count} tokens, not {n * tokens})", flush=True)
+        print(f"  ({side} n={n}: {count} tokens, not {n * tokens})", flush=True)
     return {
         "tok_s": count / elapsed,
         "tok_cpu_s": count / cpu,
         "ttft_ms": 1000 * (first or 0.0),
-        "mem_mb": memory.peak / 2**20,
+        "mem_mb": peak / 2**20,
     }
 
 

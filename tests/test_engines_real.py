@@ -30,7 +30,7 @@ from backend.engines.sglang import SGLangEngine
 from backend.engines.sglang_launch import SGLangServerProcess, free_port
 from backend.server import BackendServer
 from backend.settings import Limits
-from tests.harness import ROOT, stop_process_group
+from tests.harness import ROOT, stop_process_group, wait_for_http
 
 pytestmark = pytest.mark.skipif(
     os.environ.get("DASHBOARD_REAL_ENGINES") != "1",
@@ -52,20 +52,6 @@ LONG = 400
 
 def cpu_env() -> dict[str, str]:
     return {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
-
-
-def wait_health(url: str, process: subprocess.Popen[bytes]) -> None:
-    deadline = time.monotonic() + SERVER_START_S
-    while time.monotonic() < deadline:
-        assert process.poll() is None, f"the server exited with {process.returncode}"
-        try:
-            with urllib.request.urlopen(url + "/health", timeout=5) as response:
-                if response.status == 200:
-                    return
-        except OSError:
-            pass
-        time.sleep(1)
-    raise TimeoutError(f"{url} did not become healthy")
 
 
 def metrics(url: str, path: str = "/metrics") -> dict[str, float]:
@@ -172,7 +158,7 @@ def vllm_server() -> Iterator[RealServer]:
             command, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True
         )
     try:
-        wait_health(url, process)
+        wait_for_http(url + "/health", process, SERVER_START_S)
         running = ("vllm:num_requests_running", "vllm:num_requests_waiting")
         yield RealServer("vllm", url, "/metrics", running, None, "vllm:generation_tokens_total")
     finally:
