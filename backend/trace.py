@@ -11,21 +11,32 @@ Hooks, all on one plain asyncio loop (uvloop's handles are not Python objects, s
 - the server records chunks, frames and the cancel chain through `chunk`, `frame`, `cancel`.
 
 Recording a step is the cost that matters (the loop runs tens of thousands a second), so it is one
-clock read and two list stores: the loop runs callbacks back to back after each `select()`, so a
-step starts where the previous step or idle wait ended, and only its end is read. The ring is two
-preallocated lists (times and items, a step's item being its task's name), filled in place: no
-tuple, no attribute lookup, nothing for the garbage collector. `since()` and `events` turn the ring
-back into `(kind, start_ns, duration_ns, subject, detail)` tuples, with times from
+clock read and two stores: the loop runs callbacks back to back after each `select()`, so a step
+starts where the previous step or idle wait ended, and only its end is read. The ring is a
+preallocated array of times and a preallocated list of items (a step's item being its task's name),
+filled in place: no tuple, no int object, nothing for the garbage collector. `since()` and `events`
+turn the ring back into `(kind, start_ns, duration_ns, subject, detail)` tuples, with times from
 `time.perf_counter_ns()`. The tracer measures its own recording cost on a sample of steps.
+
+The step recorder is C (backend/step_recorder.c, built in place by `python setup.py build_ext
+--inplace`, which `make` runs) where that extension is built, and the same recorder in Python
+otherwise (`LoopTracer.recorder` says which): a Python wrapper around `Handle._run` costs a frame
+per step, about a tenth of a short step.
 """
 
 from __future__ import annotations
 
+import array
 import asyncio
 import selectors
 import time
-from collections.abc import Callable
-from typing import Any
+from collections.abc import Callable, Sequence
+from typing import Any, Protocol
+
+try:
+    from backend._step_recorder import StepRecorder as _CStepRecorder
+except ImportError:  # not built (no C compiler where it was installed): record in Python
+    _CStepRecorder = None
 
 STEP = 0
 """A callback or task step ran: subject is its name (the task's), duration its run time."""
@@ -55,6 +66,24 @@ OVERHEAD_SAMPLE = 32
 Event = tuple[int, int, int, Any, Any]
 
 _names: dict[Any, str] = {}
+
+_ASYNCIO_HANDLE_RUN = asyncio.events.Handle._run
+"""asyncio's own `Handle._run`, which the C recorder may run handles in place of."""
+
+
+def _report_callback_error(handle: asyncio.Handle, exc: BaseException) -> None:
+    """A callback raised `exc`: to the loop's exception handler, as asyncio's `Handle._run` does (the C
+    recorder runs callbacks itself and calls this)."""
+    callback, args = handle._callback, handle._args  # type: ignore[attr-defined]
+    source = asyncio.format_helpers._format_callback_source(callback, args)  # type: ignore[attr-defined]
+    context: dict[str, Any] = {
+        "message": f"Exception in callback {source}",
+        "exception": exc,
+        "handle": handle,
+    }
+    if handle._source_traceback:  # type: ignore[attr-defined]
+        context["source_traceback"] = handle._source_traceback  # type: ignore[attr-defined]
+    handle._loop.call_exception_handler(context)  # type: ignore[attr-defined]
 
 
 def _other_name(callback: Any) -> str:
@@ -88,49 +117,75 @@ class _TimedSelector:
         return getattr(self._selector, name)
 
 
-class LoopTracer:
-    """Records what one asyncio loop runs, its idle waits and its lag, into a ring buffer."""
+class _Recorder(Protocol):
+    """What the tracer needs of a step recorder (C or Python): the ring's writer and its counts."""
 
-    def __init__(self, capacity: int = TRACE_CAPACITY, heartbeat_s: float = HEARTBEAT_INTERVAL_S) -> None:
-        self.capacity = capacity
-        self.heartbeat_s = heartbeat_s
-        self.origin_ns = time.perf_counter_ns()
-        self.loop: asyncio.AbstractEventLoop | None = None
-        self._heartbeat: asyncio.Task[None] | None = None
-        self._times = [0] * capacity
-        self._items: list[Any] = [None] * capacity
+    recorded: int
+    samples: int
+    overhead_ns: int
+
+    def push(self, at: int, item: Any) -> None: ...
+
+    def push_now(self, item: Any) -> None: ...
+
+    def attach(
+        self, previous: Callable[[asyncio.Handle], None], loop: asyncio.AbstractEventLoop, direct: bool
+    ) -> None: ...
+
+    def disable(self) -> None: ...
+
+
+class PythonStepRecorder:
+    """The step recorder in Python, where the C one is not built: same ring, counts and sampling."""
+
+    def __init__(
+        self, times: array.array[int], items: list[Any], sample_every: int = OVERHEAD_SAMPLE
+    ) -> None:
+        self._times = times
+        self._items = items
         self._counters = [0, 0, 0]  # events recorded, overhead samples, their total ns
+        self._sample_mask = sample_every - 1
         self._disable: Callable[[], None] | None = None
-        self._wrapper: Callable[[asyncio.Handle], None] | None = None
-        self._previous_run: Callable[[asyncio.Handle], None] | None = None
+        self.run: Callable[[asyncio.Handle], None] | None = None
+        """The `Handle._run` replacement, once attached."""
 
     @property
     def recorded(self) -> int:
-        """Events recorded since the tracer was made (the ring holds the last `capacity` of them)."""
+        """Events recorded since creation."""
         return self._counters[0]
 
     @property
-    def kept(self) -> int:
-        """Events the ring holds now (at most `capacity`)."""
-        return min(self._counters[0], self.capacity)
+    def samples(self) -> int:
+        """Steps whose recording was timed."""
+        return self._counters[1]
 
-    def _push(self, at: int, item: tuple[int, int, Any, Any]) -> None:
-        """Record an event other than a step: `item` is (kind, duration_ns, subject, detail)."""
+    @property
+    def overhead_ns(self) -> int:
+        """Their recording time in all."""
+        return self._counters[2]
+
+    def push(self, at: int, item: Any) -> None:
+        """Record an event other than a step, starting at `at`."""
         counters = self._counters
-        slot = counters[0] % self.capacity
+        slot = counters[0] % len(self._times)
         self._times[slot] = at
         self._items[slot] = item
         counters[0] += 1
 
-    def _step_recorder(self, loop: asyncio.AbstractEventLoop) -> Callable[[asyncio.Handle], None]:
-        """A `Handle._run` that times `loop`'s callbacks and passes every other loop's through."""
-        previous = asyncio.events.Handle._run
-        self._previous_run = previous
-        times, items, counters, capacity = self._times, self._items, self._counters, self.capacity
+    def push_now(self, item: Any) -> None:
+        """Record an event other than a step, starting now."""
+        self.push(time.perf_counter_ns(), item)
+
+    def attach(
+        self, previous: Callable[[asyncio.Handle], None], loop: asyncio.AbstractEventLoop, direct: bool
+    ) -> None:
+        """Make `run`: `previous` for every handle (`direct` is for the C recorder only), and `loop`'s
+        steps recorded after it."""
+        times, items, counters, capacity = self._times, self._items, self._counters, len(self._times)
         clock = time.perf_counter_ns
         task_type = asyncio.Task
         other_name = _other_name
-        sample_mask = OVERHEAD_SAMPLE - 1
+        sample_mask = self._sample_mask
         traced: asyncio.AbstractEventLoop | None = loop
 
         def run(handle: asyncio.Handle) -> None:
@@ -156,7 +211,74 @@ class LoopTracer:
             traced = None
 
         self._disable = disable
-        return run
+        self.run = run
+
+    def disable(self) -> None:
+        """Stop recording steps: `run` passes every handle straight on."""
+        if self._disable is not None:
+            self._disable()
+
+
+RECORDERS = ("c", "python")
+"""Step recorders: "c" (backend/step_recorder.c) where built, else "python"."""
+
+AVAILABLE_RECORDERS = RECORDERS if _CStepRecorder is not None else ("python",)
+"""The step recorders this installation can use (the first is the default)."""
+
+
+class LoopTracer:
+    """Records what one asyncio loop runs, its idle waits and its lag, into a ring buffer."""
+
+    def __init__(
+        self,
+        capacity: int = TRACE_CAPACITY,
+        heartbeat_s: float = HEARTBEAT_INTERVAL_S,
+        recorder: str | None = None,
+    ) -> None:
+        """`recorder` is "c" or "python"; by default C where it is built."""
+        if recorder is None:
+            recorder = AVAILABLE_RECORDERS[0]
+        if recorder not in RECORDERS:
+            raise ValueError(f"recorder must be one of {RECORDERS}, not {recorder!r}")
+        if recorder == "c" and _CStepRecorder is None:
+            raise RuntimeError("the C step recorder is not built: run `python setup.py build_ext --inplace`")
+        self.capacity = capacity
+        self.heartbeat_s = heartbeat_s
+        self.origin_ns = time.perf_counter_ns()
+        self.loop: asyncio.AbstractEventLoop | None = None
+        self._heartbeat: asyncio.Task[None] | None = None
+        self._times = array.array("q", bytes(8 * capacity))
+        """When each event happened (ns): an array, so that a step stores no int object."""
+        self._items: list[Any] = [None] * capacity
+        self.recorder = recorder
+        """Which step recorder this tracer uses: "c" or "python"."""
+        if recorder == "c":
+            self._recorder: _Recorder = _CStepRecorder(
+                self._times,
+                self._items,
+                asyncio.Task,
+                _names,
+                _other_name,
+                _report_callback_error,
+                OVERHEAD_SAMPLE,
+            )
+        else:
+            self._recorder = PythonStepRecorder(self._times, self._items)
+        self._push = self._recorder.push
+        """Record an event other than a step: `_push(at, (kind, duration_ns, subject, detail))`."""
+        self._push_now = self._recorder.push_now
+        self._wrapper: Callable[[asyncio.Handle], None] | None = None
+        self._previous_run: Callable[[asyncio.Handle], None] | None = None
+
+    @property
+    def recorded(self) -> int:
+        """Events recorded since the tracer was made (the ring holds the last `capacity` of them)."""
+        return self._recorder.recorded
+
+    @property
+    def kept(self) -> int:
+        """Events the ring holds now (at most `capacity`)."""
+        return min(self._recorder.recorded, self.capacity)
 
     def install(self, loop: asyncio.AbstractEventLoop) -> None:
         """Start tracing `loop` (a plain asyncio selector loop); call from that loop."""
@@ -165,7 +287,10 @@ class LoopTracer:
             raise TypeError(f"{type(loop).__name__} has no selector to trace; use a plain asyncio loop")
         self.loop = loop
         self.origin_ns = time.perf_counter_ns()
-        self._wrapper = self._step_recorder(loop)
+        self._previous_run = previous = asyncio.events.Handle._run
+        recorder = self._recorder
+        recorder.attach(previous, loop, previous is _ASYNCIO_HANDLE_RUN)
+        self._wrapper = recorder.run if isinstance(recorder, PythonStepRecorder) else recorder
         asyncio.events.Handle._run = self._wrapper  # type: ignore[method-assign]
         loop._selector = _TimedSelector(selector, self)  # type: ignore[attr-defined]
         self._heartbeat = loop.create_task(self._beat(), name="heartbeat")
@@ -177,8 +302,7 @@ class LoopTracer:
             return
         if self._heartbeat is not None:
             self._heartbeat.cancel()
-        if self._disable is not None:
-            self._disable()
+        self._recorder.disable()
         if asyncio.events.Handle._run is self._wrapper:
             asyncio.events.Handle._run = self._previous_run  # type: ignore[method-assign]
         # Otherwise another tracer wrapped ours since: the disabled wrapper stays in its chain and
@@ -199,20 +323,15 @@ class LoopTracer:
 
     def chunk(self, request_key: Any, index: int, tokens: int) -> None:
         """A chunk of sample `index` of a request arrived from the engine."""
-        # `_push` inlined: this runs for every chunk the engine yields.
-        counters = self._counters
-        slot = counters[0] % self.capacity
-        self._times[slot] = time.perf_counter_ns()
-        self._items[slot] = (CHUNK, 0, request_key, (index, tokens))
-        counters[0] += 1
+        self._push_now((CHUNK, 0, request_key, (index, tokens)))
 
     def frames(self, connection: str, count: int, size: int) -> None:
         """`count` frames, `size` bytes in all, were handed to a connection's socket in one write."""
-        self._push(time.perf_counter_ns(), (FRAME, 0, connection, (count, size)))
+        self._push_now((FRAME, 0, connection, (count, size)))
 
     def cancel(self, request_key: Any, stage: str, index: int | None) -> None:
         """A step of the cancel chain: "received", "aborted" (engine told), "finished" (last chunk)."""
-        self._push(time.perf_counter_ns(), (CANCEL, 0, request_key, (stage, index)))
+        self._push_now((CANCEL, 0, request_key, (stage, index)))
 
     def since(self, recorded: int) -> tuple[list[Event], int]:
         """Events recorded after the first `recorded` ones (those still in the ring), and the new count."""
@@ -224,13 +343,13 @@ class LoopTracer:
         """Every event still in the ring, oldest first."""
         return self.since(0)[0]
 
-    def raw_since(self, recorded: int) -> tuple[list[int], list[Any], int, int]:
+    def raw_since(self, recorded: int) -> tuple[Sequence[int], list[Any], int, int]:
         """The ring's entries after the first `recorded` ones: their times, their items, where the
         first step among them started (-1 if that is no longer known), and the new count.
 
         An item is a task name for a step (which ended at its time) or `(kind, duration, subject,
         detail)` for any other event (which started at its time)."""
-        total = self._counters[0]
+        total = self._recorder.recorded
         capacity = self.capacity
         oldest = max(0, total - capacity)
         first = max(recorded, oldest)
@@ -262,7 +381,7 @@ class LoopTracer:
         return -1
 
     @staticmethod
-    def _decode(times: list[int], items: list[Any], boundary: int) -> list[Event]:
+    def _decode(times: Sequence[int], items: list[Any], boundary: int) -> list[Event]:
         """Raw entries as event tuples; a step whose start is unknown is left out."""
         out: list[Event] = []
         append = out.append
@@ -280,8 +399,8 @@ class LoopTracer:
 
     def overhead_per_event_ns(self) -> float:
         """Mean measured cost of recording one step (after the step ends: name, stores, counter)."""
-        samples = self._counters[1]
-        return self._counters[2] / samples if samples else 0.0
+        recorder = self._recorder
+        return recorder.overhead_ns / recorder.samples if recorder.samples else 0.0
 
 
 def callback_name(callback: Any) -> str:

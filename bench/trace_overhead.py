@@ -1,8 +1,9 @@
 """Tracer cost: loop throughput with tracing off and on, and the cost per recorded event.
 
 `python bench/trace_overhead.py` (or `make bench`) runs, on one plain asyncio loop in this process,
-the same workload with the tracer off (the baseline) and on, alternating rounds so both see the
-same machine noise, and prints the median throughput of each and their ratio:
+the same workload with the tracer off (the baseline) and on with each step recorder built here (C,
+backend/step_recorder.c, and Python), alternating rounds so all see the same machine noise, and
+prints the median throughput of each as a ratio to the untraced one:
 
 - `chunk steps`: 64 tasks, each step doing the backend's real per-chunk work (RequestState.on_chunk,
   Outbox.push, encoding a chunk frame) then `await asyncio.sleep(0)`: the loop serving streams;
@@ -13,11 +14,12 @@ The tracer's own measurement of its cost per event (time spent recording, after 
 printed too. Rates are per CPU second of the loop's thread (`time.thread_time()`), not per wall
 second, so other processes taking the CPU do not count against either side.
 
-The third table is the loop the dashboard really runs: two backend processes on the synthetic engine,
-one with `--no-trace`, each serving one websocket client a request of n samples (trace frames on,
-as the page asks), in alternating rounds. Its figure is the backend's CPU per 1,000 tokens (engine,
-server and tracer, from /proc), and `on/off` is the traced backend's tokens per CPU second over the
-untraced one's: the loop throughput tracing leaves to the dashboard.
+The third table is the loop the dashboard really runs: backend processes on the synthetic engine,
+one with `--no-trace` and one per step recorder (`--trace-recorder`), each serving one websocket
+client a request of n samples (trace frames on, as the page asks), in alternating rounds. Its figure
+is the backend's CPU per 1,000 tokens (engine, server and tracer, from /proc), and `on/off` is the
+traced backend's tokens per CPU second over the untraced one's: the loop throughput tracing leaves to
+the dashboard.
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import statistics
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -35,7 +38,7 @@ from backend.engine import Chunk, SamplingParams
 from backend.outbox import Outbox
 from backend.protocol import encode
 from backend.session import RequestState
-from backend.trace import LoopTracer
+from backend.trace import AVAILABLE_RECORDERS, LoopTracer
 from bench.transport import run_websocket, start_backend
 from tests.harness import stop_process
 
@@ -58,9 +61,10 @@ async def empty_worker(steps: int, index: int, outbox: Outbox, state: RequestSta
         await asyncio.sleep(0)
 
 
-async def one_round(worker: object, steps: int, traced: bool) -> tuple[float, float]:
-    """Steps per second of TASKS tasks, and the tracer's measured cost per event (ns)."""
-    tracer = LoopTracer() if traced else None
+async def one_round(worker: object, steps: int, recorder: str | None) -> tuple[float, float]:
+    """Steps per second of TASKS tasks (untraced when `recorder` is None), and the tracer's measured
+    cost per event (ns)."""
+    tracer = LoopTracer(recorder=recorder) if recorder is not None else None
     if tracer is not None:
         tracer.install(asyncio.get_running_loop())
     params = SamplingParams(max_tokens=steps + 1, temperature=1.0, top_p=1.0, seed=1)
@@ -76,48 +80,39 @@ async def one_round(worker: object, steps: int, traced: bool) -> tuple[float, fl
     return TASKS * steps / elapsed, cost
 
 
-def measure(worker: object, steps: int, rounds: int) -> dict[str, float]:
-    off: list[float] = []
-    on: list[float] = []
-    costs: list[float] = []
-    for _ in range(rounds):
-        off.append(asyncio.run(one_round(worker, steps, False))[0])
-        rate, cost = asyncio.run(one_round(worker, steps, True))
-        on.append(rate)
-        costs.append(cost)
-    off_median, on_median = statistics.median(off), statistics.median(on)
-    return {
-        "off": off_median,
-        "on": on_median,
-        "ratio": on_median / off_median,
-        "event_ns": statistics.median(costs),
-        "step_us_off": 1e6 / off_median,
-    }
+def measure(worker: object, steps: int, rounds: int) -> dict[str | None, tuple[float, float]]:
+    """Per setting (None: off, else the recorder): median steps/s and median recording ns."""
+    settings: list[str | None] = [None, *AVAILABLE_RECORDERS]
+    rates: dict[str | None, list[float]] = {s: [] for s in settings}
+    costs: dict[str | None, list[float]] = {s: [] for s in settings}
+    for round_index in range(rounds):
+        order = settings if round_index % 2 == 0 else settings[::-1]
+        for setting in order:
+            rate, cost = asyncio.run(one_round(worker, steps, setting))
+            rates[setting].append(rate)
+            costs[setting].append(cost)
+    return {s: (statistics.median(rates[s]), statistics.median(costs[s])) for s in settings}
 
 
-def measure_backend(n: int, rate: float, max_tokens: int, rounds: int) -> dict[str, float]:
-    """Backend CPU per 1,000 tokens without and with tracing, in alternating rounds (medians)."""
-    off_backend, off_port = start_backend(rate, n, trace=False)
+def measure_backend(n: int, rate: float, max_tokens: int, rounds: int) -> dict[str | None, float]:
+    """Backend CPU per 1,000 tokens untraced (None) and traced with each recorder, in alternating
+    rounds (medians)."""
+    settings: list[str | None] = [None, *AVAILABLE_RECORDERS]
+    backends: dict[str | None, tuple[subprocess.Popen[bytes], int]] = {}
     try:
-        on_backend, on_port = start_backend(rate, n, trace=True)
-    except BaseException:
-        stop_process(off_backend)
-        raise
-    off: list[float] = []
-    on: list[float] = []
-    try:
+        for setting in settings:
+            extra = ("--trace-recorder", setting) if setting else ()
+            backends[setting] = start_backend(rate, n, trace=setting is not None, extra=extra)
+        results: dict[str | None, list[float]] = {s: [] for s in settings}
         for round_index in range(rounds):
-            order = [(off_backend, off_port, off), (on_backend, on_port, on)]
-            if round_index % 2:
-                order.reverse()
-            for backend, port, results in order:
+            for setting in settings if round_index % 2 == 0 else settings[::-1]:
+                backend, port = backends[setting]
                 run = asyncio.run(run_websocket(f"ws://127.0.0.1:{port}/ws", backend.pid, n, max_tokens))
-                results.append(1e6 * run.cpu_s / run.tokens)
+                results[setting].append(1e6 * run.cpu_s / run.tokens)
     finally:
-        stop_process(off_backend)
-        stop_process(on_backend)
-    off_ms, on_ms = statistics.median(off), statistics.median(on)
-    return {"off": off_ms, "on": on_ms, "ratio": off_ms / on_ms}
+        for backend, _ in backends.values():
+            stop_process(backend)
+    return {s: statistics.median(results[s]) for s in settings}
 
 
 def main() -> int:
@@ -132,24 +127,27 @@ def main() -> int:
     parser.add_argument("--max-tokens", type=int, default=500)
     parser.add_argument("--backend-rounds", type=int, default=5)
     args = parser.parse_args()
-    print(f"{TASKS} tasks x {args.steps} steps, {args.rounds} alternating rounds, medians")
+    recorders = list(AVAILABLE_RECORDERS)
     print(
-        f"{'workload':<14}{'step us':>9}{'off steps/s':>13}{'on steps/s':>12}{'on/off':>8}{'record ns':>11}"
+        f"{TASKS} tasks x {args.steps} steps, {args.rounds} alternating rounds, medians; on/off per recorder"
     )
+    head = "".join(f"{r + ' on/off':>14}{r + ' ns':>9}" for r in recorders)
+    print(f"{'workload':<14}{'step us':>9}{'off steps/s':>13}{head}")
     for name, worker in (("chunk steps", chunk_worker), ("empty steps", empty_worker)):
         r = measure(worker, args.steps, args.rounds)
-        print(
-            f"{name:<14}{r['step_us_off']:>9.1f}{r['off']:>13.0f}{r['on']:>12.0f}"
-            f"{r['ratio']:>8.3f}{r['event_ns']:>11.0f}"
-        )
+        off = r[None][0]
+        cells = "".join(f"{r[rec][0] / off:>14.3f}{r[rec][1]:>9.0f}" for rec in recorders)
+        print(f"{name:<14}{1e6 / off:>9.1f}{off:>13.0f}{cells}")
     print(
         f"\nbackend, synthetic engine at {args.rate:g} tok/s per sample, {args.max_tokens} tokens,"
-        f" {args.backend_rounds} alternating rounds, medians"
+        f" {args.backend_rounds} alternating rounds, medians; on/off = untraced CPU / traced CPU"
     )
-    print(f"{'n':<6}{'off cpu ms/1k':>15}{'on cpu ms/1k':>14}{'on/off':>8}")
+    head = "".join(f"{r + ' ms/1k':>12}{r + ' on/off':>14}" for r in recorders)
+    print(f"{'n':<6}{'off ms/1k':>11}{head}")
     for n in args.n:
         r = measure_backend(n, args.rate, args.max_tokens, args.backend_rounds)
-        print(f"{n:<6}{r['off']:>15.1f}{r['on']:>14.1f}{r['ratio']:>8.3f}")
+        cells = "".join(f"{r[rec]:>12.1f}{r[None] / r[rec]:>14.3f}" for rec in recorders)
+        print(f"{n:<6}{r[None]:>11.1f}{cells}")
     return 0
 
 

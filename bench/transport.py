@@ -158,11 +158,12 @@ async def run_websocket(url: str, pid: int, n: int, max_tokens: int) -> Run:
 
 
 def start_backend(
-    rate: float, n_max: int, trace: bool = True, root: Path = ROOT
+    rate: float, n_max: int, trace: bool = True, root: Path = ROOT, extra: tuple[str, ...] = ()
 ) -> tuple[subprocess.Popen[bytes], int]:
-    """`python -m backend` (from checkout `root`) on the synthetic engine, once `/health` answers."""
+    """`python -m backend` (from checkout `root`) on the synthetic engine, once `/health` answers;
+    `extra` are more of its flags."""
     flags = ["--engine", "synthetic", "--rate", str(rate), "--jitter", "0", "--n-max", str(n_max)]
-    flags += [*LOCAL_LOAD_FLAGS, "--max-total-samples", "100000"]
+    flags += [*LOCAL_LOAD_FLAGS, "--max-total-samples", "100000", *extra]
     if not trace:
         flags.append("--no-trace")
     return harness_start_backend(flags, root=root)

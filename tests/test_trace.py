@@ -13,7 +13,7 @@ from websockets.asyncio.client import ClientConnection, connect
 
 from backend.engines.synthetic import SyntheticEngine, synthetic_tokens
 from backend.server import BackendServer
-from backend.trace import LAG, STEP, LoopTracer
+from backend.trace import AVAILABLE_RECORDERS, LAG, STEP, LoopTracer
 from backend.trace_feed import TraceFeed
 from backend.trace_frames import OTHER_CONNECTION, live_frame, task_label
 
@@ -52,8 +52,9 @@ def _spin(seconds: float) -> None:
         pass
 
 
-async def test_steps_are_attributed_to_their_tasks_and_a_block_shows_as_stall_and_lag() -> None:
-    tracer = LoopTracer(heartbeat_s=0.01)
+@pytest.mark.parametrize("recorder", AVAILABLE_RECORDERS)
+async def test_steps_are_attributed_to_their_tasks_and_a_block_shows_as_stall_and_lag(recorder: str) -> None:
+    tracer = LoopTracer(heartbeat_s=0.01, recorder=recorder)
     tracer.install(asyncio.get_running_loop())
 
     async def worker() -> None:
@@ -73,8 +74,9 @@ async def test_steps_are_attributed_to_their_tasks_and_a_block_shows_as_stall_an
     assert tracer.overhead_per_event_ns() > 0
 
 
-async def test_the_ring_buffer_bounds_memory() -> None:
-    tracer = LoopTracer(capacity=500)
+@pytest.mark.parametrize("recorder", AVAILABLE_RECORDERS)
+async def test_the_ring_buffer_bounds_memory(recorder: str) -> None:
+    tracer = LoopTracer(capacity=500, recorder=recorder)
     tracer.install(asyncio.get_running_loop())
     for _ in range(3000):
         await asyncio.sleep(0)

@@ -1,0 +1,470 @@
+/* The event-loop tracer's step recorder in C: `backend._step_recorder.StepRecorder`.
+ *
+ * A StepRecorder replaces `asyncio.events.Handle._run` while a loop is traced (backend/trace.py). It
+ * runs the handle, then, for a handle of the traced loop, stores the step's end time and its task's
+ * name into the tracer's ring (an `array('q')` of times and a list of items, both preallocated) and
+ * counts it. That is what the
+ * pure-Python recorder in backend/trace.py does, at the cost of a C call instead of Python frames
+ * (the loop runs tens of thousands of steps a second, so that difference is the tracer's overhead).
+ *
+ * Running the handle: when the wrapped `_run` is asyncio's own, the recorder does what it does,
+ * `handle._context.run(handle._callback, *handle._args)`, itself; a callback's exception other than
+ * SystemExit and KeyboardInterrupt goes to `report(handle, exc)`, which hands it to the loop's
+ * exception handler as `_run` would. Calling `_run` from C instead entered the interpreter once more
+ * per step, which cost more than the recording. Any other `_run` (another wrapper) is called as is.
+ *
+ * It is a method descriptor with vectorcall: `handle._run()` calls it with the handle as its first
+ * argument and no bound-method object, as for a Python function. `push()` records any other event
+ * into the same ring, so the count and ring positions stay one sequence.
+ */
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#include <stddef.h>
+#include <string.h>
+#include <time.h>
+
+typedef struct {
+    PyObject_HEAD
+    vectorcallfunc vectorcall;
+    PyObject *previous;  /* the Handle._run it wraps */
+    PyObject *loop;      /* the traced loop, or None once disabled */
+    PyObject *times;     /* array('q'): end time of a step, start time of another event (ns) */
+    Py_buffer times_view; /* held while the recorder lives: the array cannot be resized under it */
+    PyObject *items;     /* list: a step's task name, or another event's item */
+    PyObject *task_type; /* asyncio.Task: a callback whose __self__ is exactly one is a task step */
+    PyObject *names;     /* dict: name of a non-task callback, by its __func__ (or itself) */
+    PyObject *name_of;   /* callable(callback) -> name, for a callback not in `names` yet */
+    PyObject *report;    /* callable(handle, exc): a callback's exception to the loop's handler */
+    int direct;          /* `previous` is asyncio's own Handle._run: run handles here */
+    Py_ssize_t capacity;
+    long long recorded;    /* events recorded since creation */
+    long long samples;     /* steps whose recording was timed */
+    long long overhead_ns; /* their recording time in all */
+    long long sample_mask; /* time one step in (mask + 1) */
+} StepRecorder;
+
+static PyObject *str_loop, *str_callback, *str_self, *str_func, *str_get_name, *str_context, *str_args,
+    *str_run;
+
+#define MAX_DIRECT_ARGS 8 /* a callback with more arguments goes through the wrapped _run */
+
+static inline long long
+now_ns(void)
+{
+    /* time.perf_counter_ns() reads CLOCK_MONOTONIC on Linux: the same clock as the Python side. */
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (long long)ts.tv_sec * 1000000000LL + ts.tv_nsec;
+}
+
+/* Store (at, item) at the next ring slot; steals `item`. Returns -1 on error. */
+static int
+store(StepRecorder *self, long long at, PyObject *item)
+{
+    if (self->times_view.buf == NULL) {
+        Py_DECREF(item);
+        PyErr_SetString(PyExc_RuntimeError, "StepRecorder is not initialised");
+        return -1;
+    }
+    Py_ssize_t slot = (Py_ssize_t)(self->recorded % self->capacity);
+    ((long long *)self->times_view.buf)[slot] = at;
+    PyObject *old_item = PyList_GET_ITEM(self->items, slot);
+    PyList_SET_ITEM(self->items, slot, item);
+    self->recorded++;
+    Py_XDECREF(old_item);
+    return 0;
+}
+
+/* The name of what `callback` runs: its task's name for a task step; new reference or NULL. */
+static PyObject *
+step_name(StepRecorder *self, PyObject *callback)
+{
+    PyObject *owner;
+    if (_PyObject_LookupAttr(callback, str_self, &owner) < 0) {
+        return NULL;
+    }
+    if (owner != NULL) {
+        if ((PyObject *)Py_TYPE(owner) == self->task_type) {
+            PyObject *name = PyObject_CallMethodNoArgs(owner, str_get_name);
+            Py_DECREF(owner);
+            return name;
+        }
+        Py_DECREF(owner);
+    }
+    PyObject *key;
+    if (_PyObject_LookupAttr(callback, str_func, &key) < 0) {
+        return NULL;
+    }
+    if (key == NULL) {
+        key = Py_NewRef(callback);
+    }
+    PyObject *name = PyDict_GetItemWithError(self->names, key);
+    Py_DECREF(key);
+    if (name != NULL) {
+        return Py_NewRef(name);
+    }
+    if (PyErr_Occurred()) {
+        return NULL;
+    }
+    return PyObject_CallOneArg(self->name_of, callback);
+}
+
+/* Handle._run's work: call the callback in its context; None, or NULL with SystemExit or
+ * KeyboardInterrupt (or a failure of `report`) raised. */
+static PyObject *
+run_direct(StepRecorder *self, PyObject *handle)
+{
+    PyObject *context = PyObject_GetAttr(handle, str_context);
+    if (context == NULL) {
+        return NULL;
+    }
+    PyObject *callback = PyObject_GetAttr(handle, str_callback);
+    if (callback == NULL) {
+        Py_DECREF(context);
+        return NULL;
+    }
+    PyObject *args = PyObject_GetAttr(handle, str_args);
+    if (args == NULL || !PyTuple_Check(args) || PyTuple_GET_SIZE(args) > MAX_DIRECT_ARGS) {
+        Py_DECREF(context);
+        Py_DECREF(callback);
+        if (args == NULL) {
+            return NULL;
+        }
+        Py_DECREF(args);
+        return PyObject_CallOneArg(self->previous, handle);
+    }
+    PyObject *stack[2 + MAX_DIRECT_ARGS];
+    Py_ssize_t count = PyTuple_GET_SIZE(args);
+    stack[0] = context;
+    stack[1] = callback;
+    for (Py_ssize_t i = 0; i < count; i++) {
+        stack[2 + i] = PyTuple_GET_ITEM(args, i);
+    }
+    PyObject *result = PyObject_VectorcallMethod(str_run, stack, 2 + count, NULL);
+    Py_DECREF(context);
+    Py_DECREF(callback);
+    Py_DECREF(args);
+    if (result != NULL) {
+        Py_DECREF(result);
+        Py_RETURN_NONE;
+    }
+    if (PyErr_ExceptionMatches(PyExc_SystemExit) || PyErr_ExceptionMatches(PyExc_KeyboardInterrupt)) {
+        return NULL;
+    }
+    PyObject *type, *value, *traceback;
+    PyErr_Fetch(&type, &value, &traceback);
+    PyErr_NormalizeException(&type, &value, &traceback);
+    if (traceback != NULL && value != NULL) {
+        PyException_SetTraceback(value, traceback);
+    }
+    PyObject *reported = PyObject_CallFunctionObjArgs(self->report, handle, value ? value : Py_None, NULL);
+    Py_XDECREF(type);
+    Py_XDECREF(value);
+    Py_XDECREF(traceback);
+    return reported;
+}
+
+static PyObject *
+recorder_vectorcall(PyObject *op, PyObject *const *args, size_t nargsf, PyObject *kwnames)
+{
+    StepRecorder *self = (StepRecorder *)op;
+    Py_ssize_t nargs = PyVectorcall_NARGS(nargsf);
+    if (nargs != 1 || (kwnames != NULL && PyTuple_GET_SIZE(kwnames) != 0)) {
+        PyErr_SetString(PyExc_TypeError, "StepRecorder takes one handle");
+        return NULL;
+    }
+    if (self->previous == NULL || self->previous == Py_None) {
+        PyErr_SetString(PyExc_RuntimeError, "StepRecorder called before attach()");
+        return NULL;
+    }
+    PyObject *result = self->direct ? run_direct(self, args[0])
+                                    : PyObject_Vectorcall(self->previous, args, 1, NULL);
+    if (result == NULL || self->loop == Py_None) {
+        return result;
+    }
+    PyObject *handle = args[0];
+    PyObject *loop = PyObject_GetAttr(handle, str_loop);
+    if (loop == NULL) {
+        PyErr_Clear();
+        return result;
+    }
+    Py_DECREF(loop); /* only compared, and the handle still holds it */
+    if (loop != self->loop) {
+        return result;
+    }
+    long long end = now_ns();
+    PyObject *callback = PyObject_GetAttr(handle, str_callback);
+    PyObject *name = callback == NULL ? NULL : step_name(self, callback);
+    Py_XDECREF(callback);
+    /* Tracing must never break the loop: a step whose name cannot be read is not recorded. */
+    if (name == NULL || store(self, end, name) < 0) {
+        PyErr_Clear();
+        return result;
+    }
+    if (!((self->recorded - 1) & self->sample_mask) || self->samples == 0) {
+        self->samples++;
+        self->overhead_ns += now_ns() - end;
+    }
+    return result;
+}
+
+static PyObject *
+recorder_push(StepRecorder *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 2) {
+        PyErr_SetString(PyExc_TypeError, "push(at, item)");
+        return NULL;
+    }
+    long long at = PyLong_AsLongLong(args[0]);
+    if (at == -1 && PyErr_Occurred()) {
+        return NULL;
+    }
+    if (store(self, at, Py_NewRef(args[1])) < 0) {
+        return NULL;
+    }
+    Py_RETURN_NONE;
+}
+
+static PyObject *
+recorder_push_now(StepRecorder *self, PyObject *item)
+{
+    if (store(self, now_ns(), Py_NewRef(item)) < 0) {
+        return NULL;
+    }
+    Py_RETURN_NONE;
+}
+
+static PyObject *
+recorder_disable(StepRecorder *self, PyObject *Py_UNUSED(ignored))
+{
+    Py_SETREF(self->loop, Py_NewRef(Py_None));
+    Py_RETURN_NONE;
+}
+
+static int
+recorder_init(StepRecorder *self, PyObject *args, PyObject *kwargs)
+{
+    static char *keywords[] = {"times", "items", "task_type", "names", "name_of", "report", "sample_every",
+                               NULL};
+    PyObject *times, *items, *task_type, *names, *name_of, *report;
+    long long sample_every;
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "OO!OO!OOL", keywords, &times, &PyList_Type, &items,
+                                     &task_type, &PyDict_Type, &names, &name_of, &report, &sample_every)) {
+        return -1;
+    }
+    Py_buffer view;
+    if (PyObject_GetBuffer(times, &view, PyBUF_WRITABLE | PyBUF_FORMAT | PyBUF_C_CONTIGUOUS) < 0) {
+        return -1;
+    }
+    if (view.itemsize != 8 || view.format == NULL || (strcmp(view.format, "q") && strcmp(view.format, "l")) ||
+        view.len / 8 == 0 || view.len / 8 != PyList_GET_SIZE(items)) {
+        PyBuffer_Release(&view);
+        PyErr_SetString(PyExc_ValueError,
+                        "times must be an array('q') as long as the items list, and not empty");
+        return -1;
+    }
+    if (sample_every < 1 || (sample_every & (sample_every - 1))) {
+        PyErr_SetString(PyExc_ValueError, "sample_every must be a power of two");
+        return -1;
+    }
+    Py_XSETREF(self->previous, Py_NewRef(Py_None));
+    Py_XSETREF(self->loop, Py_NewRef(Py_None));
+    if (self->times_view.obj != NULL) {
+        PyBuffer_Release(&self->times_view);
+    }
+    self->times_view = view;
+    Py_XSETREF(self->times, Py_NewRef(times));
+    Py_XSETREF(self->items, Py_NewRef(items));
+    Py_XSETREF(self->task_type, Py_NewRef(task_type));
+    Py_XSETREF(self->names, Py_NewRef(names));
+    Py_XSETREF(self->name_of, Py_NewRef(name_of));
+    Py_XSETREF(self->report, Py_NewRef(report));
+    self->direct = 0;
+    self->capacity = PyList_GET_SIZE(items);
+    self->recorded = 0;
+    self->samples = 0;
+    self->overhead_ns = 0;
+    self->sample_mask = sample_every - 1;
+    return 0;
+}
+
+static PyObject *
+recorder_attach(StepRecorder *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 3 || !PyCallable_Check(args[0])) {
+        PyErr_SetString(PyExc_TypeError, "attach(previous_run, loop, direct)");
+        return NULL;
+    }
+    int direct = PyObject_IsTrue(args[2]);
+    if (direct < 0) {
+        return NULL;
+    }
+    Py_SETREF(self->previous, Py_NewRef(args[0]));
+    Py_SETREF(self->loop, Py_NewRef(args[1]));
+    self->direct = direct;
+    Py_RETURN_NONE;
+}
+
+static PyObject *
+recorder_new(PyTypeObject *type, PyObject *args, PyObject *kwargs)
+{
+    StepRecorder *self = (StepRecorder *)type->tp_alloc(type, 0);
+    if (self != NULL) {
+        self->vectorcall = recorder_vectorcall;
+    }
+    return (PyObject *)self;
+}
+
+static PyObject *
+recorder_get(PyObject *self, PyObject *obj, PyObject *type)
+{
+    /* As a class attribute it behaves like a function: bound to an instance, itself on the class. */
+    if (obj == NULL || obj == Py_None) {
+        return Py_NewRef(self);
+    }
+    return PyMethod_New(self, obj);
+}
+
+static int
+recorder_traverse(StepRecorder *self, visitproc visit, void *arg)
+{
+    Py_VISIT(self->previous);
+    Py_VISIT(self->loop);
+    Py_VISIT(self->times);
+    Py_VISIT(self->items);
+    Py_VISIT(self->task_type);
+    Py_VISIT(self->names);
+    Py_VISIT(self->name_of);
+    Py_VISIT(self->report);
+    return 0;
+}
+
+static int
+recorder_clear(StepRecorder *self)
+{
+    if (self->times_view.obj != NULL) {
+        PyBuffer_Release(&self->times_view);
+    }
+    Py_CLEAR(self->previous);
+    Py_CLEAR(self->loop);
+    Py_CLEAR(self->times);
+    Py_CLEAR(self->items);
+    Py_CLEAR(self->task_type);
+    Py_CLEAR(self->names);
+    Py_CLEAR(self->name_of);
+    Py_CLEAR(self->report);
+    return 0;
+}
+
+static void
+recorder_dealloc(StepRecorder *self)
+{
+    PyObject_GC_UnTrack(self);
+    recorder_clear(self);
+    Py_TYPE(self)->tp_free((PyObject *)self);
+}
+
+static PyObject *
+recorder_get_recorded(StepRecorder *self, void *closure)
+{
+    return PyLong_FromLongLong(self->recorded);
+}
+
+static PyObject *
+recorder_get_samples(StepRecorder *self, void *closure)
+{
+    return PyLong_FromLongLong(self->samples);
+}
+
+static PyObject *
+recorder_get_overhead_ns(StepRecorder *self, void *closure)
+{
+    return PyLong_FromLongLong(self->overhead_ns);
+}
+
+static PyGetSetDef recorder_getset[] = {
+    {"recorded", (getter)recorder_get_recorded, NULL, "Events recorded since creation.", NULL},
+    {"samples", (getter)recorder_get_samples, NULL, "Steps whose recording was timed.", NULL},
+    {"overhead_ns", (getter)recorder_get_overhead_ns, NULL, "Their recording time in all (ns).", NULL},
+    {NULL},
+};
+
+static PyMethodDef recorder_methods[] = {
+    {"push", (PyCFunction)(void (*)(void))recorder_push, METH_FASTCALL,
+     "push(at, item): record an event other than a step, starting at `at` (ns)."},
+    {"push_now", (PyCFunction)recorder_push_now, METH_O,
+     "push_now(item): record an event other than a step, starting now."},
+    {"attach", (PyCFunction)(void (*)(void))recorder_attach, METH_FASTCALL,
+     "attach(previous_run, loop, direct): wrap `previous_run` (run handles in C if `direct`, when it is "
+     "asyncio's own) and record the steps of `loop`."},
+    {"disable", (PyCFunction)recorder_disable, METH_NOARGS,
+     "Stop recording: every handle goes straight to the wrapped _run."},
+    {NULL},
+};
+
+static PyTypeObject StepRecorderType = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "backend._step_recorder.StepRecorder",
+    .tp_doc = PyDoc_STR("A Handle._run that records the traced loop's steps into the tracer's ring."),
+    .tp_basicsize = sizeof(StepRecorder),
+    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC | Py_TPFLAGS_HAVE_VECTORCALL |
+                Py_TPFLAGS_METHOD_DESCRIPTOR,
+    .tp_new = recorder_new,
+    .tp_init = (initproc)recorder_init,
+    .tp_dealloc = (destructor)recorder_dealloc,
+    .tp_traverse = (traverseproc)recorder_traverse,
+    .tp_clear = (inquiry)recorder_clear,
+    .tp_call = PyVectorcall_Call,
+    .tp_vectorcall_offset = offsetof(StepRecorder, vectorcall),
+    .tp_descr_get = recorder_get,
+    .tp_methods = recorder_methods,
+    .tp_getset = recorder_getset,
+};
+
+static PyObject *
+clock_ns(PyObject *module, PyObject *Py_UNUSED(ignored))
+{
+    return PyLong_FromLongLong(now_ns());
+}
+
+static PyMethodDef module_methods[] = {
+    {"clock_ns", clock_ns, METH_NOARGS, "The recorder's clock (time.perf_counter_ns's), in ns."},
+    {NULL},
+};
+
+static struct PyModuleDef module_def = {
+    PyModuleDef_HEAD_INIT,
+    .m_name = "backend._step_recorder",
+    .m_doc = "The event-loop tracer's step recorder in C (source: backend/step_recorder.c).",
+    .m_size = -1,
+    .m_methods = module_methods,
+};
+
+PyMODINIT_FUNC
+PyInit__step_recorder(void)
+{
+    if (PyType_Ready(&StepRecorderType) < 0) {
+        return NULL;
+    }
+    str_loop = PyUnicode_InternFromString("_loop");
+    str_callback = PyUnicode_InternFromString("_callback");
+    str_self = PyUnicode_InternFromString("__self__");
+    str_func = PyUnicode_InternFromString("__func__");
+    str_get_name = PyUnicode_InternFromString("get_name");
+    str_context = PyUnicode_InternFromString("_context");
+    str_args = PyUnicode_InternFromString("_args");
+    str_run = PyUnicode_InternFromString("run");
+    if (!str_loop || !str_callback || !str_self || !str_func || !str_get_name || !str_context || !str_args ||
+        !str_run) {
+        return NULL;
+    }
+    PyObject *module = PyModule_Create(&module_def);
+    if (module == NULL) {
+        return NULL;
+    }
+    if (PyModule_AddObjectRef(module, "StepRecorder", (PyObject *)&StepRecorderType) < 0) {
+        Py_DECREF(module);
+        return NULL;
+    }
+    return module;
+}
