@@ -368,14 +368,17 @@ class BackendServer:
         allowed_origins: tuple[str, ...] = (),
         token: str | None = None,
         log_prompts: bool = False,
+        trace_implementation: str | None = None,
     ) -> None:
+        """`trace_implementation`: "c" or "python" for the tracer's recorder and digest (see
+        trace_feed.IMPLEMENTATIONS); the default where None."""
         self.engine = engine
         self.limits = limits or Limits()
         self.host = host
         self.port = port
         self.sessions: set[ClientSession] = set()
-        self.tracer = LoopTracer(recorder=trace_recorder) if trace else None
-        self.feed = TraceFeed(self.tracer) if self.tracer is not None else None
+        self.tracer = LoopTracer(recorder=trace_implementation) if trace else None
+        self.feed = TraceFeed(self.tracer, trace_implementation) if self.tracer is not None else None
         self._feed_task: asyncio.Task[None] | None = None
         self.admission = Admission(self.limits)
         self.allowed_origins = allowed_origins
@@ -386,7 +389,6 @@ class BackendServer:
 
     async def start(self) -> None:
         """Trace this loop, start the engine, then listen; `port` becomes the bound port."""
-        trace_recorder: str | None = None,
         if self.tracer is not None:
             self.tracer.install(asyncio.get_running_loop())
         if self.feed is not None:
@@ -450,6 +452,7 @@ class BackendServer:
                 "events_recorded": self.tracer.recorded,
                 "events_kept": self.tracer.kept,
                 "overhead_per_event_ns": round(self.tracer.overhead_per_event_ns(), 1),
+                "implementation": self.tracer.recorder,
             },
         }
 
@@ -468,7 +471,6 @@ class BackendServer:
         session = ClientSession(
             ws,
             self.engine,
-                "recorder": self.tracer.recorder,
             self.limits,
             f"c{next(self._labels)}",
             self.tracer,

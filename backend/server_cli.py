@@ -9,7 +9,7 @@ from dataclasses import replace
 from backend.cli import engine_from_args, env, limits_from_args
 from backend.server import BackendServer
 from backend.settings import Limits
-from backend.trace import AVAILABLE_RECORDERS
+from backend.trace_feed import IMPLEMENTATIONS
 
 LIMIT_FLAGS = {
     "max_total_samples": (
@@ -41,11 +41,11 @@ def add_server_arguments(parser: argparse.ArgumentParser) -> None:
         help="do not trace the backend's event loop (env DASHBOARD_NO_TRACE=1)",
     )
     parser.add_argument(
-        "--trace-recorder",
-        choices=AVAILABLE_RECORDERS,
-        default=env("DASHBOARD_TRACE_RECORDER", "") or None,
-        help="record the loop's steps in C (the default where backend/step_recorder.c is built) or in "
-        "Python (env DASHBOARD_TRACE_RECORDER)",
+        "--trace-impl",
+        choices=IMPLEMENTATIONS,
+        default=env("DASHBOARD_TRACE_IMPL", "") or None,
+        help="record and digest the loop's trace in C (the default where `make` built the extensions) "
+        "or in Python (env DASHBOARD_TRACE_IMPL)",
     )
     parser.add_argument(
         "--allowed-origin",
@@ -86,7 +86,7 @@ def server_from_args(args: argparse.Namespace, host: str, port: int) -> BackendS
         host,
         port,
         trace=not args.no_trace,
-        trace_recorder=args.trace_recorder,
+        trace_implementation=args.trace_impl,
         allowed_origins=tuple(args.allowed_origin or ()),
         token=args.token,
         log_prompts=args.log_prompts,

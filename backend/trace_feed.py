@@ -11,8 +11,12 @@ from __future__ import annotations
 import asyncio
 from typing import Any, Protocol
 
-from backend.trace import LoopTracer
-from backend.trace_frames import connection_frame, digest_ring
+from backend.trace import AVAILABLE_RECORDERS, LoopTracer
+from backend.trace_frames import DIGESTS, connection_frame, digest_ring
+
+IMPLEMENTATIONS = tuple(i for i in AVAILABLE_RECORDERS if i in DIGESTS)
+"""The tracer's implementations built here, the default first: "c" (its step recorder and digest,
+backend/step_recorder.c and backend/trace_digest.c) and "python" (the same work in Python)."""
 
 TRACE_FRAMES_PER_S = 10
 """Live trace frames per second to each traced connection: the panel's refresh rate; each frame
@@ -35,8 +39,10 @@ class TraceSubscriber(Protocol):
 class TraceFeed:
     """Digests the tracer's new events once per interval and sends each traced connection its frame."""
 
-    def __init__(self, tracer: LoopTracer) -> None:
+    def __init__(self, tracer: LoopTracer, digest: str | None = None) -> None:
+        """`digest`: "c" or "python" (see trace_frames.DIGESTS); the default where None."""
         self.tracer = tracer
+        self.digest = digest
         self.subscribers: set[TraceSubscriber] = set()
         self._cursor = tracer.recorded
 
@@ -63,7 +69,7 @@ class TraceFeed:
         if not traced:
             return
         origin = self.tracer.origin_ns
-        digest = digest_ring(times, items, boundary, origin)
+        digest = digest_ring(times, items, boundary, origin, self.digest)
         for subscriber in traced:
             subscriber.send(connection_frame(digest, origin, subscriber.label))
 

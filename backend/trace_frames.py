@@ -25,6 +25,17 @@ from typing import Any
 
 from backend.trace import CANCEL, CHUNK, FRAME, IDLE, LAG, STEP, Event
 
+try:
+    from backend._trace_digest import digest as _c_digest
+except ImportError:  # not built (no C compiler where it was installed): digest in Python
+    _c_digest = None
+if (STEP, IDLE, LAG, CHUNK, FRAME, CANCEL) != (0, 1, 2, 3, 4, 5):  # the kinds trace_digest.c knows
+    _c_digest = None
+
+DIGESTS = ("c", "python") if _c_digest is not None else ("python",)
+"""Digest implementations this installation has, the default first: C (backend/trace_digest.c)
+where it is built, and Python (`digest_ring`'s own code, the reference)."""
+
 MERGE_GAP_NS = 5_000_000
 """Steps of one task closer than this merge into one live slice (bounds a frame's size). The panel's
 pixel columns are 5-100 ms wide, so merging finer than this shows nothing more; at 0.2 ms every
@@ -90,13 +101,49 @@ class TraceDigest:
     idle_ns: int = 0
 
 
-def digest_ring(times: Sequence[int], items: Sequence[Any], boundary: int, origin_ns: int) -> TraceDigest:
+def _classify(name: str) -> tuple[str, str | None]:
+    """A task name's lane and owning connection: `name @c1` belongs to c1; numbered tasks of no
+    connection (an engine's task per sample) share one lane."""
+    _, separator, owner = name.rpartition(" @")
+    if separator:
+        return name, owner
+    return _NUMBERED.sub("", name) or name, None
+
+
+def _to_ms(ns: int) -> float:
+    return round(ns / 1e6, 3)
+
+
+def digest_ring(
+    times: Sequence[int], items: Sequence[Any], boundary: int, origin_ns: int, digest: str | None = None
+) -> TraceDigest:
     """Reduce raw ring entries (see `LoopTracer.raw_since`) in one pass.
 
     An item that is a str is a step of that task which ended at its time and began at `boundary`, the
     end of the step or idle wait before it; any other item is `(kind, duration, subject, detail)`
     starting at its time (STEP items of that form carry their own start).
+
+    `digest` picks the implementation ("c" or "python", see DIGESTS); both give the same digest. This
+    runs for every event the loop records: in Python it cost about a microsecond an event.
     """
+    if digest is None:
+        digest = DIGESTS[0]
+    if digest not in DIGESTS:
+        raise ValueError(f"digest must be one of {DIGESTS}, not {digest!r}")
+    if digest == "c" and items.__class__ is list:
+        return _c_digest(  # type: ignore[misc]
+            times,
+            items,
+            boundary,
+            origin_ns,
+            TraceDigest(),
+            MERGE_GAP_NS,
+            CHUNK_BIN_NS,
+            OTHER_BUCKET_NS,
+            MIN_IDLE_NS,
+            _to_ms,
+            _classify,
+        )
     out = TraceDigest()
     names = out.names
     name_index: dict[str, int] = {}
@@ -168,15 +215,13 @@ def digest_ring(times: Sequence[int], items: Sequence[Any], boundary: int, origi
         busy_ns += duration
         index = name_index.get(name)
         if index is None:
-            _, separator, owner = name.rpartition(" @")
-            # Numbered tasks of no connection (an engine's task per sample) share one lane.
-            group = name if separator else _NUMBERED.sub("", name) or name
+            group, group_owner = _classify(name)
             index = group_index.get(group)
             if index is None:
                 index = group_index[group] = len(names)
                 names.append(group)
-                owners.append(owner if separator else None)
-                out.names_by_owner.setdefault(owners[index], []).append(index)
+                owners.append(group_owner)
+                out.names_by_owner.setdefault(group_owner, []).append(index)
             name_index[name] = index
         owner = owners[index]
         if owner is not None:

@@ -14,31 +14,43 @@ The tracer's own measurement of its cost per event (time spent recording, after 
 printed too. Rates are per CPU second of the loop's thread (`time.thread_time()`), not per wall
 second, so other processes taking the CPU do not count against either side.
 
-The third table is the loop the dashboard really runs: backend processes on the synthetic engine,
-one with `--no-trace` and one per step recorder (`--trace-recorder`), each serving one websocket
+The third table is the per-event cost of the live trace's digest (trace_frames.digest_ring) in each
+implementation, on the ring a real in-process backend recorded serving n = 32.
+
+The fourth is the loop the dashboard really runs: backend processes on the synthetic engine, one
+with `--no-trace` and one per tracer implementation (`--trace-impl`), each serving one websocket
 client a request of n samples (trace frames on, as the page asks), in alternating rounds. Its figure
-is the backend's CPU per 1,000 tokens (engine, server and tracer, from /proc), and `on/off` is the
-traced backend's tokens per CPU second over the untraced one's: the loop throughput tracing leaves to
-the dashboard.
+is the backend loop thread's CPU per 1,000 tokens (engine, server and tracer, from the scheduler's
+count in /proc/PID/task/PID/schedstat), and `on/off` is the traced backend's tokens per CPU second
+over the untraced one's: the loop throughput tracing leaves to the dashboard.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import statistics
 import subprocess
 import sys
 import time
+from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from websockets.asyncio.client import connect
+
 from backend.engine import Chunk, SamplingParams
+from backend.engines.synthetic import SyntheticEngine
 from backend.outbox import Outbox
 from backend.protocol import encode
+from backend.server import BackendServer
 from backend.session import RequestState
 from backend.trace import AVAILABLE_RECORDERS, LoopTracer
+from backend.trace_feed import IMPLEMENTATIONS
+from backend.trace_frames import DIGESTS, digest_ring
 from bench.transport import run_websocket, start_backend
 from tests.harness import stop_process
 
@@ -94,25 +106,64 @@ def measure(worker: object, steps: int, rounds: int) -> dict[str | None, tuple[f
     return {s: (statistics.median(rates[s]), statistics.median(costs[s])) for s in settings}
 
 
+def loop_thread_cpu_ns(pid: int) -> int:
+    """CPU time of a process's main thread (the backend's loop), in ns, from the scheduler's own
+    count (/proc/PID/task/PID/schedstat): the process's tick-based figures were too coarse here."""
+    return int(Path(f"/proc/{pid}/task/{pid}/schedstat").read_text().split()[0])
+
+
 def measure_backend(n: int, rate: float, max_tokens: int, rounds: int) -> dict[str | None, float]:
     """Backend CPU per 1,000 tokens untraced (None) and traced with each recorder, in alternating
     rounds (medians)."""
-    settings: list[str | None] = [None, *AVAILABLE_RECORDERS]
+    settings: list[str | None] = [None, *IMPLEMENTATIONS]
     backends: dict[str | None, tuple[subprocess.Popen[bytes], int]] = {}
     try:
         for setting in settings:
-            extra = ("--trace-recorder", setting) if setting else ()
+            extra = ("--trace-impl", setting) if setting else ()
             backends[setting] = start_backend(rate, n, trace=setting is not None, extra=extra)
         results: dict[str | None, list[float]] = {s: [] for s in settings}
         for round_index in range(rounds):
             for setting in settings if round_index % 2 == 0 else settings[::-1]:
                 backend, port = backends[setting]
+                before = loop_thread_cpu_ns(backend.pid)
                 run = asyncio.run(run_websocket(f"ws://127.0.0.1:{port}/ws", backend.pid, n, max_tokens))
-                results[setting].append(1e6 * run.cpu_s / run.tokens)
+                results[setting].append((loop_thread_cpu_ns(backend.pid) - before) / 1e3 / run.tokens)
     finally:
         for backend, _ in backends.values():
             stop_process(backend)
     return {s: statistics.median(results[s]) for s in settings}
+
+
+async def _record_backend_ring(rate: float) -> tuple[Sequence[int], list[Any], int, int]:
+    """The tracer's ring after an in-process backend served one traced n=32 request."""
+    server = BackendServer(SyntheticEngine(rate=rate, jitter=0), port=0)
+    await server.start()
+    try:
+        async with connect(f"ws://127.0.0.1:{server.port}/ws") as ws:
+            frame = {"type": "generate", "id": "r1", "prompt": "hi", "n": 32, "trace": True}
+            frame["params"] = {"max_tokens": 300, "seed": 1}
+            await ws.send(json.dumps(frame))
+            while json.loads(await ws.recv())["type"] != "done":
+                pass
+        assert server.tracer is not None
+        times, items, boundary, _ = server.tracer.raw_since(0)
+        return times, items, boundary, server.tracer.origin_ns
+    finally:
+        await server.close()
+
+
+def digest_costs(rate: float) -> dict[str, tuple[int, float]]:
+    """Per digest implementation: events digested and the median ns per event over 5 runs."""
+    times, items, boundary, origin = asyncio.run(_record_backend_ring(rate))
+    costs: dict[str, tuple[int, float]] = {}
+    for name in DIGESTS:
+        runs = []
+        for _ in range(5):
+            started = time.thread_time_ns()
+            digest_ring(times, items, boundary, origin, name)
+            runs.append((time.thread_time_ns() - started) / len(items))
+        costs[name] = (len(items), statistics.median(runs))
+    return costs
 
 
 def main() -> int:
@@ -138,15 +189,19 @@ def main() -> int:
         off = r[None][0]
         cells = "".join(f"{r[rec][0] / off:>14.3f}{r[rec][1]:>9.0f}" for rec in recorders)
         print(f"{name:<14}{1e6 / off:>9.1f}{off:>13.0f}{cells}")
+    print(f"\nlive-trace digest of a real backend's ring (n=32 at {args.rate:g} tok/s), median of 5")
+    for name, (events, per_event_ns) in digest_costs(args.rate).items():
+        print(f"{name:<8}{events:>8} events {per_event_ns:>8.0f} ns/event")
+    implementations = list(IMPLEMENTATIONS)
     print(
         f"\nbackend, synthetic engine at {args.rate:g} tok/s per sample, {args.max_tokens} tokens,"
         f" {args.backend_rounds} alternating rounds, medians; on/off = untraced CPU / traced CPU"
     )
-    head = "".join(f"{r + ' ms/1k':>12}{r + ' on/off':>14}" for r in recorders)
+    head = "".join(f"{r + ' ms/1k':>12}{r + ' on/off':>14}" for r in implementations)
     print(f"{'n':<6}{'off ms/1k':>11}{head}")
     for n in args.n:
         r = measure_backend(n, args.rate, args.max_tokens, args.backend_rounds)
-        cells = "".join(f"{r[rec]:>12.1f}{r[None] / r[rec]:>14.3f}" for rec in recorders)
+        cells = "".join(f"{r[rec]:>12.1f}{r[None] / r[rec]:>14.3f}" for rec in implementations)
         print(f"{n:<6}{r[None]:>11.1f}{cells}")
     return 0
 
