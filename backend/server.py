@@ -60,8 +60,21 @@ SEND_INTERVAL_S = 0.004
 
 Every write costs a system call and a wake-up of the reader; written per token, n = 64 samples at
 500 tokens/s each were 32,000 writes a second, more than the whole server could do. The send loop
-writes when a burst of frames ends (a loop iteration adds none), so chunks that come together (all
-samples of a step) go in one write at once; while frames keep coming it writes at least this often.
+writes when a burst of frames ends (a loop iteration adds none), so chunks that come together
+(all samples of a step) go in one write at once; while frames keep coming (see BURST_POLLS) it
+writes this often.
+"""
+
+BURST_POLL_S = 0.001
+BURST_POLLS = 16
+"""When the send loop takes frames as a stream: still coming after BURST_POLL_S and BURST_POLLS
+loop iterations. It then sleeps out the rest of SEND_INTERVAL_S instead of checking every iteration.
+
+A burst of chunks (all samples of an engine step, one per iteration while the consumer yields)
+ends within these and is written at once; both must pass, so one long step (a trace frame's
+digest) in the middle of a burst does not make it a stream. Frames that keep coming are a stream:
+checking every iteration then cost a task step (and its trace event) per chunk, for a write that
+waited for SEND_INTERVAL_S anyway.
 """
 
 EXPORT_HISTORY = 32
@@ -326,11 +339,17 @@ class ClientSession:
             while True:
                 await self._wake.wait()
                 # Let the rest of this burst join the write: yield while each loop iteration adds
-                # frames, for at most SEND_INTERVAL_S.
-                deadline = loop.time() + SEND_INTERVAL_S
-                pushed = -1
-                while outbox.pushed != pushed and loop.time() < deadline:
+                # frames; if they still come after BURST_POLL_S, wait out SEND_INTERVAL_S at once.
+                now = loop.time()
+                deadline, streaming = now + SEND_INTERVAL_S, now + BURST_POLL_S
+                pushed, polls = -1, 0
+                while outbox.pushed != pushed:
+                    now = loop.time()
+                    if polls >= BURST_POLLS and now >= streaming:
+                        await asyncio.sleep(deadline - now)
+                        break
                     pushed = outbox.pushed
+                    polls += 1
                     await asyncio.sleep(0)
                 self._wake.clear()
                 frames = outbox.drain()
