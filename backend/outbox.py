@@ -4,21 +4,39 @@ While the socket is busy, chunks keep arriving; a new chunk of a sample whose pr
 still queued is merged into it (texts concatenated, token counts added), as vLLM's per-request
 collector merges deltas when its consumer lags. So the queue holds at most one chunk frame per
 running sample, whatever the token rate, and the per-index order of text and `finish` is kept.
+
+Chunks are nearly every frame, so they are queued as compact entries (`push_chunk`: no frame dict
+per token) and written straight to JSON text when drained; other frames are queued as dicts.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
+from backend.protocol import chunk_frame, encode, encode_chunk
+
 ChunkKey = tuple[str, int]
+
+
+class _QueuedChunk:
+    """A chunk frame waiting in the outbox; later chunks of its sample merge into it."""
+
+    __slots__ = ("at", "index", "request_id", "text", "tokens")
+
+    def __init__(self, request_id: str, index: int, text: str, tokens: int, at: float | None) -> None:
+        self.request_id = request_id
+        self.index = index
+        self.text = text
+        self.tokens = tokens
+        self.at = at
 
 
 class Outbox:
     """Ordered frames for one connection, merging queued chunk frames of the same sample."""
 
     def __init__(self) -> None:
-        self._frames: list[dict[str, Any]] = []
-        self._queued_chunks: dict[ChunkKey, dict[str, Any]] = {}
+        self._frames: list[dict[str, Any] | _QueuedChunk] = []
+        self._queued_chunks: dict[ChunkKey, _QueuedChunk] = {}
         self.merged = 0
         """Chunk frames folded into an earlier queued one (how far the client lagged)."""
         self.pushed = 0
@@ -27,27 +45,58 @@ class Outbox:
     def __len__(self) -> int:
         return len(self._frames)
 
-    def push(self, frame: dict[str, Any]) -> None:
-        """Queue a frame; a chunk may merge into its sample's queued chunk instead."""
+    def push_chunk(self, request_id: str, index: int, text: str, tokens: int, at: float | None) -> int:
+        """Queue the chunk frame `chunk_frame(request_id, index, text, tokens, at)`, or merge it into
+        its sample's queued one; returns how many frames are queued."""
         self.pushed += 1
+        key = (request_id, index)
+        queued = self._queued_chunks.get(key)
+        if queued is not None:
+            queued.text += text
+            queued.tokens += tokens
+            self.merged += 1
+        else:
+            queued = self._queued_chunks[key] = _QueuedChunk(request_id, index, text, tokens, at)
+            self._frames.append(queued)
+        return len(self._frames)
+
+    def push(self, frame: dict[str, Any]) -> int:
+        """Queue a frame (a chunk may merge into its sample's queued chunk); returns how many frames
+        are queued."""
         kind = frame.get("type")
-        if kind == "chunk":
-            key = (frame["id"], frame["index"])
-            queued = self._queued_chunks.get(key)
-            if queued is not None:
-                queued["text"] += frame["text"]
-                queued["tokens"] += frame["tokens"]
-                self.merged += 1
-                return
-            frame = dict(frame)
-            self._queued_chunks[key] = frame
-        elif kind == "finish":
+        if kind == "chunk" and frame.keys() <= _CHUNK_FIELDS:
+            request_id, index, text, tokens = frame["id"], frame["index"], frame["text"], frame["tokens"]
+            return self.push_chunk(request_id, index, text, tokens, frame.get("at"))
+        self.pushed += 1
+        if kind == "finish":
             # Later text of this sample (there is none by the protocol) must not jump the finish.
             self._queued_chunks.pop((frame["id"], frame["index"]), None)
         self._frames.append(frame)
+        return len(self._frames)
 
     def drain(self) -> list[dict[str, Any]]:
-        """Take every queued frame, in order; merging starts afresh."""
+        """Take every queued frame, in order, as dicts; merging starts afresh."""
+        return [_as_dict(entry) for entry in self._take()]
+
+    def drain_encoded(self) -> list[bytes]:
+        """Take every queued frame, in order, as the UTF-8 JSON text sent on the wire."""
+        return [
+            encode_chunk(e.request_id, e.index, e.text, e.tokens, e.at).encode()
+            if e.__class__ is _QueuedChunk
+            else encode(e).encode()  # type: ignore[arg-type]
+            for e in self._take()
+        ]
+
+    def _take(self) -> list[dict[str, Any] | _QueuedChunk]:
         frames, self._frames = self._frames, []
         self._queued_chunks.clear()
         return frames
+
+
+_CHUNK_FIELDS = {"type", "id", "index", "text", "tokens", "at"}
+
+
+def _as_dict(entry: dict[str, Any] | _QueuedChunk) -> dict[str, Any]:
+    if isinstance(entry, _QueuedChunk):
+        return chunk_frame(entry.request_id, entry.index, entry.text, entry.tokens, entry.at)
+    return entry

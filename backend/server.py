@@ -183,9 +183,20 @@ class ClientSession:
 
     def send(self, frame: dict[str, Any]) -> None:
         """Queue a frame for the send loop; never blocks the caller."""
-        self.outbox.push(frame)
+        queued = self.outbox.push(frame)
         self._wake.set()
-        if len(self.outbox) > OUTBOX_MAX_FRAMES and not self._closing:
+        if queued > OUTBOX_MAX_FRAMES:
+            self._close_stalled()
+
+    def send_chunk(self, request_id: str, index: int, text: str, tokens: int, at: float) -> None:
+        """Queue `chunk_frame(request_id, index, text, tokens, at)` without building it; never blocks."""
+        queued = self.outbox.push_chunk(request_id, index, text, tokens, at)
+        self._wake.set()
+        if queued > OUTBOX_MAX_FRAMES:
+            self._close_stalled()
+
+    def _close_stalled(self) -> None:
+        if not self._closing:
             self._closing = True
             log.warning("closing a client that stopped reading (%d frames queued)", len(self.outbox))
             self._spawn(self.ws.close(1008, "client is not reading its frames"))
@@ -246,17 +257,24 @@ class ClientSession:
         tracer = self.tracer
         block_s = consumer.block_ms / 1000
         loop = asyncio.get_running_loop()
+        request_id, on_text, send_chunk = state.request_id, state.on_text, self.send_chunk
         try:
             async for chunk in generation:
                 if tracer is not None:
                     tracer.chunk(key, chunk.index, chunk.tokens)
-                for frame in state.on_chunk(chunk, loop.time()):
-                    self.send(frame)
-                    if tracer is not None and frame.get("reason") == "abort":
-                        tracer.cancel(key, "finished", frame["index"])
-                # Only a finish can end the request; `finished` looks at all n samples.
-                if chunk.finish_reason is not None and state.finished:
-                    break
+                if chunk.finish_reason is None:
+                    # Nearly every chunk: its text goes straight to the outbox, no frame dict.
+                    now = loop.time()
+                    if on_text(chunk.index, chunk.text, chunk.tokens, now):
+                        send_chunk(request_id, chunk.index, chunk.text, chunk.tokens, now)
+                else:
+                    for frame in state.on_chunk(chunk, loop.time()):
+                        self.send(frame)
+                        if tracer is not None and frame.get("reason") == "abort":
+                            tracer.cancel(key, "finished", frame["index"])
+                    # Only a finish can end the request; `finished` looks at all n samples.
+                    if state.finished:
+                        break
                 # The teaching control: what the consumer does between chunks.
                 if consumer.mode == "cooperative":
                     await asyncio.sleep(0)
@@ -352,8 +370,7 @@ class ClientSession:
                     polls += 1
                     await asyncio.sleep(0)
                 self._wake.clear()
-                frames = outbox.drain()
-                messages = [encode(frame).encode() for frame in frames]
+                messages = outbox.drain_encoded()
                 # Awaiting the socket here lets chunks merge in the outbox meanwhile; a client
                 # that takes nothing for `send_stall_s` is dropped (its requests then abort).
                 try:

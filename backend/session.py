@@ -38,14 +38,22 @@ class RequestState:
         self.abort_requested.update(running)
         return running
 
+    def on_text(self, index: int, text: str, tokens: int, now: float) -> bool:
+        """Note the text of a chunk of sample `index` that arrived at `now`; whether it is to be sent
+        (`chunk_frame(request_id, index, text, tokens, now)`): not if it is empty, or the sample is
+        unknown or finished. The server's path for chunks that do not finish their sample."""
+        if not 0 <= index < self.n or self.reasons[index] is not None or not (text or tokens):
+            return False
+        self.timers[index].on_chunk(now, tokens)
+        return True
+
     def on_chunk(self, chunk: Chunk, now: float) -> list[dict[str, Any]]:
         """Frames for one engine chunk: its text (if any), then its finish (if it ends the sample)."""
         index = chunk.index
         if not 0 <= index < self.n or self.reasons[index] is not None:
             return []
         frames: list[dict[str, Any]] = []
-        if chunk.text or chunk.tokens:
-            self.timers[index].on_chunk(now, chunk.tokens)
+        if self.on_text(index, chunk.text, chunk.tokens, now):
             frames.append(chunk_frame(self.request_id, index, chunk.text, chunk.tokens, now))
         if chunk.finish_reason is not None:
             reason = chunk.finish_reason if chunk.finish_reason in FINISH_REASONS else "error"

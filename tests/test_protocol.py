@@ -12,6 +12,7 @@ from backend.protocol import (
     ProtocolError,
     chunk_frame,
     encode,
+    encode_chunk,
     parse_client_frame,
 )
 from backend.settings import DEFAULT_MAX_TOKENS, Limits
@@ -144,3 +145,20 @@ def test_encode_writes_what_json_dumps_writes(frame: dict) -> None:
     # chunk frames take a fast path; its text must be exactly the general encoder's
     assert encode(frame) == json.dumps(frame, separators=(",", ":"), ensure_ascii=False)
     assert json.loads(encode(frame)) == frame
+
+
+@pytest.mark.parametrize(
+    ("request_id", "index", "text", "tokens", "at"),
+    [
+        ("r1", 0, " token", 1, 12.5),
+        ('r"2\\', 31, 'quote " backslash \\ newline \n nul \x00 ü 漢 \u2028 🙂', 7, 1e-6),
+        ("r3", 2, "", 0, 123456.1234567891),
+        ("r4", 1, "no at", 1, None),
+    ],
+)
+def test_encode_chunk_writes_the_chunk_frame(
+    request_id: str, index: int, text: str, tokens: int, at: float | None
+) -> None:
+    frame = chunk_frame(request_id, index, text, tokens, at)
+    assert encode_chunk(request_id, index, text, tokens, at) == encode(frame)
+    assert json.loads(encode_chunk(request_id, index, text, tokens, at)) == frame

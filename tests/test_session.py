@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 from backend.engine import Chunk, SamplingParams
 from backend.outbox import Outbox
 from backend.protocol import chunk_frame, done_frame, finish_frame
@@ -90,3 +92,45 @@ def test_outbox_keeps_requests_apart() -> None:
     outbox.push(chunk_frame("r1", 0, "a", 1))
     outbox.push(chunk_frame("r2", 0, "b", 1))
     assert [(f["id"], f["text"]) for f in outbox.drain()] == [("r1", "a"), ("r2", "b")]
+
+
+def test_outbox_chunks_pushed_without_a_frame_merge_like_frames() -> None:
+    outbox = Outbox()
+    outbox.push_chunk("r1", 0, "a", 1, 0.5)
+    outbox.push(chunk_frame("r1", 0, "b", 1, 0.6))
+    outbox.push_chunk("r1", 1, "x", 1, 0.7)
+    outbox.push(finish_frame("r1", 0, "stop", {}))
+    assert outbox.push_chunk("r1", 0, "late", 1, 0.8) == 4  # after the finish: its own frame
+    assert outbox.merged == 1
+    frames = outbox.drain()
+    assert frames[0] == chunk_frame("r1", 0, "ab", 2, 0.5)
+    assert [(f["type"], f.get("index"), f.get("text")) for f in frames[1:]] == [
+        ("chunk", 1, "x"),
+        ("finish", 0, None),
+        ("chunk", 0, "late"),
+    ]
+
+
+def test_outbox_encodes_what_it_drains() -> None:
+    pushes = [
+        chunk_frame("r1", 0, "a", 1, 1.25),
+        chunk_frame("r1", 0, ' "b"', 1, 1.5),
+        chunk_frame("r1", 1, "no at", 1),
+        finish_frame("r1", 0, "stop", {"tokens": 2}),
+        done_frame("r1", {"n": 2}),
+    ]
+    first, second = Outbox(), Outbox()
+    for frame in pushes:
+        first.push(frame)
+        second.push(frame)
+    assert [json.loads(message) for message in first.drain_encoded()] == second.drain()
+
+
+def test_on_text_records_only_text_of_running_samples() -> None:
+    state = RequestState("r1", 2, PARAMS, 0.0)
+    assert state.on_text(0, "a", 1, 0.1)
+    assert not state.on_text(0, "", 0, 0.2)  # nothing to send
+    assert not state.on_text(2, "x", 1, 0.2)  # no such sample
+    state.on_chunk(Chunk(1, "", 0, "abort"), 0.2)
+    assert not state.on_text(1, "late", 1, 0.3)
+    assert state.timers[0].tokens == 1 and state.timers[1].tokens == 0
