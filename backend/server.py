@@ -16,6 +16,7 @@ import itertools
 import logging
 import random
 import socket
+import struct
 import time
 from collections import OrderedDict
 from dataclasses import dataclass, replace
@@ -27,6 +28,7 @@ from websockets.asyncio.server import Server, ServerConnection, serve
 from websockets.datastructures import Headers
 from websockets.exceptions import ConnectionClosed
 from websockets.http11 import Request, Response
+from websockets.protocol import State
 
 from backend.admission import Admission, client_address
 from backend.engine import Engine, Generation, RequestRejected
@@ -92,11 +94,43 @@ class FrameConnection(ServerConnection):
         Flow control is the library's: this waits while the socket's buffer is over its limit.
         """
         async with self.send_context():
+            protocol = self.protocol
+            if (
+                protocol.state is State.OPEN
+                and not protocol.extensions
+                and not protocol.expect_continuation_frame
+            ):
+                # What protocol.send_text queues for each message here, without a Frame object per
+                # message (a fifth of the send loop's time at 64 x 500); its queued bytes go first.
+                pending = protocol.data_to_send()
+                pending.append(text_frames(messages))
+                self.transport.write(b"".join(pending))
+                return
             for message in messages:
-                self.protocol.send_text(message)
+                protocol.send_text(message)  # raises as the library does
             # Text frames on an open connection queue only frame bytes (no end-of-stream marker),
             # so they can go as one buffer; send_context's own flush then finds nothing left.
-            self.transport.write(b"".join(self.protocol.data_to_send()))
+            self.transport.write(b"".join(protocol.data_to_send()))
+
+
+_TEXT_FIN = 0x81
+"""First byte of an unfragmented text frame (FIN bit, opcode 1), RFC 6455 section 5.2."""
+
+
+def text_frames(messages: list[bytes]) -> bytes:
+    """Each UTF-8 message as an unmasked, unfragmented websocket text frame (a server's), joined."""
+    parts: list[bytes] = []
+    append = parts.append
+    for message in messages:
+        length = len(message)
+        if length < 126:
+            append(bytes((_TEXT_FIN, length)))
+        elif length < 65536:
+            append(struct.pack("!BBH", _TEXT_FIN, 126, length))
+        else:
+            append(struct.pack("!BBQ", _TEXT_FIN, 127, length))
+        append(message)
+    return b"".join(parts)
 
 
 def _block(seconds: float) -> None:

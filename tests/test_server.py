@@ -14,10 +14,12 @@ from typing import Any
 
 import pytest
 from websockets.asyncio.client import ClientConnection, connect
+from websockets.protocol import State
+from websockets.server import ServerProtocol
 
 from backend.engine import Generation
 from backend.engines.synthetic import SyntheticEngine, synthetic_tokens
-from backend.server import BackendServer
+from backend.server import BackendServer, text_frames
 from backend.settings import Limits
 from tests.harness import ROOT, free_port
 
@@ -393,3 +395,13 @@ async def test_an_engine_failure_ends_the_request_with_errors_and_keeps_serving(
             assert backend.engine.health()["running_samples"] == 0
     finally:
         await backend.close()
+
+
+@pytest.mark.parametrize("length", [0, 1, 125, 126, 65535, 65536, 70000])
+def test_text_frames_are_the_librarys_frames(length: int) -> None:
+    # the send loop writes frames itself; a client must read exactly what the library would send
+    message = b"x" * length
+    protocol = ServerProtocol(state=State.OPEN)
+    for item in (message, b'{"type":"done"}'):
+        protocol.send_text(item)
+    assert text_frames([message, b'{"type":"done"}']) == b"".join(protocol.data_to_send())
