@@ -46,7 +46,9 @@ def page(browser: Browser, app_url: str) -> Iterator[Page]:
 
 
 def sample_text(page: Page, index: int) -> str:
-    return page.locator(f"#sample-{index}").inner_text()
+    # The text's DOM, not innerText: blocks scrolled out of a column are not rendered
+    # (content-visibility), and innerText leaves out what is not rendered.
+    return page.locator(f"#sample-{index}").text_content() or ""
 
 
 def header(page: Page, index: int) -> str:
