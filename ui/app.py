@@ -29,8 +29,11 @@ UPDATES_PER_S = 15
 """Page updates per second while streaming: browsers keep up with 10-20 (DESIGN.md)."""
 
 TRACE_EVERY = 8
-"""The trace panel is redrawn every 8th page update (about 2 a second) and at the end: its SVG is the
-largest output, and re-parsing it was the page's main cost at n=32 (docs/benchmarks.md, "Browser")."""
+"""The trace panel and the run summary are redrawn every 8th page update (about 2 a second) and at
+the end: the panel's SVG is the largest output, and re-parsing it was the page's main cost at n=32;
+the summary is a Markdown table of n rows whose token counts change every update (the columns'
+headers show them live), and parsing, sanitising and laying it out again was a tenth of the page's
+main thread at n=32 x 500 tok/s (docs/benchmarks.md, "Browser")."""
 
 CONCURRENCY_LIMIT = 32
 """Generate events that run at once (Gradio's default is 1: one user at a time)."""
@@ -157,12 +160,12 @@ def build_demo(
         outputs: list[Any] = [samples, status, summary, trace]
 
         def render(view: RunView, with_trace: bool = True) -> list[Any]:
-            """Every output for `view` (the trace panel only when `with_trace`)."""
+            """Every output for `view` (the trace panel and the summary only when `with_trace`)."""
             shown = view.n if view.accepted else 0
             return [
                 samples_value(view, time.monotonic()),
                 status_markdown(view),
-                summary_markdown(view),
+                summary_markdown(view) if with_trace else gr.skip(),
                 panel_html(view.trace, shown) if with_trace else gr.skip(),
             ]
 
