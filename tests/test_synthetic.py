@@ -134,3 +134,8 @@ async def test_the_engine_honours_stop_strings() -> None:
     chunks = await collect(engine, 1, p)
     assert "".join(c.text for c in chunks) == full[: full.find(stop)]
     assert chunks[-1].finish_reason == "stop"
+
+
+def test_intervals_without_jitter_are_all_one_over_rate() -> None:
+    assert token_intervals(5, 4, rate=50.0, jitter=0.0) == [0.02] * 4
+    assert token_intervals(5, 4, rate=50.0, jitter=0.0) == token_intervals(6, 4, rate=50.0, jitter=0.0)

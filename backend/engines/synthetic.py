@@ -3,8 +3,10 @@
 Each sample's text depends only on its seed (the request's seed + its index), and at temperature
 0 on nothing at all: real engines decode greedily there, so every sample is the same. Each sample
 runs as its own asyncio task that sleeps until its next token is due, so n samples interleave on
-one event loop the way chunks of a real engine's stream do. A sample finishes with "length" at
-max_tokens, or with "stop" at a sentence end once it is long enough, so both reasons occur.
+one event loop the way chunks of a real engine's stream do; samples due at the same moment share
+one timer (a timer per token and sample was most of the engine's cost at n = 64). A sample
+finishes with "length" at max_tokens, or with "stop" at a sentence end once it is long enough, so
+both reasons occur.
 """
 
 from __future__ import annotations
@@ -80,9 +82,18 @@ def cut_at_stop(tokens: list[str], reason: str, stop: tuple[str, ...]) -> tuple[
 
 def token_intervals(sample_seed: int, count: int, rate: float, jitter: float) -> list[float]:
     """Seconds before each of `count` tokens: 1/rate, each scaled by 1 ± jitter (uniform)."""
-    rng = random.Random(f"timing:{sample_seed}")
     base = 1.0 / rate
+    if jitter == 0:
+        return [base] * count  # what the scaling below gives, without a random draw per token
+    rng = random.Random(f"timing:{sample_seed}")
     return [base * (1.0 + jitter * rng.uniform(-1.0, 1.0)) for _ in range(count)]
+
+
+def _wake(waiters: list[asyncio.Future[None]]) -> None:
+    """A token deadline came: wake every sample task waiting for it (those not cancelled)."""
+    for waiter in waiters:
+        if not waiter.done():
+            waiter.set_result(None)
 
 
 DEFAULT_RATE = 20.0
@@ -136,6 +147,13 @@ class SyntheticGeneration(Generation):
         self._params = params
         self._queue: asyncio.Queue[Chunk] = asyncio.Queue()
         self._unfinished = n
+        self._loop = asyncio.get_running_loop()
+        self._started = self._loop.time()
+        """Every sample's deadlines count from here, so equal intervals give equal deadlines."""
+        self._deadlines: dict[float, list[asyncio.Future[None]]] = {}
+        """Sample tasks waiting for each pending deadline: one timer per deadline, not per sample."""
+        self._texts: dict[int | None, tuple[list[str], str]] = {}
+        """Each text computed once: at temperature 0 every sample has the same one (key None)."""
         self._tasks = [
             asyncio.create_task(self._run_sample(index), name=f"synthetic-sample-{index}")
             for index in range(n)
@@ -146,25 +164,50 @@ class SyntheticGeneration(Generation):
         """Sample tasks still generating."""
         return sum(not task.done() for task in self._tasks)
 
+    def _text(self, seed: int) -> tuple[list[str], str]:
+        params = self._params
+        key = None if params.temperature == 0 else seed
+        text = self._texts.get(key)
+        if text is None:
+            tokens, reason = synthetic_tokens(seed, params.max_tokens, params.temperature)
+            text = self._texts[key] = cut_at_stop(tokens, reason, params.stop)
+        return text
+
+    def _until(self, due: float) -> asyncio.Future[None]:
+        """A future done at loop time `due`; samples due at the same time share its timer."""
+        waiter = self._loop.create_future()
+        waiters = self._deadlines.get(due)
+        if waiters is None:
+            waiters = self._deadlines[due] = []
+            self._loop.call_at(due, self._deadline_passed, due)
+        waiters.append(waiter)
+        return waiter
+
+    def _deadline_passed(self, due: float) -> None:
+        _wake(self._deadlines.pop(due))
+
     async def _run_sample(self, index: int) -> None:
         seed = self._params.sample_seed(index)
-        tokens, reason = synthetic_tokens(seed, self._params.max_tokens, self._params.temperature)
-        tokens, reason = cut_at_stop(tokens, reason, self._params.stop)
+        tokens, reason = self._text(seed)
         if not tokens:  # the stop string starts the text: nothing to stream, only the finish
             self._queue.put_nowait(Chunk(index, "", 0, reason))
             return
         intervals = token_intervals(seed, len(tokens), self._engine.rate, self._engine.jitter)
-        loop = asyncio.get_running_loop()
-        due = loop.time()
+        loop, put, last = self._loop, self._queue.put_nowait, len(tokens) - 1
+        due = self._started
         try:
             for position, (token, interval) in enumerate(zip(tokens, intervals, strict=True)):
-                # Deadlines, not sleeps of fixed length: a late wake-up does not slow the rate.
+                # Deadlines, not sleeps of fixed length: a late wake-up does not slow the rate. A
+                # token already due still waits for one loop iteration, so a loop that cannot keep
+                # up (a blocking consumer) slows the engine down instead of flooding it.
                 due += interval
-                await asyncio.sleep(max(0.0, due - loop.time()))
-                last = position == len(tokens) - 1
-                self._queue.put_nowait(Chunk(index, token, 1, reason if last else None))
+                if due > loop.time():
+                    await self._until(due)
+                else:
+                    await asyncio.sleep(0)
+                put(Chunk(index, token, 1, reason if position == last else None))
         except asyncio.CancelledError:
-            self._queue.put_nowait(Chunk(index, "", 0, "abort"))
+            put(Chunk(index, "", 0, "abort"))
             raise
 
     async def __anext__(self) -> Chunk:
