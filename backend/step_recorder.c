@@ -21,6 +21,7 @@
 #include <Python.h>
 #include <stddef.h>
 #include <string.h>
+#include <structmember.h>
 #include <time.h>
 
 typedef struct {
@@ -36,6 +37,8 @@ typedef struct {
     PyObject *name_of;   /* callable(callback) -> name, for a callback not in `names` yet */
     PyObject *report;    /* callable(handle, exc): a callback's exception to the loop's handler */
     int direct;          /* `previous` is asyncio's own Handle._run: run handles here */
+    PyTypeObject *handle_types[2]; /* asyncio.Handle and TimerHandle: their slots are read in place */
+    Py_ssize_t offsets[4];         /* of _context, _callback, _args, _loop in them (0: use getattr) */
     Py_ssize_t capacity;
     long long recorded;    /* events recorded since creation */
     long long samples;     /* steps whose recording was timed */
@@ -47,6 +50,24 @@ static PyObject *str_loop, *str_callback, *str_self, *str_func, *str_get_name, *
     *str_run;
 
 #define MAX_DIRECT_ARGS 8 /* a callback with more arguments goes through the wrapped _run */
+
+enum { SLOT_CONTEXT, SLOT_CALLBACK, SLOT_ARGS, SLOT_LOOP };
+
+/* A handle's attribute: read from its slot for asyncio's own handle types (a getattr is most of a
+ * step's recording cost otherwise), else by name. New reference, or NULL with an exception. */
+static inline PyObject *
+handle_slot(StepRecorder *self, PyObject *handle, int which, PyObject *name)
+{
+    PyTypeObject *type = Py_TYPE(handle);
+    Py_ssize_t offset = self->offsets[which];
+    if (offset > 0 && (type == self->handle_types[0] || type == self->handle_types[1])) {
+        PyObject *value = *(PyObject **)((char *)handle + offset);
+        if (value != NULL) {
+            return Py_NewRef(value);
+        }
+    }
+    return PyObject_GetAttr(handle, name);
+}
 
 static inline long long
 now_ns(void)
@@ -114,16 +135,16 @@ step_name(StepRecorder *self, PyObject *callback)
 static PyObject *
 run_direct(StepRecorder *self, PyObject *handle)
 {
-    PyObject *context = PyObject_GetAttr(handle, str_context);
+    PyObject *context = handle_slot(self, handle, SLOT_CONTEXT, str_context);
     if (context == NULL) {
         return NULL;
     }
-    PyObject *callback = PyObject_GetAttr(handle, str_callback);
+    PyObject *callback = handle_slot(self, handle, SLOT_CALLBACK, str_callback);
     if (callback == NULL) {
         Py_DECREF(context);
         return NULL;
     }
-    PyObject *args = PyObject_GetAttr(handle, str_args);
+    PyObject *args = handle_slot(self, handle, SLOT_ARGS, str_args);
     if (args == NULL || !PyTuple_Check(args) || PyTuple_GET_SIZE(args) > MAX_DIRECT_ARGS) {
         Py_DECREF(context);
         Py_DECREF(callback);
@@ -183,7 +204,7 @@ recorder_vectorcall(PyObject *op, PyObject *const *args, size_t nargsf, PyObject
         return result;
     }
     PyObject *handle = args[0];
-    PyObject *loop = PyObject_GetAttr(handle, str_loop);
+    PyObject *loop = handle_slot(self, handle, SLOT_LOOP, str_loop);
     if (loop == NULL) {
         PyErr_Clear();
         return result;
@@ -193,7 +214,7 @@ recorder_vectorcall(PyObject *op, PyObject *const *args, size_t nargsf, PyObject
         return result;
     }
     long long end = now_ns();
-    PyObject *callback = PyObject_GetAttr(handle, str_callback);
+    PyObject *callback = handle_slot(self, handle, SLOT_CALLBACK, str_callback);
     PyObject *name = callback == NULL ? NULL : step_name(self, callback);
     Py_XDECREF(callback);
     /* Tracing must never break the loop: a step whose name cannot be read is not recorded. */
@@ -288,12 +309,44 @@ recorder_init(StepRecorder *self, PyObject *args, PyObject *kwargs)
     return 0;
 }
 
+/* Where `name` lives in instances of `base` (and of `other`, which must inherit the same slot); 0 if
+ * it is not a plain object slot of both. */
+static Py_ssize_t
+slot_offset(PyTypeObject *base, PyTypeObject *other, PyObject *name)
+{
+    PyObject *descr = _PyType_Lookup(base, name);
+    if (descr == NULL || !Py_IS_TYPE(descr, &PyMemberDescr_Type) || _PyType_Lookup(other, name) != descr) {
+        return 0;
+    }
+    PyMemberDef *member = ((PyMemberDescrObject *)descr)->d_member;
+    if (member->type != T_OBJECT_EX && member->type != T_OBJECT) {
+        return 0;
+    }
+    return member->offset;
+}
+
 static PyObject *
 recorder_attach(StepRecorder *self, PyObject *const *args, Py_ssize_t nargs)
 {
-    if (nargs != 3 || !PyCallable_Check(args[0])) {
-        PyErr_SetString(PyExc_TypeError, "attach(previous_run, loop, direct)");
+    if ((nargs != 3 && nargs != 5) || !PyCallable_Check(args[0])) {
+        PyErr_SetString(PyExc_TypeError, "attach(previous_run, loop, direct[, handle_type, timer_type])");
         return NULL;
+    }
+    memset(self->offsets, 0, sizeof self->offsets);
+    self->handle_types[0] = self->handle_types[1] = NULL;
+    if (nargs == 5) {
+        if (!PyType_Check(args[3]) || !PyType_Check(args[4])) {
+            PyErr_SetString(PyExc_TypeError, "handle_type and timer_type must be types");
+            return NULL;
+        }
+        PyTypeObject *base = (PyTypeObject *)args[3], *timer = (PyTypeObject *)args[4];
+        PyObject *names[4] = {str_context, str_callback, str_args, str_loop};
+        for (int i = 0; i < 4; i++) {
+            self->offsets[i] = slot_offset(base, timer, names[i]);
+        }
+        /* The types stay alive as long as asyncio does; not owned here. */
+        self->handle_types[0] = base;
+        self->handle_types[1] = timer;
     }
     int direct = PyObject_IsTrue(args[2]);
     if (direct < 0) {
@@ -395,8 +448,9 @@ static PyMethodDef recorder_methods[] = {
     {"push_now", (PyCFunction)recorder_push_now, METH_O,
      "push_now(item): record an event other than a step, starting now."},
     {"attach", (PyCFunction)(void (*)(void))recorder_attach, METH_FASTCALL,
-     "attach(previous_run, loop, direct): wrap `previous_run` (run handles in C if `direct`, when it is "
-     "asyncio's own) and record the steps of `loop`."},
+     "attach(previous_run, loop, direct[, handle_type, timer_type]): wrap `previous_run` (run handles "
+     "in C if `direct`, when it is asyncio's own) and record the steps of `loop`; handles of exactly "
+     "the given types have their slots read in place."},
     {"disable", (PyCFunction)recorder_disable, METH_NOARGS,
      "Stop recording: every handle goes straight to the wrapped _run."},
     {NULL},

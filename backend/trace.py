@@ -289,7 +289,12 @@ class LoopTracer:
         self.origin_ns = time.perf_counter_ns()
         self._previous_run = previous = asyncio.events.Handle._run
         recorder = self._recorder
-        recorder.attach(previous, loop, previous is _ASYNCIO_HANDLE_RUN)
+        if isinstance(recorder, PythonStepRecorder):
+            recorder.attach(previous, loop, False)
+        else:
+            recorder.attach(
+                previous, loop, previous is _ASYNCIO_HANDLE_RUN, asyncio.Handle, asyncio.TimerHandle
+            )
         self._wrapper = recorder.run if isinstance(recorder, PythonStepRecorder) else recorder
         asyncio.events.Handle._run = self._wrapper  # type: ignore[method-assign]
         loop._selector = _TimedSelector(selector, self)  # type: ignore[attr-defined]
