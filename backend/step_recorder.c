@@ -22,6 +22,10 @@
 #include <stddef.h>
 #include <string.h>
 #include <structmember.h>
+
+#if PY_VERSION_HEX >= 0x030D0000 /* 3.13 made the optional-attribute lookup public under this name */
+#define _PyObject_LookupAttr PyObject_GetOptionalAttr
+#endif
 #include <time.h>
 
 typedef struct {
