@@ -47,7 +47,6 @@ $(VENV)/.runtime: requirements.txt | $(PY)
 	touch $@
 
 $(NATIVE): backend/step_recorder.c backend/trace_digest.c setup.py | $(VENV)/.runtime
-	$(PY) -m pip install --quiet --disable-pip-version-check "setuptools>=61"
 	$(PY) setup.py --quiet build_ext --inplace || echo "C step recorder not built: the tracer records in Python"
 
 $(VENV)/.dev: requirements-dev.txt $(VENV)/.runtime

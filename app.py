@@ -14,6 +14,7 @@ import secrets
 import signal
 import sys
 
+from backend import native_build
 from backend.cli import (
     DEFAULT_BACKEND_PORT,
     add_engine_arguments,
@@ -72,6 +73,15 @@ def main(argv: list[str] | None = None) -> int:
     """Start the backend (unless --backend-url) and serve the page until interrupted."""
     args = parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    if os.environ.get("SPACE_ID") and not native_build.built():
+        # A Space installs requirements.txt only: build the tracer's C parts before the backend
+        # starts, or trace in Python if that fails.
+        ok, message = native_build.build_in_place()
+        log = logging.getLogger("app")
+        if ok:
+            log.info("built the tracer's C parts")
+        else:
+            log.warning("the tracer's C parts did not build; tracing in Python: %s", message)
     try:
         limits = limits_from_args(args)
         backend: BackendProcess | None = None

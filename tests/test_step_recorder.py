@@ -6,12 +6,14 @@ from __future__ import annotations
 import asyncio
 import itertools
 import os
+import shutil
 import threading
+from pathlib import Path
 from typing import Any
 
 import pytest
 
-from backend import trace
+from backend import native_build, trace
 from backend.trace import AVAILABLE_RECORDERS, STEP, LoopTracer
 
 
@@ -136,3 +138,25 @@ async def test_other_loops_pass_through_and_uninstall_restores_the_handle(record
     assert tracer.recorded == before  # nothing recorded once uninstalled
     assert other_results == [7]
     assert "other loop task" not in {e[3] for e in tracer.events if e[0] == STEP}
+
+
+def test_the_c_parts_build_in_place_from_their_sources(tmp_path: Path) -> None:
+    (tmp_path / "backend").mkdir()
+    for source in ("setup.py", "backend/step_recorder.c", "backend/trace_digest.c"):
+        shutil.copy(native_build.ROOT / source, tmp_path / source)
+    if shutil.which("cc") is None and shutil.which("gcc") is None:
+        ok, message = native_build.build_in_place(tmp_path)
+        assert not ok and message  # says why, and the dashboard goes on in Python
+        return
+    ok, message = native_build.build_in_place(tmp_path)
+    assert ok, message
+    assert sorted(p.name.split(".")[0] for p in (tmp_path / "backend").glob("_*.so")) == [
+        "_step_recorder",
+        "_trace_digest",
+    ]
+    (tmp_path / "backend" / "step_recorder.c").write_text("this is not C\n")
+    for built in (tmp_path / "backend").glob("_step_recorder*"):
+        built.unlink()
+    shutil.rmtree(tmp_path / "build")  # no earlier object to fall back on
+    ok, message = native_build.build_in_place(tmp_path)
+    assert not ok and "step_recorder" in message
