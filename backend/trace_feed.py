@@ -70,8 +70,12 @@ class TraceFeed:
             return
         origin = self.tracer.origin_ns
         digest = digest_ring(times, items, boundary, origin, self.digest)
+        # What tracing itself costs, for the page to show beside what it measures.
+        tracer = {"tracer": self.tracer.recorder, "record_ns": round(self.tracer.overhead_per_event_ns())}
         for subscriber in traced:
-            subscriber.send(connection_frame(digest, origin, subscriber.label))
+            frame = connection_frame(digest, origin, subscriber.label)
+            frame["counts"].update(tracer)
+            subscriber.send(frame)
 
     async def run(self) -> None:
         """Flush at the frame rate while any connection is traced; until cancelled."""

@@ -273,6 +273,7 @@ async def test_one_digest_feeds_each_traced_connection_its_own_frame() -> None:
     assert sum(tokens for _, _, _, tokens, _ in frame_two["chunks"]) == 6
     assert "consume r1" in frame_one["names"] and OTHER_CONNECTION in frame_one["names"]
     assert frame_one["counts"] == frame_two["counts"]  # the loop's work is the same for both
+    assert frame_one["counts"]["tracer"] == tracer.recorder and frame_one["counts"]["record_ns"] > 0
     steps = [slice_ for slice_ in frame_one["slices"] if frame_one["names"][slice_[3]] == "consume r1"]
     assert sum(count for *_, count, _longest in steps) >= 5  # each step, merged into slices, counted
     feed.flush()  # nothing new since: nothing sent

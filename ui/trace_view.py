@@ -79,6 +79,10 @@ class TraceView:
     first_ms: float | None = None
     last_ms: float | None = None
     longest_step_ms: float = 0.0
+    tracer: str | None = None
+    """Which implementation records ("c" or "python"), from the latest frame."""
+    record_ns: float | None = None
+    """The tracer's own cost per recorded step, from the latest frame."""
 
     def apply(self, frame: dict[str, Any]) -> None:
         """Fold one `trace` frame in; drop what fell out of the window."""
@@ -106,6 +110,8 @@ class TraceView:
         self.busy_ms += counts["busy_ms"]
         self.idle_ms += counts["idle_ms"]
         self.frames += counts["frames"]
+        self.tracer = counts.get("tracer", self.tracer)
+        self.record_ns = counts.get("record_ns", self.record_ns)
         self.first_ms = frame["start_ms"] if self.first_ms is None else min(self.first_ms, frame["start_ms"])
         self.last_ms = frame["end_ms"] if self.last_ms is None else max(self.last_ms, frame["end_ms"])
         self._forget_before(self.last_ms - WINDOW_MS)
@@ -144,6 +150,9 @@ def _fmt(value: float | None, pattern: str) -> str:
     return "-" if value is None else pattern.format(value)
 
 
+_TRACERS = {"c": "C", "python": "Python"}
+
+
 def figures_html(view: TraceView) -> str:
     """The numbers beside the timeline."""
     f = view.figures()
@@ -158,6 +167,11 @@ def figures_html(view: TraceView) -> str:
         ("chunks/s", _fmt(f["chunks_per_s"], "{:.0f}")),
         ("frames/s", _fmt(f["frames_per_s"], "{:.0f}")),
         ("cancel latency", _fmt(f["cancel_latency_ms"], "{:.1f} ms")),
+        (
+            "tracer cost",
+            _fmt(view.record_ns, "{:.0f} ns/step")
+            + (f" ({_TRACERS.get(view.tracer, view.tracer)})" if view.tracer else ""),
+        ),
     ]
     items = "".join(f"<div><span>{escape(k)}</span><b>{escape(v)}</b></div>" for k, v in cells)
     return f'<div class="trace-figures">{items}</div>'
