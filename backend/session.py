@@ -23,13 +23,14 @@ class RequestState:
         self.started_at = started_at
         self.timers = [SampleTimer(started_at, params.sample_seed(i)) for i in range(n)]
         self.reasons: list[str | None] = [None] * n
+        self._finished = 0
         self.abort_requested: set[int] = set()
         self.ended_at: float | None = None
 
     @property
     def finished(self) -> bool:
         """Every sample has its finish reason."""
-        return all(reason is not None for reason in self.reasons)
+        return self._finished == self.n
 
     def request_abort(self, index: int | None) -> list[int]:
         """Note a cancel; returns the indices it concerns that are still running."""
@@ -83,4 +84,5 @@ class RequestState:
 
     def _finish(self, index: int, reason: str) -> dict[str, Any]:
         self.reasons[index] = reason
+        self._finished += 1
         return finish_frame(self.request_id, index, reason, self.timers[index].stats())

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from backend.stats import SampleTimer, percentile, request_stats
+from backend.stats import SampleTimer, percentile, percentiles, request_stats
 
 
 def test_percentile_matches_linear_interpolation() -> None:
@@ -63,3 +63,10 @@ def test_request_stats_aggregate_over_samples() -> None:
     assert stats["tpot_mean_ms"] == pytest.approx((100.0 + 400.0) / 2)
     assert stats["itl_p50_ms"] == pytest.approx(100.0)  # gaps 100, 100, 400
     assert stats["duration_ms"] == pytest.approx(1000.0)
+
+
+def test_percentiles_are_each_percentile_from_one_sort() -> None:
+    values = [5.0, 1.0, 4.0, 2.0, 3.0, 9.5]
+    qs = (0, 50, 90, 99, 100)
+    assert percentiles(values, qs) == [percentile(values, q) for q in qs]
+    assert percentiles([], (50, 99)) == [None, None]
