@@ -28,9 +28,19 @@
 #endif
 #include <time.h>
 
+#define CHUNK_ITEMS 1024 /* chunk event items kept for reuse (see push_chunk) */
+
+typedef struct {
+    PyObject *key;  /* the request key the item was made for (identity), or NULL */
+    long index;
+    long tokens;
+    PyObject *item; /* (CHUNK, 0, key, (index, tokens)) */
+} ChunkItem;
+
 typedef struct {
     PyObject_HEAD
     vectorcallfunc vectorcall;
+    ChunkItem chunk_items[CHUNK_ITEMS];
     PyObject *previous;  /* the Handle._run it wraps */
     PyObject *loop;      /* the traced loop, or None once disabled */
     PyObject *times;     /* array('q'): end time of a step, start time of another event (ns) */
@@ -259,6 +269,157 @@ recorder_push_now(StepRecorder *self, PyObject *item)
     Py_RETURN_NONE;
 }
 
+enum { KIND_IDLE = 1, KIND_CHUNK = 3 }; /* backend/trace.py's IDLE and CHUNK */
+
+static PyObject *
+recorder_push_chunk(StepRecorder *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 3) {
+        PyErr_SetString(PyExc_TypeError, "push_chunk(request_key, index, tokens)");
+        return NULL;
+    }
+    long long at = now_ns();
+    /* Chunk items repeat (a request's key, a sample's index, mostly 1 token): one made earlier is
+     * stored again instead of two new tuples per chunk. New tuples were most of the traced
+     * backend's allocations, and the garbage collections they set off cost about 3 % of its loop. */
+    PyObject *key = args[0];
+    long index = PyLong_AsLong(args[1]);
+    long tokens = index == -1 && PyErr_Occurred() ? -1 : PyLong_AsLong(args[2]);
+    if (PyErr_Occurred()) {
+        PyErr_Clear();
+        index = tokens = -1; /* not small ints: no reuse */
+    }
+    ChunkItem *cached = NULL;
+    if (index >= 0 && tokens >= 0) {
+        size_t hash = ((size_t)key >> 4) * 31u + (size_t)index * 131u + (size_t)tokens;
+        cached = &self->chunk_items[hash % CHUNK_ITEMS];
+        if (cached->item != NULL && cached->key == key && cached->index == index && cached->tokens == tokens) {
+            if (store(self, at, Py_NewRef(cached->item)) < 0) {
+                return NULL;
+            }
+            Py_RETURN_NONE;
+        }
+    }
+    PyObject *detail = PyTuple_Pack(2, args[1], args[2]);
+    if (detail == NULL) {
+        return NULL;
+    }
+    PyObject *item = Py_BuildValue("(iiON)", KIND_CHUNK, 0, key, detail);
+    if (item == NULL) {
+        return NULL;
+    }
+    if (cached != NULL) {
+        Py_XSETREF(cached->item, Py_NewRef(item));
+        cached->key = key; /* compared by identity only; the item holds a reference to it */
+        cached->index = index;
+        cached->tokens = tokens;
+    }
+    if (store(self, at, item) < 0) {
+        return NULL;
+    }
+    Py_RETURN_NONE;
+}
+
+/* TimedSelect: a selector's select() with each wait recorded as an IDLE event (a poll with timeout 0
+ * is passed straight through), what backend/trace.py's _TimedSelector.select does in Python. */
+typedef struct {
+    PyObject_HEAD
+    vectorcallfunc vectorcall;
+    PyObject *select;
+    StepRecorder *recorder;
+} TimedSelect;
+
+static PyObject *
+timed_select_vectorcall(PyObject *op, PyObject *const *args, size_t nargsf, PyObject *kwnames)
+{
+    TimedSelect *self = (TimedSelect *)op;
+    Py_ssize_t nargs = PyVectorcall_NARGS(nargsf);
+    if (kwnames != NULL && PyTuple_GET_SIZE(kwnames) != 0) {
+        return PyObject_Vectorcall(self->select, args, nargsf, kwnames);
+    }
+    PyObject *timeout = nargs > 0 ? args[0] : Py_None;
+    if (timeout != Py_None) {
+        double value = PyFloat_AsDouble(timeout);
+        if (value == -1.0 && PyErr_Occurred()) {
+            return NULL;
+        }
+        if (value == 0.0) { /* a poll between bursts of ready callbacks, not a wait */
+            return PyObject_Vectorcall(self->select, args, nargsf, NULL);
+        }
+    }
+    long long start = now_ns();
+    PyObject *ready = PyObject_Vectorcall(self->select, args, nargsf, NULL);
+    if (ready == NULL) {
+        return NULL;
+    }
+    long long end = now_ns();
+    Py_ssize_t count = PyObject_Length(ready);
+    if (count < 0) {
+        PyErr_Clear();
+        count = 0;
+    }
+    PyObject *item = Py_BuildValue("(iLOn)", KIND_IDLE, end - start, Py_None, count);
+    if (item == NULL || store(self->recorder, start, item) < 0) {
+        PyErr_Clear(); /* tracing must never break the loop */
+    }
+    return ready;
+}
+
+static int
+timed_select_traverse(TimedSelect *self, visitproc visit, void *arg)
+{
+    Py_VISIT(self->select);
+    Py_VISIT(self->recorder);
+    return 0;
+}
+
+static int
+timed_select_clear(TimedSelect *self)
+{
+    Py_CLEAR(self->select);
+    Py_CLEAR(self->recorder);
+    return 0;
+}
+
+static void
+timed_select_dealloc(TimedSelect *self)
+{
+    PyObject_GC_UnTrack(self);
+    timed_select_clear(self);
+    Py_TYPE(self)->tp_free((PyObject *)self);
+}
+
+static PyTypeObject TimedSelectType = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "backend._step_recorder.TimedSelect",
+    .tp_doc = PyDoc_STR("A selector's select() with each wait recorded by a StepRecorder."),
+    .tp_basicsize = sizeof(TimedSelect),
+    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC | Py_TPFLAGS_HAVE_VECTORCALL,
+    .tp_dealloc = (destructor)timed_select_dealloc,
+    .tp_traverse = (traverseproc)timed_select_traverse,
+    .tp_clear = (inquiry)timed_select_clear,
+    .tp_call = PyVectorcall_Call,
+    .tp_vectorcall_offset = offsetof(TimedSelect, vectorcall),
+};
+
+static PyObject *
+recorder_timed_select(StepRecorder *self, PyObject *select)
+{
+    if (!PyCallable_Check(select)) {
+        PyErr_SetString(PyExc_TypeError, "timed_select(select): select must be callable");
+        return NULL;
+    }
+    TimedSelect *timed = PyObject_GC_New(TimedSelect, &TimedSelectType);
+    if (timed == NULL) {
+        return NULL;
+    }
+    timed->vectorcall = timed_select_vectorcall;
+    timed->select = Py_NewRef(select);
+    timed->recorder = (StepRecorder *)Py_NewRef((PyObject *)self);
+    PyObject_GC_Track(timed);
+    return (PyObject *)timed;
+}
+
 static PyObject *
 recorder_disable(StepRecorder *self, PyObject *Py_UNUSED(ignored))
 {
@@ -385,6 +546,9 @@ recorder_get(PyObject *self, PyObject *obj, PyObject *type)
 static int
 recorder_traverse(StepRecorder *self, visitproc visit, void *arg)
 {
+    for (int i = 0; i < CHUNK_ITEMS; i++) {
+        Py_VISIT(self->chunk_items[i].item);
+    }
     Py_VISIT(self->previous);
     Py_VISIT(self->loop);
     Py_VISIT(self->times);
@@ -399,6 +563,10 @@ recorder_traverse(StepRecorder *self, visitproc visit, void *arg)
 static int
 recorder_clear(StepRecorder *self)
 {
+    for (int i = 0; i < CHUNK_ITEMS; i++) {
+        Py_CLEAR(self->chunk_items[i].item);
+        self->chunk_items[i].key = NULL;
+    }
     if (self->times_view.obj != NULL) {
         PyBuffer_Release(&self->times_view);
     }
@@ -451,6 +619,10 @@ static PyMethodDef recorder_methods[] = {
      "push(at, item): record an event other than a step, starting at `at` (ns)."},
     {"push_now", (PyCFunction)recorder_push_now, METH_O,
      "push_now(item): record an event other than a step, starting now."},
+    {"push_chunk", (PyCFunction)(void (*)(void))recorder_push_chunk, METH_FASTCALL,
+     "push_chunk(request_key, index, tokens): record a chunk's arrival, now."},
+    {"timed_select", (PyCFunction)recorder_timed_select, METH_O,
+     "timed_select(select): `select` with each wait (timeout other than 0) recorded as an idle event."},
     {"attach", (PyCFunction)(void (*)(void))recorder_attach, METH_FASTCALL,
      "attach(previous_run, loop, direct[, handle_type, timer_type]): wrap `previous_run` (run handles "
      "in C if `direct`, when it is asyncio's own) and record the steps of `loop`; handles of exactly "
@@ -501,7 +673,7 @@ static struct PyModuleDef module_def = {
 PyMODINIT_FUNC
 PyInit__step_recorder(void)
 {
-    if (PyType_Ready(&StepRecorderType) < 0) {
+    if (PyType_Ready(&StepRecorderType) < 0 || PyType_Ready(&TimedSelectType) < 0) {
         return NULL;
     }
     str_loop = PyUnicode_InternFromString("_loop");

@@ -267,6 +267,9 @@ class LoopTracer:
         self._push = self._recorder.push
         """Record an event other than a step: `_push(at, (kind, duration_ns, subject, detail))`."""
         self._push_now = self._recorder.push_now
+        if not isinstance(self._recorder, PythonStepRecorder):
+            # Every chunk the engine yields is recorded: straight into C, no Python frame.
+            self.chunk = self._recorder.push_chunk  # type: ignore[method-assign]
         self._wrapper: Callable[[asyncio.Handle], None] | None = None
         self._previous_run: Callable[[asyncio.Handle], None] | None = None
 
@@ -297,7 +300,11 @@ class LoopTracer:
             )
         self._wrapper = recorder.run if isinstance(recorder, PythonStepRecorder) else recorder
         asyncio.events.Handle._run = self._wrapper  # type: ignore[method-assign]
-        loop._selector = _TimedSelector(selector, self)  # type: ignore[attr-defined]
+        timed = _TimedSelector(selector, self)
+        if not isinstance(recorder, PythonStepRecorder):
+            # The loop calls select() once per iteration (once per chunk in cooperative mode).
+            timed.select = recorder.timed_select(selector.select)  # type: ignore[method-assign]
+        loop._selector = timed  # type: ignore[attr-defined]
         self._heartbeat = loop.create_task(self._beat(), name="heartbeat")
 
     def uninstall(self) -> None:
@@ -421,6 +428,7 @@ def callback_name(callback: Any) -> str:
 
 
 _FRIENDLY_NAMES = {
+    "SyntheticGeneration._deadline_passed": "timer wake-up",
     "_SelectorSocketTransport._read_ready": "socket read",
     "_SelectorSocketTransport._read_ready__data_received": "socket read",
     "_SelectorSocketTransport._read_ready__get_buffer": "socket read",

@@ -50,6 +50,7 @@ async def _workload() -> None:
 async def _names_recorded(recorder: str) -> tuple[dict[str, int], LoopTracer]:
     tracer = LoopTracer(recorder=recorder, heartbeat_s=10)
     tracer.install(asyncio.get_running_loop())
+    tracer.chunk(("c1", "r1"), 2, 3)
     await asyncio.create_task(_workload(), name="workload")
     tracer.uninstall()
     counts: dict[str, int] = {}
@@ -66,6 +67,12 @@ async def test_c_and_python_recorders_record_the_same_steps() -> None:
     for name in ("ticker a", "ticker b", "workload", "timer wake-up"):
         assert c_counts.get(name) == py_counts.get(name), name
     assert c_counts["ticker a"] == 21 and c_counts["ticker b"] == 11
+    for tracer in (c_tracer, py_tracer):
+        others = [e for e in tracer.events if e[0] != STEP]
+        assert [e[3:] for e in others if e[0] == trace.CHUNK] == [(("c1", "r1"), (2, 3))]
+        idle = [e for e in others if e[0] == trace.IDLE]
+        assert idle and all(e[2] > 0 and e[3] is None and isinstance(e[4], int) for e in idle)
+        assert sum(e[2] for e in idle) >= 4_000_000  # the 5 ms sleep was spent waiting
     assert c_tracer.overhead_per_event_ns() > 0 and py_tracer.overhead_per_event_ns() > 0
     # Steps are contiguous: each starts where the previous step or idle wait ended.
     events = [e for e in c_tracer.events if e[0] in (STEP, trace.IDLE)]

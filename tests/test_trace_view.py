@@ -57,7 +57,7 @@ def test_an_empty_trace_says_so() -> None:
 
 
 def test_close_chunks_of_a_sample_share_an_entry_and_still_count() -> None:
-    events = [(CHUNK, t * MS, 0, ("c1", "r1"), (0, 2)) for t in (0, 3, 6, 9)]  # within 10 ms
+    events = [(CHUNK, t * MS, 0, ("c1", "r1"), (0, 2)) for t in (0, 3, 6, 9)]  # within one bin
     events += [(CHUNK, 4 * MS, 0, ("c1", "r1"), (1, 1)), (CHUNK, 30 * MS, 0, ("c1", "r1"), (0, 1))]
     frame = frame_of(events)
     assert frame["chunks"] == [[0.0, "r1", 0, 8, 4], [4.0, "r1", 1, 1, 1], [30.0, "r1", 0, 1, 1]]
