@@ -1,9 +1,10 @@
 """Where the page's main thread goes during one run: a CDP trace and JS profile of the real page.
 
-`python bench/page_profile.py [--n 32] [--rate 500] [--max-tokens 2000]` starts `python -m backend`
-(synthetic engine, no jitter) and `python app.py --backend-url` pointed at it, opens the page in
-Debian's chromium, presses Generate once and, until the run's status says finished, records a CDP
-trace (`devtools.timeline`) and a sampling JS profile. It prints:
+`python bench/page_profile.py [--n 32] [--rate 500] [--max-tokens 2000] [--runs 1]` starts `python
+-m backend` (synthetic engine, no jitter) and `python app.py --backend-url` pointed at it, opens the
+page in Debian's chromium, presses Generate `--runs` times, one run after another in the same page,
+and for the last run, until its status says finished, records a CDP trace (`devtools.timeline`)
+and a sampling JS profile. It prints:
 
 - main-thread time by trace event name (nested events each count: `RunTask` holds the rest);
 - every `Layout` of the run: its ms and how many layout objects were dirty of how many;
@@ -40,9 +41,32 @@ from tests.harness import (
 TRACE_CATEGORIES = "devtools.timeline,v8.execute,blink,disabled-by-default-devtools.timeline"
 RUN_LIMIT_MS = 120_000
 
+REQUEST_ID_JS = (
+    "() => { const m = document.querySelector('#status').textContent.match(/Request (r-[0-9a-f]+)/);"
+    " return m ? m[1] : null; }"
+)
+"""The request id the status line names (`ui.view.status_markdown`)."""
 
-def record(n: int, rate: float, max_tokens: int) -> tuple[list[dict[str, Any]], dict[str, Any], float]:
-    """Trace events and JS profile of one run, and its seconds from Generate to finished."""
+
+def run_once(page: Any) -> float:
+    """Press Generate and wait until the status says a new run finished; seconds taken."""
+    last = page.evaluate(REQUEST_ID_JS)
+    started = time.monotonic()
+    page.locator("#generate").click()
+    page.wait_for_function(
+        f"last => {{ const id = ({REQUEST_ID_JS})();"
+        " return id && id !== last && document.querySelector('#status').textContent.includes('finished'); }",
+        arg=last,
+        timeout=RUN_LIMIT_MS,
+    )
+    return time.monotonic() - started
+
+
+def record(
+    n: int, rate: float, max_tokens: int, runs: int = 1
+) -> tuple[list[dict[str, Any]], dict[str, Any], float]:
+    """Trace events and JS profile of the last of `runs` runs, and its seconds from Generate to
+    finished."""
     backend, backend_port = start_backend(
         ["--engine", "synthetic", "--rate", str(rate), "--jitter", "0", "--n-max", str(n), *LOCAL_LOAD_FLAGS]
     )
@@ -58,6 +82,8 @@ def record(n: int, rate: float, max_tokens: int) -> tuple[list[dict[str, Any]], 
             page.locator("#generate").wait_for(timeout=60_000)
             set_number(page, "n", n)
             set_number(page, "max-tokens", max_tokens)
+            for _ in range(runs - 1):
+                run_once(page)
             cdp = page.context.new_cdp_session(page)
             cdp.on("Tracing.dataCollected", lambda e: events.extend(e["value"]))
             cdp.on("Tracing.tracingComplete", lambda _e: complete.append(True))
@@ -65,13 +91,7 @@ def record(n: int, rate: float, max_tokens: int) -> tuple[list[dict[str, Any]], 
             cdp.send("Profiler.setSamplingInterval", {"interval": 500})
             cdp.send("Tracing.start", {"categories": TRACE_CATEGORIES, "transferMode": "ReportEvents"})
             cdp.send("Profiler.start")
-            started = time.monotonic()
-            page.locator("#generate").click()
-            page.wait_for_function(
-                "() => document.querySelector('#status').textContent.includes('finished')",
-                timeout=RUN_LIMIT_MS,
-            )
-            seconds = time.monotonic() - started
+            seconds = run_once(page)
             profile = cdp.send("Profiler.stop")["profile"]
             cdp.send("Tracing.end")
             while not complete:
@@ -125,9 +145,13 @@ def main() -> int:
     parser.add_argument("--n", type=int, default=32)
     parser.add_argument("--rate", type=float, default=500.0, help="synthetic tokens/s per sample")
     parser.add_argument("--max-tokens", type=int, default=2000)
+    parser.add_argument("--runs", type=int, default=1, help="runs in the same page; the last is profiled")
     args = parser.parse_args()
-    events, profile, seconds = record(args.n, args.rate, args.max_tokens)
-    print(f"n={args.n} at {args.rate:g} tok/s per sample: {seconds:.2f} s from Generate to finished\n")
+    events, profile, seconds = record(args.n, args.rate, args.max_tokens, args.runs)
+    print(
+        f"n={args.n} at {args.rate:g} tok/s per sample, run {args.runs} in the page: {seconds:.2f} s"
+        " from Generate to finished\n"
+    )
     report(events, profile)
     return 0
 
