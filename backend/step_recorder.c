@@ -607,7 +607,15 @@ recorder_get_overhead_ns(StepRecorder *self, void *closure)
     return PyLong_FromLongLong(self->overhead_ns);
 }
 
+static PyObject *
+recorder_get_handle_run(StepRecorder *self, void *closure)
+{
+    return Py_NewRef((PyObject *)self);
+}
+
 static PyGetSetDef recorder_getset[] = {
+    {"handle_run", (getter)recorder_get_handle_run, NULL,
+     "What replaces Handle._run: the recorder itself (a method descriptor).", NULL},
     {"recorded", (getter)recorder_get_recorded, NULL, "Events recorded since creation.", NULL},
     {"samples", (getter)recorder_get_samples, NULL, "Steps whose recording was timed.", NULL},
     {"overhead_ns", (getter)recorder_get_overhead_ns, NULL, "Their recording time in all (ns).", NULL},

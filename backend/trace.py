@@ -98,38 +98,42 @@ def _other_name(callback: Any) -> str:
 
 
 class _TimedSelector:
-    """The loop's selector, with each select() (the loop's idle wait) recorded."""
+    """The loop's selector, with its select() (the loop's idle wait) replaced by a recording one."""
 
-    def __init__(self, selector: selectors.BaseSelector, tracer: LoopTracer) -> None:
+    def __init__(self, selector: selectors.BaseSelector, select: Callable[[float | None], list[Any]]) -> None:
         self._selector = selector
-        self._tracer = tracer
-
-    def select(self, timeout: float | None = None) -> list[tuple[selectors.SelectorKey, int]]:
-        if timeout == 0:  # a poll between bursts of ready callbacks, not a wait
-            return self._selector.select(0)
-        start = time.perf_counter_ns()
-        ready = self._selector.select(timeout)
-        end = time.perf_counter_ns()
-        self._tracer._push(start, (IDLE, end - start, None, len(ready)))
-        return ready
+        self.select = select
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._selector, name)
 
 
 class _Recorder(Protocol):
-    """What the tracer needs of a step recorder (C or Python): the ring's writer and its counts."""
+    """What the tracer needs of a step recorder, C or Python: the ring's writers, its counts, and
+    the `Handle._run` and `select()` that record."""
 
     recorded: int
     samples: int
     overhead_ns: int
+    handle_run: Callable[[asyncio.Handle], None]
 
     def push(self, at: int, item: Any) -> None: ...
 
     def push_now(self, item: Any) -> None: ...
 
+    def push_chunk(self, request_key: Any, index: int, tokens: int) -> None: ...
+
+    def timed_select(
+        self, select: Callable[[float | None], list[Any]]
+    ) -> Callable[[float | None], list[Any]]: ...
+
     def attach(
-        self, previous: Callable[[asyncio.Handle], None], loop: asyncio.AbstractEventLoop, direct: bool
+        self,
+        previous: Callable[[asyncio.Handle], None],
+        loop: asyncio.AbstractEventLoop,
+        direct: bool,
+        handle_type: type,
+        timer_type: type,
     ) -> None: ...
 
     def disable(self) -> None: ...
@@ -146,7 +150,7 @@ class PythonStepRecorder:
         self._counters = [0, 0, 0]  # events recorded, overhead samples, their total ns
         self._sample_mask = sample_every - 1
         self._disable: Callable[[], None] | None = None
-        self.run: Callable[[asyncio.Handle], None] | None = None
+        self.handle_run: Callable[[asyncio.Handle], None] = _ASYNCIO_HANDLE_RUN
         """The `Handle._run` replacement, once attached."""
 
     @property
@@ -176,11 +180,36 @@ class PythonStepRecorder:
         """Record an event other than a step, starting now."""
         self.push(time.perf_counter_ns(), item)
 
+    def push_chunk(self, request_key: Any, index: int, tokens: int) -> None:
+        """Record a chunk's arrival, now."""
+        self.push(time.perf_counter_ns(), (CHUNK, 0, request_key, (index, tokens)))
+
+    def timed_select(
+        self, select: Callable[[float | None], list[Any]]
+    ) -> Callable[[float | None], list[Any]]:
+        """`select` with each wait recorded as an IDLE event; a poll (timeout 0) passes through."""
+        push, clock = self.push, time.perf_counter_ns
+
+        def timed(timeout: float | None = None) -> list[Any]:
+            if timeout == 0:  # a poll between bursts of ready callbacks, not a wait
+                return select(0)
+            start = clock()
+            ready = select(timeout)
+            push(start, (IDLE, clock() - start, None, len(ready)))
+            return ready
+
+        return timed
+
     def attach(
-        self, previous: Callable[[asyncio.Handle], None], loop: asyncio.AbstractEventLoop, direct: bool
+        self,
+        previous: Callable[[asyncio.Handle], None],
+        loop: asyncio.AbstractEventLoop,
+        direct: bool,
+        handle_type: type,
+        timer_type: type,
     ) -> None:
-        """Make `run`: `previous` for every handle (`direct` is for the C recorder only), and `loop`'s
-        steps recorded after it."""
+        """Make `handle_run`: `previous` for every handle, and `loop`'s steps recorded after it
+        (`direct` and the handle types only speed up the C recorder)."""
         times, items, counters, capacity = self._times, self._items, self._counters, len(self._times)
         clock = time.perf_counter_ns
         task_type = asyncio.Task
@@ -211,7 +240,7 @@ class PythonStepRecorder:
             traced = None
 
         self._disable = disable
-        self.run = run
+        self.handle_run = run
 
     def disable(self) -> None:
         """Stop recording steps: `run` passes every handle straight on."""
@@ -267,9 +296,9 @@ class LoopTracer:
         self._push = self._recorder.push
         """Record an event other than a step: `_push(at, (kind, duration_ns, subject, detail))`."""
         self._push_now = self._recorder.push_now
-        if not isinstance(self._recorder, PythonStepRecorder):
-            # Every chunk the engine yields is recorded: straight into C, no Python frame.
-            self.chunk = self._recorder.push_chunk  # type: ignore[method-assign]
+        self.chunk = self._recorder.push_chunk
+        """`chunk(request_key, index, tokens)`: a chunk of sample `index` of a request arrived from the
+        engine (the recorder's own method: this runs for every chunk)."""
         self._wrapper: Callable[[asyncio.Handle], None] | None = None
         self._previous_run: Callable[[asyncio.Handle], None] | None = None
 
@@ -292,19 +321,11 @@ class LoopTracer:
         self.origin_ns = time.perf_counter_ns()
         self._previous_run = previous = asyncio.events.Handle._run
         recorder = self._recorder
-        if isinstance(recorder, PythonStepRecorder):
-            recorder.attach(previous, loop, False)
-        else:
-            recorder.attach(
-                previous, loop, previous is _ASYNCIO_HANDLE_RUN, asyncio.Handle, asyncio.TimerHandle
-            )
-        self._wrapper = recorder.run if isinstance(recorder, PythonStepRecorder) else recorder
+        recorder.attach(previous, loop, previous is _ASYNCIO_HANDLE_RUN, asyncio.Handle, asyncio.TimerHandle)
+        self._wrapper = recorder.handle_run
         asyncio.events.Handle._run = self._wrapper  # type: ignore[method-assign]
-        timed = _TimedSelector(selector, self)
-        if not isinstance(recorder, PythonStepRecorder):
-            # The loop calls select() once per iteration (once per chunk in cooperative mode).
-            timed.select = recorder.timed_select(selector.select)  # type: ignore[method-assign]
-        loop._selector = timed  # type: ignore[attr-defined]
+        # The loop calls select() once per iteration (once per chunk in cooperative mode).
+        loop._selector = _TimedSelector(selector, recorder.timed_select(selector.select))  # type: ignore[attr-defined]
         self._heartbeat = loop.create_task(self._beat(), name="heartbeat")
 
     def uninstall(self) -> None:
@@ -332,10 +353,6 @@ class LoopTracer:
             now = time.perf_counter_ns()
             self._push(now, (LAG, max(0, now - due), None, None))
             due = now + interval_ns
-
-    def chunk(self, request_key: Any, index: int, tokens: int) -> None:
-        """A chunk of sample `index` of a request arrived from the engine."""
-        self._push_now((CHUNK, 0, request_key, (index, tokens)))
 
     def frames(self, connection: str, count: int, size: int) -> None:
         """`count` frames, `size` bytes in all, were handed to a connection's socket in one write."""
