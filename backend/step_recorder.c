@@ -29,6 +29,7 @@
 #include <time.h>
 
 #define CHUNK_ITEMS 1024 /* chunk event items kept for reuse (see push_chunk) */
+#define RECENT_SAMPLES 64 /* recording times kept: the tracer reports their median */
 
 typedef struct {
     PyObject *key;  /* the request key the item was made for (identity), or NULL */
@@ -56,7 +57,7 @@ typedef struct {
     Py_ssize_t capacity;
     long long recorded;    /* events recorded since creation */
     long long samples;     /* steps whose recording was timed */
-    long long overhead_ns; /* their recording time in all */
+    long long recent_ns[RECENT_SAMPLES]; /* the last of those times, by samples % RECENT_SAMPLES */
     long long sample_mask; /* time one step in (mask + 1) */
 } StepRecorder;
 
@@ -237,8 +238,8 @@ recorder_vectorcall(PyObject *op, PyObject *const *args, size_t nargsf, PyObject
         return result;
     }
     if (!((self->recorded - 1) & self->sample_mask) || self->samples == 0) {
+        self->recent_ns[self->samples % RECENT_SAMPLES] = now_ns() - end;
         self->samples++;
-        self->overhead_ns += now_ns() - end;
     }
     return result;
 }
@@ -469,7 +470,6 @@ recorder_init(StepRecorder *self, PyObject *args, PyObject *kwargs)
     self->capacity = PyList_GET_SIZE(items);
     self->recorded = 0;
     self->samples = 0;
-    self->overhead_ns = 0;
     self->sample_mask = sample_every - 1;
     return 0;
 }
@@ -602,9 +602,19 @@ recorder_get_samples(StepRecorder *self, void *closure)
 }
 
 static PyObject *
-recorder_get_overhead_ns(StepRecorder *self, void *closure)
+recorder_get_recent_ns(StepRecorder *self, void *closure)
 {
-    return PyLong_FromLongLong(self->overhead_ns);
+    Py_ssize_t count = self->samples < RECENT_SAMPLES ? (Py_ssize_t)self->samples : RECENT_SAMPLES;
+    PyObject *list = PyList_New(count);
+    for (Py_ssize_t i = 0; list != NULL && i < count; i++) {
+        PyObject *value = PyLong_FromLongLong(self->recent_ns[i]);
+        if (value == NULL) {
+            Py_CLEAR(list);
+            break;
+        }
+        PyList_SET_ITEM(list, i, value);
+    }
+    return list;
 }
 
 static PyObject *
@@ -618,7 +628,8 @@ static PyGetSetDef recorder_getset[] = {
      "What replaces Handle._run: the recorder itself (a method descriptor).", NULL},
     {"recorded", (getter)recorder_get_recorded, NULL, "Events recorded since creation.", NULL},
     {"samples", (getter)recorder_get_samples, NULL, "Steps whose recording was timed.", NULL},
-    {"overhead_ns", (getter)recorder_get_overhead_ns, NULL, "Their recording time in all (ns).", NULL},
+    {"recent_ns", (getter)recorder_get_recent_ns, NULL,
+     "The last (up to 64) of those recording times, ns, in no particular order.", NULL},
     {NULL},
 };
 

@@ -29,6 +29,7 @@ from __future__ import annotations
 import array
 import asyncio
 import selectors
+import statistics
 import time
 from collections.abc import Callable, Sequence
 from typing import Any, Protocol
@@ -62,6 +63,10 @@ HEARTBEAT_INTERVAL_S = 0.02
 
 OVERHEAD_SAMPLE = 32
 """The tracer times its own recording on one step in 32 (a clock read costs ~0.1 us here)."""
+
+RECENT_SAMPLES = 64
+"""Recording times kept; the tracer reports their median. A mean was thrown by the rare sample
+that took the process's time slice or named a callback for the first time (microseconds)."""
 
 Event = tuple[int, int, int, Any, Any]
 
@@ -114,7 +119,7 @@ class _Recorder(Protocol):
 
     recorded: int
     samples: int
-    overhead_ns: int
+    recent_ns: list[int]
     handle_run: Callable[[asyncio.Handle], None]
 
     def push(self, at: int, item: Any) -> None: ...
@@ -147,7 +152,8 @@ class PythonStepRecorder:
     ) -> None:
         self._times = times
         self._items = items
-        self._counters = [0, 0, 0]  # events recorded, overhead samples, their total ns
+        self._counters = [0, 0]  # events recorded, overhead samples
+        self._recent = [0] * RECENT_SAMPLES
         self._sample_mask = sample_every - 1
         self._disable: Callable[[], None] | None = None
         self.handle_run: Callable[[asyncio.Handle], None] = _ASYNCIO_HANDLE_RUN
@@ -164,9 +170,9 @@ class PythonStepRecorder:
         return self._counters[1]
 
     @property
-    def overhead_ns(self) -> int:
-        """Their recording time in all."""
-        return self._counters[2]
+    def recent_ns(self) -> list[int]:
+        """The last (up to RECENT_SAMPLES) of those recording times, ns."""
+        return self._recent[: min(self._counters[1], RECENT_SAMPLES)]
 
     def push(self, at: int, item: Any) -> None:
         """Record an event other than a step, starting at `at`."""
@@ -211,6 +217,7 @@ class PythonStepRecorder:
         """Make `handle_run`: `previous` for every handle, and `loop`'s steps recorded after it
         (`direct` and the handle types only speed up the C recorder)."""
         times, items, counters, capacity = self._times, self._items, self._counters, len(self._times)
+        recent = self._recent
         clock = time.perf_counter_ns
         task_type = asyncio.Task
         other_name = _other_name
@@ -232,8 +239,8 @@ class PythonStepRecorder:
             items[slot] = owner.get_name() if owner.__class__ is task_type else other_name(callback)
             counters[0] = count + 1
             if not count & sample_mask or not counters[1]:  # a sample from the first steps on
+                recent[counters[1] % RECENT_SAMPLES] = clock() - end
                 counters[1] += 1
-                counters[2] += clock() - end
 
         def disable() -> None:
             nonlocal traced
@@ -427,9 +434,10 @@ class LoopTracer:
         return out
 
     def overhead_per_event_ns(self) -> float:
-        """Mean measured cost of recording one step (after the step ends: name, stores, counter)."""
-        recorder = self._recorder
-        return recorder.overhead_ns / recorder.samples if recorder.samples else 0.0
+        """Median cost of recording one step over the last RECENT_SAMPLES timed (after the step ends:
+        name, stores, counter)."""
+        recent = self._recorder.recent_ns
+        return float(statistics.median(recent)) if recent else 0.0
 
 
 def callback_name(callback: Any) -> str:
