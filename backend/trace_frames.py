@@ -318,20 +318,13 @@ def connection_frame(digest: TraceDigest, origin_ns: int, connection: str) -> di
         "end_ms": None if empty else _ms(digest.end_ns, origin_ns),
         "names": names,
         "slices": [
-            [
-                (s - origin_ns) // 1000 / 1000,
-                (e - origin_ns) // 1000 / 1000,
-                busy // 1000 / 1000,
-                name,
-                count,
-                longest // 1000 / 1000,
-            ]
+            [_ms(s, origin_ns), _ms(e, origin_ns), _to_ms(busy), name, count, _to_ms(longest)]
             for s, e, busy, name, count, longest in slices
         ],
         "idle": digest.idle,
         "lag": digest.lag,
         "chunks": [
-            [(t - origin_ns) // 1000 / 1000, request_id, index, tokens, count]
+            [_ms(t, origin_ns), request_id, index, tokens, count]
             for t, request_id, index, tokens, count in digest.chunks.get(connection, ())
         ],
         "cancels": digest.cancels.get(connection, []),
@@ -347,7 +340,7 @@ def connection_frame(digest: TraceDigest, origin_ns: int, connection: str) -> di
 
 def _ms(ns: int, origin_ns: int) -> float:
     """Time `ns` as ms since `origin_ns`, to the microsecond (see `_to_ms`)."""
-    return (ns - origin_ns) // 1000 / 1000
+    return _to_ms(ns - origin_ns)
 
 
 def live_frame(events: Iterable[Event], origin_ns: int, connection: str) -> dict[str, Any]:
