@@ -596,12 +596,6 @@ recorder_get_recorded(StepRecorder *self, void *closure)
 }
 
 static PyObject *
-recorder_get_samples(StepRecorder *self, void *closure)
-{
-    return PyLong_FromLongLong(self->samples);
-}
-
-static PyObject *
 recorder_get_recent_ns(StepRecorder *self, void *closure)
 {
     Py_ssize_t count = self->samples < RECENT_SAMPLES ? (Py_ssize_t)self->samples : RECENT_SAMPLES;
@@ -627,9 +621,8 @@ static PyGetSetDef recorder_getset[] = {
     {"handle_run", (getter)recorder_get_handle_run, NULL,
      "What replaces Handle._run: the recorder itself (a method descriptor).", NULL},
     {"recorded", (getter)recorder_get_recorded, NULL, "Events recorded since creation.", NULL},
-    {"samples", (getter)recorder_get_samples, NULL, "Steps whose recording was timed.", NULL},
     {"recent_ns", (getter)recorder_get_recent_ns, NULL,
-     "The last (up to 64) of those recording times, ns, in no particular order.", NULL},
+     "The last (up to 64) timings of recording a step (one step in 32), ns, in no particular order.", NULL},
     {NULL},
 };
 

@@ -118,7 +118,6 @@ class _Recorder(Protocol):
     the `Handle._run` and `select()` that record."""
 
     recorded: int
-    samples: int
     recent_ns: list[int]
     handle_run: Callable[[asyncio.Handle], None]
 
@@ -165,13 +164,8 @@ class PythonStepRecorder:
         return self._counters[0]
 
     @property
-    def samples(self) -> int:
-        """Steps whose recording was timed."""
-        return self._counters[1]
-
-    @property
     def recent_ns(self) -> list[int]:
-        """The last (up to RECENT_SAMPLES) of those recording times, ns."""
+        """The last (up to RECENT_SAMPLES) timings of recording a step (one in OVERHEAD_SAMPLE), ns."""
         return self._recent[: min(self._counters[1], RECENT_SAMPLES)]
 
     def push(self, at: int, item: Any) -> None:
