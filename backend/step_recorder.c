@@ -29,6 +29,7 @@
 #include <time.h>
 
 #define CHUNK_ITEMS 1024 /* chunk event items kept for reuse (see push_chunk) */
+#define PREFETCH_AHEAD 32 /* ring slots fetched ahead of the one written */
 #define RECENT_SAMPLES 64 /* recording times kept: the tracer reports their median */
 
 typedef struct {
@@ -48,6 +49,7 @@ typedef struct {
     Py_buffer times_view; /* held while the recorder lives: the array cannot be resized under it */
     PyObject *items;     /* list: a step's task name, or another event's item */
     PyObject *task_type; /* asyncio.Task: a callback whose __self__ is exactly one is a task step */
+    PyObject *get_name;  /* task_type.get_name, looked up once */
     PyObject *names;     /* dict: name of a non-task callback, by its __func__ (or itself) */
     PyObject *name_of;   /* callable(callback) -> name, for a callback not in `names` yet */
     PyObject *report;    /* callable(handle, exc): a callback's exception to the loop's handler */
@@ -56,6 +58,7 @@ typedef struct {
     Py_ssize_t offsets[4];         /* of _context, _callback, _args, _loop in them (0: use getattr) */
     Py_ssize_t capacity;
     long long recorded;    /* events recorded since creation */
+    Py_ssize_t slot;       /* the ring slot the next event goes to: recorded % capacity */
     long long samples;     /* steps whose recording was timed */
     long long recent_ns[RECENT_SAMPLES]; /* the last of those times, by samples % RECENT_SAMPLES */
     long long sample_mask; /* time one step in (mask + 1) */
@@ -102,13 +105,41 @@ store(StepRecorder *self, long long at, PyObject *item)
         PyErr_SetString(PyExc_RuntimeError, "StepRecorder is not initialised");
         return -1;
     }
-    Py_ssize_t slot = (Py_ssize_t)(self->recorded % self->capacity);
+    Py_ssize_t slot = self->slot;
+    self->slot = slot + 1 == self->capacity ? 0 : slot + 1;
+    PyObject **ring = ((PyListObject *)self->items)->ob_item;
+    /* The ring is larger than the caches and each slot's old item was stored long ago: fetch a
+     * few slots ahead, so the stores and the old items' reference counts do not wait on memory. */
+    Py_ssize_t ahead = slot + PREFETCH_AHEAD < self->capacity ? slot + PREFETCH_AHEAD
+                                                              : slot + PREFETCH_AHEAD - self->capacity;
+    __builtin_prefetch(&ring[ahead], 1);
+    __builtin_prefetch(&((long long *)self->times_view.buf)[ahead], 1);
+    PyObject *soon = ring[slot + 8 < self->capacity ? slot + 8 : slot];
+    if (soon != NULL) {
+        __builtin_prefetch(soon, 1);
+    }
     ((long long *)self->times_view.buf)[slot] = at;
-    PyObject *old_item = PyList_GET_ITEM(self->items, slot);
-    PyList_SET_ITEM(self->items, slot, item);
+    PyObject *old_item = ring[slot];
+    ring[slot] = item;
     self->recorded++;
     Py_XDECREF(old_item);
     return 0;
+}
+
+/* The object a callback is bound to (new reference), or NULL: read in place for a builtin method
+ * (a C task's wake-up) and a bound Python method, by name otherwise (a C task's step wrapper). */
+static inline int
+callback_self(PyObject *callback, PyObject **owner)
+{
+    if (PyCFunction_Check(callback)) {
+        *owner = Py_XNewRef(PyCFunction_GET_SELF(callback));
+        return 0;
+    }
+    if (PyMethod_Check(callback)) {
+        *owner = Py_NewRef(PyMethod_GET_SELF(callback));
+        return 0;
+    }
+    return _PyObject_LookupAttr(callback, str_self, owner);
 }
 
 /* The name of what `callback` runs: its task's name for a task step; new reference or NULL. */
@@ -116,19 +147,23 @@ static PyObject *
 step_name(StepRecorder *self, PyObject *callback)
 {
     PyObject *owner;
-    if (_PyObject_LookupAttr(callback, str_self, &owner) < 0) {
+    if (callback_self(callback, &owner) < 0) {
         return NULL;
     }
     if (owner != NULL) {
         if ((PyObject *)Py_TYPE(owner) == self->task_type) {
-            PyObject *name = PyObject_CallMethodNoArgs(owner, str_get_name);
+            /* The method looked up once: a lookup by name on every step cost more than the call. */
+            PyObject *name = PyObject_Vectorcall(self->get_name, &owner, 1, NULL);
             Py_DECREF(owner);
             return name;
         }
         Py_DECREF(owner);
     }
     PyObject *key;
-    if (_PyObject_LookupAttr(callback, str_func, &key) < 0) {
+    if (PyMethod_Check(callback)) {
+        key = Py_NewRef(PyMethod_GET_FUNCTION(callback));
+    }
+    else if (_PyObject_LookupAttr(callback, str_func, &key) < 0) {
         return NULL;
     }
     if (key == NULL) {
@@ -176,7 +211,22 @@ run_direct(StepRecorder *self, PyObject *handle)
     for (Py_ssize_t i = 0; i < count; i++) {
         stack[2 + i] = PyTuple_GET_ITEM(args, i);
     }
-    PyObject *result = PyObject_VectorcallMethod(str_run, stack, 2 + count, NULL);
+    PyObject *result;
+    if (PyContext_CheckExact(context)) {
+        /* What Context.run does, without looking the method up by name on every step. */
+        if (PyContext_Enter(context) < 0) {
+            result = NULL;
+        }
+        else {
+            result = PyObject_Vectorcall(callback, stack + 2, count, NULL);
+            if (PyContext_Exit(context) < 0) {
+                Py_CLEAR(result);
+            }
+        }
+    }
+    else {
+        result = PyObject_VectorcallMethod(str_run, stack, 2 + count, NULL);
+    }
     Py_DECREF(context);
     Py_DECREF(callback);
     Py_DECREF(args);
@@ -462,6 +512,11 @@ recorder_init(StepRecorder *self, PyObject *args, PyObject *kwargs)
     self->times_view = view;
     Py_XSETREF(self->times, Py_NewRef(times));
     Py_XSETREF(self->items, Py_NewRef(items));
+    PyObject *get_name = PyObject_GetAttr(task_type, str_get_name);
+    if (get_name == NULL) {
+        return -1;
+    }
+    Py_XSETREF(self->get_name, get_name);
     Py_XSETREF(self->task_type, Py_NewRef(task_type));
     Py_XSETREF(self->names, Py_NewRef(names));
     Py_XSETREF(self->name_of, Py_NewRef(name_of));
@@ -469,6 +524,7 @@ recorder_init(StepRecorder *self, PyObject *args, PyObject *kwargs)
     self->direct = 0;
     self->capacity = PyList_GET_SIZE(items);
     self->recorded = 0;
+    self->slot = 0;
     self->samples = 0;
     self->sample_mask = sample_every - 1;
     return 0;
@@ -554,6 +610,7 @@ recorder_traverse(StepRecorder *self, visitproc visit, void *arg)
     Py_VISIT(self->times);
     Py_VISIT(self->items);
     Py_VISIT(self->task_type);
+    Py_VISIT(self->get_name);
     Py_VISIT(self->names);
     Py_VISIT(self->name_of);
     Py_VISIT(self->report);
@@ -575,6 +632,7 @@ recorder_clear(StepRecorder *self)
     Py_CLEAR(self->times);
     Py_CLEAR(self->items);
     Py_CLEAR(self->task_type);
+    Py_CLEAR(self->get_name);
     Py_CLEAR(self->names);
     Py_CLEAR(self->name_of);
     Py_CLEAR(self->report);

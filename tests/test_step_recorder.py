@@ -4,8 +4,10 @@ how the loop runs callbacks."""
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import itertools
 import os
+import re
 import shutil
 import threading
 from pathlib import Path
@@ -145,6 +147,62 @@ async def test_other_loops_pass_through_and_uninstall_restores_the_handle(record
     assert tracer.recorded == before  # nothing recorded once uninstalled
     assert other_results == [7]
     assert "other loop task" not in {e[3] for e in tracer.events if e[0] == STEP}
+
+
+_REQUEST: contextvars.ContextVar[str] = contextvars.ContextVar("request", default="none")
+
+
+async def _context_results(recorder: str | None) -> tuple[list[tuple[str, tuple[int, ...]]], list[str]]:
+    loop = asyncio.get_running_loop()
+    tracer = LoopTracer(recorder=recorder, heartbeat_s=10) if recorder else None
+    if tracer is not None:
+        tracer.install(loop)
+    seen: list[tuple[str, tuple[int, ...]]] = []
+    errors: list[str] = []
+    previous_handler = loop.get_exception_handler()
+    loop.set_exception_handler(
+        lambda _loop, context: errors.append(re.sub(" at 0x[0-9a-f]+", "", repr(context.get("exception"))))
+    )
+    try:
+
+        def note(*args: int) -> None:
+            seen.append((_REQUEST.get(), args))
+            _REQUEST.set("changed inside")  # stays in the callback's own context
+
+        mine = contextvars.copy_context()
+        mine.run(_REQUEST.set, "r7")
+        loop.call_soon(note, 1, 2, 3, context=mine)
+        loop.call_soon(note, *range(12))  # more arguments than the C recorder runs itself
+        await asyncio.sleep(0)
+        loop.call_soon(note, context=mine)
+        # A callback in a context that is already entered fails as Context.run fails.
+        loop.call_soon(mine.run, note, context=mine)
+        for _ in range(3):
+            await asyncio.sleep(0)
+
+        async def in_task() -> None:
+            seen.append((_REQUEST.get(), ()))
+
+        token = _REQUEST.set("task")
+        await asyncio.create_task(in_task(), name="context task")
+        _REQUEST.reset(token)
+    finally:
+        loop.set_exception_handler(previous_handler)
+        if tracer is not None:
+            tracer.uninstall()
+    return seen, errors
+
+
+@pytest.mark.parametrize("recorder", AVAILABLE_RECORDERS)
+async def test_callbacks_run_in_their_context_with_their_arguments(recorder: str) -> None:
+    untraced = await _context_results(None)
+    assert await _context_results(recorder) == untraced
+    seen, errors = untraced
+    assert seen[:3] == [("r7", (1, 2, 3)), ("none", tuple(range(12))), ("changed inside", ())]
+    assert seen[-1] == ("task", ())
+    assert errors == [
+        "RuntimeError('cannot enter context: <_contextvars.Context object> is already entered')"
+    ]
 
 
 def test_the_c_parts_build_in_place_from_their_sources(tmp_path: Path) -> None:
