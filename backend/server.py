@@ -83,6 +83,11 @@ EXPORT_HISTORY = 32
 """Finished requests per connection whose trace can still be exported (their time windows)."""
 
 
+def _end_nap(nap: asyncio.Future[None]) -> None:
+    if not nap.done():
+        nap.set_result(None)
+
+
 class FrameConnection(ServerConnection):
     """A server connection that writes a batch of messages to its socket in one write."""
 
@@ -179,6 +184,8 @@ class ClientSession:
         self.windows: OrderedDict[str, tuple[int, int]] = OrderedDict()
         """Time windows (ns) of finished requests, for `export_trace`."""
         self._wake = asyncio.Event()
+        self._nap: asyncio.Future[None] | None = None
+        """While the send loop waits out SEND_INTERVAL_S: what ends the wait early (see `send`)."""
         self._side_tasks: set[asyncio.Task[None]] = set()
         self._closing = False
         self.feed = feed
@@ -215,10 +222,16 @@ class ClientSession:
         except ProtocolError as exc:
             self.send(error_frame(exc.code, exc.message, exc.request_id))
 
-    def send(self, frame: dict[str, Any]) -> None:
-        """Queue a frame for the send loop; never blocks the caller."""
+    def send(self, frame: dict[str, Any], now: bool = False) -> None:
+        """Queue a frame for the send loop; never blocks the caller.
+
+        With `now` (a request's `done`), the send loop writes it without waiting out the rest of
+        SEND_INTERVAL_S: a request ends when its client has `done`, and the wait only groups frames.
+        """
         queued = self.outbox.push(frame)
         self._wake.set()
+        if now and self._nap is not None:
+            _end_nap(self._nap)
         if queued > OUTBOX_MAX_FRAMES:
             self._close_stalled()
 
@@ -328,7 +341,7 @@ class ClientSession:
                     self.windows.popitem(last=False)
                 if running.command.trace and self.feed is not None:
                     self.feed.flush()  # the last of the trace goes before `done`
-                self.send(state.done(loop.time()))
+                self.send(state.done(loop.time()), now=True)
                 del self.requests[state.request_id]
                 self.admission.end_request(state.n)
 
@@ -398,7 +411,7 @@ class ClientSession:
                 while outbox.pushed != pushed:
                     now = loop.time()
                     if polls >= BURST_POLLS and now >= streaming:
-                        await asyncio.sleep(deadline - now)
+                        await self._wait_out(deadline - now)
                         break
                     pushed = outbox.pushed
                     polls += 1
@@ -418,6 +431,17 @@ class ClientSession:
                     tracer.frames(self.label, len(messages), sum(map(len, messages)))
         except ConnectionClosed:
             pass
+
+    async def _wait_out(self, seconds: float) -> None:
+        """Sleep `seconds`, or less if a frame that ends a request is queued meanwhile."""
+        loop = asyncio.get_running_loop()
+        nap = self._nap = loop.create_future()
+        timer = loop.call_later(seconds, _end_nap, nap)
+        try:
+            await nap
+        finally:
+            timer.cancel()
+            self._nap = None
 
     @property
     def wants_trace(self) -> bool:

@@ -7,6 +7,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 import urllib.error
 import urllib.request
 from collections.abc import AsyncIterator
@@ -17,9 +18,10 @@ from websockets.asyncio.client import ClientConnection, connect
 from websockets.protocol import State
 from websockets.server import ServerProtocol
 
+from backend import server as server_module
 from backend.engine import Generation
 from backend.engines.synthetic import SyntheticEngine, synthetic_tokens
-from backend.server import BackendServer, text_frames
+from backend.server import BackendServer, ClientSession, text_frames
 from backend.settings import Limits
 from tests.harness import ROOT, free_port
 
@@ -405,3 +407,45 @@ def test_text_frames_are_the_librarys_frames(length: int) -> None:
     for item in (message, b'{"type":"done"}'):
         protocol.send_text(item)
     assert text_frames([message, b'{"type":"done"}']) == b"".join(protocol.data_to_send())
+
+
+class _RecordingSocket:
+    """Stands in for a connection: records when each batch of frames was written."""
+
+    def __init__(self) -> None:
+        self.writes: list[tuple[float, list[bytes]]] = []
+
+    async def send_texts(self, messages: list[bytes]) -> None:
+        self.writes.append((time.monotonic(), messages))
+
+
+async def test_done_is_written_without_waiting_out_the_send_interval(monkeypatch: pytest.MonkeyPatch) -> None:
+    # Frames that keep coming make the send loop wait SEND_INTERVAL_S between writes; a request's
+    # `done` cuts that wait short, other frames do not.
+    monkeypatch.setattr(server_module, "SEND_INTERVAL_S", 5.0)
+    monkeypatch.setattr(server_module, "BURST_POLL_S", 0.0)
+    monkeypatch.setattr(server_module, "BURST_POLLS", 1)
+    for kind in ("finish", "done"):
+        socket = _RecordingSocket()
+        session = ClientSession(socket, SyntheticEngine(), Limits())  # type: ignore[arg-type]
+        sender = asyncio.create_task(session._send_loop())
+        try:
+            async with asyncio.timeout(2):
+                while session._nap is None:  # frames keep coming until the loop waits them out
+                    session.send({"type": "chunk", "id": "r1", "index": 0, "text": "x", "tokens": 1})
+                    await asyncio.sleep(0)
+            assert socket.writes == []
+            sent = time.monotonic()
+            frame = {"type": kind, "id": "r1"}
+            if kind == "finish":
+                frame.update(index=0, reason="stop", stats={})
+            session.send(frame, now=kind == "done")
+            await asyncio.sleep(0.3)
+            if kind == "finish":
+                assert socket.writes == []  # still waiting out the interval
+            else:
+                [(at, messages)] = socket.writes
+                assert at - sent < 0.3 and json.loads(messages[-1])["type"] == "done"
+        finally:
+            sender.cancel()
+            await asyncio.gather(sender, return_exceptions=True)
