@@ -102,17 +102,6 @@ def _other_name(callback: Any) -> str:
     return name
 
 
-class _TimedSelector:
-    """The loop's selector, with its select() (the loop's idle wait) replaced by a recording one."""
-
-    def __init__(self, selector: selectors.BaseSelector, select: Callable[[float | None], list[Any]]) -> None:
-        self._selector = selector
-        self.select = select
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._selector, name)
-
-
 class _Recorder(Protocol):
     """What the tracer needs of a step recorder, C or Python: the ring's writers, its counts, and
     the `Handle._run` and `select()` that record."""
@@ -301,6 +290,9 @@ class LoopTracer:
         """`chunk(request_key, index, tokens)`: a chunk of sample `index` of a request arrived from the
         engine (the recorder's own method: this runs for every chunk)."""
         self._wrapper: Callable[[asyncio.Handle], None] | None = None
+        self._selector: selectors.BaseSelector | None = None
+        self._untimed_select: Callable[[float | None], list[Any]] | None = None
+        self._timed_select: Callable[[float | None], list[Any]] | None = None
         self._previous_run: Callable[[asyncio.Handle], None] | None = None
 
     @property
@@ -316,7 +308,7 @@ class LoopTracer:
     def install(self, loop: asyncio.AbstractEventLoop) -> None:
         """Start tracing `loop` (a plain asyncio selector loop); call from that loop."""
         selector = getattr(loop, "_selector", None)
-        if selector is None:
+        if selector is None or not hasattr(selector, "__dict__"):
             raise TypeError(f"{type(loop).__name__} has no selector to trace; use a plain asyncio loop")
         self.loop = loop
         self.origin_ns = time.perf_counter_ns()
@@ -325,8 +317,13 @@ class LoopTracer:
         recorder.attach(previous, loop, previous is _ASYNCIO_HANDLE_RUN, asyncio.Handle, asyncio.TimerHandle)
         self._wrapper = recorder.handle_run
         asyncio.events.Handle._run = self._wrapper  # type: ignore[method-assign]
-        # The loop calls select() once per iteration (once per chunk in cooperative mode).
-        loop._selector = _TimedSelector(selector, recorder.timed_select(selector.select))  # type: ignore[attr-defined]
+        # The loop calls select() once per iteration (once per chunk in cooperative mode). The timed
+        # one is set on the selector itself: a wrapper object forwarding the loop's other calls
+        # (get_key, modify...) through __getattr__ cost the traced loop more than the timing did.
+        self._selector = selector
+        self._untimed_select = vars(selector).get("select")  # another tracer's, else the method
+        self._timed_select = recorder.timed_select(selector.select)
+        selector.select = self._timed_select
         self._heartbeat = loop.create_task(self._beat(), name="heartbeat")
 
     def uninstall(self) -> None:
@@ -341,9 +338,13 @@ class LoopTracer:
             asyncio.events.Handle._run = self._previous_run  # type: ignore[method-assign]
         # Otherwise another tracer wrapped ours since: the disabled wrapper stays in its chain and
         # only passes callbacks on.
-        selector = getattr(loop, "_selector", None)
-        if isinstance(selector, _TimedSelector):
-            loop._selector = selector._selector  # type: ignore[attr-defined]
+        selector = self._selector
+        if selector is not None and vars(selector).get("select") is self._timed_select:
+            if self._untimed_select is None:
+                del selector.select
+            else:
+                selector.select = self._untimed_select
+        self._selector = None
         self.loop = None
 
     async def _beat(self) -> None:

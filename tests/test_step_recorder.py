@@ -122,9 +122,11 @@ async def test_a_failing_callback_reaches_the_loop_exception_handler_as_untraced
 @pytest.mark.parametrize("recorder", AVAILABLE_RECORDERS)
 async def test_other_loops_pass_through_and_uninstall_restores_the_handle(recorder: str) -> None:
     original = asyncio.events.Handle._run
+    selector = asyncio.get_running_loop()._selector  # type: ignore[attr-defined]
     tracer = LoopTracer(recorder=recorder, heartbeat_s=10)
     tracer.install(asyncio.get_running_loop())
     assert asyncio.events.Handle._run is not original
+    assert "select" in vars(selector)  # the loop's own selector, its select() timed
     other_results: list[int] = []
 
     def other_loop() -> None:
@@ -143,6 +145,7 @@ async def test_other_loops_pass_through_and_uninstall_restores_the_handle(record
     before = tracer.recorded
     tracer.uninstall()
     assert asyncio.events.Handle._run is original
+    assert "select" not in vars(selector) and asyncio.get_running_loop()._selector is selector  # type: ignore[attr-defined]
     await asyncio.sleep(0)
     assert tracer.recorded == before  # nothing recorded once uninstalled
     assert other_results == [7]
