@@ -16,6 +16,8 @@
 
 enum { STEP = 0, IDLE = 1, LAG = 2, CHUNK = 3, FRAME = 4, CANCEL = 5 };
 
+#define SEEN 1024 /* identity cache entries (a power of two), see Digest */
+
 typedef struct {
     long long start, end, busy, count, longest;
     PyObject *slice; /* its list [start, end, busy, index, count, longest], or NULL when none is open */
@@ -58,7 +60,21 @@ typedef struct {
     OpenChunk *chunk_runs;
     Py_ssize_t chunk_count, chunks_cap;
     Bucket bucket;
+    /* By object identity, before the dict lookups: a task's steps all carry its one name object,
+     * and the step recorder stores one chunk item per request, sample and token count, so nearly
+     * every event is found here without hashing a tuple or comparing a string. Borrowed: the ring's
+     * items list holds them for the whole call. */
+    PyObject *seen_names[SEEN];
+    Py_ssize_t seen_groups[SEEN];
+    PyObject *seen_chunks[SEEN];
+    Py_ssize_t seen_runs[SEEN];
 } Digest;
+
+static inline size_t
+seen_slot(PyObject *object)
+{
+    return ((size_t)object >> 4) & (SEEN - 1);
+}
 
 static void *
 grow(void *array, Py_ssize_t *cap, Py_ssize_t need, size_t item)
@@ -257,8 +273,25 @@ load_owner_bucket(Owner *o, long long bucket)
 }
 
 /* The group index of a task name, classifying a name seen for the first time; -1 on error. */
+static Py_ssize_t group_of_name(Digest *d, PyObject *name);
+
 static Py_ssize_t
 group_of(Digest *d, PyObject *name)
+{
+    size_t slot = seen_slot(name);
+    if (d->seen_names[slot] == name) {
+        return d->seen_groups[slot];
+    }
+    Py_ssize_t group = group_of_name(d, name);
+    if (group >= 0) {
+        d->seen_names[slot] = name;
+        d->seen_groups[slot] = group;
+    }
+    return group;
+}
+
+static Py_ssize_t
+group_of_name(Digest *d, PyObject *name)
 {
     PyObject *known = PyDict_GetItemWithError(d->name_index, name);
     if (known != NULL) {
@@ -465,7 +498,7 @@ append_ms_pair(Digest *d, PyObject *list, long long at, long long duration)
 }
 
 static int
-on_chunk(Digest *d, long long at, PyObject *subject, PyObject *detail)
+on_chunk(Digest *d, long long at, PyObject *item, PyObject *subject, PyObject *detail)
 {
     if (!PyTuple_Check(subject) || PyTuple_GET_SIZE(subject) < 2 || !PyTuple_Check(detail) ||
         PyTuple_GET_SIZE(detail) < 2) {
@@ -477,23 +510,34 @@ on_chunk(Digest *d, long long at, PyObject *subject, PyObject *detail)
     if (tokens == -1 && PyErr_Occurred()) {
         return -1;
     }
-    PyObject *key = PyTuple_Pack(2, subject, index);
-    if (key == NULL) {
-        return -1;
+    size_t seen = seen_slot(item);
+    PyObject *key = NULL, *slot = NULL;
+    Py_ssize_t at_slot = -1;
+    if (d->seen_chunks[seen] == item) {
+        at_slot = d->seen_runs[seen]; /* this item's (request, index) has a run already */
     }
-    PyObject *slot = PyDict_GetItemWithError(d->open_chunk, key);
-    Py_ssize_t at_slot;
-    if (slot != NULL) {
-        at_slot = PyLong_AsSsize_t(slot);
+    else {
+        if ((key = PyTuple_Pack(2, subject, index)) == NULL) {
+            return -1;
+        }
+        slot = PyDict_GetItemWithError(d->open_chunk, key);
+        if (slot != NULL && (at_slot = PyLong_AsSsize_t(slot)) < 0) {
+            Py_DECREF(key);
+            return -1;
+        }
+    }
+    if (at_slot >= 0) {
+        Py_XDECREF(key);
+        key = NULL;
+        d->seen_chunks[seen] = item;
+        d->seen_runs[seen] = at_slot;
         OpenChunk *c = &d->chunk_runs[at_slot];
         if (at - c->at <= d->chunk_bin) {
-            Py_DECREF(key);
             c->tokens += tokens;
             c->count += 1;
             return 0;
         }
         if (close_chunk(c) < 0) {
-            Py_DECREF(key);
             return -1;
         }
     }
@@ -512,8 +556,10 @@ on_chunk(Digest *d, long long at, PyObject *subject, PyObject *detail)
             return -1;
         }
         d->chunk_count++;
+        d->seen_chunks[seen] = item;
+        d->seen_runs[seen] = at_slot;
     }
-    Py_DECREF(key);
+    Py_XDECREF(key);
     PyObject *entry = PyList_New(5);
     if (entry == NULL) {
         return -1;
@@ -752,7 +798,7 @@ digest(PyObject *module, PyObject *args)
                     }
                 }
                 else if (kind == CHUNK) {
-                    failed = on_chunk(&d, at, subject, detail);
+                    failed = on_chunk(&d, at, item, subject, detail);
                 }
                 else if (kind == LAG) {
                     failed = append_ms_pair(&d, d.lag, at - origin, duration);
