@@ -112,9 +112,13 @@ def loop_thread_cpu_ns(pid: int) -> int:
     return int(Path(f"/proc/{pid}/task/{pid}/schedstat").read_text().split()[0])
 
 
-def measure_backend(n: int, rate: float, max_tokens: int, rounds: int) -> dict[str | None, float]:
+def measure_backend(
+    n: int, rate: float, max_tokens: int, rounds: int
+) -> tuple[dict[str | None, float], dict[str, float]]:
     """Backend CPU per 1,000 tokens untraced (None) and traced with each recorder, in alternating
-    rounds (medians)."""
+    rounds (medians), and for each recorder the median over rounds of that round's untraced CPU
+    over its traced CPU (runs of one round are next to each other in time, so this ratio is less
+    affected by the machine's load changing over the whole measurement)."""
     settings: list[str | None] = [None, *IMPLEMENTATIONS]
     backends: dict[str | None, tuple[subprocess.Popen[bytes], int]] = {}
     try:
@@ -131,7 +135,12 @@ def measure_backend(n: int, rate: float, max_tokens: int, rounds: int) -> dict[s
     finally:
         for backend, _ in backends.values():
             stop_process(backend)
-    return {s: statistics.median(results[s]) for s in settings}
+    medians = {s: statistics.median(results[s]) for s in settings}
+    paired = {
+        s: statistics.median(off / on for off, on in zip(results[None], results[s], strict=True))
+        for s in IMPLEMENTATIONS
+    }
+    return medians, paired
 
 
 async def _record_backend_ring(rate: float) -> tuple[Sequence[int], list[Any], int, int]:
@@ -197,11 +206,14 @@ def main() -> int:
         f"\nbackend, synthetic engine at {args.rate:g} tok/s per sample, {args.max_tokens} tokens,"
         f" {args.backend_rounds} alternating rounds, medians; on/off = untraced CPU / traced CPU"
     )
-    head = "".join(f"{r + ' ms/1k':>12}{r + ' on/off':>14}" for r in implementations)
+    print("(on/off: of the medians; paired: median of each round's ratio)")
+    head = "".join(f"{r + ' ms/1k':>12}{r + ' on/off':>14}{r + ' paired':>14}" for r in implementations)
     print(f"{'n':<6}{'off ms/1k':>11}{head}")
     for n in args.n:
-        r = measure_backend(n, args.rate, args.max_tokens, args.backend_rounds)
-        cells = "".join(f"{r[rec]:>12.1f}{r[None] / r[rec]:>14.3f}" for rec in implementations)
+        r, paired = measure_backend(n, args.rate, args.max_tokens, args.backend_rounds)
+        cells = "".join(
+            f"{r[rec]:>12.1f}{r[None] / r[rec]:>14.3f}{paired[rec]:>14.3f}" for rec in implementations
+        )
         print(f"{n:<6}{r[None]:>11.1f}{cells}")
     return 0
 
