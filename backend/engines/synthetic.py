@@ -225,7 +225,9 @@ class SyntheticGeneration(Generation):
             task.cancel()
 
     async def aclose(self) -> None:
-        for task in self._tasks:
+        running = [task for task in self._tasks if not task.done()]
+        for task in running:
             task.cancel()
-        await asyncio.gather(*self._tasks, return_exceptions=True)
+        if running:  # after a full run every sample task has ended: nothing to wait for
+            await asyncio.gather(*running, return_exceptions=True)
         self._engine._forget(self)
