@@ -176,15 +176,20 @@ async def run_websocket(url: str, pid: int, n: int, max_tokens: int) -> Run:
 
 
 def start_backend(
-    rate: float, n_max: int, trace: bool = True, root: Path = ROOT, extra: tuple[str, ...] = ()
+    rate: float,
+    n_max: int,
+    trace: bool = True,
+    root: Path = ROOT,
+    extra: tuple[str, ...] = (),
+    same_layout: bool = False,
 ) -> tuple[subprocess.Popen[bytes], int]:
     """`python -m backend` (from checkout `root`) on the synthetic engine, once `/health` answers;
-    `extra` are more of its flags."""
+    `extra` are more of its flags, `same_layout` see tests.harness.same_layout_launch."""
     flags = ["--engine", "synthetic", "--rate", str(rate), "--jitter", "0", "--n-max", str(n_max)]
     flags += [*LOCAL_LOAD_FLAGS, "--max-total-samples", "100000", *extra]
     if not trace:
         flags.append("--no-trace")
-    return harness_start_backend(flags, root=root)
+    return harness_start_backend(flags, root=root, same_layout=same_layout)
 
 
 def p(values: list[float] | None, q: float) -> float:

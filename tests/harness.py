@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import platform
 import shutil
 import signal
 import socket
@@ -60,13 +61,29 @@ LOCAL_LOAD_FLAGS = ("--max-connections-per-address", "100000", "--requests-per-m
 """Backend flags for many clients from this one host: lift the per-address limits for a test or benchmark."""
 
 
+def same_layout_launch() -> tuple[tuple[str, ...], dict[str, str]]:
+    """A command prefix and environment that start Python processes with the same memory layout and
+    hash seed each time (no address randomisation where `setarch` can turn it off): for benchmarks
+    that compare processes, which otherwise differ by a few per cent from their layouts alone."""
+    prefix = ("setarch", platform.machine(), "-R") if shutil.which("setarch") else ()
+    return prefix, {**os.environ, "PYTHONHASHSEED": "0"}
+
+
 def start_backend(
-    flags: list[str] | tuple[str, ...], root: Path = ROOT, limit_s: float = 60.0
+    flags: list[str] | tuple[str, ...],
+    root: Path = ROOT,
+    limit_s: float = 60.0,
+    same_layout: bool = False,
 ) -> tuple[subprocess.Popen[bytes], int]:
-    """`python -m backend FLAGS` (from checkout `root`) on a free port, once its /health answers."""
+    """`python -m backend FLAGS` (from checkout `root`) on a free port, once its /health answers;
+    with `same_layout`, started by `same_layout_launch()`."""
     port = free_port()
+    prefix, env = same_layout_launch() if same_layout else ((), None)
     process = subprocess.Popen(
-        [sys.executable, "-m", "backend", "--port", str(port), *flags], cwd=root, stderr=subprocess.DEVNULL
+        [*prefix, sys.executable, "-m", "backend", "--port", str(port), *flags],
+        cwd=root,
+        stderr=subprocess.DEVNULL,
+        env=env,
     )
     try:
         wait_for_http(f"http://127.0.0.1:{port}/health", process, limit_s)
