@@ -12,6 +12,7 @@ import logging
 import os
 import secrets
 import signal
+import socket
 import sys
 
 from backend import native_build
@@ -69,6 +70,25 @@ def page_origins(host: str, port: int) -> list[str]:
     return sorted(f"http://{h}:{port}" for h in hosts if h != "0.0.0.0")
 
 
+def page_port_problem(host: str, port: int) -> str | None:
+    """Why the page could not listen on host:port, or None: checked before anything starts, so a
+    port in use is said in one line instead of a traceback after the backend has loaded."""
+    try:
+        family, kind, proto, _, address = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0]
+        with socket.socket(family, kind, proto) as probe:
+            probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as the page's server does
+            probe.bind(address)
+    except socket.gaierror as exc:
+        return f"the page's address {host!r} (--host, DASHBOARD_HOST) does not resolve: {exc.strerror or exc}"
+    except OSError as exc:
+        reason = exc.strerror or str(exc)
+        return (
+            f"the page cannot listen on {host}:{port} ({reason}); "
+            "choose another port with --port or DASHBOARD_PORT"
+        )
+    return None
+
+
 def main(argv: list[str] | None = None) -> int:
     """Start the backend (unless --backend-url) and serve the page until interrupted."""
     args = parse_args(argv)
@@ -82,6 +102,10 @@ def main(argv: list[str] | None = None) -> int:
             log.info("built the tracer's C parts")
         else:
             log.warning("the tracer's C parts did not build; tracing in Python: %s", message)
+    problem = page_port_problem(args.host, args.port)
+    if problem is not None:
+        print(f"app: {problem}", file=sys.stderr)
+        return 2
     try:
         limits = limits_from_args(args)
         backend: BackendProcess | None = None
@@ -113,6 +137,9 @@ def main(argv: list[str] | None = None) -> int:
         # time on it than on drawing (docs/benchmarks.md, "Browser"). Prompts stay out of the
         # browser's storage too.
         demo.launch(server_name=args.host, server_port=args.port, show_error=True, css=CSS, run_history=False)
+    except OSError as exc:  # the port was taken after the check above
+        print(f"app: the page could not start: {exc}", file=sys.stderr)
+        return 2
     finally:
         if backend is not None:
             backend.stop()

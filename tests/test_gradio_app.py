@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import socket
 import subprocess
 import sys
 import time
@@ -228,3 +229,29 @@ def test_the_backend_process_ends_with_the_app(signal_name: str) -> None:
     process.send_signal(getattr(signals, signal_name))
     process.wait(15)
     wait_for(lambda: not any(alive(pid) for pid in backends), limit_s=10)
+
+
+def test_a_page_port_in_use_or_a_bad_host_is_said_in_one_line() -> None:
+    # Checked before the backend or Gradio start: a clear line and exit status 2, no traceback.
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        cases = {
+            ("--port", str(port)): f"the page cannot listen on 127.0.0.1:{port} (Address already in use)",
+            (
+                "--host",
+                "no-such-host.invalid",
+            ): "'no-such-host.invalid' (--host, DASHBOARD_HOST) does not resolve",
+        }
+        for flags, message in cases.items():
+            result = subprocess.run(
+                [sys.executable, "app.py", "--engine", "synthetic", "--backend-port", "0", *flags],
+                cwd=ROOT,
+                capture_output=True,
+                text=True,
+                timeout=60,
+            )
+            assert result.returncode == 2, result.stderr
+            assert message in result.stderr and "Traceback" not in result.stderr
+            assert "backend" not in result.stdout  # nothing was started
