@@ -19,10 +19,12 @@ implementation, on the ring a real in-process backend recorded serving n = 32.
 
 The fourth is the loop the dashboard really runs: backend processes on the synthetic engine, one
 with `--no-trace` and one per tracer implementation (`--trace-impl`), each serving one websocket
-client a request of n samples (trace frames on, as the page asks), in alternating rounds. Its figure
-is the backend loop thread's CPU per 1,000 tokens (engine, server and tracer, from the scheduler's
-count in /proc/PID/task/PID/schedstat), and `on/off` is the traced backend's tokens per CPU second
-over the untraced one's: the loop throughput tracing leaves to the dashboard. The backends start
+client a request of n samples (trace frames on, as the page asks), in alternating rounds; the last
+column is the C backend serving a request that asks for no trace frames (`"trace": false`): the
+tracer recording, without the live panel's frames. Its figure is the backend loop thread's CPU per
+1,000 tokens (engine, server and tracer, from the scheduler's count in
+/proc/PID/task/PID/schedstat), and `on/off` is the traced backend's tokens per CPU second over the
+untraced one's: the loop throughput tracing leaves to the dashboard. The backends start
 with the same memory layout and hash seed (tests.harness.same_layout_launch): two untraced
 processes started normally differed by 1-3 % in this figure from their layouts alone.
 """
@@ -114,34 +116,44 @@ def loop_thread_cpu_ns(pid: int) -> int:
     return int(Path(f"/proc/{pid}/task/{pid}/schedstat").read_text().split()[0])
 
 
+RECORDING_ONLY = "c, no frames"
+"""The backend table's column for the C tracer recording with no live trace frames asked for."""
+
+
 def measure_backend(
     n: int, rate: float, max_tokens: int, rounds: int
 ) -> tuple[dict[str | None, float], dict[str, float]]:
-    """Backend CPU per 1,000 tokens untraced (None) and traced with each recorder, in alternating
-    rounds (medians), and for each recorder the median over rounds of that round's untraced CPU
-    over its traced CPU (runs of one round are next to each other in time, so this ratio is less
-    affected by the machine's load changing over the whole measurement)."""
-    settings: list[str | None] = [None, *IMPLEMENTATIONS]
+    """Backend CPU per 1,000 tokens untraced (None), traced with each implementation (trace frames
+    asked for, as the page does) and traced in C with no frames asked for (RECORDING_ONLY), in
+    alternating rounds (medians); and for each traced setting the median over rounds of that round's
+    untraced CPU over its traced CPU (runs of one round are next to each other in time, so this
+    ratio is less affected by the machine's load changing over the whole measurement)."""
+    traced = [*IMPLEMENTATIONS, *((RECORDING_ONLY,) if "c" in IMPLEMENTATIONS else ())]
+    settings: list[str | None] = [None, *traced]
     backends: dict[str | None, tuple[subprocess.Popen[bytes], int]] = {}
     try:
-        for setting in settings:
-            extra = ("--trace-impl", setting) if setting else ()
-            traced = setting is not None
-            backends[setting] = start_backend(rate, n, trace=traced, extra=extra, same_layout=True)
+        for implementation in (None, *IMPLEMENTATIONS):
+            extra = ("--trace-impl", implementation) if implementation else ()
+            on = implementation is not None
+            backends[implementation] = start_backend(rate, n, trace=on, extra=extra, same_layout=True)
+        backends[RECORDING_ONLY] = backends.get("c", backends[None])
         results: dict[str | None, list[float]] = {s: [] for s in settings}
         for round_index in range(rounds):
             for setting in settings if round_index % 2 == 0 else settings[::-1]:
                 backend, port = backends[setting]
+                url = f"ws://127.0.0.1:{port}/ws"
                 before = loop_thread_cpu_ns(backend.pid)
-                run = asyncio.run(run_websocket(f"ws://127.0.0.1:{port}/ws", backend.pid, n, max_tokens))
+                frames = setting is not None and setting != RECORDING_ONLY
+                run = asyncio.run(run_websocket(url, backend.pid, n, max_tokens, trace=frames))
                 results[setting].append((loop_thread_cpu_ns(backend.pid) - before) / 1e3 / run.tokens)
     finally:
-        for backend, _ in backends.values():
-            stop_process(backend)
+        for implementation in (None, *IMPLEMENTATIONS):
+            if implementation in backends:
+                stop_process(backends[implementation][0])
     medians = {s: statistics.median(results[s]) for s in settings}
     paired = {
         s: statistics.median(off / on for off, on in zip(results[None], results[s], strict=True))
-        for s in IMPLEMENTATIONS
+        for s in traced
     }
     return medians, paired
 
@@ -204,19 +216,18 @@ def main() -> int:
     print(f"\nlive-trace digest of a real backend's ring (n=32 at {args.rate:g} tok/s), median of 5")
     for name, (events, per_event_ns) in digest_costs(args.rate).items():
         print(f"{name:<8}{events:>8} events {per_event_ns:>8.0f} ns/event")
-    implementations = list(IMPLEMENTATIONS)
+    implementations = [*IMPLEMENTATIONS, *((RECORDING_ONLY,) if "c" in IMPLEMENTATIONS else ())]
     print(
         f"\nbackend, synthetic engine at {args.rate:g} tok/s per sample, {args.max_tokens} tokens,"
         f" {args.backend_rounds} alternating rounds, medians; on/off = untraced CPU / traced CPU"
     )
     print("(on/off: of the medians; paired: median of each round's ratio)")
-    head = "".join(f"{r + ' ms/1k':>12}{r + ' on/off':>14}{r + ' paired':>14}" for r in implementations)
+    print(f"{'':17}" + "".join(f"{name:>25}" for name in implementations))
+    head = "".join(f"{'ms/1k':>9}{'on/off':>8}{'paired':>8}" for _ in implementations)
     print(f"{'n':<6}{'off ms/1k':>11}{head}")
     for n in args.n:
         r, paired = measure_backend(n, args.rate, args.max_tokens, args.backend_rounds)
-        cells = "".join(
-            f"{r[rec]:>12.1f}{r[None] / r[rec]:>14.3f}{paired[rec]:>14.3f}" for rec in implementations
-        )
+        cells = "".join(f"{r[s]:>9.1f}{r[None] / r[s]:>8.3f}{paired[s]:>8.3f}" for s in implementations)
         print(f"{n:<6}{r[None]:>11.1f}{cells}")
     return 0
 

@@ -135,14 +135,16 @@ async def run_direct(n: int, rate: float, max_tokens: int) -> Run:
     return Run(tokens, seconds, lag_ms=lags, cpu_s=cpu, first_s=first or 0.0)
 
 
-async def run_websocket(url: str, pid: int, n: int, max_tokens: int) -> Run:
-    """(b): one request through the backend's websocket, read as fast as this process can."""
+async def run_websocket(url: str, pid: int, n: int, max_tokens: int, trace: bool = True) -> Run:
+    """(b): one request through the backend's websocket, read as fast as this process can; with
+    `trace` it asks for live trace frames, as the page does."""
     request = {
         "type": "generate",
         "id": "bench",
         "prompt": "bench",
         "n": n,
         "params": {"max_tokens": max_tokens, "temperature": 0, "seed": SEED},
+        "trace": trace,
     }
     added: list[float] = []
     lags: list[float] = []
