@@ -29,9 +29,13 @@ def percentile(values: Sequence[float], q: float) -> float | None:
 
 def percentiles(values: Sequence[float], qs: Sequence[float]) -> list[float | None]:
     """`percentile(values, q)` for each q, sorting once (a request's `done` sorts n x tokens gaps)."""
-    if not values:
+    return percentiles_of_sorted(sorted(values), qs)
+
+
+def percentiles_of_sorted(ordered: Sequence[float], qs: Sequence[float]) -> list[float | None]:
+    """`percentiles` of values already in ascending order."""
+    if not ordered:
         return [None] * len(qs)
-    ordered = sorted(values)
     return [_interpolate(ordered, q) for q in qs]
 
 
@@ -93,9 +97,8 @@ class SampleTimer:
         e2e = self.e2e
         # Sorted in place: the request's `done` then sorts n runs that are each in order already,
         # which Python's sort merges (at n = 64 x 810 tokens, 6 ms instead of 14 on the loop).
-        gaps = self.gaps
-        gaps.sort()
-        itl_p50, itl_p99 = (_interpolate(gaps, 50), _interpolate(gaps, 99)) if gaps else (None, None)
+        self.gaps.sort()
+        itl_p50, itl_p99 = percentiles_of_sorted(self.gaps, (50, 99))
         return {
             "tokens": self.tokens,
             "chunks": self.chunks,
