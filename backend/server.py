@@ -76,7 +76,8 @@ A burst of chunks (all samples of an engine step, one per iteration while the co
 ends within these and is written at once; both must pass, so one long step (a trace frame's
 digest) in the middle of a burst does not make it a stream. Frames that keep coming are a stream:
 checking every iteration then cost a task step (and its trace event) per chunk, for a write that
-waited for SEND_INTERVAL_S anyway.
+waited for SEND_INTERVAL_S anyway. Once a write was part of a stream, frames that come within
+SEND_INTERVAL_S of it are taken as more of it, without polling for a burst's end again.
 """
 
 EXPORT_HISTORY = 32
@@ -400,22 +401,31 @@ class ClientSession:
         tracer = self.tracer
         loop = asyncio.get_running_loop()
         outbox = self.outbox
+        stream_until = 0.0  # frames that come before this are the stream the last write was part of
         try:
             while True:
                 await self._wake.wait()
-                # Let the rest of this burst join the write: yield while each loop iteration adds
-                # frames; if they still come after BURST_POLL_S, wait out SEND_INTERVAL_S at once.
                 now = loop.time()
-                deadline, streaming = now + SEND_INTERVAL_S, now + BURST_POLL_S
-                pushed, polls = -1, 0
-                while outbox.pushed != pushed:
-                    now = loop.time()
-                    if polls >= BURST_POLLS and now >= streaming:
-                        await self._wait_out(deadline - now)
-                        break
-                    pushed = outbox.pushed
-                    polls += 1
-                    await asyncio.sleep(0)
+                deadline = now + SEND_INTERVAL_S
+                streamed = now < stream_until
+                if streamed:
+                    # Still the stream of the last write: wait out the interval without polling
+                    # again for the end of a burst (BURST_POLLS task steps every interval).
+                    await self._wait_out(deadline - now)
+                else:
+                    # Let the rest of this burst join the write: yield while each loop iteration
+                    # adds frames; if they still come after BURST_POLL_S, wait out the interval.
+                    streaming = now + BURST_POLL_S
+                    pushed, polls = -1, 0
+                    while outbox.pushed != pushed:
+                        now = loop.time()
+                        if polls >= BURST_POLLS and now >= streaming:
+                            streamed = True
+                            await self._wait_out(deadline - now)
+                            break
+                        pushed = outbox.pushed
+                        polls += 1
+                        await asyncio.sleep(0)
                 self._wake.clear()
                 messages = outbox.drain_encoded()
                 # Awaiting the socket here lets chunks merge in the outbox meanwhile; a client
@@ -429,6 +439,7 @@ class ClientSession:
                     return
                 if tracer is not None:
                     tracer.frames(self.label, len(messages), sum(map(len, messages)))
+                stream_until = loop.time() + SEND_INTERVAL_S if streamed else 0.0
         except ConnectionClosed:
             pass
 

@@ -449,3 +449,36 @@ async def test_done_is_written_without_waiting_out_the_send_interval(monkeypatch
         finally:
             sender.cancel()
             await asyncio.gather(sender, return_exceptions=True)
+
+
+async def test_a_stream_of_frames_is_written_once_an_interval_without_polling_again(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # Once a write was part of a stream, a frame within SEND_INTERVAL_S of it waits out the interval
+    # at once (no burst polling); a frame after a pause is written as soon as its burst ends.
+    monkeypatch.setattr(server_module, "SEND_INTERVAL_S", 0.3)
+    monkeypatch.setattr(server_module, "BURST_POLL_S", 0.0)
+    monkeypatch.setattr(server_module, "BURST_POLLS", 1)
+    socket = _RecordingSocket()
+    session = ClientSession(socket, SyntheticEngine(), Limits())  # type: ignore[arg-type]
+    sender = asyncio.create_task(session._send_loop())
+    chunk = {"type": "chunk", "id": "r1", "index": 0, "text": "x", "tokens": 1}
+    try:
+        async with asyncio.timeout(2):
+            while not socket.writes:  # frames keep coming: a stream, written after the interval
+                session.send(chunk)
+                await asyncio.sleep(0)
+            session.send(chunk)
+            for _ in range(3):
+                await asyncio.sleep(0)
+            assert session._nap is not None and len(socket.writes) == 1  # more of the same stream
+            await asyncio.sleep(0.35)
+            assert len(socket.writes) == 2
+            await asyncio.sleep(0.4)  # a pause longer than the interval ends the stream
+            session.send(chunk)
+            for _ in range(5):
+                await asyncio.sleep(0)
+            assert session._nap is None and len(socket.writes) == 3  # a lone burst, written at once
+    finally:
+        sender.cancel()
+        await asyncio.gather(sender, return_exceptions=True)
