@@ -106,7 +106,7 @@ def max_tokens_for(rate: float, seconds: float) -> int:
     return max(1, min(MAX_TOKENS_CAP, round(rate * seconds)))
 
 
-async def run_direct(n: int, rate: float, max_tokens: int) -> Run:
+async def run_direct(n: int, rate: float, max_tokens: int, temperature: float = 0.0) -> Run:
     """(a): the engine's stream read in this process, with a heartbeat measuring loop lag."""
     engine = SyntheticEngine(rate=rate, jitter=0.0)
     loop = asyncio.get_running_loop()
@@ -121,7 +121,7 @@ async def run_direct(n: int, rate: float, max_tokens: int) -> Run:
     beat = asyncio.create_task(heartbeat())
     cpu = time.process_time()
     started = time.monotonic()
-    generation = engine.generate("bench", n, SamplingParams(max_tokens, 0.0, 0.95, SEED))
+    generation = engine.generate("bench", n, SamplingParams(max_tokens, temperature, 0.95, SEED))
     tokens = 0
     first = None
     async for chunk in generation:
@@ -135,7 +135,9 @@ async def run_direct(n: int, rate: float, max_tokens: int) -> Run:
     return Run(tokens, seconds, lag_ms=lags, cpu_s=cpu, first_s=first or 0.0)
 
 
-async def run_websocket(url: str, pid: int, n: int, max_tokens: int, trace: bool = True) -> Run:
+async def run_websocket(
+    url: str, pid: int, n: int, max_tokens: int, trace: bool = True, temperature: float = 0.0
+) -> Run:
     """(b): one request through the backend's websocket, read as fast as this process can; with
     `trace` it asks for live trace frames, as the page does."""
     request = {
@@ -143,7 +145,7 @@ async def run_websocket(url: str, pid: int, n: int, max_tokens: int, trace: bool
         "id": "bench",
         "prompt": "bench",
         "n": n,
-        "params": {"max_tokens": max_tokens, "temperature": 0, "seed": SEED},
+        "params": {"max_tokens": max_tokens, "temperature": temperature, "seed": SEED},
         "trace": trace,
     }
     added: list[float] = []
@@ -200,14 +202,22 @@ def p(values: list[float] | None, q: float) -> float:
 
 
 def transport_table(
-    ns: list[int], rates: list[float], seconds: float, rounds: int, before: Path | None = None
+    ns: list[int],
+    rates: list[float],
+    seconds: float,
+    rounds: int,
+    before: Path | None = None,
+    temperature: float = 0.0,
 ) -> None:
     """(a) against (b) for every n x rate, alternating rounds; medians.
 
     With `before` (another checkout), its backend is read the same way in the same rounds (b0),
     for a before/after comparison of a change to the backend.
     """
-    print(f"(a) direct vs (b) websocket: {rounds} alternating rounds of ~{seconds:g} s each, medians")
+    print(
+        f"(a) direct vs (b) websocket: {rounds} alternating rounds of ~{seconds:g} s each, medians"
+        f", temperature {temperature:g}"
+    )
     header = (
         f"{'n':>3}{'tok/s/sample':>13}{'a tok/s':>10}{'b tok/s':>10}{'b/a':>7}{'add p50':>9}{'add p99':>9}"
         f"{'a lag99':>9}{'b lag99':>9}{'a cpu/1k':>10}{'b cpu/1k':>10}{'b frames/s':>12}"
@@ -225,10 +235,12 @@ def transport_table(
                 direct: list[Run] = []
                 sockets: list[list[Run]] = [[] for _ in backends]
                 for _ in range(rounds):
-                    direct.append(asyncio.run(run_direct(n, rate, max_tokens)))
+                    direct.append(asyncio.run(run_direct(n, rate, max_tokens, temperature)))
                     for runs, (process, port) in zip(sockets, backends, strict=True):
                         url = f"ws://127.0.0.1:{port}/ws"
-                        runs.append(asyncio.run(run_websocket(url, process.pid, n, max_tokens)))
+                        runs.append(
+                            asyncio.run(run_websocket(url, process.pid, n, max_tokens, True, temperature))
+                        )
                 counts = {r.tokens for runs in (direct, *sockets) for r in runs}
                 if len(counts) != 1:
                     print(f"  n={n} rate={rate:g}: token counts differ: {sorted(counts)}")
@@ -353,6 +365,13 @@ def main() -> int:
     parser.add_argument("--rates", default="50,500,2000", help="tokens/s per sample, comma-separated")
     parser.add_argument("--seconds", type=float, default=1.0, help="about how long each run streams")
     parser.add_argument("--rounds", type=int, default=3, help="alternating (a)/(b) rounds per row")
+    parser.add_argument(
+        "--temperature",
+        type=float,
+        default=0.0,
+        help="for (a) and (b); above 0 each sample has its own text and length (seeded, so every run "
+        "is the same), and samples finish at different times instead of all in one engine step",
+    )
     parser.add_argument("--gradio-ns", default="1,8,32", help="n for (c); empty to skip it")
     parser.add_argument("--gradio-rate", type=float, default=500.0)
     parser.add_argument(
@@ -361,7 +380,7 @@ def main() -> int:
     args = parser.parse_args()
     ns = [int(x) for x in args.ns.split(",")]
     rates = [float(x) for x in args.rates.split(",")]
-    transport_table(ns, rates, args.seconds, args.rounds, args.before)
+    transport_table(ns, rates, args.seconds, args.rounds, args.before, args.temperature)
     if args.gradio_ns:
         gradio_table([int(x) for x in args.gradio_ns.split(",")], args.gradio_rate, args.seconds)
     return 0
