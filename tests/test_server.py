@@ -472,7 +472,7 @@ async def test_a_stream_of_frames_is_written_once_an_interval_without_polling_ag
             for _ in range(3):
                 await asyncio.sleep(0)
             assert session._nap is not None and len(socket.writes) == 1  # more of the same stream
-            await asyncio.sleep(0.35)
+            await asyncio.sleep(0.5)  # the nap ends 0.3 s after it began, a few steps before this
             assert len(socket.writes) == 2
             await asyncio.sleep(0.4)  # a pause longer than the interval ends the stream
             session.send(chunk)
