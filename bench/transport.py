@@ -1,8 +1,8 @@
 """Transport: what the backend's websocket and the Gradio page add to what the engine costs.
 
-`python bench/transport.py` runs the synthetic engine (no jitter, temperature 0, so every run of a
-configuration produces the same tokens) at n samples x R tokens/s per sample, for about `--seconds`
-per run, consumed three ways:
+`python bench/transport.py` runs the synthetic engine (no jitter, temperature 0 unless
+`--temperature`, a fixed seed: every run of a configuration produces the same tokens) at n samples x
+R tokens/s per sample, for about `--seconds` per run, consumed three ways:
 
 - (a) `direct`, the limit: the engine in this process, its stream read with `async for`;
 - (b) `websocket`: `python -m backend` in its own process (tracing on, as the page uses it), read by
@@ -24,8 +24,8 @@ medians. Columns:
   backend process for (b) (engine, server and tracer, from /proc/PID/stat);
 - `frames/s`: websocket frames the client received per second (chunk frames merge when the client
   lags, and trace frames come 10 a second);
-- `first ms`: from the start (sending `generate` for (b)) to the first chunk in the consumer's
-  hands; `tail ms`, for (b): from when the server took the last chunk from the engine to `done`
+- `a first`, `b first` (ms): from the start (sending `generate` for (b)) to the first chunk in the
+  consumer's hands; `b tail` (ms): from when the server took the last chunk from the engine to `done`
   received (the 64 finish frames, the request's stats, the last trace frame, the write). Both are
   per request, not per token: at 0.5 s a request, 10 ms of them is 2 % of (b)/(a). (With
   temperature 0 a sample ends at a sentence end after 40 % of max_tokens: `--seconds 1` makes
