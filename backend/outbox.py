@@ -6,14 +6,14 @@ collector merges deltas when its consumer lags. So the queue holds at most one c
 running sample, whatever the token rate, and the per-index order of text and `finish` is kept.
 
 Chunks are nearly every frame, so they are queued as compact entries (`push_chunk`: no frame dict
-per token) and written straight to JSON text when drained; other frames are queued as dicts.
+per token) and made frames only when drained; other frames are queued as dicts.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from backend.protocol import chunk_frame, encode, encode_chunk
+from backend.protocol import chunk_frame, encode_bytes
 
 ChunkKey = tuple[str, int]
 
@@ -81,9 +81,9 @@ class Outbox:
     def drain_encoded(self) -> list[bytes]:
         """Take every queued frame, in order, as the UTF-8 JSON text sent on the wire."""
         return [
-            encode_chunk(e.request_id, e.index, e.text, e.tokens, e.at).encode()
+            encode_bytes(chunk_frame(e.request_id, e.index, e.text, e.tokens, e.at))
             if e.__class__ is _QueuedChunk
-            else encode(e).encode()  # type: ignore[arg-type]
+            else encode_bytes(e)  # type: ignore[arg-type]
             for e in self._take()
         ]
 

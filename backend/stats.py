@@ -13,13 +13,21 @@ Per sample (`SampleTimer`), from the moment the request was handed to the engine
 Per request (`request_stats`), as the benchmarks aggregate over requests: mean and p99 TTFT, mean
 TPOT, ITL percentiles over the gaps of all samples together, total tokens, and output throughput,
 total tokens / request duration. Times are reported in milliseconds.
+
+Gaps are kept unboxed (`array('d')`) and their percentiles taken by selection (numpy's partition),
+not by sorting: at a greedy run's end all n samples finish in one engine step, and sorting each
+sample's gaps, then all n x tokens of them for `done`, held the loop for several milliseconds
+(57 us a sample and 3 ms for `done` at n = 64 x 270 tokens).
 """
 
 from __future__ import annotations
 
 import math
+from array import array
 from collections.abc import Sequence
 from typing import Any
+
+import numpy as np
 
 
 def percentile(values: Sequence[float], q: float) -> float | None:
@@ -28,15 +36,34 @@ def percentile(values: Sequence[float], q: float) -> float | None:
 
 
 def percentiles(values: Sequence[float], qs: Sequence[float]) -> list[float | None]:
-    """`percentile(values, q)` for each q, sorting once (a request's `done` sorts n x tokens gaps)."""
-    return percentiles_of_sorted(sorted(values), qs)
-
-
-def percentiles_of_sorted(ordered: Sequence[float], qs: Sequence[float]) -> list[float | None]:
-    """`percentiles` of values already in ascending order."""
+    """`percentile(values, q)` for each q, sorting once."""
+    ordered = sorted(values)
     if not ordered:
         return [None] * len(qs)
     return [_interpolate(ordered, q) for q in qs]
+
+
+def percentiles_in_place(values: array[float], qs: Sequence[float]) -> list[float | None]:
+    """`percentiles(values, qs)` of an `array('d')`, by selection instead of a full sort; reorders
+    `values`."""
+    count = len(values)
+    if not count:
+        return [None] * len(qs)
+    return _select(np.frombuffer(values, dtype=np.float64), qs)
+
+
+def _select(data: np.ndarray, qs: Sequence[float]) -> list[float | None]:
+    """The linearly interpolated percentiles of `data` (non-empty), partitioning it in place."""
+    last = len(data) - 1
+    positions = [last * q / 100.0 for q in qs]
+    ranks = sorted({min(math.floor(p) + step, last) for p in positions for step in (0, 1)})
+    data.partition(ranks)
+    results: list[float | None] = []
+    for position in positions:
+        lower = math.floor(position)
+        low, high = float(data[lower]), float(data[min(lower + 1, last)])
+        results.append(low + (high - low) * (position - lower))
+    return results
 
 
 def _interpolate(ordered: Sequence[float], q: float) -> float:
@@ -58,8 +85,8 @@ class SampleTimer:
         self.seed = seed
         self.first_at: float | None = None
         self.last_at: float | None = None
-        self.gaps: list[float] = []
-        """Seconds between consecutive chunks: in arrival order, sorted once `stats()` is taken."""
+        self.gaps = array("d")
+        """Seconds between consecutive chunks: in arrival order until `stats()` reorders them."""
         self.tokens = 0
         self.chunks = 0
 
@@ -95,10 +122,7 @@ class SampleTimer:
     def stats(self) -> dict[str, Any]:
         """The sample's stats as sent in its `finish` frame."""
         e2e = self.e2e
-        # Sorted in place: the request's `done` then sorts n runs that are each in order already,
-        # which Python's sort merges (at n = 64 x 810 tokens, 6 ms instead of 14 on the loop).
-        self.gaps.sort()
-        itl_p50, itl_p99 = percentiles_of_sorted(self.gaps, (50, 99))
+        itl_p50, itl_p99 = percentiles_in_place(self.gaps, (50, 99))
         return {
             "tokens": self.tokens,
             "chunks": self.chunks,
@@ -116,12 +140,10 @@ def request_stats(samples: Sequence[SampleTimer], started_at: float, ended_at: f
     """Stats of a whole request, as sent in its `done` frame."""
     ttfts = [s.ttft for s in samples if s.ttft is not None]
     tpots = [s.tpot for s in samples if s.tpot is not None]
-    gaps: list[float] = []
-    for sample in samples:
-        gaps += sample.gaps
+    runs = [np.frombuffer(s.gaps, dtype=np.float64) for s in samples if s.gaps]
     tokens = sum(s.tokens for s in samples)
     duration = ended_at - started_at
-    itl_p50, itl_p99 = percentiles(gaps, (50, 99))
+    itl_p50, itl_p99 = _select(np.concatenate(runs), (50, 99)) if runs else (None, None)
     return {
         "n": len(samples),
         "tokens": tokens,

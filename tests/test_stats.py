@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import random
+from array import array
+
 import pytest
 
-from backend.stats import SampleTimer, percentile, percentiles, request_stats
+from backend.stats import SampleTimer, percentile, percentiles, percentiles_in_place, request_stats
 
 
 def test_percentile_matches_linear_interpolation() -> None:
@@ -70,3 +73,32 @@ def test_percentiles_are_each_percentile_from_one_sort() -> None:
     qs = (0, 50, 90, 99, 100)
     assert percentiles(values, qs) == [percentile(values, q) for q in qs]
     assert percentiles([], (50, 99)) == [None, None]
+
+
+def test_selection_gives_exactly_the_sorted_percentiles() -> None:
+    rng = random.Random(3)
+    qs = (0, 1, 50, 90, 99, 99.9, 100)
+    for count in (1, 2, 3, 7, 270, 1001):
+        values = [rng.uniform(0.001, 0.003) for _ in range(count)]
+        values += values[: count // 3]  # ties, as gaps of a steady engine have
+        assert percentiles_in_place(array("d", values), qs) == percentiles(values, qs)
+    assert percentiles_in_place(array("d"), (50, 99)) == [None, None]
+
+
+def test_stats_leave_the_gaps_appendable_and_the_request_sees_every_gap() -> None:
+    rng = random.Random(5)
+    timers = [SampleTimer(0.0, i) for i in range(5)]
+    gaps: list[float] = []
+    for timer in timers:
+        now = rng.uniform(0.01, 0.1)
+        timer.on_chunk(now, 1)
+        for _ in range(rng.randint(0, 40)):
+            gap = rng.uniform(0.001, 0.02)
+            gaps.append(gap)
+            now += gap
+            timer.on_chunk(now, 1)
+        timer.stats()
+    stats = request_stats(timers, 0.0, 1.0)
+    p50, p99 = percentiles(gaps, (50, 99))
+    assert stats["itl_p50_ms"] == round(p50 * 1000, 2) and stats["itl_p99_ms"] == round(p99 * 1000, 2)
+    timers[0].on_chunk(2.0, 1)  # no numpy view of the gaps outlives the stats that took it
