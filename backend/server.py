@@ -122,6 +122,9 @@ class FrameConnection(ServerConnection):
 _TEXT_FIN = 0x81
 """First byte of an unfragmented text frame (FIN bit, opcode 1), RFC 6455 section 5.2."""
 
+_SHORT_HEADERS = [bytes((_TEXT_FIN, length)) for length in range(126)]
+"""The header of a text frame of each length under 126 bytes (most chunk frames), made once."""
+
 
 def text_frames(messages: list[bytes]) -> bytes:
     """Each UTF-8 message as an unmasked, unfragmented websocket text frame (a server's), joined."""
@@ -130,7 +133,7 @@ def text_frames(messages: list[bytes]) -> bytes:
     for message in messages:
         length = len(message)
         if length < 126:
-            append(bytes((_TEXT_FIN, length)))
+            append(_SHORT_HEADERS[length])
         elif length < 65536:
             append(struct.pack("!BBH", _TEXT_FIN, 126, length))
         else:
