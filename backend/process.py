@@ -35,7 +35,6 @@ def _serve(args: argparse.Namespace, host: str, port: int, ready: Connection, pa
     """Child process: build, start, report the URL, serve until SIGTERM or until app.py is gone."""
     import logging
 
-    from backend.server import settle_heap
     from backend.server_cli import server_from_args
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
@@ -47,7 +46,6 @@ def _serve(args: argparse.Namespace, host: str, port: int, ready: Connection, pa
         except Exception as exc:  # noqa: BLE001 - reported to the parent, which says it plainly
             ready.send(("error", str(exc) or type(exc).__name__))
             return
-        settle_heap()
         ready.send(("ready", server.url))
         stop = asyncio.Event()
         asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, stop.set)

@@ -11,7 +11,6 @@ engine's load and the tracer's cost.
 from __future__ import annotations
 
 import asyncio
-import gc
 import hmac
 import itertools
 import logging
@@ -539,9 +538,8 @@ class BackendServer:
             self.tracer.uninstall()
 
     async def serve_forever(self) -> None:
-        """Run until cancelled (the whole process's work: see `settle_heap`)."""
+        """Run until cancelled."""
         await self.start()
-        settle_heap()
         try:
             await asyncio.Future()
         finally:
@@ -619,18 +617,6 @@ class BackendServer:
         header = request.headers.get("Authorization", "")
         given = header.removeprefix("Bearer ").strip() if header.startswith("Bearer ") else ""
         return hmac.compare_digest(given.encode(), self.token.encode())
-
-
-def settle_heap() -> None:
-    """Take what a started backend process holds for good (modules, the engine, the tracer's ring) out
-    of the garbage collector's generations, for a process that serves from here on.
-
-    A full collection walks every tracked object; at 64 x 500 tok/s the collector was 6-8 % of the
-    loop, more with tracing on, whose live frames make garbage that sets collections off. What is
-    frozen is still freed by reference counting, only never by a collection (cycles among it stay).
-    """
-    gc.collect()
-    gc.freeze()
 
 
 def _json_response(status: HTTPStatus, body: dict[str, Any]) -> Response:
