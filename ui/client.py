@@ -18,6 +18,7 @@ import uuid
 from collections.abc import AsyncIterator
 from typing import Any
 
+import orjson
 from websockets.asyncio.client import ClientConnection, connect
 from websockets.exceptions import ConnectionClosed, InvalidHandshake, InvalidStatus, InvalidURI
 
@@ -109,7 +110,7 @@ class BackendRun:
             await self._ws.send(json.dumps(frame))
             async with asyncio.timeout(ACCEPT_TIMEOUT_S):
                 while not self.view.accepted:
-                    reply = json.loads(await self._ws.recv())
+                    reply = orjson.loads(await self._ws.recv())
                     self.view.apply(reply, time.monotonic())
                     if reply.get("type") == "error":
                         raise BackendError(f"the backend refused the request: {reply.get('message')}")
@@ -128,7 +129,7 @@ class BackendRun:
         reason = None
         try:
             async for message in self._ws:
-                frame = json.loads(message)
+                frame = orjson.loads(message)  # ~3x json.loads; its error is a ValueError too
                 if frame.get("type") == "trace_export" or (frame.get("type") == "error" and self._exports):
                     self._settle_export(frame)
                     continue
