@@ -3,11 +3,15 @@
 from __future__ import annotations
 
 import asyncio
+import json
 from collections.abc import AsyncIterator
 
 import pytest
+from websockets.asyncio.server import ServerConnection, serve
 
+from backend.engine import SamplingParams
 from backend.engines.synthetic import SyntheticEngine, synthetic_tokens
+from backend.protocol import accepted_frame, encode
 from backend.server import BackendServer
 from tests.harness import free_port
 from ui.client import BackendError, BackendRun
@@ -118,3 +122,20 @@ def test_view_ignores_other_requests_and_reports_errors() -> None:
     assert view.finished
     assert [s.status for s in view.samples] == ["error", "error"]
     assert "**Error:** boom" in status_markdown(view)
+
+
+async def test_a_frame_that_is_not_json_ends_the_run_with_a_clear_error() -> None:
+    async def handler(ws: ServerConnection) -> None:
+        request = json.loads(await ws.recv())
+        params = SamplingParams(max_tokens=5, temperature=0.0, top_p=1.0, seed=1)
+        await ws.send(encode(accepted_frame(request["id"], 1, "synthetic", "test", params)))
+        await ws.send('{"type": "chunk", "id": ')  # cut off: not JSON
+        await asyncio.sleep(1)
+
+    async with serve(handler, "127.0.0.1", 0) as server:
+        port = server.sockets[0].getsockname()[1]
+        run = BackendRun(f"ws://127.0.0.1:{port}/ws")
+        await run.start("Hello", 1, {"max_tokens": 5, "seed": 1})
+        assert await run.wait_finished(5)
+    assert run.view.done_stats is None
+    assert any("the backend sent a frame that is not JSON" in error for error in run.view.errors)
