@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 
+import orjson
+
 from backend.engine import Chunk, SamplingParams
 from backend.outbox import Outbox
 from backend.protocol import chunk_frame, done_frame, finish_frame
@@ -28,6 +30,19 @@ def test_chunks_then_one_finish_per_index_then_done() -> None:
     assert done["type"] == "done"
     assert done["stats"]["tokens"] == 3
     assert done["stats"]["finish_reasons"] == {"stop": 1, "length": 1}
+
+
+def test_every_frame_of_a_request_is_plain_json_for_orjson() -> None:
+    # Stats come from numpy: a numpy float left in a frame would send it down json.dumps's slow path.
+    state = RequestState("r1", 3, PARAMS, started_at=0.0)
+    frames = []
+    for step in range(1, 40):
+        for index in range(3):
+            reason = "stop" if step == 39 else None
+            frames += state.on_chunk(Chunk(index, " word", 1, reason), step * 0.02 + index * 0.001)
+    frames.append(state.done(1.0))
+    for frame in frames:
+        assert json.loads(orjson.dumps(frame)) == frame
 
 
 def test_chunks_after_a_finish_are_dropped() -> None:
