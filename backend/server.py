@@ -232,18 +232,27 @@ class ClientSession:
         With `now` (a request's `done`), the send loop writes it without waiting out the rest of
         SEND_INTERVAL_S: a request ends when its client has `done`, and the wait only groups frames.
         """
-        queued = self.outbox.push(frame)
-        self._wake.set()
+        self._queued(self.outbox.push(frame))
         if now and self._nap is not None:
             _end_nap(self._nap)
-        if queued > OUTBOX_MAX_FRAMES:
-            self._close_stalled()
+
+    def send_encoded(self, data: bytes) -> None:
+        """Queue a frame already encoded (a live trace frame); never blocks."""
+        self._queued(self.outbox.push_encoded(data))
 
     def send_chunk(self, request_id: str, index: int, text: str, tokens: int, at: float) -> None:
         """Queue `chunk_frame(request_id, index, text, tokens, at)` without building it; never blocks."""
+        # `_queued` written out: this runs for every token.
         queued = self.outbox.push_chunk(request_id, index, text, tokens, at)
         self._wake.set()
         if queued > OUTBOX_MAX_FRAMES:
+            self._close_stalled()
+
+    def _queued(self, frames: int) -> None:
+        """A frame was queued (`frames` are now waiting): wake the send loop; drop a client that
+        stopped reading."""
+        self._wake.set()
+        if frames > OUTBOX_MAX_FRAMES:
             self._close_stalled()
 
     def _close_stalled(self) -> None:

@@ -4,13 +4,17 @@ Each frame interval the feed reads what the tracer recorded since its last read,
 (`trace_frames.digest_ring`), and cuts a frame for each connection with a traced request running
 (`trace_frames.connection_frame`). Building each connection's frame from all events instead made the
 trace's cost grow with events x connections (about 4 ms of CPU per chunk at 256 connections).
+Frames are queued as the JSON they are sent as, made while the garbage collector is paused (see
+`flush`).
 """
 
 from __future__ import annotations
 
 import asyncio
-from typing import Any, Protocol
+import gc
+from typing import Protocol
 
+from backend.protocol import encode_bytes
 from backend.trace import AVAILABLE_RECORDERS, LoopTracer
 from backend.trace_frames import DIGESTS, connection_frame, digest_ring
 
@@ -32,8 +36,8 @@ class TraceSubscriber(Protocol):
     def wants_trace(self) -> bool:
         """Whether a request that asked for the trace is running on it."""
 
-    def send(self, frame: dict[str, Any]) -> None:
-        """Queue a frame to it."""
+    def send_encoded(self, data: bytes) -> None:
+        """Queue a frame to it, already encoded (protocol.encode_bytes)."""
 
 
 class TraceFeed:
@@ -61,21 +65,42 @@ class TraceFeed:
             self._cursor = self.tracer.recorded
 
     def flush(self) -> None:
-        """Send every traced connection what the loop did since the last flush, if anything."""
+        """Send every traced connection what the loop did since the last flush, if anything.
+
+        The digest and each connection's frame are thousands of lists, all freed by reference
+        counting once the frames are JSON. Made with the collector running, they set off a young
+        collection per frame that found nothing to free (at n = 64 the traced loop ran twice the
+        untraced one's collections, ~0.9 % of its time); paused, the count of live objects is
+        back where it was when it resumes.
+        """
+        collecting = gc.isenabled()
+        gc.disable()
+        try:
+            frames = self._frames()
+        finally:
+            if collecting:
+                gc.enable()
+        for subscriber, data in frames:
+            subscriber.send_encoded(data)
+
+    def _frames(self) -> list[tuple[TraceSubscriber, bytes]]:
+        """Each traced connection's frame since the last flush, encoded; none if nothing is new."""
         times, items, boundary, self._cursor = self.tracer.raw_since(self._cursor)
         if not times:
-            return
+            return []
         traced = [s for s in self.subscribers if s.wants_trace]
         if not traced:
-            return
+            return []
         origin = self.tracer.origin_ns
         digest = digest_ring(times, items, boundary, origin, self.digest)
         # What tracing itself costs, for the page to show beside what it measures.
         tracer = {"tracer": self.tracer.recorder, "record_ns": round(self.tracer.overhead_per_event_ns())}
+        frames = []
         for subscriber in traced:
             frame = connection_frame(digest, origin, subscriber.label)
             frame["counts"].update(tracer)
-            subscriber.send(frame)
+            frames.append((subscriber, encode_bytes(frame)))
+        return frames
 
     async def run(self) -> None:
         """Flush at the frame rate while any connection is traced; until cancelled."""

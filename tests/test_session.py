@@ -91,6 +91,21 @@ def test_outbox_merges_queued_chunks_of_one_sample() -> None:
     assert len(outbox) == 0
 
 
+def test_encoded_frames_keep_their_place_in_the_outbox() -> None:
+    outbox = Outbox()
+    outbox.push(chunk_frame("r1", 0, "a", 1, 1.5))
+    outbox.push_encoded(b'{"type":"trace","names":[]}')
+    outbox.push(chunk_frame("r1", 0, "b", 1, 1.6))  # merges into the queued chunk, before the trace
+    outbox.push(done_frame("r1", {}))
+    assert [json.loads(m) for m in outbox.drain_encoded()] == [
+        chunk_frame("r1", 0, "ab", 2, 1.5),
+        {"type": "trace", "names": []},
+        done_frame("r1", {}),
+    ]
+    outbox.push_encoded(b'{"type":"trace","names":["x"]}')
+    assert outbox.drain() == [{"type": "trace", "names": ["x"]}]
+
+
 def test_outbox_does_not_merge_across_a_drain_or_mutate_pushed_frames() -> None:
     outbox = Outbox()
     first = chunk_frame("r1", 0, "a", 1)

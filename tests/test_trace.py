@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import gc
 import json
 import time
 from collections.abc import AsyncIterator
@@ -237,14 +238,18 @@ class _Subscriber:
     def __init__(self, label: str, traced: bool = True) -> None:
         self.label = label
         self.traced = traced
-        self.frames: list[dict[str, Any]] = []
+        self.sent: list[bytes] = []
+
+    @property
+    def frames(self) -> list[dict[str, Any]]:
+        return [json.loads(data) for data in self.sent]
 
     @property
     def wants_trace(self) -> bool:
         return self.traced
 
-    def send(self, frame: dict[str, Any]) -> None:
-        self.frames.append(frame)
+    def send_encoded(self, data: bytes) -> None:
+        self.sent.append(data)
 
 
 async def test_one_digest_feeds_each_traced_connection_its_own_frame() -> None:
@@ -278,3 +283,42 @@ async def test_one_digest_feeds_each_traced_connection_its_own_frame() -> None:
     assert sum(count for *_, count, _longest in steps) >= 5  # each step, merged into slices, counted
     feed.flush()  # nothing new since: nothing sent
     assert len(one.frames) == 1
+
+
+async def test_a_flush_sets_off_no_garbage_collection() -> None:
+    tracer = LoopTracer()
+    tracer.install(asyncio.get_running_loop())
+    feed = TraceFeed(tracer)
+    subscriber = _Subscriber("c1")
+    feed.add(subscriber)
+    feed.request_started()
+
+    async def consume() -> None:  # 64 samples over ~100 ms: a frame of hundreds of chunk runs
+        for _ in range(50):
+            for index in range(64):
+                tracer.chunk(("c1", "r1"), index, 1)
+            await asyncio.sleep(0.002)
+
+    await asyncio.create_task(consume(), name="consume r1 @c1")
+    feed.flush()  # the first one fills the digest's caches of names, which stay
+    await asyncio.create_task(consume(), name="consume r1 @c1")
+    collections: list[int] = []
+
+    def note(phase: str, info: dict[str, int]) -> None:
+        if phase == "start":
+            collections.append(info["generation"])
+
+    threshold = gc.get_threshold()
+    gc.collect()  # young generation count back to 0
+    gc.callbacks.append(note)
+    gc.set_threshold(200)  # 200 new containers alive at once would set a collection off
+    try:
+        feed.flush()
+    finally:
+        gc.set_threshold(*threshold)
+        gc.callbacks.remove(note)
+        tracer.uninstall()
+    assert collections == []
+    assert gc.isenabled()
+    _, second = subscriber.frames
+    assert sum(tokens for _, _, _, tokens, _ in second["chunks"]) == 50 * 64
