@@ -50,7 +50,7 @@ typedef struct {
     PyObject *items;     /* list: a step's task name, or another event's item */
     PyObject *task_type; /* asyncio.Task: a callback whose __self__ is exactly one is a task step */
     PyObject *get_name;  /* task_type.get_name, looked up once */
-    PyObject *names;     /* dict: name of a non-task callback, by its __func__ (or itself) */
+    PyObject *names;     /* dict: name of a non-task callback, by its function's code */
     PyObject *name_of;   /* callable(callback) -> name, for a callback not in `names` yet */
     PyObject *report;    /* callable(handle, exc): a callback's exception to the loop's handler */
     int direct;          /* `previous` is asyncio's own Handle._run: run handles here */
@@ -159,23 +159,31 @@ step_name(StepRecorder *self, PyObject *callback)
         }
         Py_DECREF(owner);
     }
-    PyObject *key;
+    /* The cache is keyed by the function's code, as trace._other_name keys it: keyed by the callback
+     * (or its function), it kept every closure asyncio's gather and wait make per call alive, with
+     * all they reach. A callback without Python code is named by `name_of` each time. */
+    PyObject *function;
     if (PyMethod_Check(callback)) {
-        key = Py_NewRef(PyMethod_GET_FUNCTION(callback));
+        function = Py_NewRef(PyMethod_GET_FUNCTION(callback));
     }
-    else if (_PyObject_LookupAttr(callback, str_func, &key) < 0) {
+    else if (PyFunction_Check(callback)) {
+        function = Py_NewRef(callback);
+    }
+    else if (_PyObject_LookupAttr(callback, str_func, &function) < 0) {
         return NULL;
     }
-    if (key == NULL) {
-        key = Py_NewRef(callback);
+    if (function != NULL && PyFunction_Check(function)) {
+        PyObject *name = PyDict_GetItemWithError(self->names, PyFunction_GET_CODE(function));
+        Py_DECREF(function);
+        if (name != NULL) {
+            return Py_NewRef(name);
+        }
+        if (PyErr_Occurred()) {
+            return NULL;
+        }
     }
-    PyObject *name = PyDict_GetItemWithError(self->names, key);
-    Py_DECREF(key);
-    if (name != NULL) {
-        return Py_NewRef(name);
-    }
-    if (PyErr_Occurred()) {
-        return NULL;
+    else {
+        Py_XDECREF(function);
     }
     return PyObject_CallOneArg(self->name_of, callback);
 }

@@ -31,6 +31,7 @@ import asyncio
 import selectors
 import statistics
 import time
+import types
 from collections.abc import Callable, Sequence
 from typing import Any, Protocol
 
@@ -70,7 +71,8 @@ that took the process's time slice or named a callback for the first time (micro
 
 Event = tuple[int, int, int, Any, Any]
 
-_names: dict[Any, str] = {}
+_names: dict[types.CodeType, str] = {}
+"""Names of callbacks that are not task steps, by their function's code (see `_other_name`)."""
 
 _ASYNCIO_HANDLE_RUN = asyncio.events.Handle._run
 """asyncio's own `Handle._run`, which the C recorder may run handles in place of."""
@@ -92,13 +94,23 @@ def _report_callback_error(handle: asyncio.Handle, exc: BaseException) -> None:
 
 
 def _other_name(callback: Any) -> str:
-    """The name of a callback that is not a task step, cached per underlying function."""
-    key = getattr(callback, "__func__", callback)
-    name = _names.get(key)
+    """The name of a callback that is not a task step, cached per code object.
+
+    Keyed by the function's code, not the function: asyncio's gather and wait make a new closure per
+    call as a done-callback, and a cache keyed by those kept each one alive, with the futures,
+    tasks and connections it reaches (every connection of a traced backend stayed in memory).
+    Callbacks without Python code (a partial, a builtin method bound to one object) are named each
+    time, not cached. backend/step_recorder.c looks the cache up the same way.
+    """
+    function = getattr(callback, "__func__", callback)
+    code = getattr(function, "__code__", None) if isinstance(function, types.FunctionType) else None
+    if code is None:
+        return callback_name(callback)
+    name = _names.get(code)
     if name is None:
-        if len(_names) > 10_000:  # callbacks that are new objects every time: keep the cache bounded
+        if len(_names) > 10_000:  # code made at run time (exec, lambdas built from strings): bounded
             _names.clear()
-        name = _names[key] = callback_name(callback)
+        name = _names[code] = callback_name(callback)
     return name
 
 

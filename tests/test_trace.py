@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import asyncio
+import functools
 import gc
 import json
 import time
+import weakref
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -322,3 +324,45 @@ async def test_a_flush_sets_off_no_garbage_collection() -> None:
     assert gc.isenabled()
     _, second = subscriber.frames
     assert sum(tokens for _, _, _, tokens, _ in second["chunks"]) == 50 * 64
+
+
+class _Held:
+    """Something a callback reaches; the test watches whether it is freed."""
+
+
+@pytest.mark.parametrize("recorder", AVAILABLE_RECORDERS)
+async def test_the_tracer_keeps_no_callback_alive(recorder: str) -> None:
+    # asyncio.gather and wait make a closure per call as a done-callback, and a partial or a lambda is
+    # a new object each time: naming them must not keep them, or what they reach, alive.
+    tracer = LoopTracer(recorder=recorder)
+    loop = asyncio.get_running_loop()
+    tracer.install(loop)
+    refs: list[weakref.ref[_Held]] = []
+
+    async def result(held: _Held) -> _Held:
+        return held
+
+    def keep(held: _Held, done: asyncio.Event) -> None:
+        done.set()
+
+    try:
+        for _ in range(3):
+            held = _Held()
+            refs.append(weakref.ref(held))
+            await asyncio.gather(result(held))
+            await asyncio.wait([asyncio.create_task(result(held))])
+            done = asyncio.Event()
+            loop.call_soon(functools.partial(keep, held, done))
+            await done.wait()
+            other = _Held()
+            refs.append(weakref.ref(other))
+            done = asyncio.Event()
+            loop.call_soon(lambda other=other, done=done: keep(other, done))
+            await done.wait()
+            del held, other
+        names = {name for _, _, _, name, _ in tracer.events if isinstance(name, str)}
+    finally:
+        tracer.uninstall()
+    gc.collect()
+    assert [ref() for ref in refs] == [None] * len(refs)
+    assert "gather.<locals>._done_callback" in names  # still named
