@@ -200,7 +200,13 @@ def main() -> int:
     parser.add_argument("--n", type=int, nargs="+", default=[8, 32], help="samples per backend request")
     parser.add_argument("--rate", type=float, default=500.0, help="synthetic tokens/s per sample")
     parser.add_argument("--max-tokens", type=int, default=500)
-    parser.add_argument("--backend-rounds", type=int, default=5)
+    parser.add_argument(
+        "--backend-rounds",
+        type=int,
+        default=31,
+        help="rounds of the backend table: its per-round figures spread widely, and medians of 11 "
+        "rounds moved by several per cent from run to run",
+    )
     args = parser.parse_args()
     recorders = list(AVAILABLE_RECORDERS)
     print(
