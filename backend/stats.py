@@ -14,10 +14,11 @@ Per request (`request_stats`), as the benchmarks aggregate over requests: mean a
 TPOT, ITL percentiles over the gaps of all samples together, total tokens, and output throughput,
 total tokens / request duration. Times are reported in milliseconds.
 
-Gaps are kept unboxed (`array('d')`) and their percentiles taken by selection (numpy's partition),
-not by sorting: at a greedy run's end all n samples finish in one engine step, and sorting each
-sample's gaps, then all n x tokens of them for `done`, held the loop for several milliseconds
-(57 us a sample and 3 ms for `done` at n = 64 x 270 tokens).
+Gaps are kept unboxed (`array('d')`) and their percentiles taken by numpy (a sample's gaps sorted
+in place, a request's partitioned at the ranks needed), not by Python's sort: at a greedy run's end
+all n samples finish in one engine step, and sorting each sample's gaps, then all n x tokens of
+them for `done`, held the loop for several milliseconds (57 us a sample and 3 ms for `done` at
+n = 64 x 270 tokens).
 """
 
 from __future__ import annotations
@@ -44,8 +45,7 @@ def percentiles(values: Sequence[float], qs: Sequence[float]) -> list[float | No
 
 
 def percentiles_in_place(values: array[float], qs: Sequence[float]) -> list[float | None]:
-    """`percentiles(values, qs)` of an `array('d')`, by selection instead of a full sort; reorders
-    `values`."""
+    """`percentiles(values, qs)` of an `array('d')`, in numpy (see `_select`); reorders `values`."""
     count = len(values)
     if not count:
         return [None] * len(qs)

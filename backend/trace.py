@@ -103,7 +103,7 @@ def _other_name(callback: Any) -> str:
     time, not cached. backend/step_recorder.c looks the cache up the same way.
     """
     function = getattr(callback, "__func__", callback)
-    code = getattr(function, "__code__", None) if isinstance(function, types.FunctionType) else None
+    code = function.__code__ if isinstance(function, types.FunctionType) else None
     if code is None:
         return callback_name(callback)
     name = _names.get(code)
