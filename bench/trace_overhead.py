@@ -27,6 +27,13 @@ tracer recording, without the live panel's frames. Its figure is the backend loo
 untraced one's: the loop throughput tracing leaves to the dashboard. The backends start
 with the same memory layout and hash seed (tests.harness.same_layout_launch): two untraced
 processes started normally differed by 1-3 % in this figure from their layouts alone.
+
+At 500 tok/s per sample the loop is mostly idle, so that figure is the CPU a fixed load costs, not
+throughput: it counts the tracer's fixed work per second (a heartbeat wake-up every 20 ms, ten live
+frames a second) against however few tokens flow. The fifth table is the loop's throughput: the
+same backends with the synthetic engine asking far more tokens than the loop can serve
+(`--saturated-rate`), so the loop never idles and tokens per loop CPU second is the most it serves;
+tok/s is what the client received per wall second.
 """
 
 from __future__ import annotations
@@ -122,12 +129,13 @@ RECORDING_ONLY = "c, no frames"
 
 def measure_backend(
     n: int, rate: float, max_tokens: int, rounds: int
-) -> tuple[dict[str | None, float], dict[str, float]]:
+) -> tuple[dict[str | None, float], dict[str, float], dict[str | None, float]]:
     """Backend CPU per 1,000 tokens untraced (None), traced with each implementation (trace frames
     asked for, as the page does) and traced in C with no frames asked for (RECORDING_ONLY), in
-    alternating rounds (medians); and for each traced setting the median over rounds of that round's
+    alternating rounds (medians); for each traced setting the median over rounds of that round's
     untraced CPU over its traced CPU (runs of one round are next to each other in time, so this
-    ratio is less affected by the machine's load changing over the whole measurement)."""
+    ratio is less affected by the machine's load changing over the whole measurement); and each
+    setting's median tokens per wall second at the client."""
     traced = [*IMPLEMENTATIONS, *((RECORDING_ONLY,) if "c" in IMPLEMENTATIONS else ())]
     settings: list[str | None] = [None, *traced]
     backends: dict[str | None, tuple[subprocess.Popen[bytes], int]] = {}
@@ -138,6 +146,7 @@ def measure_backend(
             backends[implementation] = start_backend(rate, n, trace=on, extra=extra, same_layout=True)
         backends[RECORDING_ONLY] = backends.get("c", backends[None])
         results: dict[str | None, list[float]] = {s: [] for s in settings}
+        rates: dict[str | None, list[float]] = {s: [] for s in settings}
         for round_index in range(rounds):
             for setting in settings if round_index % 2 == 0 else settings[::-1]:
                 backend, port = backends[setting]
@@ -146,6 +155,7 @@ def measure_backend(
                 frames = setting is not None and setting != RECORDING_ONLY
                 run = asyncio.run(run_websocket(url, backend.pid, n, max_tokens, trace=frames))
                 results[setting].append((loop_thread_cpu_ns(backend.pid) - before) / 1e3 / run.tokens)
+                rates[setting].append(run.tok_s)
     finally:
         for implementation in (None, *IMPLEMENTATIONS):
             if implementation in backends:
@@ -155,7 +165,7 @@ def measure_backend(
         s: statistics.median(off / on for off, on in zip(results[None], results[s], strict=True))
         for s in traced
     }
-    return medians, paired
+    return medians, paired, {s: statistics.median(rates[s]) for s in settings}
 
 
 async def _record_backend_ring(rate: float) -> tuple[Sequence[int], list[Any], int, int]:
@@ -207,6 +217,22 @@ def main() -> int:
         help="rounds of the backend table: its per-round figures spread widely, and medians of 11 "
         "rounds moved by several per cent from run to run",
     )
+    parser.add_argument(
+        "--saturated-rate",
+        type=float,
+        default=50_000.0,
+        help="synthetic tok/s per sample of the saturated-loop table, beyond what the loop serves (0: skip)",
+    )
+    parser.add_argument(
+        "--saturated-n",
+        type=int,
+        nargs="+",
+        default=[32, 64],
+        help="samples per request of the saturated-loop table (at n = 8 a request lasts ~40 ms here)",
+    )
+    parser.add_argument(
+        "--saturated-tokens", type=int, default=2048, help="max_tokens of the saturated-loop table"
+    )
     args = parser.parse_args()
     recorders = list(AVAILABLE_RECORDERS)
     print(
@@ -232,9 +258,27 @@ def main() -> int:
     head = "".join(f"{'ms/1k':>9}{'on/off':>8}{'paired':>8}" for _ in implementations)
     print(f"{'n':<6}{'off ms/1k':>11}{head}")
     for n in args.n:
-        r, paired = measure_backend(n, args.rate, args.max_tokens, args.backend_rounds)
+        r, paired, _ = measure_backend(n, args.rate, args.max_tokens, args.backend_rounds)
         cells = "".join(f"{r[s]:>9.1f}{r[None] / r[s]:>8.3f}{paired[s]:>8.3f}" for s in implementations)
         print(f"{n:<6}{r[None]:>11.1f}{cells}")
+    if args.saturated_rate > 0:
+        print(
+            f"\nbackend, loop saturated: the synthetic engine asks {args.saturated_rate:g} tok/s per"
+            f" sample, more than the loop can serve, {args.saturated_tokens} tokens,"
+            f" {args.backend_rounds} alternating rounds, medians; on/off = untraced CPU / traced CPU"
+            " (the loop's throughput, traced over untraced); tok/s: delivered per wall second"
+        )
+        print(f"{'':17}" + "".join(f"{name:>33}" for name in implementations))
+        head = "".join(f"{'ms/1k':>9}{'on/off':>8}{'paired':>8}{'tok/s':>8}" for _ in implementations)
+        print(f"{'n':<6}{'off ms/1k':>11}{'tok/s':>8}{head}")
+        for n in args.saturated_n:
+            r, paired, wall = measure_backend(
+                n, args.saturated_rate, args.saturated_tokens, args.backend_rounds
+            )
+            cells = "".join(
+                f"{r[s]:>9.2f}{r[None] / r[s]:>8.3f}{paired[s]:>8.3f}{wall[s]:>8.0f}" for s in implementations
+            )
+            print(f"{n:<6}{r[None]:>11.2f}{wall[None]:>8.0f}{cells}")
     return 0
 
 
