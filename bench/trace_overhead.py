@@ -29,7 +29,7 @@ with the same memory layout and hash seed (tests.harness.same_layout_launch): tw
 processes started normally differed by 1-3 % in this figure from their layouts alone.
 
 At 500 tok/s per sample the loop is mostly idle, so that figure is the CPU a fixed load costs, not
-throughput: it counts the tracer's fixed work per second (a heartbeat wake-up every 20 ms, ten live
+throughput: it counts the tracer's fixed work per second (a heartbeat wake-up every 20 ms, five live
 frames a second) against however few tokens flow. The fifth table is the loop's throughput: the
 same backends with the synthetic engine asking far more tokens than the loop can serve
 (`--saturated-rate`), so the loop never idles and tokens per loop CPU second is the most it serves;
