@@ -27,8 +27,8 @@ TRACE_FRAMES_PER_S = 5
 twice a second (ui/app.py: every TRACE_EVERY-th of UPDATES_PER_S updates), so five give every redraw
 new events. Each frame digests what the loop did since the last one, and also costs 0.1-0.2 ms
 whatever it holds (reading the ring, cutting and encoding each connection's frame): at ten a second
-that fixed part was about 2 % of a lightly loaded loop's CPU (n = 8 at 500 tok/s), for updates the
-page never drew."""
+that fixed part was about 2 % of a lightly loaded loop's CPU (n = 8 at 500 tok/s), while the page
+drew five frames' events at a time."""
 
 
 class TraceSubscriber(Protocol):
