@@ -242,20 +242,46 @@ async def test_n4_streams_every_sample(backend: tuple[BackendServer, RealServer]
 
 
 async def test_stop_one_sample(backend: tuple[BackendServer, RealServer]) -> None:
-    server, _ = backend
+    """Stopping sample 1 ends it as abort while 0 and 2 keep streaming; then the rest is cancelled.
 
-    async def stop_sample_1(frame: dict[str, Any], texts: dict[int, str]) -> None:
-        if frame["type"] == "chunk" and frame["index"] == 1 and not stopped:
-            stopped.append(True)
+    Every sample may run to LONG tokens, so none can end on its own before its cancel reaches the
+    server (at 48 tokens vLLM on a fast CPU once finished sample 1 first, as `length`).
+    """
+    server, real = backend
+    before, generated_before = real.aborted(), real.generated()
+    others = (0, 2)
+    after_stop = dict.fromkeys(others, 0)
+    """Chunks with text each other sample got after sample 1's finish."""
+    sent: list[str] = []
+
+    async def on_frame(frame: dict[str, Any], texts: dict[int, str]) -> None:
+        index = frame.get("index")
+        if frame["type"] == "chunk" and index == 1 and not sent:
+            sent.append("one")
             await ws.send(json.dumps({"type": "cancel", "id": "r2", "index": 1}))
+        elif frame["type"] == "chunk" and index == 1 and 1 in finishes:
+            late.append(frame)
+        elif frame["type"] == "finish":
+            finishes[index] = frame
+        elif frame["type"] == "chunk" and index in others and 1 in finishes and frame["text"]:
+            after_stop[index] += 1
+        going_on = [i for i in others if i not in finishes]
+        if sent == ["one"] and all(after_stop[i] >= 4 for i in going_on):
+            sent.append("all")
+            await ws.send(json.dumps({"type": "cancel", "id": "r2"}))
 
-    stopped: list[bool] = []
+    finishes: dict[int, dict[str, Any]] = {}
+    late: list[dict[str, Any]] = []
     async with connect(server.url) as ws:
-        await ws.send(generate("r2", 3, 48))
-        result = await run_request(ws, "r2", stop_sample_1)
+        await ws.send(generate("r2", 3, LONG))
+        result = await run_request(ws, "r2", on_frame)
     reasons = {i: f["reason"] for i, f in result["finishes"].items()}
-    assert reasons[1] == "abort"
-    assert reasons[0] in ("stop", "length") and reasons[2] in ("stop", "length")
+    assert reasons[1] == "abort" and not late, (reasons, late)
+    for i in others:
+        # Each other sample went on after sample 1 stopped, or had already ended on its own.
+        assert after_stop[i] >= 4 or reasons[i] in ("stop", "length"), (i, after_stop, reasons)
+    assert sent == ["one", "all"]
+    await assert_stopped_on_server(real, before, generated_before, list(reasons.values()).count("abort"))
 
 
 async def test_cancel_all_aborts_on_the_server(backend: tuple[BackendServer, RealServer]) -> None:
