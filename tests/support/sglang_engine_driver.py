@@ -26,7 +26,7 @@ CPU_ENGINE_ARGS = {
 
 
 async def run(model: str) -> dict[str, Any]:
-    """n=4 to the end, then n=3 with sample 1 stopped after its first chunk, then an engine error."""
+    """n=4 to the end; n=3 with sample 1 stopped after its first chunk, then the rest; an engine error."""
     engine = SGLangInProcessEngine(model, **CPU_ENGINE_ARGS)
     await engine.start()
     report: dict[str, Any] = {"model": engine.model}
@@ -38,15 +38,23 @@ async def run(model: str) -> dict[str, Any]:
                 reasons[chunk.index] = chunk.finish_reason
         report["n4"] = {"texts": texts, "reasons": reasons}
 
-        generation = engine.generate("Once upon a time", 3, SamplingParams(64, 0.8, 0.95, 1))
-        reasons = {}
+        # 400 tokens: sample 1 cannot end on its own before its abort reaches the scheduler.
+        generation = engine.generate("Once upon a time", 3, SamplingParams(400, 0.8, 0.95, 1))
+        reasons, after_stop, sent = {}, {0: 0, 2: 0}, []
         async for chunk in generation:
-            if chunk.index == 1 and not reasons.get("stop_sent"):
-                reasons["stop_sent"] = True
+            if chunk.index == 1 and not sent:
+                sent.append("one")
                 await generation.abort(1)
             if chunk.finish_reason:
                 reasons[chunk.index] = chunk.finish_reason
+            elif chunk.index in after_stop and 1 in reasons and chunk.text:
+                after_stop[chunk.index] += 1
+            going_on = [i for i in after_stop if i not in reasons]
+            if sent == ["one"] and all(after_stop[i] >= 4 for i in going_on):
+                sent.append("all")
+                await generation.abort()
         await generation.aclose()
+        reasons["after_stop"] = after_stop
         report["stop_one"] = reasons
 
         generation = engine.generate("Once upon a time", 2, SamplingParams(4000, 0.8, 0.95, 1))
