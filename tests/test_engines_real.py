@@ -31,6 +31,7 @@ from backend.engines.sglang_launch import SGLangServerProcess, free_port
 from backend.server import BackendServer
 from backend.settings import Limits
 from tests.harness import ROOT, stop_process_group, wait_for_http
+from tests.support.stop_one import MAX_TOKENS, StopOneSample
 
 pytestmark = pytest.mark.skipif(
     os.environ.get("DASHBOARD_REAL_ENGINES") != "1",
@@ -244,44 +245,27 @@ async def test_n4_streams_every_sample(backend: tuple[BackendServer, RealServer]
 async def test_stop_one_sample(backend: tuple[BackendServer, RealServer]) -> None:
     """Stopping sample 1 ends it as abort while 0 and 2 keep streaming; then the rest is cancelled.
 
-    Every sample may run to LONG tokens, so none can end on its own before its cancel reaches the
-    server (at 48 tokens vLLM on a fast CPU once finished sample 1 first, as `length`).
+    Every sample may run to stop_one.MAX_TOKENS (at 48 tokens vLLM on a fast CPU once finished
+    sample 1 first, as `length`).
     """
     server, real = backend
     before, generated_before = real.aborted(), real.generated()
-    others = (0, 2)
-    after_stop = dict.fromkeys(others, 0)
-    """Chunks with text each other sample got after sample 1's finish."""
-    sent: list[str] = []
+    watch = StopOneSample()
 
     async def on_frame(frame: dict[str, Any], texts: dict[int, str]) -> None:
-        index = frame.get("index")
-        if frame["type"] == "chunk" and index == 1 and not sent:
-            sent.append("one")
-            await ws.send(json.dumps({"type": "cancel", "id": "r2", "index": 1}))
-        elif frame["type"] == "chunk" and index == 1 and 1 in finishes:
-            late.append(frame)
-        elif frame["type"] == "finish":
-            finishes[index] = frame
-        elif frame["type"] == "chunk" and index in others and 1 in finishes and frame["text"]:
-            after_stop[index] += 1
-        going_on = [i for i in others if i not in finishes]
-        if sent == ["one"] and all(after_stop[i] >= 4 for i in going_on):
-            sent.append("all")
-            await ws.send(json.dumps({"type": "cancel", "id": "r2"}))
+        if frame["type"] not in ("chunk", "finish"):
+            return
+        action = watch.see(frame["index"], frame.get("text", ""), frame.get("reason"))
+        if action:
+            cancel = {"type": "cancel", "id": "r2"} | ({"index": 1} if action == "one" else {})
+            await ws.send(json.dumps(cancel))
 
-    finishes: dict[int, dict[str, Any]] = {}
-    late: list[dict[str, Any]] = []
     async with connect(server.url) as ws:
-        await ws.send(generate("r2", 3, LONG))
+        await ws.send(generate("r2", 3, MAX_TOKENS))
         result = await run_request(ws, "r2", on_frame)
-    reasons = {i: f["reason"] for i, f in result["finishes"].items()}
-    assert reasons[1] == "abort" and not late, (reasons, late)
-    for i in others:
-        # Each other sample went on after sample 1 stopped, or had already ended on its own.
-        assert after_stop[i] >= 4 or reasons[i] in ("stop", "length"), (i, after_stop, reasons)
-    assert sent == ["one", "all"]
-    await assert_stopped_on_server(real, before, generated_before, list(reasons.values()).count("abort"))
+    assert not watch.problems(), watch.report()
+    reasons = [f["reason"] for f in result["finishes"].values()]
+    await assert_stopped_on_server(real, before, generated_before, reasons.count("abort"))
 
 
 async def test_cancel_all_aborts_on_the_server(backend: tuple[BackendServer, RealServer]) -> None:
@@ -371,10 +355,6 @@ def test_sglang_engine_in_process() -> None:
     report = json.loads(lines[-1].removeprefix("REPORT "))
     assert sorted(report["n4"]["reasons"]) == ["0", "1", "2", "3"]
     assert all(report["n4"]["texts"]), report["n4"]
-    stop_one = report["stop_one"]
-    assert stop_one["1"] == "abort", stop_one
-    for i in ("0", "2"):
-        # Each other sample went on after sample 1 stopped (then was stopped), or ended on its own.
-        assert stop_one["after_stop"][i] >= 4 or stop_one[i] in ("stop", "length"), stop_one
+    assert not report["stop_one"]["problems"], report["stop_one"]
     assert "context length" in json.dumps(report["error"])
     assert report["running_after"] == 0

@@ -14,6 +14,7 @@ from typing import Any
 
 from backend.engine import SamplingParams
 from backend.engines.sglang_engine import SGLangInProcessEngine
+from tests.support.stop_one import MAX_TOKENS, StopOneSample
 
 CPU_ENGINE_ARGS = {
     "device": "cpu",
@@ -38,24 +39,14 @@ async def run(model: str) -> dict[str, Any]:
                 reasons[chunk.index] = chunk.finish_reason
         report["n4"] = {"texts": texts, "reasons": reasons}
 
-        # 400 tokens: sample 1 cannot end on its own before its abort reaches the scheduler.
-        generation = engine.generate("Once upon a time", 3, SamplingParams(400, 0.8, 0.95, 1))
-        reasons, after_stop, sent = {}, {0: 0, 2: 0}, []
+        generation = engine.generate("Once upon a time", 3, SamplingParams(MAX_TOKENS, 0.8, 0.95, 1))
+        watch = StopOneSample()
         async for chunk in generation:
-            if chunk.index == 1 and not sent:
-                sent.append("one")
-                await generation.abort(1)
-            if chunk.finish_reason:
-                reasons[chunk.index] = chunk.finish_reason
-            elif chunk.index in after_stop and 1 in reasons and chunk.text:
-                after_stop[chunk.index] += 1
-            going_on = [i for i in after_stop if i not in reasons]
-            if sent == ["one"] and all(after_stop[i] >= 4 for i in going_on):
-                sent.append("all")
-                await generation.abort()
+            action = watch.see(chunk.index, chunk.text, chunk.finish_reason)
+            if action:
+                await generation.abort(1 if action == "one" else None)
         await generation.aclose()
-        reasons["after_stop"] = after_stop
-        report["stop_one"] = reasons
+        report["stop_one"] = watch.report()
 
         generation = engine.generate("Once upon a time", 2, SamplingParams(4000, 0.8, 0.95, 1))
         try:
