@@ -47,7 +47,7 @@ FRAME_TIMEOUT_S = 120.0
 """Longest wait for one websocket frame while a CPU server generates."""
 METRICS_SETTLE_S = 15.0
 """How long the server may take to count an abort in /metrics."""
-LONG = 400
+LONG = MAX_TOKENS
 """max_tokens of samples that must still be running when they are stopped."""
 
 
@@ -245,7 +245,7 @@ async def test_n4_streams_every_sample(backend: tuple[BackendServer, RealServer]
 async def test_stop_one_sample(backend: tuple[BackendServer, RealServer]) -> None:
     """Stopping sample 1 ends it as abort while 0 and 2 keep streaming; then the rest is cancelled.
 
-    Every sample may run to stop_one.MAX_TOKENS (at 48 tokens vLLM on a fast CPU once finished
+    Every sample may run to LONG tokens (at 48 tokens vLLM on a fast CPU once finished
     sample 1 first, as `length`).
     """
     server, real = backend
@@ -261,7 +261,7 @@ async def test_stop_one_sample(backend: tuple[BackendServer, RealServer]) -> Non
             await ws.send(json.dumps(cancel))
 
     async with connect(server.url) as ws:
-        await ws.send(generate("r2", 3, MAX_TOKENS))
+        await ws.send(generate("r2", 3, LONG))
         result = await run_request(ws, "r2", on_frame)
     assert not watch.problems(), watch.report()
     reasons = [f["reason"] for f in result["finishes"].values()]
