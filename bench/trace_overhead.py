@@ -125,6 +125,8 @@ def loop_thread_cpu_ns(pid: int) -> int:
 
 RECORDING_ONLY = "c, no frames"
 """The backend table's column for the C tracer recording with no live trace frames asked for."""
+TRACED_SETTINGS = [*IMPLEMENTATIONS, *((RECORDING_ONLY,) if "c" in IMPLEMENTATIONS else ())]
+"""The backend table's traced columns, in order: each implementation with frames, then RECORDING_ONLY."""
 
 
 def measure_backend(
@@ -136,7 +138,7 @@ def measure_backend(
     untraced CPU over its traced CPU (runs of one round are next to each other in time, so this
     ratio is less affected by the machine's load changing over the whole measurement); and each
     setting's median tokens per wall second at the client."""
-    traced = [*IMPLEMENTATIONS, *((RECORDING_ONLY,) if "c" in IMPLEMENTATIONS else ())]
+    traced = TRACED_SETTINGS
     settings: list[str | None] = [None, *traced]
     backends: dict[str | None, tuple[subprocess.Popen[bytes], int]] = {}
     try:
@@ -203,7 +205,7 @@ def digest_costs(rate: float) -> dict[str, tuple[int, float]]:
 def print_backend_table(ns: list[int], rate: float, max_tokens: int, rounds: int, saturated: bool) -> None:
     """The backend table's header and one row per n (`measure_backend`); a saturated loop's table
     also gives tokens per wall second, and CPU to 0.01 ms (it is ~6 ms per 1,000 tokens)."""
-    implementations = [*IMPLEMENTATIONS, *((RECORDING_ONLY,) if "c" in IMPLEMENTATIONS else ())]
+    implementations = TRACED_SETTINGS
     width, digits = (33, 2) if saturated else (25, 1)
     print(f"{'':17}" + "".join(f"{name:>{width}}" for name in implementations))
     wall_head = f"{'tok/s':>8}" if saturated else ""
