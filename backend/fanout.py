@@ -10,13 +10,13 @@ from __future__ import annotations
 import asyncio
 from dataclasses import replace
 
-from backend.engine import Chunk, Engine, Generation, SamplingParams
+from backend.engine import Chunk, Engine, Generation, Prompt, SamplingParams
 
 
 class FanoutGeneration(Generation):
     """n single-sample generations merged into one stream, sample i from sub-request i."""
 
-    def __init__(self, engine: Engine, prompt: str, n: int, params: SamplingParams, label: str) -> None:
+    def __init__(self, engine: Engine, prompt: Prompt, n: int, params: SamplingParams, label: str) -> None:
         self._subs = [
             engine.generate(prompt, 1, replace(params, seed=params.sample_seed(i))) for i in range(n)
         ]

@@ -3,8 +3,10 @@
 In one process, the page's threads and the backend's loop take turns holding the GIL, and the
 trace then shows the page's work as stalls of the loop (tens of ms, measured). In its own process
 the backend's loop only ever waits for its own work, which is what the trace is there to show.
-The child builds the engine and server from the parsed command line, sends its URL (or why it
-could not start) through a pipe, and serves until it is terminated.
+The child builds the engine and server from the parsed command line, listens, sends its URL (or why
+it could not listen) through a pipe, starts the engine, and serves until it is terminated. The
+engine starts after the server listens, so the page comes up at once and says what a long first
+start is doing (a model download, a conversion) or why it failed.
 """
 
 from __future__ import annotations
@@ -17,8 +19,8 @@ import os
 import signal
 from multiprocessing.connection import Connection
 
-START_TIMEOUT_S = 300.0
-"""How long app.py waits for the backend (an engine's first start may convert model weights)."""
+START_TIMEOUT_S = 60.0
+"""How long app.py waits for the backend to listen (the engine then starts while the page runs)."""
 
 
 PARENT_CHECK_S = 1.0
@@ -42,7 +44,8 @@ def _serve(args: argparse.Namespace, host: str, port: int, ready: Connection, pa
     async def main() -> None:
         try:
             server = server_from_args(args, host, port)
-            await server.start()
+            # Listen at once: the page then shows what a long first start does, or why it failed.
+            await server.start(engine_in_background=True)
         except Exception as exc:  # noqa: BLE001 - reported to the parent, which says it plainly
             ready.send(("error", str(exc) or type(exc).__name__))
             return

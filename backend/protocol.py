@@ -1,8 +1,9 @@
 """Websocket protocol v1, without I/O: client frames parsed and validated, server frames built.
 
-Client to server: `generate` and `cancel`. Server to client: `accepted`, `chunk`, `finish`, `done`,
-`trace`, `error`. Every rejection is a `ProtocolError` with a stable `code` and a message a person
-can act on; the server turns it into an `error` frame and keeps the connection open.
+Client to server: `generate`, `cancel` and `export_trace`. Server to client: `accepted`,
+`queued`, `chunk`, `finish`, `done`, `trace`, `trace_export`, `error`. Every rejection is a
+`ProtocolError` with a stable `code` and a message a person can act on; the server turns it into an
+`error` frame and keeps the connection open.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ from typing import Any
 
 import orjson
 
-from backend.engine import SamplingParams
+from backend.engine import PROMPT_FORMATS, SamplingParams
 from backend.settings import (
     DEFAULT_MAX_TOKENS,
     DEFAULT_TEMPERATURE,
@@ -76,6 +77,10 @@ class GenerateCommand:
     consumer: Consumer = Consumer()
     fanout: str = "n"
     trace: bool = True
+    format: str | None = None
+    """"chat" or "raw" as asked; None: chat where the model has a chat template, else raw."""
+    system: str = ""
+    """The system prompt of a chat prompt; empty: the chat template's own default."""
 
 
 @dataclass(frozen=True)
@@ -169,6 +174,27 @@ def _parse_generate(frame: dict[str, Any], limits: Limits) -> GenerateCommand:
             f"the prompt has {len(prompt)} characters; the limit is {limits.max_prompt_chars}",
         )
 
+    prompt_format = frame.get("format")
+    if prompt_format is not None and prompt_format not in PROMPT_FORMATS:
+        raise fail(
+            "bad_field",
+            f'"format" must be "chat" (the model\'s chat template) or "raw" (plain completion), '
+            f"got {prompt_format!r}",
+        )
+    system = frame.get("system", "")
+    if system is None:
+        system = ""
+    if not isinstance(system, str):
+        raise fail("bad_field", '"system" must be a string')
+    if system and prompt_format == "raw":
+        raise fail("bad_field", 'a "system" prompt needs the chat format; leave it out with "format": "raw"')
+    if len(prompt) + len(system) > limits.max_prompt_chars:
+        raise fail(
+            "prompt_too_long",
+            f"the prompt and system prompt have {len(prompt) + len(system)} characters; "
+            f"the limit is {limits.max_prompt_chars}",
+        )
+
     n = frame.get("n", 1)
     if not _is_int(n):
         raise fail("bad_field", '"n" must be an integer')
@@ -252,7 +278,15 @@ def _parse_generate(frame: dict[str, Any], limits: Limits) -> GenerateCommand:
     if not isinstance(trace, bool):
         raise fail("bad_field", '"trace" must be true or false')
     return GenerateCommand(
-        id=request_id, prompt=prompt, n=n, params=params, consumer=consumer, fanout=fanout, trace=trace
+        id=request_id,
+        prompt=prompt,
+        n=n,
+        params=params,
+        consumer=consumer,
+        fanout=fanout,
+        trace=trace,
+        format=prompt_format,
+        system=system,
     )
 
 
@@ -301,15 +335,24 @@ def encode(frame: dict[str, Any]) -> str:
 
 
 def accepted_frame(
-    request_id: str, n: int, engine: str, model: str, params: SamplingParams
+    request_id: str,
+    n: int,
+    engine: str,
+    model: str,
+    params: SamplingParams,
+    prompt_format: str = "chat",
+    format_reason: str = "",
 ) -> dict[str, Any]:
-    """The server took the request; `params` echo what it will run with (the resolved seed too)."""
+    """The server took the request; `params` echo what it will run with (the resolved seed too),
+    `format` the prompt format it runs in and `format_reason` why."""
     return {
         "type": "accepted",
         "id": request_id,
         "n": n,
         "engine": engine,
         "model": model,
+        "format": prompt_format,
+        "format_reason": format_reason,
         "params": {
             "max_tokens": params.max_tokens,
             "temperature": params.temperature,

@@ -19,6 +19,7 @@ import socket
 import struct
 import time
 from collections import OrderedDict
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from http import HTTPStatus
 from typing import Any
@@ -53,6 +54,9 @@ from backend.trace_feed import TraceFeed
 from backend.trace_frames import chrome_trace
 
 log = logging.getLogger("backend")
+
+STARTING, READY, FAILED = "starting", "ready", "failed"
+"""The engine's state as /health reports it (`BackendServer.engine_state`)."""
 
 WS_PATH = "/ws"
 HEALTH_PATH = "/health"
@@ -160,6 +164,10 @@ class RunningRequest:
     task: asyncio.Task[None] | None = None
 
 
+def _no_problem() -> str | None:
+    return None
+
+
 class ClientSession:
     """One websocket client: any number of requests (up to the limit), told apart by `id`."""
 
@@ -174,8 +182,11 @@ class ClientSession:
         address: str = "",
         log_prompts: bool = False,
         feed: TraceFeed | None = None,
+        engine_problem: Callable[[], str | None] | None = None,
     ) -> None:
+        """`engine_problem` says why the engine cannot take requests now, or None (default: it can)."""
         self.ws = ws
+        self.engine_problem = engine_problem or _no_problem
         self.engine = engine
         self.limits = limits
         self.label = label
@@ -214,9 +225,12 @@ class ClientSession:
             await asyncio.gather(sender, return_exceptions=True)
 
     def handle_message(self, message: str | bytes) -> None:
-        """Act on one client frame; every rejection becomes an `error` frame."""
+        """Act on one client frame; every rejection, and any failure while acting on it, becomes
+        an `error` frame: no frame can end the connection (or the server) with an internal error."""
+        request_id: str | None = None
         try:
             command = parse_client_frame(message, self.limits)
+            request_id = command.id
             if isinstance(command, GenerateCommand):
                 self._start(command)
             elif isinstance(command, CancelCommand):
@@ -225,6 +239,16 @@ class ClientSession:
                 self._export(command)
         except ProtocolError as exc:
             self.send(error_frame(exc.code, exc.message, exc.request_id))
+        except Exception as exc:
+            log.exception("internal error while handling a frame of request %s", request_id)
+            self.send(
+                error_frame(
+                    "internal_error",
+                    f"the server failed on this frame ({type(exc).__name__}: {exc}); "
+                    "the connection is still usable",
+                    request_id,
+                )
+            )
 
     def send(self, frame: dict[str, Any], now: bool = False) -> None:
         """Queue a frame for the send loop; never blocks the caller.
@@ -275,12 +299,17 @@ class ClientSession:
                 "connection; wait for one to finish",
                 command.id,
             )
+        problem = self.engine_problem()
+        if problem is not None:
+            raise ProtocolError("engine_not_ready", problem, command.id)
         seed = command.params.seed
         if seed is None:
             seed = random.randrange(SEED_MAX - self.limits.n_max)
         params = replace(command.params, seed=seed)
+        choice = self.engine.choose_format(command.prompt, command.format, command.system)
+        prompt = choice.prompt
         try:
-            self.engine.validate(command.prompt, command.n, params)
+            self.engine.validate(prompt, command.n, params)
         except RequestRejected as exc:
             raise ProtocolError(exc.code, str(exc), command.id) from None
         loop = asyncio.get_running_loop()
@@ -288,11 +317,9 @@ class ClientSession:
         try:
             if command.fanout == "requests":
                 label = f"{command.id} @{self.label}"
-                generation: Generation = FanoutGeneration(
-                    self.engine, command.prompt, command.n, params, label
-                )
+                generation: Generation = FanoutGeneration(self.engine, prompt, command.n, params, label)
             else:
-                generation = self.engine.generate(command.prompt, command.n, params)
+                generation = self.engine.generate(prompt, command.n, params)
         except Exception as exc:
             self.admission.end_request(command.n)
             log.exception("engine refused request %s", command.id)
@@ -306,7 +333,17 @@ class ClientSession:
         state = RequestState(command.id, command.n, params, loop.time())
         running = RunningRequest(command, state, generation, time.perf_counter_ns())
         self.requests[command.id] = running
-        self.send(accepted_frame(command.id, command.n, self.engine.name, self.engine.model, params))
+        self.send(
+            accepted_frame(
+                command.id,
+                command.n,
+                self.engine.name,
+                self.engine.model,
+                params,
+                prompt.format,
+                choice.reason,
+            )
+        )
         request_id = command.id
         generation.watch_queue(lambda position: self.send(queued_frame(request_id, position)))
         running.task = asyncio.create_task(self._run(running), name=f"consume {command.id} @{self.label}")
@@ -503,14 +540,27 @@ class BackendServer:
         self.log_prompts = log_prompts
         self._server: Server | None = None
         self._labels = itertools.count(1)
+        self.engine_state = STARTING
+        """STARTING until the engine's start returned, then READY, or FAILED with `engine_error`."""
+        self.engine_error: str | None = None
+        self._engine_task: asyncio.Task[None] | None = None
 
-    async def start(self) -> None:
-        """Trace this loop, start the engine, then listen; `port` becomes the bound port."""
+    async def start(self, engine_in_background: bool = False) -> None:
+        """Trace this loop, start the engine, then listen; `port` becomes the bound port.
+
+        With `engine_in_background` (app.py's backend), listen at once and start the engine on a
+        task: the page can then say what a long first start is doing (a download, a conversion),
+        and what went wrong where it fails, while requests get an `engine_not_ready` error.
+        """
         if self.tracer is not None:
             self.tracer.install(asyncio.get_running_loop())
         if self.feed is not None:
             self._feed_task = asyncio.create_task(self.feed.run(), name="trace")
-        await self.engine.start()
+        if engine_in_background:
+            self._engine_task = asyncio.create_task(self._start_engine(), name="engine start")
+        else:
+            await self.engine.start()
+            self.engine_state = READY
         self._server = await serve(
             self._handle,
             self.host,
@@ -528,6 +578,27 @@ class BackendServer:
         self.port = self._server.sockets[0].getsockname()[1]
         log.info("serving %s engine (%s) at %s", self.engine.name, self.engine.model, self.url)
 
+    def engine_problem(self) -> str | None:
+        """Why the engine cannot take requests now (still starting, or failed to), or None."""
+        if self.engine_state == READY:
+            return None
+        if self.engine_state == FAILED:
+            return f"the {self.engine.name} engine could not start: {self.engine_error}"
+        detail = self.engine.health().get("loading_status")
+        doing = f" ({detail})" if detail else ""
+        return f"the {self.engine.name} engine is still starting{doing}; try again in a moment"
+
+    async def _start_engine(self) -> None:
+        try:
+            await self.engine.start()
+        except Exception as exc:  # noqa: BLE001 - kept for /health and every request's error frame
+            self.engine_error = str(exc) or type(exc).__name__
+            self.engine_state = FAILED
+            log.error("the %s engine could not start: %s", self.engine.name, self.engine_error)
+            return
+        self.engine_state = READY
+        log.info("the %s engine is ready (%s)", self.engine.name, self.engine.model)
+
     @property
     def url(self) -> str:
         """The websocket URL clients connect to."""
@@ -539,6 +610,9 @@ class BackendServer:
         if self._server is not None:
             self._server.close()
             await self._server.wait_closed()
+        if self._engine_task is not None:
+            self._engine_task.cancel()
+            await asyncio.gather(self._engine_task, return_exceptions=True)
         await self.engine.stop()
         if self._feed_task is not None:
             self._feed_task.cancel()
@@ -559,6 +633,8 @@ class BackendServer:
         return {
             "status": "ok",
             **self.engine.health(),
+            "engine_state": self.engine_state,
+            "engine_error": self.engine_error,
             "connections": len(self.sessions),
             "active_requests": sum(len(s.requests) for s in self.sessions),
             "n_max": self.limits.n_max,
@@ -595,6 +671,7 @@ class BackendServer:
             address,
             self.log_prompts,
             self.feed,
+            self.engine_problem,
         )
         self.sessions.add(session)
         if self.feed is not None:

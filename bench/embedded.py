@@ -26,6 +26,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from backend.engine import Prompt
 from backend.engines.embedded import EmbeddedEngine
 from backend.engines.embedded.scheduler import DecodeParams
 from backend.engines.embedded.weights import resolve_model
@@ -132,7 +133,7 @@ async def main() -> None:
 
     reference = AutoModelForCausalLM.from_pretrained(resolve_model().path, dtype=engine.dtype)
     reference.generation_config.pad_token_id = engine.tokenizer.eos_token_id
-    ids = engine.prompt_ids(PROMPT)
+    ids = engine.prompt_ids(Prompt(PROMPT))
     print(f"{engine.model}; prompt {len(ids)} tokens (chat template), {args.tokens} new tokens per sample")
     await run_engine(engine, ids, 2, 4)  # warm-up: first-call allocations
     print(

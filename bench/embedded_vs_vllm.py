@@ -47,6 +47,7 @@ import psutil
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from backend.engine import Prompt
 from backend.engines.embedded import EmbeddedEngine
 from backend.engines.embedded.scheduler import DecodeParams
 from bench.embedded import PeakMemory
@@ -220,7 +221,7 @@ def median(runs: list[dict[str, float]], key: str) -> float:
 
 def new_prompt(engine: EmbeddedEngine, text: str, number: int) -> list[int]:
     """`text` behind a request number, chat-templated: it shares only the template's head with the last."""
-    return engine.prompt_ids(f"{number % 10} {text}".strip())
+    return engine.prompt_ids(Prompt(f"{number % 10} {text}".strip()))
 
 
 async def compare(args: argparse.Namespace, engine: EmbeddedEngine, url: str, pid: int) -> None:

@@ -56,7 +56,7 @@ from websockets.asyncio.client import connect
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from backend.engine import SamplingParams  # noqa: E402
+from backend.engine import Prompt, SamplingParams  # noqa: E402
 from backend.engines.synthetic import SyntheticEngine, synthetic_tokens  # noqa: E402
 from backend.stats import percentile  # noqa: E402
 from bench.done_relay import DoneRelay  # noqa: E402
@@ -121,7 +121,9 @@ async def run_direct(n: int, rate: float, max_tokens: int, temperature: float = 
     beat = asyncio.create_task(heartbeat())
     cpu = time.process_time()
     started = time.monotonic()
-    generation = engine.generate("bench", n, SamplingParams(max_tokens, temperature, 0.95, SEED))
+    generation = engine.generate(
+        Prompt("bench", "raw"), n, SamplingParams(max_tokens, temperature, 0.95, SEED)
+    )
     tokens = 0
     first = None
     async for chunk in generation:

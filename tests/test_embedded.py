@@ -21,7 +21,7 @@ import pytest
 import torch
 from websockets.asyncio.client import connect
 
-from backend.engine import RequestRejected, SamplingParams
+from backend.engine import Prompt, RequestRejected, SamplingParams
 from backend.engines.embedded import EmbeddedEngine, EmbeddedGeneration
 from backend.engines.embedded.detokenizer import TextStream
 from backend.engines.embedded.scheduler import DecodeParams
@@ -56,8 +56,8 @@ def params(max_tokens: int = 12, temperature: float = 0.8, seed: int = 5, **extr
 
 
 async def test_a_seed_reproduces_every_sample_and_indices_differ(engine: EmbeddedEngine) -> None:
-    first, reasons, _ = await collect(engine.generate(PROMPT, 4, params()), 4)
-    second, _, _ = await collect(engine.generate(PROMPT, 4, params()), 4)
+    first, reasons, _ = await collect(engine.generate(Prompt(PROMPT), 4, params()), 4)
+    second, _, _ = await collect(engine.generate(Prompt(PROMPT), 4, params()), 4)
     assert first == second
     assert all(reason in ("stop", "length") for reason in reasons)
     assert len(set(first)) > 1
@@ -68,16 +68,16 @@ async def test_greedy_equals_transformers_greedy(engine: EmbeddedEngine) -> None
 
     folder = resolve_model().path
     reference = AutoModelForCausalLM.from_pretrained(folder, dtype=engine.dtype)
-    ids = engine.prompt_ids(PROMPT)
+    ids = engine.prompt_ids(Prompt(PROMPT))
     with torch.inference_mode():
         out = reference.generate(torch.tensor([ids]), max_new_tokens=16, do_sample=False)
     expected = engine.tokenizer.decode(out[0, len(ids) :], skip_special_tokens=True)
-    texts, _, _ = await collect(engine.generate(PROMPT, 2, params(max_tokens=16, temperature=0.0)), 2)
+    texts, _, _ = await collect(engine.generate(Prompt(PROMPT), 2, params(max_tokens=16, temperature=0.0)), 2)
     assert texts == [expected, expected]
 
 
 async def test_abort_one_sample_then_all(engine: EmbeddedEngine) -> None:
-    generation = engine.generate(PROMPT, 3, params(200))
+    generation = engine.generate(Prompt(PROMPT), 3, params(200))
     seen = 0
     texts, reasons = [""] * 3, [None] * 3
     async for chunk in generation:
@@ -99,8 +99,8 @@ async def test_abort_one_sample_then_all(engine: EmbeddedEngine) -> None:
 async def test_two_requests_share_decode_steps(engine: EmbeddedEngine) -> None:
     before = engine.health()["shared_steps"]
     results = await asyncio.gather(
-        collect(engine.generate(PROMPT, 2, params(max_tokens=10, seed=1)), 2),
-        collect(engine.generate("Say hello.", 3, params(max_tokens=10, seed=2)), 3),
+        collect(engine.generate(Prompt(PROMPT), 2, params(max_tokens=10, seed=1)), 2),
+        collect(engine.generate(Prompt("Say hello."), 3, params(max_tokens=10, seed=2)), 3),
     )
     assert all(all(r is not None for r in reasons) for _, reasons, _ in results)
     assert engine.health()["shared_steps"] > before
@@ -108,8 +108,8 @@ async def test_two_requests_share_decode_steps(engine: EmbeddedEngine) -> None:
 
 
 async def test_requests_beyond_the_row_cap_queue_first_come_first_served(engine: EmbeddedEngine) -> None:
-    first = engine.generate(PROMPT, 6, params(max_tokens=6, seed=1))
-    second = engine.generate(PROMPT, 6, params(max_tokens=6, seed=2))
+    first = engine.generate(Prompt(PROMPT), 6, params(max_tokens=6, seed=1))
+    second = engine.generate(Prompt(PROMPT), 6, params(max_tokens=6, seed=2))
     positions: list[int] = []
     second.watch_queue(positions.append)
     await asyncio.gather(collect(first, 6), collect(second, 6))
@@ -117,14 +117,16 @@ async def test_requests_beyond_the_row_cap_queue_first_come_first_served(engine:
 
 
 async def test_stop_strings_and_top_k(engine: EmbeddedEngine) -> None:
-    greedy, _, _ = await collect(engine.generate(PROMPT, 1, params(max_tokens=16, temperature=0.0)), 1)
+    greedy, _, _ = await collect(
+        engine.generate(Prompt(PROMPT), 1, params(max_tokens=16, temperature=0.0)), 1
+    )
     stop = greedy[0][5:8]
     texts, reasons, _ = await collect(
-        engine.generate(PROMPT, 1, params(max_tokens=16, temperature=0.0, stop=(stop,))), 1
+        engine.generate(Prompt(PROMPT), 1, params(max_tokens=16, temperature=0.0, stop=(stop,))), 1
     )
     assert reasons == ["stop"]
     assert texts[0] == greedy[0][: greedy[0].index(stop)]
-    top1, _, _ = await collect(engine.generate(PROMPT, 2, params(max_tokens=8, seed=9, top_k=1)), 2)
+    top1, _, _ = await collect(engine.generate(Prompt(PROMPT), 2, params(max_tokens=8, seed=9, top_k=1)), 2)
     assert top1[0] == top1[1] == greedy[0][: len(top1[0])]
 
 
@@ -155,14 +157,14 @@ def test_bad_input_is_rejected_before_work(engine: EmbeddedEngine, n: int, bad: 
     settings = {"max_tokens": 8, "temperature": 0.8, "top_p": 0.95, "seed": 1, **bad}
     steps = engine.health()["steps"]
     with pytest.raises(RequestRejected) as caught:
-        engine.generate(PROMPT, n, SamplingParams(**settings))
+        engine.generate(Prompt(PROMPT), n, SamplingParams(**settings))
     assert caught.value.code == code
     assert engine.health()["steps"] == steps
 
 
 def test_prompt_longer_than_the_context_is_rejected(engine: EmbeddedEngine) -> None:
     with pytest.raises(RequestRejected, match="context") as caught:
-        engine.validate("word " * 600, 1, params())
+        engine.validate(Prompt("word " * 600), 1, params())
     assert caught.value.code == "prompt_too_long"
 
 
@@ -201,7 +203,7 @@ async def test_stop_ends_the_requests_and_the_process_and_a_dead_process_ends_th
     await engine.start()
     pid = engine.worker_pid
     assert pid is not None and pid != os.getpid() and not gone(pid)
-    generation = engine.generate(PROMPT, 2, params(100))
+    generation = engine.generate(Prompt(PROMPT), 2, params(100))
     first = await anext(generation)
     assert first.finish_reason is None
     await engine.stop()
@@ -210,20 +212,20 @@ async def test_stop_ends_the_requests_and_the_process_and_a_dead_process_ends_th
     assert gone(pid)
     assert engine.health()["loading"] is True
     with pytest.raises(RequestRejected) as caught:
-        engine.validate(PROMPT, 1, params())
+        engine.validate(Prompt(PROMPT), 1, params())
     assert caught.value.code == "engine_not_ready"
     # Started again, then its process dies mid-request: the request ends with "error", not a hang.
     await engine.start()
     pid = engine.worker_pid
     assert pid is not None
-    generation = engine.generate(PROMPT, 2, params(100))
+    generation = engine.generate(Prompt(PROMPT), 2, params(100))
     await anext(generation)
     os.kill(pid, signal.SIGKILL)
     _, reasons, _ = await collect(generation, 2)
     assert "error" in reasons and None not in reasons
     assert "exited" in engine.health()["failed"]
     with pytest.raises(RequestRejected) as caught:
-        engine.validate(PROMPT, 1, params())
+        engine.validate(Prompt(PROMPT), 1, params())
     assert caught.value.code == "engine_not_ready"
     await engine.stop()
 
@@ -333,7 +335,7 @@ async def test_a_prompt_reuses_the_previous_prompts_shared_head(engine: Embedded
     config = LlamaConfig.from_hf(read_config(folder))
     tensors = read_tensors(folder)
     model = Llama(config, tensors, torch.float32)
-    first, second = engine.prompt_ids(PROMPT), engine.prompt_ids("Say hello.")
+    first, second = engine.prompt_ids(Prompt(PROMPT)), engine.prompt_ids(Prompt("Say hello."))
     shared = next(i for i, (a, b) in enumerate(zip(first, second, strict=False)) if a != b)
     assert shared > 10  # the chat template's system turn
     cold, cold_logits, cold_kv, warm, warm_logits, warm_kv = _prefill_cold_and_warm(
@@ -367,6 +369,6 @@ async def test_a_prompt_reuses_the_previous_prompts_shared_head(engine: Embedded
     # Through the engine: every request copies the template head, prefilled when the engine started,
     # and never more: the same prompt is computed the same way whatever ran before it.
     before = engine.health()["reused_prompt_tokens"]
-    await collect(engine.generate("Say hello.", 1, params(max_tokens=2)), 1)
-    await collect(engine.generate("Say hello.", 1, params(max_tokens=2)), 1)
+    await collect(engine.generate(Prompt("Say hello."), 1, params(max_tokens=2)), 1)
+    await collect(engine.generate(Prompt("Say hello."), 1, params(max_tokens=2)), 1)
     assert engine.health()["reused_prompt_tokens"] - before == 2 * shared

@@ -370,8 +370,8 @@ class FailingGeneration(Generation):
 
 
 class FailingEngine(SyntheticEngine):
-    def generate(self, prompt: str, n: int, params: Any) -> Any:
-        if prompt == "refuse":
+    def generate(self, prompt: Any, n: int, params: Any) -> Any:
+        if prompt.text == "refuse":
             raise RuntimeError("out of memory")
         return FailingGeneration(super().generate(prompt, n, params), after=5)
 

@@ -7,7 +7,7 @@ import time
 
 import pytest
 
-from backend.engine import Chunk, SamplingParams
+from backend.engine import Chunk, Prompt, SamplingParams
 from backend.engines import create_engine
 from backend.engines.synthetic import SyntheticEngine, cut_at_stop, synthetic_tokens, token_intervals
 
@@ -17,7 +17,7 @@ def params(max_tokens: int = 40, seed: int = 33, temperature: float = 0.8) -> Sa
 
 
 async def collect(engine: SyntheticEngine, n: int, p: SamplingParams) -> list[Chunk]:
-    return [chunk async for chunk in engine.generate("prompt", n, p)]
+    return [chunk async for chunk in engine.generate(Prompt("prompt"), n, p)]
 
 
 def test_text_is_deterministic_per_sample_seed() -> None:
@@ -86,7 +86,7 @@ async def test_rate_is_per_sample() -> None:
 
 async def test_abort_one_sample_then_all() -> None:
     engine = SyntheticEngine(rate=200, jitter=0.0)
-    generation = engine.generate("prompt", 3, params(max_tokens=1000))
+    generation = engine.generate(Prompt("prompt"), 3, params(max_tokens=1000))
     seen: list[Chunk] = []
     async for chunk in generation:
         seen.append(chunk)
@@ -103,7 +103,7 @@ async def test_abort_one_sample_then_all() -> None:
 
 async def test_aclose_stops_every_sample_task() -> None:
     engine = SyntheticEngine(rate=100)
-    generation = engine.generate("prompt", 5, params(max_tokens=1000))
+    generation = engine.generate(Prompt("prompt"), 5, params(max_tokens=1000))
     await generation.__anext__()
     assert engine.health()["running_samples"] == 5
     await generation.aclose()

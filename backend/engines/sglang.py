@@ -1,6 +1,8 @@
 """The `sglang` engine: a running SGLang server (or a router in front of many) by URL.
 
-One request is one native `POST /generate` with `sampling_params.n` and `stream: true`. Each sample
+One request is one native `POST /generate` with `sampling_params.n` and `stream: true`: with the text
+of a raw prompt, or the token ids of a chat prompt, rendered with the served model's own chat
+template by the server's `/tokenize` (one extra call of a few ms per request). Each sample
 of it has its own request id on the server (`meta_info.id`), so Stop on one column aborts exactly
 that sample with `POST /abort_request {"rid": <its id>}`, and Cancel aborts each sample of the
 request the same way (never `abort_all`, which would stop other users' requests too). A sample whose
@@ -15,7 +17,7 @@ from typing import Any
 
 import httpx
 
-from backend.engine import Chunk, Generation, SamplingParams
+from backend.engine import Chunk, Generation, Prompt, SamplingParams
 from backend.engines.http_stream import (
     CONTROL_TIMEOUT_S,
     EngineUnavailable,
@@ -81,7 +83,12 @@ class SGLangEngine(HTTPEngine):
                 pass  # routers answer only what they proxy; the default server streams cumulative text
         return str(name or "unknown model")
 
-    def generate(self, prompt: str, n: int, params: SamplingParams) -> Generation:
+    @property
+    def chat_template(self) -> bool | None:
+        # Chat prompts are rendered by the server's /tokenize: without it there is no template to use.
+        return False if self.has_template is None and self.served_model is not None else self.has_template
+
+    def generate(self, prompt: Prompt, n: int, params: SamplingParams) -> Generation:
         return SGLangGeneration(self, prompt, n, params)
 
     async def abort_request(self, rid: str) -> None:
@@ -96,14 +103,16 @@ class SGLangEngine(HTTPEngine):
             raise EngineUnavailable(f"SGLang answered /abort_request with HTTP {response.status_code}")
 
 
-def sglang_request(prompt: str, n: int, params: SamplingParams) -> dict[str, Any]:
-    """The body of `POST /generate` for `n` samples of `prompt`.
+def sglang_request(prompt: str | list[int], n: int, params: SamplingParams) -> dict[str, Any]:
+    """The body of `POST /generate` for `n` samples of `prompt`: text, or token ids (a chat prompt
+    rendered with the model's template).
 
     No seed is sent: SGLang would give every one of the n samples the same seed, so they would be
     identical; without one each sample draws differently.
     """
+    source = {"text": prompt} if isinstance(prompt, str) else {"input_ids": prompt}
     return {
-        "text": prompt,
+        **source,
         "sampling_params": {
             "n": n,
             "max_new_tokens": params.max_tokens,
@@ -120,12 +129,21 @@ class SGLangGeneration(StreamingGeneration):
     engine: SGLangEngine
     state: SGLangStream
 
-    def __init__(self, engine: SGLangEngine, prompt: str, n: int, params: SamplingParams) -> None:
+    def __init__(self, engine: SGLangEngine, prompt: Prompt, n: int, params: SamplingParams) -> None:
         if n < 1:
             raise ValueError(f"n must be at least 1, got {n}")  # SGLang itself would answer n=0 with 1
-        self._body = sglang_request(prompt, n, params)
+        self._prompt = prompt
+        self._body = sglang_request(prompt.text, n, params)
         self._pending_aborts: set[int] = set()
         super().__init__(engine, SGLangStream(n, incremental=engine.incremental))
+
+    async def prepare(self) -> None:
+        if self._prompt.chat:
+            # The server renders its own template (/tokenize); /generate then takes the token ids and
+            # streams as it does for text: per-sample ids for /abort_request, every meta_info figure.
+            ids = await self.engine.chat_token_ids(self._prompt.messages())
+            body = {key: value for key, value in self._body.items() if key != "text"}
+            self._body = {"input_ids": ids, **body}
 
     def request(self) -> tuple[str, dict[str, Any]]:
         return "/generate", self._body

@@ -3,7 +3,8 @@
 No separate server to run: the engine loads `--model` itself (its scheduler still runs in child
 processes, so the model step never blocks this loop). `async_generate(..., stream=True)` yields
 the same per-sample events as the HTTP `/generate` stream, so the same parser turns them into
-deltas; abort goes to the tokenizer manager by each sample's own request id.
+deltas; abort goes to the tokenizer manager by each sample's own request id. A chat prompt is
+rendered with the chat template of the tokenizer SGLang loaded and sent as token ids.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ import logging
 from collections.abc import AsyncIterator
 from typing import Any
 
-from backend.engine import Chunk, Engine, Generation, SamplingParams
+from backend.engine import Chunk, Engine, Generation, Prompt, SamplingParams
 from backend.engines.sglang import sglang_request
 from backend.engines.streams import SGLangStream
 
@@ -62,7 +63,26 @@ class SGLangInProcessEngine(Engine):
         server_args = getattr(self.sglang, "server_args", None)
         return bool(getattr(server_args, "incremental_streaming_output", False))
 
-    def generate(self, prompt: str, n: int, params: SamplingParams) -> Generation:
+    @property
+    def tokenizer(self) -> Any:
+        """The served model's Hugging Face tokenizer, as SGLang loaded it (None before start)."""
+        return None if self.sglang is None else self.sglang.tokenizer_manager.tokenizer
+
+    @property
+    def chat_template(self) -> bool | None:
+        tokenizer = self.tokenizer
+        return None if tokenizer is None else getattr(tokenizer, "chat_template", None) is not None
+
+    @property
+    def template_note(self) -> str:
+        return "none in the tokenizer SGLang loaded"
+
+    def chat_token_ids(self, prompt: Prompt) -> list[int]:
+        """A chat prompt's tokens in the model's chat template, the assistant's turn opened."""
+        ids = self.tokenizer.apply_chat_template(prompt.messages(), add_generation_prompt=True, tokenize=True)
+        return list(ids["input_ids"] if hasattr(ids, "keys") else ids)
+
+    def generate(self, prompt: Prompt, n: int, params: SamplingParams) -> Generation:
         if self.sglang is None:
             raise RuntimeError("the SGLang engine is not started")
         if n < 1:
@@ -85,11 +105,13 @@ class SGLangInProcessEngine(Engine):
 class SGLangInProcessGeneration(Generation):
     """One `async_generate` stream read by a task into a queue, like the HTTP engines."""
 
-    def __init__(self, engine: SGLangInProcessEngine, prompt: str, n: int, params: SamplingParams) -> None:
+    def __init__(self, engine: SGLangInProcessEngine, prompt: Prompt, n: int, params: SamplingParams) -> None:
         self.engine = engine
         self.state = SGLangStream(n, incremental=engine.incremental)
-        self._sampling = sglang_request(prompt, n, params)["sampling_params"]
-        self._prompt = prompt
+        self._sampling = sglang_request(prompt.text, n, params)["sampling_params"]
+        self._source: dict[str, Any] = (
+            {"input_ids": engine.chat_token_ids(prompt)} if prompt.chat else {"prompt": prompt.text}
+        )
         self._queue: asyncio.Queue[Chunk | BaseException] = asyncio.Queue()
         self._unfinished = set(range(n))
         self._pending_aborts: set[int] = set()
@@ -99,7 +121,7 @@ class SGLangInProcessGeneration(Generation):
     async def _read(self) -> None:
         try:
             stream: AsyncIterator[dict[str, Any]] = await self.engine.sglang.async_generate(
-                self._prompt, self._sampling, stream=True
+                sampling_params=self._sampling, stream=True, **self._source
             )
             async for event in stream:
                 for chunk in self.state.feed_event(event):

