@@ -74,11 +74,13 @@ def start_backend(
     root: Path = ROOT,
     limit_s: float = 60.0,
     same_layout: bool = False,
+    env: dict[str, str] | None = None,
 ) -> tuple[subprocess.Popen[bytes], int]:
     """`python -m backend FLAGS` (from checkout `root`) on a free port, once its /health answers;
-    with `same_layout`, started by `same_layout_launch()`."""
+    with `same_layout`, started by `same_layout_launch()`; with `env`, in that environment."""
     port = free_port()
-    prefix, env = same_layout_launch() if same_layout else ((), None)
+    prefix, layout_env = same_layout_launch() if same_layout else ((), None)
+    env = {**(layout_env or os.environ), **env} if env is not None else layout_env
     process = subprocess.Popen(
         [*prefix, sys.executable, "-m", "backend", "--port", str(port), *flags],
         cwd=root,

@@ -1,6 +1,12 @@
-"""The page's engine line, read from a real backend's /health."""
+"""The page's engine line, read from a real backend's /health, and an engine that starts slowly or fails."""
 
 from __future__ import annotations
+
+import asyncio
+import json
+from typing import Any
+
+from websockets.asyncio.client import connect
 
 from backend.engines.sglang import SGLangEngine
 from backend.engines.sglang_launch import free_port
@@ -18,10 +24,10 @@ async def test_the_line_names_engine_and_model() -> None:
     server = BackendServer(SyntheticEngine(), port=0)
     await server.start()
     try:
-        line = await engine_line_now(server.url)
+        line, starting = await engine_line_now(server.url)
     finally:
         await server.close()
-    assert "synthetic" in line and "tok/s" in line and "⚠️" not in line
+    assert "synthetic" in line and "tok/s" in line and "⚠️" not in line and not starting
 
 
 async def test_an_unreachable_engine_server_is_said_in_the_page() -> None:
@@ -29,12 +35,71 @@ async def test_an_unreachable_engine_server_is_said_in_the_page() -> None:
     server = BackendServer(SGLangEngine(dead), port=0)
     await server.start()
     try:
-        line = await engine_line_now(server.url)
+        line, _ = await engine_line_now(server.url)
     finally:
         await server.close()
     assert line.startswith("⚠️") and "unreachable" in line and dead in line
 
 
 async def test_a_backend_that_does_not_answer_is_said_in_the_page() -> None:
-    line = await engine_line_now(f"ws://127.0.0.1:{free_port()}/ws")
-    assert line.startswith("⚠️") and "did not answer" in line
+    line, starting = await engine_line_now(f"ws://127.0.0.1:{free_port()}/ws")
+    assert line.startswith("⚠️") and "did not answer" in line and not starting
+
+
+class SlowStartEngine(SyntheticEngine):
+    """A synthetic engine whose start waits for the test, then succeeds or fails."""
+
+    def __init__(self, failure: str | None = None) -> None:
+        super().__init__()
+        self.go = asyncio.Event()
+        self.failure = failure
+
+    async def start(self) -> None:
+        await self.go.wait()
+        if self.failure:
+            raise RuntimeError(self.failure)
+
+    def health(self) -> dict[str, Any]:
+        return {**super().health(), "loading_status": "downloading weights"}
+
+
+async def test_a_starting_engine_is_said_and_requests_are_refused_until_it_is_ready() -> None:
+    engine = SlowStartEngine()
+    server = BackendServer(engine, port=0)
+    await server.start(engine_in_background=True)
+    try:
+        line, starting = await engine_line_now(server.url)
+        assert starting and line.startswith("⏳") and "downloading weights" in line
+        async with connect(server.url) as ws:
+            await ws.send(json.dumps({"type": "generate", "id": "r1", "prompt": "Hi", "n": 2}))
+            frame = json.loads(await ws.recv())
+            assert (frame["type"], frame["code"], frame["id"]) == ("error", "engine_not_ready", "r1")
+            assert "still starting (downloading weights)" in frame["message"]
+            engine.go.set()
+            await asyncio.sleep(0.05)
+            line, starting = await engine_line_now(server.url)
+            assert not starting and "synthetic" in line and "⏳" not in line
+            await ws.send(json.dumps({"type": "generate", "id": "r2", "prompt": "Hi", "n": 2}))
+            assert json.loads(await ws.recv())["type"] == "accepted"
+    finally:
+        await server.close()
+
+
+async def test_an_engine_that_failed_to_start_is_said_and_the_backend_keeps_answering() -> None:
+    engine = SlowStartEngine(failure="the embedded model is not installed; set DASHBOARD_MODEL")
+    engine.go.set()
+    server = BackendServer(engine, port=0)
+    await server.start(engine_in_background=True)
+    try:
+        await asyncio.sleep(0.05)
+        line, starting = await engine_line_now(server.url)
+        assert not starting and line.startswith("⚠️") and "could not start" in line
+        assert "set DASHBOARD_MODEL" in line
+        async with connect(server.url) as ws:
+            for request_id in ("r1", "r2"):
+                await ws.send(json.dumps({"type": "generate", "id": request_id, "prompt": "Hi", "n": 1}))
+                frame = json.loads(await ws.recv())
+                assert (frame["code"], frame["id"]) == ("engine_not_ready", request_id)
+                assert "could not start: the embedded model is not installed" in frame["message"]
+    finally:
+        await server.close()

@@ -7,6 +7,7 @@ import math
 
 import pytest
 
+from backend.engine import Prompt, choose_format
 from backend.protocol import (
     CancelCommand,
     GenerateCommand,
@@ -159,3 +160,49 @@ def test_encode_takes_what_orjson_does_not() -> None:
     }
     assert encode({"type": "x", "text": "lone \ud83d half"}) == '{"type":"x","text":"lone ? half"}'
     assert json.loads(encode({"type": "x", "at": math.nan})) == {"type": "x", "at": None}
+
+
+def test_prompt_format_and_system_prompt() -> None:
+    command = parse_client_frame(generate(), LIMITS)
+    assert isinstance(command, GenerateCommand) and (command.format, command.system) == (None, "")
+    command = parse_client_frame(generate(format="chat", system="Answer in French."), LIMITS)
+    assert isinstance(command, GenerateCommand)
+    assert (command.format, command.system) == ("chat", "Answer in French.")
+    command = parse_client_frame(generate(format="raw"), LIMITS)
+    assert isinstance(command, GenerateCommand) and command.format == "raw"
+
+
+@pytest.mark.parametrize(
+    ("overrides", "words"),
+    [
+        ({"format": "markdown"}, '"format" must be "chat"'),
+        ({"format": 1}, '"format" must be "chat"'),
+        ({"system": 3}, '"system" must be a string'),
+        ({"format": "raw", "system": "Be brief."}, "needs the chat format"),
+        ({"system": "x" * 16_000}, "prompt and system prompt have"),
+    ],
+)
+def test_a_bad_format_or_system_prompt_is_refused_plainly(overrides: dict[str, object], words: str) -> None:
+    with pytest.raises(ProtocolError) as caught:
+        parse_client_frame(generate(**overrides), LIMITS)
+    assert words in caught.value.message and caught.value.request_id == "r1"
+
+
+def test_the_format_follows_the_models_template() -> None:
+    with_template = choose_format("Hi", None, "", True)
+    assert with_template.prompt == Prompt("Hi", "chat") and "default" in with_template.reason
+    asked_raw = choose_format("Hi", "raw", "", True)
+    assert asked_raw.prompt == Prompt("Hi", "raw") and asked_raw.reason.startswith("raw")
+    system = choose_format("Hi", "chat", "Be brief.", True)
+    assert system.prompt == Prompt("Hi", "chat", "Be brief.") and "system prompt" in system.reason
+    assert system.prompt.messages() == [
+        {"role": "system", "content": "Be brief."},
+        {"role": "user", "content": "Hi"},
+    ]
+    for requested in (None, "chat"):
+        base = choose_format("Hi", requested, "Be brief.", False, "none in tokenizer_config.json")
+        assert base.prompt == Prompt("Hi", "raw")
+        assert "no chat template (none in tokenizer_config.json)" in base.reason
+        assert "system prompt is not used" in base.reason
+    unknown = choose_format("Hi", None, "", None)
+    assert unknown.prompt.format == "chat"

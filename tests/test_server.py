@@ -482,3 +482,44 @@ async def test_a_stream_of_frames_is_written_once_an_interval_without_polling_ag
     finally:
         sender.cancel()
         await asyncio.gather(sender, return_exceptions=True)
+
+
+class BrokenValidationEngine(SyntheticEngine):
+    """An engine whose checks fail with an error it did not mean to raise, for one prompt."""
+
+    def validate(self, prompt: Any, n: int, params: Any) -> None:
+        if prompt.text == "break":
+            raise ValueError("Cannot use chat template functions because tokenizer.chat_template is not set")
+
+
+async def test_an_internal_error_on_a_frame_is_an_error_frame_and_the_connection_stays() -> None:
+    backend = BackendServer(BrokenValidationEngine(rate=200), port=0)
+    await backend.start()
+    try:
+        async with connect(backend.url) as ws:
+            await ws.send(json.dumps({"type": "generate", "id": "r1", "prompt": "break", "n": 2}))
+            frame = await recv(ws)
+            assert (frame["type"], frame["code"], frame["id"]) == ("error", "internal_error", "r1")
+            assert "chat_template is not set" in frame["message"] and "still usable" in frame["message"]
+            await ws.send(generate("r2", n=2, max_tokens=5))
+            accepted = await recv(ws)
+            assert accepted["type"] == "accepted" and accepted["format"] == "chat"
+            frames = await until_done(ws, "r2")
+            reasons = [f["reason"] for f in finishes_of(frames, "r2")]
+            assert len(reasons) == 2 and set(reasons) <= {"length", "stop"}
+        assert backend.health()["active_requests"] == 0
+    finally:
+        await backend.close()
+
+
+async def test_accepted_says_which_format_and_why(server: BackendServer) -> None:
+    async with connect(server.url) as ws:
+        await ws.send(json.dumps({"type": "generate", "id": "a", "prompt": "Hi", "n": 1, "format": "raw"}))
+        accepted = await recv(ws)
+        assert (accepted["format"], accepted["format_reason"]) == ("raw", "raw: plain completion, as asked")
+        await until_done(ws, "a")
+        frame = {"type": "generate", "id": "b", "prompt": "Hi", "n": 1, "system": "Be brief."}
+        await ws.send(json.dumps(frame))
+        accepted = await recv(ws)
+        assert accepted["format"] == "chat" and "with the system prompt" in accepted["format_reason"]
+        await until_done(ws, "b")

@@ -14,7 +14,6 @@ import json
 import tempfile
 import time
 from collections.abc import AsyncIterator
-from functools import partial
 from typing import Any
 
 import gradio as gr
@@ -34,6 +33,9 @@ the end: the panel's SVG is the largest output, and re-parsing it was the page's
 the summary is a Markdown table of n rows whose token counts change every update (the columns'
 headers show them live), and parsing, sanitising and laying it out again was a tenth of the page's
 main thread at n=32 x 500 tok/s (docs/benchmarks.md, "Browser")."""
+
+ENGINE_POLL_S = 2.0
+"""How often the engine line is read again while the engine starts (a download, a conversion)."""
 
 CONCURRENCY_LIMIT = 32
 """Generate events that run at once (Gradio's default is 1: one user at a time)."""
@@ -108,10 +110,32 @@ def build_demo(
             "consumes all n streams at once, and each sample fills its own column."
         )
         engine_info = gr.Markdown(elem_id="engine-info")
-        demo.load(partial(engine_line_now, backend_url), outputs=engine_info, show_progress="hidden")
+        engine_timer = gr.Timer(ENGINE_POLL_S, active=False)
+
+        async def refresh_engine_line() -> tuple[str, Any]:
+            line, starting = await engine_line_now(backend_url)
+            return line, gr.Timer(active=starting)
+
+        demo.load(refresh_engine_line, outputs=[engine_info, engine_timer], show_progress="hidden")
+        engine_timer.tick(refresh_engine_line, outputs=[engine_info, engine_timer], show_progress="hidden")
         with gr.Row():
             with gr.Column(scale=3):
                 prompt = gr.Textbox(DEFAULT_PROMPT, label="Prompt", lines=6, elem_id="prompt")
+                with gr.Row():
+                    prompt_format = gr.Radio(
+                        ["chat", "raw"],
+                        value="chat",
+                        label="format",
+                        info="chat: the prompt is your message in the model's chat template; "
+                        "raw: the model continues the text as it is",
+                        elem_id="format",
+                    )
+                    system = gr.Textbox(
+                        "",
+                        label="system prompt (chat; empty: the template's own)",
+                        lines=2,
+                        elem_id="system",
+                    )
             with gr.Column(scale=2):
                 n = gr.Slider(1, n_max, value=min(DEFAULT_N, n_max), step=1, label="n (samples)", elem_id="n")
                 max_tokens = gr.Slider(
@@ -182,6 +206,8 @@ def build_demo(
             consumer_mode: str,
             block_ms_value: float,
             fanout_value: str,
+            format_value: str,
+            system_value: str,
             request: gr.Request,
         ) -> AsyncIterator[list[Any]]:
             session = _session(request)
@@ -199,7 +225,10 @@ def build_demo(
             options = {
                 "consumer": {"mode": consumer_mode or "cooperative", "block_ms": float(block_ms_value or 0)},
                 "fanout": fanout_value or "n",
+                "format": format_value or "chat",
             }
+            if options["format"] == "chat" and (system_value or "").strip():
+                options["system"] = system_value
             try:
                 try:
                     view = await run.start(prompt_text, int(n_value), params, options)
@@ -259,7 +288,19 @@ def build_demo(
 
         generate_event = generate_btn.click(
             generate,
-            inputs=[prompt, n, max_tokens, temperature, top_p, seed, consumer, block_ms, fanout],
+            inputs=[
+                prompt,
+                n,
+                max_tokens,
+                temperature,
+                top_p,
+                seed,
+                consumer,
+                block_ms,
+                fanout,
+                prompt_format,
+                system,
+            ],
             outputs=outputs,
             concurrency_limit=CONCURRENCY_LIMIT,
             show_progress="hidden",

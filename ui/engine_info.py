@@ -1,7 +1,8 @@
 """The line at the top of the page saying which engine and model serve it, or why they cannot.
 
 Read from the backend's `GET /health` each time a page loads, so a server that was down when the
-dashboard started shows its model once it is back, and one that went away says so.
+dashboard started shows its model once it is back, and one that went away says so. While the engine
+starts (a first start may download or convert the model), the page reads it every few seconds.
 """
 
 from __future__ import annotations
@@ -25,8 +26,20 @@ def health_url(backend_url: str) -> str:
 
 
 def engine_line(health: dict[str, Any]) -> str:
-    """Markdown for the page: engine and model, with the server's error when it has one."""
+    """Markdown for the page: engine and model, what a starting engine is doing, or why it failed."""
     engine, model = health.get("engine", "?"), health.get("model", "?")
+    state = health.get("engine_state", "ready")
+    if state == "failed":
+        return (
+            f"⚠️ The **{engine}** engine could not start: {health.get('engine_error')}. "
+            "Requests fail until it is fixed and the dashboard restarted."
+        )
+    if state == "starting":
+        doing = health.get("loading_status") or "starting"
+        return (
+            f"⏳ The **{engine}** engine is starting: {doing}. "
+            "This line updates by itself; Generate works once it is ready."
+        )
     if health.get("server_ok") is False:
         return (
             f"⚠️ **{engine}**: {model}. Requests fail until the server is back; this line updates on reload."
@@ -34,15 +47,20 @@ def engine_line(health: dict[str, Any]) -> str:
     return f"Engine **{engine}** · model **{model}**"
 
 
-def fetch_engine_line(backend_url: str) -> str:
-    """engine_line of the backend's /health now, or a sentence saying the backend did not answer."""
+def fetch_engine_line(backend_url: str) -> tuple[str, bool]:
+    """engine_line of the backend's /health now (or a sentence saying the backend did not answer),
+    and whether the engine is still starting."""
     try:
         with urllib.request.urlopen(health_url(backend_url), timeout=HEALTH_TIMEOUT_S) as response:
-            return engine_line(json.loads(response.read()))
+            health = json.loads(response.read())
     except (urllib.error.URLError, OSError, ValueError) as exc:
-        return f"⚠️ The backend at {backend_url} did not answer ({exc}); requests fail until it is back."
+        return (
+            f"⚠️ The backend at {backend_url} did not answer ({exc}); requests fail until it is back.",
+            False,
+        )
+    return engine_line(health), health.get("engine_state") == "starting"
 
 
-async def engine_line_now(backend_url: str) -> str:
-    """fetch_engine_line off the event loop (for a Gradio load event)."""
+async def engine_line_now(backend_url: str) -> tuple[str, bool]:
+    """fetch_engine_line off the event loop (for a Gradio load or timer event)."""
     return await asyncio.to_thread(fetch_engine_line, backend_url)

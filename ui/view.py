@@ -59,6 +59,8 @@ class RunView:
     n: int = 0
     engine: str = ""
     model: str = ""
+    prompt_format: str = ""
+    format_reason: str = ""
     params: dict[str, Any] = field(default_factory=dict)
     samples: list[SampleView] = field(default_factory=list)
     errors: list[str] = field(default_factory=list)
@@ -92,6 +94,8 @@ class RunView:
             self.n = int(frame["n"])
             self.engine = frame.get("engine", "")
             self.model = frame.get("model", "")
+            self.prompt_format = frame.get("format", "")
+            self.format_reason = frame.get("format_reason", "")
             self.params = frame.get("params", {})
             self.samples = [SampleView(i) for i in range(self.n)]
         elif kind == "chunk" and self._has(frame):
@@ -188,6 +192,8 @@ def status_markdown(view: RunView) -> str:
         lines.append(
             f"Request `{view.request_id}` · engine **{view.engine}** ({view.model}) · seed {seed} · {state}."
         )
+        if view.format_reason:
+            lines.append(f"Prompt format **{view.prompt_format}**: {view.format_reason.partition(': ')[2]}.")
     return "\n\n".join(lines)
 
 

