@@ -31,6 +31,7 @@ from backend.engines.sglang_launch import SGLangServerProcess, free_port
 from backend.server import BackendServer
 from backend.settings import Limits
 from tests.harness import ROOT, stop_process_group, wait_for_http
+from tests.support.answers import COLOUR_PROMPT, LONG_PROMPT, answers_colours
 from tests.support.stop_one import MAX_TOKENS, StopOneSample
 
 pytestmark = pytest.mark.skipif(
@@ -208,9 +209,12 @@ async def run_request(ws: ClientConnection, rid: str, on_frame: Any = None) -> d
             await on_frame(frame, texts)
 
 
-def generate(rid: str, n: int, max_tokens: int, prompt: str = "Once upon a time") -> str:
-    frame = {"type": "generate", "id": rid, "prompt": prompt, "n": n}
-    frame["params"] = {"max_tokens": max_tokens, "temperature": 0.8, "top_p": 0.95}
+def generate(
+    rid: str, n: int, max_tokens: int, prompt: str = LONG_PROMPT, temperature: float = 0.8, **fields: Any
+) -> str:
+    """A generate frame; a chat prompt (the model's template) unless `fields` says otherwise."""
+    frame = {"type": "generate", "id": rid, "prompt": prompt, "n": n, **fields}
+    frame["params"] = {"max_tokens": max_tokens, "temperature": temperature, "top_p": 0.95}
     return json.dumps(frame)
 
 
@@ -228,17 +232,32 @@ async def assert_stopped_on_server(
     assert generated - generated_before < n * LONG, "the samples ran to max_tokens: nothing was aborted"
 
 
-async def test_n4_streams_every_sample(backend: tuple[BackendServer, RealServer]) -> None:
+async def test_a_chat_prompt_is_answered_on_topic(backend: tuple[BackendServer, RealServer]) -> None:
+    """n=4 in the chat format: every sample answers the question, as a person reading it would see."""
     server, _ = backend
     async with connect(server.url) as ws:
-        await ws.send(generate("r1", 4, 16))
+        await ws.send(generate("r1", 4, 64, COLOUR_PROMPT, temperature=0.3))
         accepted = await recv(ws)
         assert accepted["type"] == "accepted" and accepted["model"] == SERVED_NAME
+        assert accepted["format"] == "chat" and "chat template" in accepted["format_reason"]
         result = await run_request(ws, "r1")
     assert sorted(result["finishes"]) == [0, 1, 2, 3]
     assert {f["reason"] for f in result["finishes"].values()} <= {"stop", "length"}
-    assert all(result["texts"].get(i) for i in range(4)), result["texts"]
+    assert all(f["stats"]["tokens"] >= 10 for f in result["finishes"].values()), result["finishes"]
+    assert all(answers_colours(result["texts"].get(i, "")) for i in range(4)), result["texts"]
     assert len(set(result["texts"].values())) > 1, "the samples should differ"
+    assert not result["errors"]
+
+
+async def test_a_raw_prompt_still_streams(backend: tuple[BackendServer, RealServer]) -> None:
+    server, _ = backend
+    async with connect(server.url) as ws:
+        await ws.send(generate("r0", 2, 16, "Once upon a time", format="raw"))
+        accepted = await recv(ws)
+        assert accepted["format"] == "raw"
+        result = await run_request(ws, "r0")
+    assert all(f["stats"]["tokens"] > 1 for f in result["finishes"].values()), result["finishes"]
+    assert all(len(result["texts"].get(i, "").split()) >= 3 for i in range(2)), result["texts"]
     assert not result["errors"]
 
 
@@ -292,7 +311,9 @@ async def test_client_disconnect_aborts_on_the_server(backend: tuple[BackendServ
         await ws.send(generate("r4", 4, LONG))
         chunks = 0
         while chunks < 8:
-            chunks += (await recv(ws))["type"] == "chunk"
+            frame = await recv(ws)
+            assert frame["type"] != "finish", f"a sample ended before the disconnect: {frame}"
+            chunks += frame["type"] == "chunk" and bool(frame["text"])
         assert real.running() > 0 and server.health()["running_samples"] > 0
     await assert_stopped_on_server(real, before, generated_before, 4)
 
@@ -353,8 +374,12 @@ def test_sglang_engine_in_process() -> None:
     lines = [line for line in done.stdout.splitlines() if line.startswith("REPORT ")]
     assert done.returncode == 0 and lines, done.stdout[-2000:] + done.stderr[-4000:]
     report = json.loads(lines[-1].removeprefix("REPORT "))
-    assert sorted(report["n4"]["reasons"]) == ["0", "1", "2", "3"]
-    assert all(report["n4"]["texts"]), report["n4"]
+    assert report["format"][0] == "chat", report["format"]
+    chat = report["chat"]
+    assert all(answers_colours(text) for text in chat["texts"]), chat
+    assert min(chat["tokens"]) >= 10 and set(chat["reasons"]) <= {"stop", "length"}, chat
+    raw = report["raw"]
+    assert all(len(text.split()) >= 3 for text in raw["texts"]) and min(raw["tokens"]) > 1, raw
     assert not report["stop_one"]["problems"], report["stop_one"]
     assert "context length" in json.dumps(report["error"])
     assert report["running_after"] == 0

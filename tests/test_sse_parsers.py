@@ -48,8 +48,10 @@ def run_sglang(data: bytes, n: int) -> tuple[SGLangStream, list[Chunk]]:
     return stream, chunks
 
 
-def run_openai(data: bytes, n: int, hold: bool = False) -> tuple[OpenAIStream, list[Chunk]]:
-    stream = OpenAIStream(n, hold_last_finish=hold)
+def run_openai(
+    data: bytes, n: int, hold: bool = False, chat: bool = False
+) -> tuple[OpenAIStream, list[Chunk]]:
+    stream = OpenAIStream(n, hold_last_finish=hold, chat=chat)
     chunks = [chunk for payload in payloads(data) for chunk in stream.feed(payload)]
     return stream, chunks + stream.close()
 
@@ -79,7 +81,7 @@ def last_cumulative(data: bytes) -> dict[int, dict]:
 
 
 def test_the_fixtures_are_there() -> None:
-    assert len(STREAMS) == 6, f"expected the six recorded streams in {FIXTURES}"
+    assert len(STREAMS) == 8, f"expected the eight recorded streams in {FIXTURES}"
 
 
 @pytest.mark.parametrize("path", STREAMS, ids=lambda p: p.name)
@@ -220,6 +222,30 @@ def test_openai_deltas_routed_by_choice_index_not_id(name: str) -> None:
     assert {i: c.finish_reason for i, c in done.items()} == dict.fromkeys(range(4), "length")
     assert all(sum(c.tokens for c in chunks if c.index == i) == 32 for i in range(4))
     assert stream.model == "smollm2" and stream.done
+
+
+@pytest.mark.parametrize("name", ["sglang-v1-chat-completions-n4.sse", "vllm-v1-chat-completions-n4.sse"])
+def test_openai_chat_deltas_skip_the_role_announcement(name: str) -> None:
+    """`/v1/chat/completions`: text in `delta.content`; each choice's first event only says
+    `role: assistant` (no token), and the usage rides on the last finish."""
+    data = fixture(name)
+    _, chunks = run_openai(data, 4, hold=True, chat=True)
+    expected, reasons, announcements, usage = ["", "", "", ""], {}, 0, {}
+    for payload in raw_events(data):
+        if payload != DONE:
+            event = json.loads(payload)
+            usage = event.get("usage") or usage
+            for choice in event["choices"]:
+                expected[choice["index"]] += choice["delta"].get("content") or ""
+                announcements += "role" in choice["delta"]
+                if choice["finish_reason"]:
+                    reasons[choice["index"]] = choice["finish_reason"]
+    assert announcements == 4
+    assert texts(chunks, 4) == expected and all(len(t.split()) > 3 for t in expected)
+    done = finishes(chunks)
+    assert {i: c.finish_reason for i, c in done.items()} == reasons
+    assert sum(c.tokens for c in chunks) == usage["completion_tokens"]
+    assert chunks[-1].meta["usage"] == usage
 
 
 def test_openai_usage_chunk_rides_on_the_last_finish() -> None:

@@ -295,10 +295,13 @@ class OpenAIStream(StreamState):
                 return []  # the role announcement, or a delta without text (reasoning, tool calls)
         else:
             text = choice.get("text") or ""
+        # A chat stream may end a choice with an event of its own (SGLang): no new token in it
+        # unless it is the stop token, which the server's usage counts too.
+        new_tokens = 0 if self.chat and not text and raw_reason != "stop" else 1
         sample.text += text
-        sample.tokens += 1
+        sample.tokens += new_tokens
         if raw_reason is None:
-            return [Chunk(index, text, 1)]
+            return [Chunk(index, text, new_tokens)]
         sample.finished = True
         meta: dict[str, Any] = {"completion_tokens": sample.tokens}
         if raw_reason not in OPENAI_FINISH_REASONS:
@@ -306,7 +309,7 @@ class OpenAIStream(StreamState):
         stop_reason = choice.get("stop_reason") or choice.get("matched_stop")
         if stop_reason is not None:
             meta["matched_stop"] = stop_reason
-        chunk = Chunk(index, text, 1, OPENAI_FINISH_REASONS.get(raw_reason, "stop"), meta)
+        chunk = Chunk(index, text, new_tokens, OPENAI_FINISH_REASONS.get(raw_reason, "stop"), meta)
         if self.hold_last_finish and not self.unfinished:
             self._held = chunk
             return []

@@ -19,6 +19,7 @@ import hashlib
 import json
 import sys
 import threading
+import time
 from http import HTTPStatus
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -63,8 +64,10 @@ class HubRepo:
 class HubStandIn:
     """The stand-in server on 127.0.0.1, on a thread; `endpoint` is the value for HF_ENDPOINT."""
 
-    def __init__(self, repos: dict[str, Path]) -> None:
+    def __init__(self, repos: dict[str, Path], delays: dict[str, float] | None = None) -> None:
+        """`delays`: seconds to wait before sending the body of the files named (a slow download)."""
         self.repos = {repo_id: HubRepo(repo_id, folder) for repo_id, folder in repos.items()}
+        self.delays = delays or {}
         self.requests: list[str] = []
         handler = type("Handler", (_Handler,), {"hub": self})
         self._server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
@@ -151,6 +154,7 @@ class _Handler(BaseHTTPRequestHandler):
             self.send_header("Content-Range", f"bytes {start}-{end - 1}/{len(data)}")
         self.end_headers()
         if body:
+            time.sleep(self.hub.delays.get(name, 0.0))
             self.wfile.write(data[start:end])
 
     def _json(self, payload: object, body: bool) -> None:

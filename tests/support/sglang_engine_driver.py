@@ -14,6 +14,7 @@ from typing import Any
 
 from backend.engine import Prompt, SamplingParams
 from backend.engines.sglang_engine import SGLangInProcessEngine
+from tests.support.answers import COLOUR_PROMPT, LONG_PROMPT
 from tests.support.stop_one import MAX_TOKENS, StopOneSample
 
 CPU_ENGINE_ARGS = {
@@ -26,24 +27,34 @@ CPU_ENGINE_ARGS = {
 """SGLang's settings for this CPU (see DESIGN.md)."""
 
 
+async def collect(
+    engine: SGLangInProcessEngine, prompt: Prompt, n: int, params: SamplingParams
+) -> dict[str, Any]:
+    """Every sample of one request to its end: texts, token counts and finish reasons."""
+    texts, tokens, reasons = [""] * n, [0] * n, [""] * n
+    async for chunk in engine.generate(prompt, n, params):
+        texts[chunk.index] += chunk.text
+        tokens[chunk.index] += chunk.tokens
+        if chunk.finish_reason:
+            reasons[chunk.index] = chunk.finish_reason
+    return {"texts": texts, "tokens": tokens, "reasons": reasons}
+
+
 async def run(model: str) -> dict[str, Any]:
-    """n=4 to the end; n=3 with sample 1 stopped after its first chunk, then the rest; an engine error."""
+    """A chat prompt at n=4 and a raw one at n=2 to the end; n=3 with sample 1 stopped after its
+    first chunk, then the rest; an engine error."""
     engine = SGLangInProcessEngine(model, **CPU_ENGINE_ARGS)
     await engine.start()
     report: dict[str, Any] = {"model": engine.model}
     try:
-        texts, reasons = ["", "", "", ""], {}
-        async for chunk in engine.generate(
-            Prompt("Once upon a time", "raw"), 4, SamplingParams(16, 0.8, 0.95, 1)
-        ):
-            texts[chunk.index] += chunk.text
-            if chunk.finish_reason:
-                reasons[chunk.index] = chunk.finish_reason
-        report["n4"] = {"texts": texts, "reasons": reasons}
-
-        generation = engine.generate(
-            Prompt("Once upon a time", "raw"), 3, SamplingParams(MAX_TOKENS, 0.8, 0.95, 1)
+        choice = engine.choose_format(COLOUR_PROMPT, None)
+        report["format"] = [choice.prompt.format, choice.reason]
+        report["chat"] = await collect(engine, choice.prompt, 4, SamplingParams(64, 0.3, 0.95, 1))
+        report["raw"] = await collect(
+            engine, Prompt("Once upon a time", "raw"), 2, SamplingParams(16, 0.8, 0.95, 1)
         )
+
+        generation = engine.generate(Prompt(LONG_PROMPT), 3, SamplingParams(MAX_TOKENS, 0.8, 0.95, 1))
         watch = StopOneSample()
         async for chunk in generation:
             action = watch.see(chunk.index, chunk.text, chunk.finish_reason)
