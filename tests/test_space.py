@@ -136,7 +136,9 @@ def test_a_space_works_as_pushed(
             expect(engine_line).to_contain_text(
                 f"downloading {REPO_ID} from the Hugging Face Hub", timeout=30_000
             )
-            expect(engine_line).to_contain_text(f"{REPO_ID} (hub)", timeout=120_000)  # updates by itself
+            expect(engine_line).to_contain_text(
+                f"model {REPO_ID} (hub)", timeout=120_000
+            )  # updates by itself
 
             page.locator("#prompt textarea").fill(COLOUR_PROMPT)
             fill_number(page, "n", 4)

@@ -65,7 +65,7 @@ class HubStandIn:
     """The stand-in server on 127.0.0.1, on a thread; `endpoint` is the value for HF_ENDPOINT."""
 
     def __init__(self, repos: dict[str, Path], delays: dict[str, float] | None = None) -> None:
-        """`delays`: seconds to wait before sending the body of the files named (a slow download)."""
+        """`delays`: seconds the body of each file named takes to send, in pieces (a slow download)."""
         self.repos = {repo_id: HubRepo(repo_id, folder) for repo_id, folder in repos.items()}
         self.delays = delays or {}
         self.requests: list[str] = []
@@ -154,8 +154,14 @@ class _Handler(BaseHTTPRequestHandler):
             self.send_header("Content-Range", f"bytes {start}-{end - 1}/{len(data)}")
         self.end_headers()
         if body:
-            time.sleep(self.hub.delays.get(name, 0.0))
-            self.wfile.write(data[start:end])
+            delay, pieces = self.hub.delays.get(name, 0.0), 40
+            if not delay:
+                self.wfile.write(data[start:end])
+                return
+            step = max(1, (end - start) // pieces + 1)
+            for offset in range(start, end, step):
+                time.sleep(delay / pieces)
+                self.wfile.write(data[offset : min(end, offset + step)])
 
     def _json(self, payload: object, body: bool) -> None:
         data = json.dumps(payload).encode()

@@ -1,0 +1,127 @@
+"""Memory of the whole dashboard (page, backend, embedded engine) idle and while streaming.
+
+Starts `python app.py` on the embedded engine, reads the resident memory (RSS) of every process it
+started from /proc, once the engine is ready and then every 0.2 s while the page's Generate streams
+n samples of 256 tokens (through gradio_client, as a browser's request would). Prints each process
+and the total, idle and at the peak. This is the figure to hold against a Space's memory
+(`cpu-basic`: 16 GB).
+
+Usage: python bench/memory.py [--n 32] [--max-tokens 256] [--model FOLDER]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import threading
+import time
+import urllib.request
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def free_port() -> int:
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def descendants(pid: int) -> list[int]:
+    """`pid` and every process under it."""
+    found, todo = [], [pid]
+    while todo:
+        current = todo.pop()
+        found.append(current)
+        for task in Path(f"/proc/{current}/task").glob("*"):
+            try:
+                todo += [int(child) for child in (task / "children").read_text().split()]
+            except OSError:
+                pass
+    return found
+
+
+def rss_by_process(pid: int) -> dict[str, float]:
+    """MB of resident memory of each process under `pid`, named by its command line."""
+    out: dict[str, float] = {}
+    for child in descendants(pid):
+        try:
+            status = Path(f"/proc/{child}/status").read_text()
+            command = Path(f"/proc/{child}/cmdline").read_text().replace("\0", " ").strip()
+        except OSError:
+            continue
+        kb = next((int(line.split()[1]) for line in status.splitlines() if line.startswith("VmRSS:")), 0)
+        name = "page (app.py, Gradio)" if child == pid else command.split(" -m ")[-1][:60] or str(child)
+        out[f"{name} [{child}]"] = kb / 1024
+    return out
+
+
+def wait_ready(backend_health: str, limit_s: float = 300) -> None:
+    deadline = time.monotonic() + limit_s
+    while time.monotonic() < deadline:
+        try:
+            with urllib.request.urlopen(backend_health, timeout=2) as response:
+                if json.loads(response.read()).get("engine_state") == "ready":
+                    return
+        except OSError:
+            pass
+        time.sleep(0.5)
+    raise TimeoutError("the engine did not become ready")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--n", type=int, default=32)
+    parser.add_argument("--max-tokens", type=int, default=256)
+    parser.add_argument("--model", default="")
+    args = parser.parse_args()
+    port, backend_port = free_port(), free_port()
+    command = [sys.executable, str(ROOT / "app.py"), "--engine", "embedded", "--port", str(port)]
+    command += ["--backend-port", str(backend_port), "--n-max", str(max(args.n, 1))]
+    if args.model:
+        command += ["--model", args.model]
+    env = {**os.environ, "GRADIO_ANALYTICS_ENABLED": "False"}
+    app = subprocess.Popen(command, cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        wait_ready(f"http://127.0.0.1:{backend_port}/health")
+        from gradio_client import Client
+
+        client = Client(f"http://127.0.0.1:{port}/", verbose=False)
+        time.sleep(2)
+        idle = rss_by_process(app.pid)
+        peak: dict[str, float] = {}
+        job = client.submit(
+            "Write a long story about a dragon.", args.n, args.max_tokens, 0.8, 0.95, 1, api_name="/generate"
+        )
+        started = time.monotonic()
+
+        def sample() -> None:
+            while not job.done():
+                now = rss_by_process(app.pid)
+                if sum(now.values()) > sum(peak.values()):
+                    peak.clear()
+                    peak.update(now)
+                time.sleep(0.2)
+
+        sampler = threading.Thread(target=sample)
+        sampler.start()
+        job.result(timeout=600)
+        sampler.join()
+        elapsed = time.monotonic() - started
+    finally:
+        app.terminate()
+        app.wait(30)
+    print(f"n = {args.n} x {args.max_tokens} tokens, {elapsed:.1f} s; resident memory (MB):")
+    print(f"{'process':<60} {'idle':>8} {'peak':>8}")
+    for name in idle:
+        print(f"{name:<60} {idle[name]:>8.0f} {peak.get(name, 0):>8.0f}")
+    print(f"{'total':<60} {sum(idle.values()):>8.0f} {sum(peak.values()):>8.0f}")
+
+
+if __name__ == "__main__":
+    main()
