@@ -55,6 +55,7 @@ class FormatChoice:
 
     prompt: Prompt
     reason: str
+    """Why, in words for the page (the format itself is `prompt.format`)."""
 
 
 def choose_format(
@@ -63,24 +64,24 @@ def choose_format(
     """The prompt a request runs with, given what it asked for and whether the model has a template.
 
     `requested` None means "chat where the model has a template". `has_template` None means the
-    engine does not know or the format does not matter to it; the request then runs as asked (chat
-    by default). A model without a template runs raw, whatever was asked, and the reason says so:
-    the alternative, an error, would leave a base model unusable from a page that defaults to chat.
-    `template_note` says why there is no template (shown in the reason).
+    engine cannot tell, or the format makes no difference to it (`template_note` says which); the
+    request then runs as asked, chat by default. A model without a template runs raw, whatever was
+    asked, and the reason says so: the alternative, an error, would leave a base model unusable from
+    a page that defaults to chat. `template_note` says why there is no template.
     """
     if requested == "raw":
-        return FormatChoice(Prompt(text, "raw"), "raw: plain completion, as asked")
+        return FormatChoice(Prompt(text, "raw"), "plain completion, as asked")
+    note = f" ({template_note})" if template_note else ""
     if has_template is False:
-        why = f" ({template_note})" if template_note else ""
         dropped = "; the system prompt is not used" if system else ""
-        reason = f"raw: the model has no chat template{why}, so the prompt is sent as it is{dropped}"
+        reason = f"the model has no chat template{note}, so the prompt is sent as it is{dropped}"
         return FormatChoice(Prompt(text, "raw"), reason)
-    asked = "as asked" if requested == "chat" else "the default where the model has a chat template"
+    with_system = ", with the system prompt" if system else ""
     if has_template is None:
         asked = "as asked" if requested == "chat" else "the default"
-    with_system = ", with the system prompt" if system else ""
-    reason = f"chat: the model's chat template{with_system}, {asked}"
-    return FormatChoice(Prompt(text, "chat", system), reason)
+        return FormatChoice(Prompt(text, "chat", system), f"{asked}{with_system}{note}")
+    asked = "as asked" if requested == "chat" else "the default where the model has one"
+    return FormatChoice(Prompt(text, "chat", system), f"the model's chat template{with_system}, {asked}")
 
 
 @dataclass(frozen=True)

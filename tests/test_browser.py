@@ -118,3 +118,17 @@ def test_stop_one_column_only(page: Page) -> None:
 def test_backend_error_is_shown_in_the_page(page: Page) -> None:
     start(page, "   ", 2, 10)
     expect(page.locator("#status")).to_contain_text("the prompt is empty", timeout=10_000)
+
+
+def test_the_prompt_format_and_system_prompt_reach_the_backend(page: Page) -> None:
+    system = page.locator("#system textarea")
+    system.fill("You answer in one sentence.")
+    start(page, "Say hello.", 2, 8)
+    expect(page.locator("#status")).to_contain_text("finished", timeout=15_000)
+    expect(page.locator("#status")).to_contain_text("Prompt format chat: as asked, with the system prompt")
+    page.locator("#format label", has_text="raw").click()
+    expect(system).to_be_disabled()  # a system prompt belongs to the chat format
+    page.locator("#generate").click()
+    expect(page.locator("#status")).to_contain_text(
+        "Prompt format raw: plain completion, as asked", timeout=15_000
+    )

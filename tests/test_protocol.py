@@ -192,7 +192,7 @@ def test_the_format_follows_the_models_template() -> None:
     with_template = choose_format("Hi", None, "", True)
     assert with_template.prompt == Prompt("Hi", "chat") and "default" in with_template.reason
     asked_raw = choose_format("Hi", "raw", "", True)
-    assert asked_raw.prompt == Prompt("Hi", "raw") and asked_raw.reason.startswith("raw")
+    assert asked_raw.prompt == Prompt("Hi", "raw") and asked_raw.reason == "plain completion, as asked"
     system = choose_format("Hi", "chat", "Be brief.", True)
     assert system.prompt == Prompt("Hi", "chat", "Be brief.") and "system prompt" in system.reason
     assert system.prompt.messages() == [
@@ -204,5 +204,6 @@ def test_the_format_follows_the_models_template() -> None:
         assert base.prompt == Prompt("Hi", "raw")
         assert "no chat template (none in tokenizer_config.json)" in base.reason
         assert "system prompt is not used" in base.reason
-    unknown = choose_format("Hi", None, "", None)
+    unknown = choose_format("Hi", None, "", None, "synthetic text does not depend on the prompt")
     assert unknown.prompt.format == "chat"
+    assert unknown.reason == "the default (synthetic text does not depend on the prompt)"

@@ -516,7 +516,7 @@ async def test_accepted_says_which_format_and_why(server: BackendServer) -> None
     async with connect(server.url) as ws:
         await ws.send(json.dumps({"type": "generate", "id": "a", "prompt": "Hi", "n": 1, "format": "raw"}))
         accepted = await recv(ws)
-        assert (accepted["format"], accepted["format_reason"]) == ("raw", "raw: plain completion, as asked")
+        assert (accepted["format"], accepted["format_reason"]) == ("raw", "plain completion, as asked")
         await until_done(ws, "a")
         frame = {"type": "generate", "id": "b", "prompt": "Hi", "n": 1, "system": "Be brief."}
         await ws.send(json.dumps(frame))

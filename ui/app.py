@@ -286,6 +286,13 @@ def build_demo(
         async def stop_clicked(event: gr.SelectData, request: gr.Request) -> None:
             await stop_sample(int(event.index), request)
 
+        prompt_format.change(
+            lambda chosen: gr.Textbox(interactive=chosen == "chat"),
+            inputs=prompt_format,
+            outputs=system,
+            show_progress="hidden",
+            api_visibility="private",
+        )
         generate_event = generate_btn.click(
             generate,
             inputs=[

@@ -193,7 +193,7 @@ def status_markdown(view: RunView) -> str:
             f"Request `{view.request_id}` · engine **{view.engine}** ({view.model}) · seed {seed} · {state}."
         )
         if view.format_reason:
-            lines.append(f"Prompt format **{view.prompt_format}**: {view.format_reason.partition(': ')[2]}.")
+            lines.append(f"Prompt format **{view.prompt_format}**: {view.format_reason}.")
     return "\n\n".join(lines)
 
 

@@ -126,6 +126,10 @@ class SyntheticEngine(Engine):
     def model(self) -> str:
         return f"deterministic text, {self.rate:g} tok/s per sample ± {self.jitter:.0%}"
 
+    @property
+    def template_note(self) -> str:
+        return "synthetic text does not depend on the prompt"
+
     def generate(self, prompt: Prompt, n: int, params: SamplingParams) -> Generation:
         generation = SyntheticGeneration(self, n, params)
         self._generations.add(generation)
