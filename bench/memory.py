@@ -56,9 +56,22 @@ def rss_by_process(pid: int) -> dict[str, float]:
         except OSError:
             continue
         kb = next((int(line.split()[1]) for line in status.splitlines() if line.startswith("VmRSS:")), 0)
-        name = "page (app.py, Gradio)" if child == pid else command.split(" -m ")[-1][:60] or str(child)
-        out[f"{name} [{child}]"] = kb / 1024
+        out[f"{process_name(command, child == pid)} [{child}]"] = kb / 1024
     return out
+
+
+def process_name(command: str, is_app: bool) -> str:
+    """What a process of the dashboard is, from its command line."""
+    if is_app:
+        return "page (app.py, Gradio)"
+    for marker, name in (
+        ("embedded.child", "embedded engine (model, scheduler)"),
+        ("multiprocessing.spawn", "backend (websocket server, traced loop)"),
+        ("multiprocessing.resource_tracker", "multiprocessing resource tracker"),
+    ):
+        if marker in command:
+            return name
+    return command[:50]
 
 
 def wait_ready(backend_health: str, limit_s: float = 300) -> None:
@@ -117,10 +130,10 @@ def main() -> None:
         app.terminate()
         app.wait(30)
     print(f"n = {args.n} x {args.max_tokens} tokens, {elapsed:.1f} s; resident memory (MB):")
-    print(f"{'process':<60} {'idle':>8} {'peak':>8}")
+    print(f"{'process':<52} {'idle':>6} {'peak':>6}")
     for name in idle:
-        print(f"{name:<60} {idle[name]:>8.0f} {peak.get(name, 0):>8.0f}")
-    print(f"{'total':<60} {sum(idle.values()):>8.0f} {sum(peak.values()):>8.0f}")
+        print(f"{name:<52} {idle[name]:>6.0f} {peak.get(name, 0):>6.0f}")
+    print(f"{'total':<52} {sum(idle.values()):>6.0f} {sum(peak.values()):>6.0f}")
 
 
 if __name__ == "__main__":
