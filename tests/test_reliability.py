@@ -372,7 +372,7 @@ def test_load_on_the_embedded_engine_at_a_smaller_scale() -> None:
 class DyingSGLang:
     """An HTTP server on 127.0.0.1 that answers like SGLang, then dies in the middle of a stream.
 
-    /health and /model_info answer as the real server did; POST /generate sends the first part of
+    /health, /model_info and /tokenize answer as the real server did; POST /generate sends the first part of
     a stream recorded from a real SGLang server (tests/fixtures) and then drops the connection,
     as a server that crashes or restarts mid-stream does.
     """
@@ -381,6 +381,7 @@ class DyingSGLang:
         fixtures = ROOT / "tests" / "fixtures"
         self.stream = (fixtures / "sglang-generate-n4-cumulative.sse").read_bytes()
         self.model_info = (fixtures / "sglang-model_info.json").read_bytes()
+        self.tokenize = (fixtures / "sglang-tokenize-chat.json").read_bytes()
         self.server: asyncio.Server | None = None
 
     async def start(self) -> str:
@@ -406,7 +407,8 @@ class DyingSGLang:
                     await writer.drain()
                     writer.transport.abort()  # the server dies mid-stream
                     return
-                body = self.model_info if "/model_info" in request_line else b'{"ok": true}'
+                answers = {"/model_info": self.model_info, "/tokenize": self.tokenize}
+                body = next((v for k, v in answers.items() if k in request_line), b'{"ok": true}')
                 writer.write(
                     b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\n"
                     + f"content-length: {len(body)}\r\n\r\n".encode()
