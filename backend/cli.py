@@ -49,9 +49,21 @@ def add_engine_arguments(parser: argparse.ArgumentParser) -> None:
         help="engine sglang: SGLang server or router, e.g. http://127.0.0.1:30000 (env SGLANG_URL)",
     )
     parser.add_argument(
+        "--sglang-api-key",
+        default=env("SGLANG_API_KEY", ""),
+        help="engine sglang: the key of a server started with --api-key (env SGLANG_API_KEY; "
+        "prefer the environment: a flag shows in the process list)",
+    )
+    parser.add_argument(
         "--openai-url",
         default=env("OPENAI_URL", ""),
         help="engine openai: OpenAI-compatible server, e.g. http://127.0.0.1:8000 (env OPENAI_URL)",
+    )
+    parser.add_argument(
+        "--openai-api-key",
+        default=env("OPENAI_API_KEY", ""),
+        help="engine openai: the server's API key, e.g. vLLM's --api-key (env OPENAI_API_KEY; "
+        "prefer the environment: a flag shows in the process list)",
     )
     parser.add_argument(
         "--model",
@@ -112,7 +124,9 @@ def engine_from_args(args: argparse.Namespace) -> Engine:
         max_rows=args.max_rows,
         context=args.context,
         sglang_url=args.sglang_url,
+        sglang_api_key=args.sglang_api_key,
         openai_url=args.openai_url,
+        openai_api_key=args.openai_api_key,
         model=args.model,
         default_model=args.default_model,
     )

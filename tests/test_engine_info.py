@@ -8,6 +8,7 @@ from typing import Any
 
 from websockets.asyncio.client import connect
 
+from backend.engines.http_stream import refused_key
 from backend.engines.sglang import SGLangEngine
 from backend.engines.sglang_launch import free_port
 from backend.engines.synthetic import SyntheticEngine
@@ -103,3 +104,12 @@ async def test_an_engine_that_failed_to_start_is_said_and_the_backend_keeps_answ
                 assert "could not start: the embedded model is not installed" in frame["message"]
     finally:
         await server.close()
+
+
+def test_what_a_refused_api_key_says() -> None:
+    setting = "--sglang-api-key or SGLANG_API_KEY"
+    assert refused_key(200, "", setting) == "" and refused_key(404, "k", setting) == ""
+    assert refused_key(401, "", setting) == (
+        "the server refused the request without an API key (HTTP 401); set --sglang-api-key or SGLANG_API_KEY"
+    )
+    assert "refused the API key (HTTP 403); check --sglang-api-key" in refused_key(403, "k", setting)

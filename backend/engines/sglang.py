@@ -39,9 +39,12 @@ class SGLangEngine(HTTPEngine):
 
     name = "sglang"
     label = "SGLang"
+    key_setting = "--sglang-api-key or SGLANG_API_KEY"
 
-    def __init__(self, url: str = DEFAULT_SGLANG_URL, launcher: SGLangServerProcess | None = None) -> None:
-        super().__init__(url)
+    def __init__(
+        self, url: str = DEFAULT_SGLANG_URL, launcher: SGLangServerProcess | None = None, api_key: str = ""
+    ) -> None:
+        super().__init__(url, api_key)
         self.launcher = launcher
         """The child process serving `url`, started and stopped with the engine (--engine auto on a GPU)."""
         self.incremental = False
@@ -59,8 +62,9 @@ class SGLangEngine(HTTPEngine):
 
     @classmethod
     def from_options(cls, options: Any) -> SGLangEngine:
-        """Build from the command line's `--sglang-url`."""
-        return cls(getattr(options, "sglang_url", "") or DEFAULT_SGLANG_URL)
+        """Build from the command line's `--sglang-url` and `--sglang-api-key`."""
+        url = getattr(options, "sglang_url", "") or DEFAULT_SGLANG_URL
+        return cls(url, api_key=getattr(options, "sglang_api_key", ""))
 
     async def probe(self) -> str:
         if self.served_model is None:
@@ -100,7 +104,11 @@ class SGLangEngine(HTTPEngine):
                 f"SGLang did not take the abort of {rid}: {describe_http_error(exc)}"
             ) from exc
         if response.status_code >= 300:
-            raise EngineUnavailable(f"SGLang answered /abort_request with HTTP {response.status_code}")
+            refused = self.refused(response.status_code)
+            raise EngineUnavailable(
+                f"SGLang answered /abort_request with HTTP {response.status_code}"
+                + (f": {refused}" if refused else "")
+            )
 
 
 def sglang_request(prompt: str | list[int], n: int, params: SamplingParams) -> dict[str, Any]:
