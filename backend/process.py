@@ -23,6 +23,10 @@ START_TIMEOUT_S = 60.0
 """How long app.py waits for the backend to listen (the engine then starts while the page runs)."""
 
 
+STOP_TIMEOUT_S = 30.0
+"""How long the backend may take to stop after SIGTERM before it is killed: longer than an SGLang
+server it started takes to stop (20 s, then killed), so that server never outlives it."""
+
 PARENT_CHECK_S = 1.0
 """How often the child checks that app.py still runs: a killed parent must not leave it serving."""
 
@@ -90,7 +94,7 @@ class BackendProcess:
             raise RuntimeError(f"the backend could not start: {detail}")
         return detail
 
-    def stop(self, timeout: float = 10.0) -> None:
+    def stop(self, timeout: float = STOP_TIMEOUT_S) -> None:
         """Terminate the child (it aborts its requests and stops its engine) and wait for it."""
         if self._process.is_alive():
             self._process.terminate()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+from pathlib import Path
 
 import pytest
 
@@ -11,6 +12,7 @@ from backend.engines import ENGINES
 from backend.engines.auto import choose_engine
 from backend.engines.openai import OpenAIEngine
 from backend.engines.sglang import SGLangEngine
+from backend.engines.sglang_launch import SGLangServerProcess
 
 WITH_EMBEDDED = ("synthetic", "embedded", "sglang", "openai")
 WITHOUT_EMBEDDED = ("synthetic", "sglang", "openai")
@@ -63,6 +65,32 @@ def test_a_server_url_makes_auto_pick_that_servers_engine() -> None:
     assert engine.requested_model == "m"
 
 
+def test_api_keys_come_from_the_environment_or_the_flags(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("SGLANG_API_KEY", "from-env")
+    monkeypatch.setenv("OPENAI_API_KEY", "openai-env")
+    engine = engine_from_args(parse(["--sglang-url", "http://127.0.0.1:30001"]))
+    assert isinstance(engine, SGLangEngine) and engine.api_key == "from-env"
+    assert engine.client.headers["Authorization"] == "Bearer from-env"
+    engine = engine_from_args(parse(["--sglang-url", "http://h:1", "--sglang-api-key", "from-flag"]))
+    assert engine.api_key == "from-flag"  # type: ignore[attr-defined]
+    engine = engine_from_args(parse(["--openai-url", "http://127.0.0.1:8001"]))
+    assert isinstance(engine, OpenAIEngine) and engine.api_key == "openai-env"
+    monkeypatch.delenv("SGLANG_API_KEY")
+    engine = engine_from_args(parse(["--sglang-url", "http://h:1"]))
+    assert "Authorization" not in engine.client.headers  # type: ignore[attr-defined]
+
+
 def test_a_url_that_is_not_http_is_refused() -> None:
     with pytest.raises(ValueError, match="http://"):
         engine_from_args(parse(["--engine", "sglang", "--sglang-url", "127.0.0.1:30000"]))
+
+
+def test_a_launched_server_that_fails_to_start_is_quoted_from_its_log(tmp_path: Path) -> None:
+    """Here SGLang is not installed, so `python -m sglang.launch_server` fails as a broken install
+    would: the error quotes the end of the server's own output instead of only its exit status."""
+    server = SGLangServerProcess("some/model", log_path=tmp_path / "logs" / "sglang-server.log")
+    with pytest.raises(RuntimeError) as caught:
+        server.start(timeout=60)
+    message = str(caught.value)
+    assert "exited with 1 while starting" in message and "No module named" in message
+    assert str(tmp_path / "logs" / "sglang-server.log") in message

@@ -9,8 +9,10 @@ function, so it is tested without any of those machines.
 from __future__ import annotations
 
 import importlib.util
+import os
 from collections.abc import Collection
 from dataclasses import dataclass
+from pathlib import Path
 
 from backend.engine import Engine
 
@@ -18,6 +20,14 @@ AUTO = "auto"
 """The --engine value that chooses by itself."""
 
 DEFAULT_GPU_MODEL = "HuggingFaceTB/SmolLM2-135M-Instruct"
+
+LAUNCHED_SERVER_LOG = (
+    Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
+    / "parallel-sampling-dashboard"
+    / "sglang-server.log"
+)
+"""Where the SGLang server that `--engine auto` starts writes its output (appended; a failed start
+quotes its end)."""
 """What an SGLang child serves when --model names nothing: the dashboard's model, as an HF id."""
 
 
@@ -74,6 +84,12 @@ def auto_engine(options: object, registered: Collection[str]) -> Engine:
         from backend.engines.sglang import SGLangEngine
         from backend.engines.sglang_launch import SGLangServerProcess
 
-        server = SGLangServerProcess(getattr(options, "model", "") or DEFAULT_GPU_MODEL)
+        # Incremental: each event holds only the new text, not the sample's whole text and ids again
+        # (bench/sglang_stream_bytes.py measures what that saves).
+        server = SGLangServerProcess(
+            getattr(options, "model", "") or DEFAULT_GPU_MODEL,
+            extra_args=["--incremental-streaming-output"],
+            log_path=LAUNCHED_SERVER_LOG,
+        )
         return SGLangEngine(server.url, launcher=server)
     return create_engine(choice.name, options)  # type: ignore[arg-type]

@@ -23,6 +23,9 @@ STARTUP_TIMEOUT_S = 600.0
 STOP_TIMEOUT_S = 20.0
 """How long the server may take to exit after SIGTERM before it is killed."""
 
+LOG_TAIL_LINES = 20
+"""Lines of the server's output quoted when it fails to start."""
+
 HEALTH_POLL_S = 1.0
 """Pause between /health polls while the server starts."""
 
@@ -77,6 +80,8 @@ class SGLangServerProcess:
 
     def start(self, timeout: float = STARTUP_TIMEOUT_S) -> None:
         """Start the server and return once /health answers 200; RuntimeError if it exits first."""
+        if self.log_path is not None:
+            self.log_path.parent.mkdir(parents=True, exist_ok=True)
         output = open(self.log_path, "ab") if self.log_path else subprocess.DEVNULL
         env = {**os.environ, **self.env} if self.env is not None else None
         # Its own process group, so stop() ends the scheduler and detokenizer processes it spawns too.
@@ -87,9 +92,8 @@ class SGLangServerProcess:
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if self.process.poll() is not None:
-                where = f"; its output is in {self.log_path}" if self.log_path else ""
                 raise RuntimeError(
-                    f"the SGLang server exited with {self.process.returncode} while starting{where}"
+                    f"the SGLang server exited with {self.process.returncode} while starting{self.log_tail()}"
                 )
             try:
                 with urllib.request.urlopen(self.url + "/health", timeout=5) as response:
@@ -99,7 +103,17 @@ class SGLangServerProcess:
                 pass
             time.sleep(HEALTH_POLL_S)
         self.stop()
-        raise TimeoutError(f"the SGLang server did not answer /health within {timeout:g} s")
+        raise TimeoutError(f"the SGLang server did not answer /health within {timeout:g} s{self.log_tail()}")
+
+    def log_tail(self, lines: int = LOG_TAIL_LINES) -> str:
+        """The end of the server's output, to quote in an error ("" without a log)."""
+        if self.log_path is None:
+            return ""
+        try:
+            text = self.log_path.read_text(errors="replace").splitlines()[-lines:]
+        except OSError:
+            return f"; its output was to go to {self.log_path}, which cannot be read"
+        return f"; the end of its output ({self.log_path}):\n" + "\n".join(text)
 
     def stop(self) -> None:
         """Terminate the server's process group; kill it if it does not exit in time."""
