@@ -18,6 +18,7 @@ test: $(VENV)/.dev $(NATIVE) chromium  ## lint, then every test (the browser one
 	$(PY) -m pytest $(PYTEST_ARGS)
 
 test-engines: $(VENV)/.dev $(NATIVE)  ## the sglang/openai engines against real SGLang and vLLM servers on this CPU
+	scripts/check-gpu-install.sh
 	scripts/prepare-engine-envs.sh
 	DASHBOARD_REAL_ENGINES=1 $(PY) -m pytest --timeout 900 tests/test_engines_real.py $(PYTEST_ARGS)
 

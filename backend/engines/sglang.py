@@ -87,6 +87,13 @@ class SGLangEngine(HTTPEngine):
                 pass  # routers answer only what they proxy; the default server streams cumulative text
         return str(name or "unknown model")
 
+    def health(self) -> dict[str, Any]:
+        health = super().health()
+        if self.launcher is not None and self.served_model is None:
+            log = f"; its output goes to {self.launcher.log_path}" if self.launcher.log_path else ""
+            health["loading_status"] = f"starting an SGLang server for {self.launcher.model}{log}"
+        return health
+
     @property
     def chat_template(self) -> bool | None:
         # Chat prompts are rendered by the server's /tokenize: without it there is no template to use.
