@@ -8,7 +8,7 @@ caches), streams n samples of `--max-tokens` tokens with the `sglang` engine's r
 (checking that the engine detects the mode and that every sample streams and finishes), and prints
 the bytes on the wire per request, per token, and their ratio.
 
-Usage: python bench/sglang_stream_bytes.py [--n 32] [--max-tokens 256]
+Usage: python -m bench.sglang_stream_bytes [--n 32] [--max-tokens 256]
 """
 
 from __future__ import annotations
