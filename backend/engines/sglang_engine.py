@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import logging
 from collections.abc import AsyncIterator
 from typing import Any
@@ -23,6 +24,20 @@ log = logging.getLogger("backend.engines.sglang_engine")
 
 DEFAULT_ENGINE_MODEL = "HuggingFaceTB/SmolLM2-135M-Instruct"
 """What is loaded when --model names nothing."""
+
+
+def parse_engine_args(options: Any) -> dict[str, Any]:
+    """`--sglang-args` as keyword arguments; ValueError saying what is wrong."""
+    text = getattr(options, "sglang_args", "") or ""
+    if not text.strip():
+        return {}
+    try:
+        args = json.loads(text)
+    except ValueError as exc:
+        raise ValueError(f"--sglang-args must be a JSON object of sglang.Engine arguments: {exc}") from None
+    if not isinstance(args, dict) or "model_path" in args:
+        raise ValueError('--sglang-args must be a JSON object such as {"tp_size": 2}; the model is --model')
+    return args
 
 
 class SGLangInProcessEngine(Engine):
@@ -38,8 +53,9 @@ class SGLangInProcessEngine(Engine):
 
     @classmethod
     def from_options(cls, options: Any) -> SGLangInProcessEngine:
-        """Build from the command line's `--model`."""
-        return cls(getattr(options, "model", "") or DEFAULT_ENGINE_MODEL)
+        """Build from the command line's `--model` and `--sglang-args` (a JSON object of
+        `sglang.Engine` keyword arguments, such as `{"tp_size": 2, "mem_fraction_static": 0.8}`)."""
+        return cls(getattr(options, "model", "") or DEFAULT_ENGINE_MODEL, **parse_engine_args(options))
 
     @property
     def model(self) -> str:
@@ -49,7 +65,18 @@ class SGLangInProcessEngine(Engine):
         import sglang
 
         # Loading weights and starting the scheduler processes blocks for seconds to minutes.
-        self.sglang = await asyncio.to_thread(sglang.Engine, model_path=self.model_path, **self.engine_args)
+        try:
+            self.sglang = await asyncio.to_thread(
+                sglang.Engine, model_path=self.model_path, **self.engine_args
+            )
+        except Exception as exc:
+            raise RuntimeError(
+                f"SGLang could not load {self.model_path}: {type(exc).__name__}: {exc}"
+            ) from exc
+        # SGLang starts its request loop, and puts its own SIGTERM and SIGQUIT handlers on this loop,
+        # on the first request; start it now, so that the backend can put its own back once (see
+        # backend.process) instead of SGLang's draining `sys.exit` answering the next SIGTERM.
+        self.sglang.tokenizer_manager.auto_create_handle_loop()
 
     async def stop(self) -> None:
         await asyncio.gather(*(g.aclose() for g in list(self.generations)), return_exceptions=True)
