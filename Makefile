@@ -7,7 +7,7 @@ TORCH := $(shell grep '^torch==' requirements.txt)
 # The tracer's C step recorder, built in place (without a C compiler the tracer records in Python).
 NATIVE := backend/_step_recorder$(shell $(PYTHON) -c 'import sysconfig; print(sysconfig.get_config_var("EXT_SUFFIX"))')
 
-.PHONY: run test test-engines lint bench screenshot chromium clean
+.PHONY: run test test-engines check-gpu-install lint bench screenshot chromium clean
 
 run: $(VENV)/.runtime $(NATIVE)  ## the dashboard on http://127.0.0.1:7860 (ARGS="--engine synthetic ...")
 	$(PY) app.py $(ARGS)
@@ -18,9 +18,11 @@ test: $(VENV)/.dev $(NATIVE) chromium  ## lint, then every test (the browser one
 	$(PY) -m pytest $(PYTEST_ARGS)
 
 test-engines: $(VENV)/.dev $(NATIVE)  ## the sglang/openai engines against real SGLang and vLLM servers on this CPU
-	scripts/check-gpu-install.sh
 	scripts/prepare-engine-envs.sh
 	DASHBOARD_REAL_ENGINES=1 $(PY) -m pytest --timeout 900 tests/test_engines_real.py $(PYTEST_ARGS)
+
+check-gpu-install:  ## resolve requirements-gpu.txt against PyPI (dry run): SGLang's pins must hold
+	scripts/check-gpu-install.sh
 
 lint: $(VENV)/.dev
 	$(PY) -m ruff check .
