@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import argparse
+import os
+import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -94,3 +97,49 @@ def test_a_launched_server_that_fails_to_start_is_quoted_from_its_log(tmp_path: 
     message = str(caught.value)
     assert "exited with 1 while starting" in message and "No module named" in message
     assert str(tmp_path / "logs" / "sglang-server.log") in message
+
+
+def slow_server(tmp_path: Path) -> SGLangServerProcess:
+    """A launcher whose "server" is a process that never answers /health (a slow first start)."""
+    never_ready = tmp_path / "never-ready"
+    never_ready.write_text("#!/bin/sh\nexec sleep 600\n")
+    never_ready.chmod(0o755)
+    return SGLangServerProcess("some/model", python=str(never_ready), log_path=tmp_path / "server.log")
+
+
+def process_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+
+
+def test_a_launched_server_slower_than_the_wait_is_stopped(tmp_path: Path) -> None:
+    server = slow_server(tmp_path)
+    with pytest.raises(TimeoutError, match="did not answer /health within 2 s"):
+        server.start(timeout=2)
+    assert server.process is None
+
+
+def test_stopping_while_the_server_starts_ends_it_and_the_start(tmp_path: Path) -> None:
+    server = slow_server(tmp_path)
+    errors: list[BaseException] = []
+
+    def start() -> None:
+        try:
+            server.start(timeout=120)
+        except BaseException as exc:  # noqa: BLE001 - the test reads it
+            errors.append(exc)
+
+    starting = threading.Thread(target=start)
+    starting.start()
+    deadline = time.monotonic() + 10
+    while server.process is None:
+        assert time.monotonic() < deadline
+        time.sleep(0.05)
+    pid = server.process.pid
+    server.stop()
+    starting.join(10)
+    assert not starting.is_alive() and "stopped while it started" in str(errors[0])
+    assert not process_alive(pid)

@@ -85,15 +85,17 @@ class SGLangServerProcess:
         output = open(self.log_path, "ab") if self.log_path else subprocess.DEVNULL
         env = {**os.environ, **self.env} if self.env is not None else None
         # Its own process group, so stop() ends the scheduler and detokenizer processes it spawns too.
-        self.process = subprocess.Popen(
+        process = self.process = subprocess.Popen(
             self.command(), stdout=output, stderr=subprocess.STDOUT, env=env, start_new_session=True
         )
         atexit.register(self.stop)
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
-            if self.process.poll() is not None:
+            if self.process is not process:  # `stop` ran (the dashboard is stopping) while it started
+                raise RuntimeError("the SGLang server was stopped while it started")
+            if process.poll() is not None:
                 raise RuntimeError(
-                    f"the SGLang server exited with {self.process.returncode} while starting{self.log_tail()}"
+                    f"the SGLang server exited with {process.returncode} while starting{self.log_tail()}"
                 )
             try:
                 with urllib.request.urlopen(self.url + "/health", timeout=5) as response:
