@@ -49,6 +49,13 @@ class Prompt:
         return [*turns, {"role": "user", "content": self.text}]
 
 
+def template_token_ids(tokenizer: Any, messages: list[dict[str, str]]) -> list[int]:
+    """The token ids of `messages` in a Hugging Face tokenizer's chat template, the assistant's turn
+    opened; ValueError from the tokenizer where it has no template."""
+    ids = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
+    return list(ids["input_ids"] if hasattr(ids, "keys") else ids)
+
+
 @dataclass(frozen=True)
 class FormatChoice:
     """The format a request runs in, and why, as the `accepted` frame tells the client."""

@@ -2,7 +2,16 @@
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
+from pathlib import Path
+
+CACHE_ROOT = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "parallel-sampling-dashboard"
+"""The dashboard's cache outside the repo: converted model copies, the auto-launched server's log."""
+
+DEFAULT_MODEL_ID = "HuggingFaceTB/SmolLM2-135M-Instruct"
+"""The dashboard's model as a Hugging Face Hub id: the embedded engine's default where it comes from
+the hub (a Space), and what SGLang loads when --model names nothing."""
 
 # Hard cap enforced by the websockets library before a frame is parsed: a larger frame closes the
 # connection with code 1009. It bounds the memory one incoming message can take.

@@ -9,26 +9,18 @@ function, so it is tested without any of those machines.
 from __future__ import annotations
 
 import importlib.util
-import os
 from collections.abc import Collection
 from dataclasses import dataclass
-from pathlib import Path
 
 from backend.engine import Engine
+from backend.settings import CACHE_ROOT, DEFAULT_MODEL_ID
 
 AUTO = "auto"
 """The --engine value that chooses by itself."""
 
-DEFAULT_GPU_MODEL = "HuggingFaceTB/SmolLM2-135M-Instruct"
-
-LAUNCHED_SERVER_LOG = (
-    Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
-    / "parallel-sampling-dashboard"
-    / "sglang-server.log"
-)
+LAUNCHED_SERVER_LOG = CACHE_ROOT / "sglang-server.log"
 """Where the SGLang server that `--engine auto` starts writes its output (appended; a failed start
 quotes its end)."""
-"""What an SGLang child serves when --model names nothing: the dashboard's model, as an HF id."""
 
 
 @dataclass(frozen=True)
@@ -87,7 +79,7 @@ def auto_engine(options: object, registered: Collection[str]) -> Engine:
         # Incremental: each event holds only the new text, not the sample's whole text and ids again
         # (bench/sglang_stream_bytes.py measures what that saves).
         server = SGLangServerProcess(
-            getattr(options, "model", "") or DEFAULT_GPU_MODEL,
+            getattr(options, "model", "") or DEFAULT_MODEL_ID,
             extra_args=["--incremental-streaming-output"],
             log_path=LAUNCHED_SERVER_LOG,
         )

@@ -16,14 +16,12 @@ import logging
 from collections.abc import AsyncIterator
 from typing import Any
 
-from backend.engine import Chunk, Engine, Generation, Prompt, SamplingParams
+from backend.engine import Chunk, Engine, Generation, Prompt, SamplingParams, template_token_ids
 from backend.engines.sglang import sglang_request
 from backend.engines.streams import SGLangStream
+from backend.settings import DEFAULT_MODEL_ID
 
 log = logging.getLogger("backend.engines.sglang_engine")
-
-DEFAULT_ENGINE_MODEL = "HuggingFaceTB/SmolLM2-135M-Instruct"
-"""What is loaded when --model names nothing."""
 
 
 def parse_engine_args(options: Any) -> dict[str, Any]:
@@ -45,7 +43,7 @@ class SGLangInProcessEngine(Engine):
 
     name = "sglang-engine"
 
-    def __init__(self, model_path: str = DEFAULT_ENGINE_MODEL, **engine_args: Any) -> None:
+    def __init__(self, model_path: str = DEFAULT_MODEL_ID, **engine_args: Any) -> None:
         self.model_path = model_path
         self.engine_args = engine_args
         self.sglang: Any = None
@@ -55,7 +53,7 @@ class SGLangInProcessEngine(Engine):
     def from_options(cls, options: Any) -> SGLangInProcessEngine:
         """Build from the command line's `--model` and `--sglang-args` (a JSON object of
         `sglang.Engine` keyword arguments, such as `{"tp_size": 2, "mem_fraction_static": 0.8}`)."""
-        return cls(getattr(options, "model", "") or DEFAULT_ENGINE_MODEL, **parse_engine_args(options))
+        return cls(getattr(options, "model", "") or DEFAULT_MODEL_ID, **parse_engine_args(options))
 
     @property
     def model(self) -> str:
@@ -106,8 +104,7 @@ class SGLangInProcessEngine(Engine):
 
     def chat_token_ids(self, prompt: Prompt) -> list[int]:
         """A chat prompt's tokens in the model's chat template, the assistant's turn opened."""
-        ids = self.tokenizer.apply_chat_template(prompt.messages(), add_generation_prompt=True, tokenize=True)
-        return list(ids["input_ids"] if hasattr(ids, "keys") else ids)
+        return template_token_ids(self.tokenizer, prompt.messages())
 
     def generate(self, prompt: Prompt, n: int, params: SamplingParams) -> Generation:
         if self.sglang is None:

@@ -20,7 +20,15 @@ from collections import deque
 from collections.abc import Callable
 from typing import Any
 
-from backend.engine import Chunk, Engine, Generation, Prompt, RequestRejected, SamplingParams
+from backend.engine import (
+    Chunk,
+    Engine,
+    Generation,
+    Prompt,
+    RequestRejected,
+    SamplingParams,
+    template_token_ids,
+)
 from backend.engines.embedded.scheduler import DecodeParams
 from backend.engines.embedded.worker import WorkerProcess, WorkerSetup
 
@@ -190,8 +198,7 @@ class EmbeddedEngine(Engine):
             raise RequestRejected(
                 "no_chat_template", "the model has no chat template; send the prompt with format raw"
             )
-        ids = self.tokenizer.apply_chat_template(prompt.messages(), add_generation_prompt=True, tokenize=True)
-        return list(ids["input_ids"] if isinstance(ids, dict) or hasattr(ids, "keys") else ids)
+        return template_token_ids(self.tokenizer, prompt.messages())
 
     def validate(self, prompt: Prompt, n: int, params: SamplingParams) -> None:
         self._check(prompt, n, params)

@@ -29,7 +29,7 @@ from typing import Any, Protocol
 
 import torch
 
-from backend.engine import Chunk
+from backend.engine import Chunk, template_token_ids
 from backend.engines.embedded.detokenizer import TextStream
 from backend.engines.embedded.model import Llama, PromptKV, RowCache
 from backend.engines.embedded.sampler import RowSampling, sample
@@ -280,15 +280,9 @@ class BatchScheduler:
     def _template_head_kv(self) -> PromptKV | None:
         """The chat template's head (what two different user turns share), prefilled once."""
         try:
-            turns = [
-                self.tokenizer.apply_chat_template(
-                    [{"role": "user", "content": text}], add_generation_prompt=True, tokenize=True
-                )
-                for text in ("a", "b")
-            ]
+            ids = [template_token_ids(self.tokenizer, [{"role": "user", "content": t}]) for t in ("a", "b")]
         except ValueError:  # a model without a chat template: nothing to share
             return None
-        ids = [list(t["input_ids"] if hasattr(t, "keys") else t) for t in turns]
         head = 0
         while head < min(map(len, ids)) and ids[0][head] == ids[1][head]:
             head += 1

