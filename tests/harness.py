@@ -16,6 +16,12 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 
+ENGINE_CACHE = Path(
+    os.environ.get("DASHBOARD_CACHE") or Path.home() / ".cache" / "parallel-sampling-dashboard"
+)
+"""Where scripts/prepare-engine-envs.sh keeps the engine environments and the converted model, and
+tests/test_space.py the Space's environment (DASHBOARD_CACHE, as the script reads it)."""
+
 CHROMIUM_ARGS = [
     "--headless",
     "--no-sandbox",

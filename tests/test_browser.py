@@ -7,9 +7,9 @@ import time
 from collections.abc import Iterator
 
 import pytest
-from playwright.sync_api import Browser, Page, expect, sync_playwright
+from playwright.sync_api import Browser, Page, expect
 
-from tests.harness import CHROMIUM_ARGS, chromium_path, free_port, start_app
+from tests.harness import chromium_path, free_port, start_app
 
 if chromium_path() is None:
     if os.environ.get("CI"):
@@ -26,14 +26,6 @@ def app_url() -> Iterator[str]:
     finally:
         process.terminate()
         process.wait(15)
-
-
-@pytest.fixture(scope="module")
-def browser() -> Iterator[Browser]:
-    with sync_playwright() as p:
-        browser = p.chromium.launch(executable_path=chromium_path(), args=CHROMIUM_ARGS)
-        yield browser
-        browser.close()
 
 
 @pytest.fixture

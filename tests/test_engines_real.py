@@ -30,7 +30,7 @@ from backend.engines.sglang import SGLangEngine
 from backend.engines.sglang_launch import SGLangServerProcess, free_port
 from backend.server import BackendServer
 from backend.settings import Limits
-from tests.harness import ROOT, stop_process_group, wait_for_http
+from tests.harness import ENGINE_CACHE, ROOT, stop_process_group, wait_for_http
 from tests.support.answers import COLOUR_PROMPT, LONG_PROMPT, answers_colours
 from tests.support.stop_one import MAX_TOKENS, StopOneSample
 from ui.engine_info import engine_line_now
@@ -40,7 +40,7 @@ pytestmark = pytest.mark.skipif(
     reason="real SGLang/vLLM servers: run `make test-engines` (prepares them, sets DASHBOARD_REAL_ENGINES=1)",
 )
 
-CACHE = Path(os.environ.get("DASHBOARD_CACHE", Path.home() / ".cache" / "parallel-sampling-dashboard"))
+CACHE = ENGINE_CACHE
 MODEL = CACHE / "models" / "SmolLM2-135M-Instruct"
 SERVED_NAME = "smollm2"
 API_KEY = "test-key-5f2c"

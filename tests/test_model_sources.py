@@ -9,6 +9,7 @@ folder with no template at all, which runs raw and says so instead of closing th
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 from collections.abc import Iterator
 from pathlib import Path
@@ -74,8 +75,19 @@ def backend_env(hf_home: Path, endpoint: str) -> dict[str, str]:
     return {"HF_ENDPOINT": endpoint, "HF_HOME": str(hf_home), "HF_HUB_OFFLINE": ""}
 
 
-def start(flags: list[str], env: dict[str, str] | None = None) -> tuple[Any, int]:
-    return start_backend(["--engine", "embedded", *flags], limit_s=180, env=env)
+@contextlib.contextmanager
+def embedded_backend(flags: list[str], env: dict[str, str] | None = None) -> Iterator[int]:
+    """`python -m backend --engine embedded FLAGS`, its port while the block runs, then stopped."""
+    process, port = start_backend(["--engine", "embedded", *flags], limit_s=180, env=env)
+    try:
+        yield port
+    finally:
+        stop_process(process)
+
+
+def unreachable_hub(hf_home: Path) -> dict[str, str]:
+    """The environment of a start whose hub cannot be reached (nothing listens at its address)."""
+    return backend_env(hf_home, f"http://127.0.0.1:{free_port()}")
 
 
 def assert_answers_colours(texts: list[str]) -> None:
@@ -85,12 +97,8 @@ def assert_answers_colours(texts: list[str]) -> None:
 def test_the_default_model_comes_from_the_hub_once_and_stays_in_its_cache(
     hub: HubStandIn, tmp_path: Path
 ) -> None:
-    env = backend_env(tmp_path / "hf", hub.endpoint)
-    process, port = start(["--default-model", "hub"], env)
-    try:
+    with embedded_backend(["--default-model", "hub"], backend_env(tmp_path / "hf", hub.endpoint)) as port:
         accepted, texts, reasons = asyncio.run(ask(port, COLOUR_PROMPT))
-    finally:
-        stop_process(process)
     assert f"{REPO_ID} (hub)" in accepted["model"] and accepted["format"] == "chat"
     assert_answers_colours(texts)
     assert set(reasons) <= {"stop", "length"}
@@ -100,25 +108,15 @@ def test_the_default_model_comes_from_the_hub_once_and_stays_in_its_cache(
 
     # The next start finds it in the cache, with the hub gone.
     hub.stop()
-    process, port = start(
-        ["--default-model", "hub"], backend_env(tmp_path / "hf", f"http://127.0.0.1:{free_port()}")
-    )
-    try:
+    with embedded_backend(["--default-model", "hub"], unreachable_hub(tmp_path / "hf")) as port:
         accepted, texts, _ = asyncio.run(ask(port, COLOUR_PROMPT, n=1))
-    finally:
-        stop_process(process)
     assert f"{REPO_ID} (hub)" in accepted["model"]
     assert_answers_colours(texts)
 
 
 def test_an_unreachable_hub_falls_back_to_the_bundled_gguf(tmp_path: Path) -> None:
-    process, port = start(
-        ["--default-model", "hub"], backend_env(tmp_path / "hf", f"http://127.0.0.1:{free_port()}")
-    )
-    try:
+    with embedded_backend(["--default-model", "hub"], unreachable_hub(tmp_path / "hf")) as port:
         accepted, texts, _ = asyncio.run(ask(port, COLOUR_PROMPT, n=1))
-    finally:
-        stop_process(process)
     assert "Q4_1 GGUF" in accepted["model"]
     assert_answers_colours(texts)
 
@@ -141,18 +139,14 @@ def test_no_hub_and_no_bundled_model_says_what_to_set(monkeypatch: pytest.Monkey
 
 
 def test_a_template_only_in_chat_template_jinja_is_used(hub_folders: dict[str, Path]) -> None:
-    process, port = start(["--model", str(hub_folders["jinja"])])
-    try:
+    with embedded_backend(["--model", str(hub_folders["jinja"])]) as port:
         accepted, texts, _ = asyncio.run(ask(port, COLOUR_PROMPT, system="You answer in short lists."))
-    finally:
-        stop_process(process)
     assert accepted["format"] == "chat" and "with the system prompt" in accepted["format_reason"]
     assert_answers_colours(texts)
 
 
 def test_a_model_without_a_template_runs_raw_and_says_so(hub_folders: dict[str, Path]) -> None:
-    process, port = start(["--model", str(hub_folders["none"])])
-    try:
+    with embedded_backend(["--model", str(hub_folders["none"])]) as port:
         for asked in ({}, {"format": "chat"}):
             accepted, texts, reasons = asyncio.run(ask(port, "The three primary colours are", **asked))
             assert accepted["format"] == "raw", accepted
@@ -160,5 +154,3 @@ def test_a_model_without_a_template_runs_raw_and_says_so(hub_folders: dict[str, 
             for text in texts:
                 assert len(text.split()) >= 3, text
             assert set(reasons) <= {"stop", "length"}
-    finally:
-        stop_process(process)

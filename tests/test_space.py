@@ -17,13 +17,12 @@ import os
 import shutil
 import subprocess
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from playwright.sync_api import Browser, Page, expect, sync_playwright
+from playwright.sync_api import Browser, Page, expect
 
-from tests.harness import CHROMIUM_ARGS, ROOT, chromium_path, free_port, stop_process_group, wait_for_http
+from tests.harness import ENGINE_CACHE, ROOT, chromium_path, free_port, stop_process_group, wait_for_http
 from tests.support.answers import COLOUR_PROMPT, answers_colours
 from tests.support.hub_model import REPO_ID, build_hub_folder
 from tests.support.hub_standin import HubStandIn
@@ -35,8 +34,6 @@ if chromium_path() is None:
 
 pytestmark = pytest.mark.timeout(1800)  # the first run builds the Space's environment (minutes)
 
-CACHE = Path(os.environ.get("DASHBOARD_CACHE") or Path.home() / ".cache" / "parallel-sampling-dashboard")
-
 DOWNLOAD_DELAY_S = 12.0
 """The stand-in holds model.safetensors back this long, so the page is up while the download runs."""
 
@@ -45,7 +42,7 @@ DOWNLOAD_DELAY_S = 12.0
 def space_python() -> Path:
     """A virtual environment made from requirements.txt alone, as a Space's build makes it."""
     requirements = (ROOT / "requirements.txt").read_bytes()
-    venv = CACHE / "envs" / f"space-{hashlib.sha256(requirements).hexdigest()[:12]}"
+    venv = ENGINE_CACHE / "envs" / f"space-{hashlib.sha256(requirements).hexdigest()[:12]}"
     python = venv / "bin" / "python"
     if not (venv / ".ready").exists():
         shutil.rmtree(venv, ignore_errors=True)
@@ -74,14 +71,6 @@ def pushed_repo(tmp_path_factory: pytest.TempPathFactory) -> Path:
         if (ROOT / name).is_file():
             shutil.copy2(ROOT / name, target)
     return out
-
-
-@pytest.fixture(scope="module")
-def browser() -> Iterator[Browser]:
-    with sync_playwright() as p:
-        browser = p.chromium.launch(executable_path=chromium_path(), args=CHROMIUM_ARGS)
-        yield browser
-        browser.close()
 
 
 def start_space(
