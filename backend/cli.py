@@ -79,6 +79,19 @@ def add_engine_arguments(parser: argparse.ArgumentParser) -> None:
         "(env SGLANG_ENGINE_ARGS)",
     )
     parser.add_argument(
+        "--sglang-server-args",
+        default=env("SGLANG_SERVER_ARGS", ""),
+        help="engine auto where it starts an SGLang server: more launch_server flags, shell-quoted, "
+        "e.g. '--tp-size 2 --mem-fraction-static 0.8' (env SGLANG_SERVER_ARGS)",
+    )
+    parser.add_argument(
+        "--sglang-start-timeout",
+        type=float,
+        default=float(env("SGLANG_START_TIMEOUT", str(EngineOptions.sglang_start_timeout))),
+        help="engine auto where it starts an SGLang server: seconds it may take to load and answer "
+        "/health before it is stopped and the engine fails (env SGLANG_START_TIMEOUT; default %(default)s)",
+    )
+    parser.add_argument(
         "--default-model",
         default=env("DASHBOARD_DEFAULT_MODEL", "hub" if os.environ.get("SPACE_ID") else "bundled"),
         choices=["bundled", "hub"],
@@ -135,6 +148,8 @@ def engine_from_args(args: argparse.Namespace) -> Engine:
         openai_api_key=args.openai_api_key,
         model=args.model,
         sglang_args=args.sglang_args,
+        sglang_server_args=args.sglang_server_args,
+        sglang_start_timeout=args.sglang_start_timeout,
         default_model=args.default_model,
     )
     if args.engine == AUTO:

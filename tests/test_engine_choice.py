@@ -143,3 +143,27 @@ def test_stopping_while_the_server_starts_ends_it_and_the_start(tmp_path: Path) 
     starting.join(10)
     assert not starting.is_alive() and "stopped while it started" in str(errors[0])
     assert not process_alive(pid)
+
+
+def test_auto_on_a_gpu_launches_sglang_with_the_flags_given(monkeypatch: pytest.MonkeyPatch) -> None:
+    """What `--engine auto` starts where it takes the GPU path (assumed here, as the CPU tests do)."""
+    monkeypatch.setenv("DASHBOARD_ASSUME_CUDA", "1")
+    monkeypatch.setattr("backend.engines.auto.sglang_importable", lambda: True)
+    monkeypatch.setenv("SGLANG_SERVER_ARGS", "--tp-size 2 --mem-fraction-static 0.8")
+    monkeypatch.setenv("SGLANG_API_KEY", "k")
+    argv = ["--model", "org/model", "--sglang-start-timeout", "1200"]
+    engine = engine_from_args(parse(argv))
+    assert isinstance(engine, SGLangEngine) and engine.launcher is not None
+    command = engine.launcher.command()
+    assert command[command.index("--model-path") + 1] == "org/model"
+    extra = ["--incremental-streaming-output", "--tp-size", "2", "--mem-fraction-static", "0.8"]
+    assert command[-5:] == extra
+    assert engine.launcher.start_timeout == 1200 and engine.api_key == "k"
+    assert engine.url == engine.launcher.url
+
+
+def test_unreadable_server_flags_are_said_plainly(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("DASHBOARD_ASSUME_CUDA", "1")
+    monkeypatch.setattr("backend.engines.auto.sglang_importable", lambda: True)
+    with pytest.raises(ValueError, match=r"--sglang-server-args .* cannot be read"):
+        engine_from_args(parse(["--sglang-server-args", "--chat-template 'unclosed"]))

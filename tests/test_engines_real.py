@@ -9,6 +9,7 @@ with DASHBOARD_REAL_ENGINES=1; without it (plain `make test`) these tests skip, 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import re
@@ -17,6 +18,7 @@ import subprocess
 import time
 import urllib.request
 from collections.abc import AsyncIterator, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -427,6 +429,11 @@ class SGLangApp:
     health_url: str
     log: Path
 
+    @property
+    def ws_url(self) -> str:
+        """The backend's websocket URL."""
+        return self.health_url.replace("http://", "ws://").replace("/health", "/ws")
+
     def health(self) -> dict[str, Any]:
         with urllib.request.urlopen(self.health_url, timeout=10) as response:
             return json.loads(response.read())
@@ -441,7 +448,10 @@ class SGLangApp:
         return health
 
 
-def start_sglang_app(model: Path, log: Path) -> SGLangApp:
+def start_sglang_app(
+    model: Path, log: Path, engine: str = "sglang-engine", env: dict[str, str] | None = None
+) -> SGLangApp:
+    """app.py with the SGLang environment's Python (SGLang plus the dashboard's packages)."""
     python = CACHE / "envs" / "sglang" / "bin" / "python"
     port, backend_port = free_port(), free_port()
     env = {
@@ -450,8 +460,9 @@ def start_sglang_app(model: Path, log: Path) -> SGLangApp:
         "PYTHONPATH": f"{ROOT}:{ROOT / 'tests' / 'support'}",
         "SGLANG_ENGINE_ARGS": json.dumps(SGLANG_CPU_ENGINE_ARGS),
         "GRADIO_ANALYTICS_ENABLED": "False",
+        **(env or {}),
     }
-    command = [str(python), str(ROOT / "app.py"), "--engine", "sglang-engine", "--model", str(model)]
+    command = [str(python), str(ROOT / "app.py"), "--engine", engine, "--model", str(model)]
     command += ["--host", "127.0.0.1", "--port", str(port), "--backend-port", str(backend_port)]
     with log.open("wb") as out:
         process = subprocess.Popen(
@@ -532,17 +543,168 @@ def test_app_py_serves_in_process_sglang(tmp_path: Path) -> None:
 def test_in_process_sglang_that_cannot_load_says_why(tmp_path: Path) -> None:
     """A model whose weights are missing: the scheduler fails to load; the backend lives on and the
     page says what happened."""
-    broken = tmp_path / "no-weights"
-    broken.mkdir()
-    for name in ("config.json", "tokenizer.json", "tokenizer_config.json"):
-        (broken / name).write_bytes((MODEL / name).read_bytes())
-    app = start_sglang_app(broken, tmp_path / "app.log")
+    app = start_sglang_app(weightless_copy(tmp_path / "no-weights"), tmp_path / "app.log")
     try:
         health = app.wait_engine()
         assert health["engine_state"] == "failed" and health["engine_error"], health
-        ws_url = app.health_url.replace("http://", "ws://").replace("/health", "/ws")
-        line, _ = asyncio.run(engine_line_now(ws_url))
+        line, _ = asyncio.run(engine_line_now(app.ws_url))
         assert "could not start" in line and "failed and sent SIGQUIT" in line, line
         assert app.process.poll() is None and app.health()["status"] == "ok"
     finally:
         stop_process_group(app.process)
+
+
+SGLANG_CPU_SERVER_ARGS = (
+    "--device cpu --attention-backend torch_native --max-total-tokens 65536 --context-length 2048"
+)
+"""launch_server's flags for this CPU, given to app.py's `--engine auto` as SGLANG_SERVER_ARGS."""
+MARK = "DASHBOARD_TEST_RUN"
+"""An environment variable every process of one test app inherits, down to SGLang's scheduler."""
+
+
+@dataclass
+class AutoApp:
+    """app.py with `--engine auto` taking the GPU path on this CPU: it launches an SGLang server."""
+
+    app: SGLangApp
+    mark: str
+    server_log: Path
+
+    def processes(self) -> list[tuple[int, int, str]]:
+        """(pid, session, command line) of every live process of this app, the server's included."""
+        found = []
+        needle = f"{MARK}={self.mark}".encode()
+        for proc in Path("/proc").glob("[0-9]*"):
+            try:
+                if needle not in (proc / "environ").read_bytes().split(b"\0"):
+                    continue
+                fields = (proc / "stat").read_text().rsplit(")", 1)[1].split()
+                command = (proc / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+            except OSError:
+                continue
+            if fields[0] != "Z":
+                found.append((int(proc.name), int(fields[3]), command))
+        return found
+
+    def launched(self) -> list[str]:
+        """The launched SGLang server's processes (its own session, not app.py's): command lines."""
+        return [command for _, session, command in self.processes() if session != self.app.process.pid]
+
+    def wait_launched(self, limit_s: float = SERVER_START_S) -> None:
+        deadline = time.monotonic() + limit_s
+        while not any("sglang.launch_server" in command for command in self.launched()):
+            assert self.app.process.poll() is None, self.app.log.read_text(errors="replace")[-3000:]
+            assert time.monotonic() < deadline, "app.py did not launch an SGLang server"
+            time.sleep(0.5)
+
+    def wait_gone(self, limit_s: float = 60.0) -> None:
+        """Every process of the app is gone (after app.py was stopped)."""
+        deadline = time.monotonic() + limit_s
+        while left := self.processes():
+            assert time.monotonic() < deadline, f"still running: {left}"
+            time.sleep(0.5)
+
+    def kill(self) -> None:
+        stop_process_group(self.app.process)
+        for pid, _, _ in self.processes():
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+
+
+def start_auto_app(tmp_path: Path, name: str, model: Path = MODEL, **env: str) -> AutoApp:
+    folder = tmp_path / name
+    folder.mkdir()
+    mark = f"{name}-{os.getpid()}-{time.monotonic_ns()}"
+    env = {
+        "DASHBOARD_ASSUME_CUDA": "1",
+        "SGLANG_SERVER_ARGS": SGLANG_CPU_SERVER_ARGS,
+        "XDG_CACHE_HOME": str(folder / "cache"),  # the launched server's log lands under it
+        MARK: mark,
+        **env,
+    }
+    app = start_sglang_app(model, folder / "app.log", engine="auto", env=env)
+    return AutoApp(app, mark, folder / "cache" / "parallel-sampling-dashboard" / "sglang-server.log")
+
+
+def weightless_copy(folder: Path) -> Path:
+    """The test model without its weights: SGLang's scheduler fails to load it."""
+    folder.mkdir()
+    for name in ("config.json", "tokenizer.json", "tokenizer_config.json"):
+        (folder / name).write_bytes((MODEL / name).read_bytes())
+    return folder
+
+
+def test_auto_launches_sglang_serves_and_sigterm_leaves_nothing(tmp_path: Path) -> None:
+    """`--engine auto` on the GPU path: it starts the SGLang server itself (incremental streaming, its
+    output kept in a log), the page answers through it, and SIGTERM to app.py ends every process."""
+    from gradio_client import Client
+
+    auto = start_auto_app(tmp_path, "served")
+    try:
+        health = auto.app.wait_engine()
+        assert health["engine_state"] == "ready", health
+        (server,) = [c for c in auto.launched() if "sglang.launch_server" in c]
+        assert "--incremental-streaming-output" in server and "--device cpu" in server, server
+        final = Client(auto.app.url, verbose=False).predict(
+            COLOUR_PROMPT, 4, 64, 0.3, 0.95, 1, api_name="/generate"
+        )
+        assert all(answers_colours(text) for text in column_texts(final)), column_texts(final)
+        port = server.split("--port ", 1)[1].split()[0]
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/server_info", timeout=10) as response:
+            assert json.loads(response.read())["incremental_streaming_output"] is True
+        assert "POST /generate" in auto.server_log.read_text(errors="replace")
+        auto.app.process.send_signal(signal.SIGTERM)
+        auto.app.process.wait(90)
+        auto.wait_gone()
+    finally:
+        auto.kill()
+
+
+def test_auto_launch_stopped_during_start_up_too_slow_or_broken_leaves_no_server(tmp_path: Path) -> None:
+    """Four app.py starts at once, each launching an SGLang server: SIGTERM during the server's start,
+    Ctrl-C (SIGINT to the terminal's process group) during it, a start slower than
+    SGLANG_START_TIMEOUT, and a model that cannot load. None leaves an SGLang process behind; the
+    last two keep the page up and say why, quoting the server's log."""
+    broken = weightless_copy(tmp_path / "no-weights")
+    starts = {
+        "sigterm": {},
+        "ctrl-c": {},
+        "too-slow": {"SGLANG_START_TIMEOUT": "8"},
+        "broken": {},
+    }
+    with ThreadPoolExecutor(len(starts)) as pool:
+        futures = {
+            name: pool.submit(start_auto_app, tmp_path, name, broken if name == "broken" else MODEL, **env)
+            for name, env in starts.items()
+        }
+    apps = {name: future.result() for name, future in futures.items()}
+    try:
+        for name, signum in (("sigterm", signal.SIGTERM), ("ctrl-c", signal.SIGINT)):
+            auto = apps[name]
+            auto.wait_launched()
+            assert auto.app.health()["engine_state"] == "starting"
+            if signum == signal.SIGINT:
+                os.killpg(auto.app.process.pid, signal.SIGINT)
+            else:
+                auto.app.process.send_signal(signal.SIGTERM)
+        for name in ("sigterm", "ctrl-c"):
+            apps[name].app.process.wait(90)
+            apps[name].wait_gone()
+        for name, said in (("too-slow", "did not answer /health within 8 s"), ("broken", "exited with")):
+            auto = apps[name]
+            health = auto.app.wait_engine()
+            assert health["engine_state"] == "failed" and said in health["engine_error"], health
+            assert f"the end of its output ({auto.server_log})" in health["engine_error"], health
+            assert auto.server_log.exists()  # 8 s under this load may pass before its first line
+            if name == "broken":
+                assert "Error" in auto.server_log.read_text(errors="replace")
+            deadline = time.monotonic() + 30
+            while left := auto.launched():
+                assert time.monotonic() < deadline, f"{name}: the server outlived its failed start: {left}"
+                time.sleep(0.5)
+            assert auto.app.process.poll() is None and auto.app.health()["status"] == "ok"
+            line, _ = asyncio.run(engine_line_now(auto.app.ws_url))
+            assert "could not start" in line and said in line, line
+    finally:
+        for auto in apps.values():
+            auto.kill()

