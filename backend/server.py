@@ -55,8 +55,9 @@ from backend.trace_frames import chrome_trace
 
 log = logging.getLogger("backend")
 
-STARTING, READY, FAILED = "starting", "ready", "failed"
-"""The engine's state as /health reports it (`BackendServer.engine_state`)."""
+STARTING, READY, FAILED, LOST = "starting", "ready", "failed", "lost"
+"""The engine's state as /health reports it (`BackendServer.engine_state`): LOST is an engine that
+was serving when a process of its own died."""
 
 WS_PATH = "/ws"
 HEALTH_PATH = "/health"
@@ -284,6 +285,14 @@ class ClientSession:
             self._closing = True
             log.warning("closing a client that stopped reading (%d frames queued)", len(self.outbox))
             self._spawn(self.ws.close(1008, "client is not reading its frames"))
+
+    def end_requests(self, code: str, message: str) -> None:
+        """End every running request now: an `error` frame with `code` and `message`, then its
+        unfinished samples finish `error` and its `done` follows (the engine can no longer end them)."""
+        for running in list(self.requests.values()):
+            self.send(error_frame(code, message, running.state.request_id))
+            if running.task is not None:
+                running.task.cancel()
 
     def _start(self, command: GenerateCommand) -> None:
         if command.id in self.requests:
@@ -584,6 +593,10 @@ class BackendServer:
             return None
         if self.engine_state == FAILED:
             return f"the {self.engine.name} engine could not start: {self.engine_error}"
+        if self.engine_state == LOST:
+            return (
+                f"the {self.engine.name} engine stopped working: {self.engine_error}; restart the dashboard"
+            )
         detail = self.engine.health().get("loading_status")
         doing = f" ({detail})" if detail else ""
         return f"the {self.engine.name} engine is still starting{doing}; try again in a moment"
@@ -595,10 +608,17 @@ class BackendServer:
 
     def engine_lost(self, reason: str) -> None:
         """The engine can no longer serve (a process of its own died): say so to /health and to every
-        new request, instead of going on as if it could."""
+        new request, instead of going on as if it could, and end the requests it was running with
+        an `engine_lost` error (they would wait for chunks that never come)."""
         self.engine_error = reason
-        self.engine_state = FAILED
-        log.error("the %s engine failed: %s", self.engine.name, reason)
+        if self.engine_state != READY:
+            self.engine_state = FAILED  # the start then fails, saying this
+            log.error("the %s engine failed while starting: %s", self.engine.name, reason)
+            return
+        self.engine_state = LOST
+        log.error("the %s engine failed while serving: %s", self.engine.name, reason)
+        for session in self.sessions:
+            session.end_requests("engine_lost", self.engine_problem() or reason)
 
     async def _start_engine(self) -> None:
         try:

@@ -113,3 +113,37 @@ def test_what_a_refused_api_key_says() -> None:
         "the server refused the request without an API key (HTTP 401); set --sglang-api-key or SGLANG_API_KEY"
     )
     assert "refused the API key (HTTP 403); check --sglang-api-key" in refused_key(403, "k", setting)
+
+
+async def test_an_engine_lost_while_serving_ends_every_running_request_and_says_so() -> None:
+    """What a dying SGLang scheduler's SIGQUIT leads to: each connection's running request gets an
+    `engine_lost` error and finishes `error`; new requests are refused; the page's line says so."""
+    server = BackendServer(SyntheticEngine(rate=5.0), port=0)
+    await server.start(engine_in_background=True)
+    await server.engine_settled()
+    try:
+        async with connect(server.url) as first, connect(server.url) as second:
+            for ws, request_id in ((first, "a"), (second, "b")):
+                frame = {"type": "generate", "id": request_id, "prompt": "Hi", "n": 2}
+                await ws.send(json.dumps(frame | {"params": {"max_tokens": 500}}))
+                assert json.loads(await ws.recv())["type"] == "accepted"
+                while json.loads(await ws.recv())["type"] != "chunk":
+                    pass
+            server.engine_lost("the scheduler died")
+            for ws, request_id in ((first, "a"), (second, "b")):
+                frames = []
+                while not frames or frames[-1]["type"] != "done":
+                    frames.append(json.loads(await asyncio.wait_for(ws.recv(), 10)))
+                errors = [f for f in frames if f["type"] == "error"]
+                assert [(e["code"], e["id"]) for e in errors] == [("engine_lost", request_id)]
+                assert "stopped working: the scheduler died" in errors[0]["message"]
+                finishes = sorted((f["index"], f["reason"]) for f in frames if f["type"] == "finish")
+                assert finishes == [(0, "error"), (1, "error")]
+            await first.send(json.dumps({"type": "generate", "id": "c", "prompt": "Hi", "n": 1}))
+            refused = json.loads(await first.recv())
+            assert (refused["code"], refused["id"]) == ("engine_not_ready", "c")
+        line, _ = await engine_line_now(server.url)
+        assert line.startswith("⚠️") and "stopped working while serving: the scheduler died" in line
+        assert server.health()["engine_state"] == "lost" and server.health()["active_requests"] == 0
+    finally:
+        await server.close()

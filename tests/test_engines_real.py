@@ -529,6 +529,22 @@ def test_app_py_serves_in_process_sglang(tmp_path: Path) -> None:
         cancelled = client.predict(api_name="/cancel")
         assert column_statuses(cancelled) == ["aborted"] * 3, column_statuses(cancelled)
         assert app.health()["running_samples"] == 0
+
+        # SGLang's scheduler sends the backend SIGQUIT when it fails while serving: the running
+        # request ends with the reason in the page instead of waiting for chunks that never come.
+        job = client.submit(LONG_PROMPT, 2, LONG, 0.8, 0.95, 1, api_name="/generate")
+        deadline = time.monotonic() + FRAME_TIMEOUT_S
+        while not any(o[0]["samples"] and all(column_texts(o)) for o in job.outputs()):
+            assert time.monotonic() < deadline, "the columns did not start streaming"
+            time.sleep(0.2)
+        children = Path(f"/proc/{app.process.pid}/task/{app.process.pid}/children").read_text().split()
+        tracker = b"resource_tracker"  # multiprocessing's other child
+        (backend_pid,) = [int(p) for p in children if tracker not in Path(f"/proc/{p}/cmdline").read_bytes()]
+        os.kill(backend_pid, signal.SIGQUIT)
+        lost = job.result(timeout=FRAME_TIMEOUT_S)
+        assert column_statuses(lost) == ["error"] * 2, column_statuses(lost)
+        assert "stopped working" in lost[1], lost[1]
+        assert app.health()["engine_state"] == "lost"
         session = app.process.pid
         app.process.send_signal(signal.SIGTERM)
         app.process.wait(60)

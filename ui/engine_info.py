@@ -34,6 +34,11 @@ def engine_line(health: dict[str, Any]) -> str:
             f"⚠️ The **{engine}** engine could not start: {health.get('engine_error')}. "
             "Requests fail until it is fixed and the dashboard restarted."
         )
+    if state == "lost":
+        return (
+            f"⚠️ The **{engine}** engine stopped working while serving: {health.get('engine_error')}. "
+            "Requests fail until the dashboard is restarted."
+        )
     if state == "starting":
         doing = health.get("loading_status") or "starting"
         return (
