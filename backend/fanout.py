@@ -2,7 +2,8 @@
 
 The teaching counterpart of `n`: the same samples, but without the engine's shared prefill, so
 TTFT and the trace show what sharing the prompt's work saves. Each sub-request is pumped by its own
-task into one queue; abort(i) aborts sub-request i.
+task into one queue; abort(i) aborts sub-request i. A sub-request that fails finishes its own sample
+with `error` (the reason in the finish's `engine.error`); the others run on.
 """
 
 from __future__ import annotations
@@ -31,8 +32,11 @@ class FanoutGeneration(Generation):
         try:
             async for chunk in sub:
                 self._queue.put_nowait(replace(chunk, index=index))
-        except Exception as exc:  # noqa: BLE001 - handed to the consumer, which reports it
-            self._queue.put_nowait(exc)
+        except Exception as exc:  # noqa: BLE001 - this sample ends with the reason; the others go on
+            # Sub-requests may run on different servers (behind a router): one server failing
+            # ends the samples it ran, not the whole request.
+            error = str(exc) or type(exc).__name__
+            self._queue.put_nowait(Chunk(index, "", 0, finish_reason="error", meta={"error": error}))
 
     async def __anext__(self) -> Chunk:
         if self._unfinished == 0:

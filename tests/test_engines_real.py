@@ -107,50 +107,64 @@ class RealServer:
         return metrics(self.url).get(self.generated_metric, 0.0)
 
 
-@pytest.fixture(scope="module")
-def sglang_server() -> Iterator[RealServer]:
+SGLANG_SERVER_FLAGS = [
+    "--device", "cpu", "--attention-backend", "torch_native", "--max-total-tokens", "65536",
+    "--served-model-name", SERVED_NAME, "--enable-metrics", "--context-length", "2048",
+    "--api-key", API_KEY, "--sleep-on-idle",
+]  # fmt: skip
+"""How the test SGLang servers run on this CPU (each worker behind the router too). Without
+--sleep-on-idle an idle CPU scheduler polls for work nonstop, taking most of a core from the rest."""
+
+
+def sglang_test_server(log_name: str) -> SGLangServerProcess:
     python = CACHE / "envs" / "sglang" / "bin" / "python"
     assert python.exists() and MODEL.exists(), "run scripts/prepare-engine-envs.sh first"
-    server = SGLangServerProcess(
+    return SGLangServerProcess(
         str(MODEL),
         python=str(python),
-        extra_args=[
-            "--device",
-            "cpu",
-            "--attention-backend",
-            "torch_native",
-            "--max-total-tokens",
-            "65536",
-            "--served-model-name",
-            SERVED_NAME,
-            "--enable-metrics",
-            "--context-length",
-            "2048",
-            "--api-key",
-            API_KEY,
-        ],
+        extra_args=SGLANG_SERVER_FLAGS,
         env={
             "SGLANG_USE_CPU_ENGINE": "1",
             "OMP_NUM_THREADS": "1",
             "PYTHONPATH": str(ROOT / "tests" / "support"),
         },
-        log_path=CACHE / "sglang-test-server.log",
+        log_path=CACHE / log_name,
+        start_timeout=SERVER_START_S,
     )
-    server.start(SERVER_START_S)
+
+
+def sglang_real_server(url: str) -> RealServer:
+    # /metrics's running gauge is refreshed only every few decode steps; /v1/loads asks the
+    # scheduler now.
+    loads = ("sglang_num_running_reqs", "sglang_num_waiting_reqs")
+    return RealServer(
+        "sglang",
+        url,
+        "/v1/loads?format=prometheus",
+        loads,
+        "sglang:num_aborted_requests_total",
+        "sglang:generation_tokens_total",
+    )
+
+
+@pytest.fixture(scope="module")
+def sglang_workers() -> Iterator[list[SGLangServerProcess]]:
+    """Two SGLang servers, started at once: the first is the server of every `sglang` test, and both
+    are the workers behind the router in the router tests."""
+    workers = [sglang_test_server("sglang-test-server.log"), sglang_test_server("sglang-test-worker-2.log")]
     try:
-        # /metrics's running gauge is refreshed only every few decode steps; /v1/loads asks the
-        # scheduler now.
-        loads = ("sglang_num_running_reqs", "sglang_num_waiting_reqs")
-        yield RealServer(
-            "sglang",
-            server.url,
-            "/v1/loads?format=prometheus",
-            loads,
-            "sglang:num_aborted_requests_total",
-            "sglang:generation_tokens_total",
-        )
+        with ThreadPoolExecutor(len(workers)) as pool:
+            for started in [pool.submit(worker.start) for worker in workers]:
+                started.result()
+        yield workers
     finally:
-        server.stop()
+        for worker in workers:
+            worker.stop()
+
+
+@pytest.fixture(scope="module")
+def sglang_server(sglang_workers: list[SGLangServerProcess]) -> RealServer:
+    return sglang_real_server(sglang_workers[0].url)
 
 
 @pytest.fixture(scope="module")
@@ -416,6 +430,7 @@ SGLANG_CPU_ENGINE_ARGS = {
     "attention_backend": "torch_native",
     "max_total_tokens": 65536,
     "context_length": 2048,
+    "sleep_on_idle": True,
 }
 """sglang.Engine's settings for this CPU, given to app.py as SGLANG_ENGINE_ARGS."""
 
@@ -438,6 +453,14 @@ class SGLangApp:
         with urllib.request.urlopen(self.health_url, timeout=10) as response:
             return json.loads(response.read())
 
+    def wait_page(self) -> None:
+        """Return once the page answers; stop the app if it does not."""
+        try:
+            wait_for_http(self.url, self.process, SERVER_START_S)
+        except BaseException:
+            stop_process_group(self.process)
+            raise
+
     def wait_engine(self, limit_s: float = SERVER_START_S) -> dict[str, Any]:
         """/health once the engine's start has ended, ready or failed."""
         deadline = time.monotonic() + limit_s
@@ -448,10 +471,18 @@ class SGLangApp:
         return health
 
 
-def start_sglang_app(
+def as_in_a_terminal() -> None:
+    """In the child before exec: SIGINT and SIGQUIT as a terminal's foreground job has them. A
+    background job of a non-interactive shell (a CI runner's) ignores both, and would pass that on."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+    signal.signal(signal.SIGQUIT, signal.SIG_DFL)
+
+
+def launch_sglang_app(
     model: Path, log: Path, engine: str = "sglang-engine", env: dict[str, str] | None = None
 ) -> SGLangApp:
-    """app.py with the SGLang environment's Python (SGLang plus the dashboard's packages)."""
+    """Start app.py with the SGLang environment's Python (SGLang plus the dashboard's packages);
+    call from the main thread (the child is prepared before exec), then `wait_page`."""
     python = CACHE / "envs" / "sglang" / "bin" / "python"
     port, backend_port = free_port(), free_port()
     env = {
@@ -466,14 +497,24 @@ def start_sglang_app(
     command += ["--host", "127.0.0.1", "--port", str(port), "--backend-port", str(backend_port)]
     with log.open("wb") as out:
         process = subprocess.Popen(
-            command, cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True
+            command,
+            cwd=ROOT,
+            env=env,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+            preexec_fn=as_in_a_terminal,  # called from the main thread only
         )
-    try:
-        wait_for_http(f"http://127.0.0.1:{port}/", process, SERVER_START_S)
-    except BaseException:
-        stop_process_group(process)
-        raise
     return SGLangApp(process, f"http://127.0.0.1:{port}/", f"http://127.0.0.1:{backend_port}/health", log)
+
+
+def start_sglang_app(
+    model: Path, log: Path, engine: str = "sglang-engine", env: dict[str, str] | None = None
+) -> SGLangApp:
+    """`launch_sglang_app`, then wait for its page."""
+    app = launch_sglang_app(model, log, engine, env)
+    app.wait_page()
+    return app
 
 
 def session_processes(session: int) -> list[str]:
@@ -627,7 +668,7 @@ class AutoApp:
                 os.kill(pid, signal.SIGKILL)
 
 
-def start_auto_app(tmp_path: Path, name: str, model: Path = MODEL, **env: str) -> AutoApp:
+def launch_auto_app(tmp_path: Path, name: str, model: Path = MODEL, **env: str) -> AutoApp:
     folder = tmp_path / name
     folder.mkdir()
     mark = f"{name}-{os.getpid()}-{time.monotonic_ns()}"
@@ -638,7 +679,7 @@ def start_auto_app(tmp_path: Path, name: str, model: Path = MODEL, **env: str) -
         MARK: mark,
         **env,
     }
-    app = start_sglang_app(model, folder / "app.log", engine="auto", env=env)
+    app = launch_sglang_app(model, folder / "app.log", engine="auto", env=env)
     return AutoApp(app, mark, folder / "cache" / "parallel-sampling-dashboard" / "sglang-server.log")
 
 
@@ -655,8 +696,9 @@ def test_auto_launches_sglang_serves_and_sigterm_leaves_nothing(tmp_path: Path) 
     output kept in a log), the page answers through it, and SIGTERM to app.py ends every process."""
     from gradio_client import Client
 
-    auto = start_auto_app(tmp_path, "served")
+    auto = launch_auto_app(tmp_path, "served")
     try:
+        auto.app.wait_page()
         health = auto.app.wait_engine()
         assert health["engine_state"] == "ready", health
         (server,) = [c for c in auto.launched() if "sglang.launch_server" in c]
@@ -688,13 +730,13 @@ def test_auto_launch_stopped_during_start_up_too_slow_or_broken_leaves_no_server
         "too-slow": {"SGLANG_START_TIMEOUT": "8"},
         "broken": {},
     }
-    with ThreadPoolExecutor(len(starts)) as pool:
-        futures = {
-            name: pool.submit(start_auto_app, tmp_path, name, broken if name == "broken" else MODEL, **env)
-            for name, env in starts.items()
-        }
-    apps = {name: future.result() for name, future in futures.items()}
+    apps = {
+        name: launch_auto_app(tmp_path, name, broken if name == "broken" else MODEL, **env)
+        for name, env in starts.items()
+    }
     try:
+        for auto in apps.values():
+            auto.app.wait_page()
         for name, signum in (("sigterm", signal.SIGTERM), ("ctrl-c", signal.SIGINT)):
             auto = apps[name]
             auto.wait_launched()
@@ -704,7 +746,10 @@ def test_auto_launch_stopped_during_start_up_too_slow_or_broken_leaves_no_server
             else:
                 auto.app.process.send_signal(signal.SIGTERM)
         for name in ("sigterm", "ctrl-c"):
-            apps[name].app.process.wait(90)
+            try:
+                apps[name].app.process.wait(90)
+            except subprocess.TimeoutExpired:
+                pytest.fail(f"{name}: app.py still runs 90 s after the signal: {apps[name].processes()}")
             apps[name].wait_gone()
         for name, said in (("too-slow", "did not answer /health within 8 s"), ("broken", "exited with")):
             auto = apps[name]
@@ -724,3 +769,206 @@ def test_auto_launch_stopped_during_start_up_too_slow_or_broken_leaves_no_server
     finally:
         for auto in apps.values():
             auto.kill()
+
+
+@dataclass
+class Router:
+    """SGLang's router (`sglang-router`) in front of the two test workers, round robin."""
+
+    url: str
+    workers: list[RealServer]
+    processes: list[SGLangServerProcess]
+
+    def listed(self) -> list[dict[str, Any]]:
+        request = urllib.request.Request(
+            self.url + "/workers", headers={"Authorization": f"Bearer {API_KEY}"}
+        )
+        with urllib.request.urlopen(request, timeout=10) as response:
+            return json.loads(response.read())["workers"]
+
+
+class Workers:
+    """The workers' /metrics summed, read as one server's (for `assert_stopped_on_server`)."""
+
+    aborted_metric = "sglang:num_aborted_requests_total"
+
+    def __init__(self, workers: list[RealServer]) -> None:
+        self.each = workers
+
+    def running(self) -> float:
+        return sum(worker.running() for worker in self.each)
+
+    def aborted(self) -> float:
+        return sum(worker.aborted() for worker in self.each)
+
+    def generated(self) -> float:
+        return sum(worker.generated() for worker in self.each)
+
+
+@pytest.fixture(scope="module")
+def sglang_router(sglang_workers: list[SGLangServerProcess]) -> Iterator[Router]:
+    python = CACHE / "envs" / "sglang" / "bin" / "python"
+    port = free_port()
+    command = [
+        str(python), "-m", "sglang_router.launch_router", "--host", "127.0.0.1", "--port", str(port),
+        "--worker-urls", *(worker.url for worker in sglang_workers), "--policy", "round_robin",
+        "--api-key", API_KEY, "--prometheus-host", "127.0.0.1", "--prometheus-port", str(free_port()),
+        "--log-level", "warn",
+    ]  # fmt: skip
+    with open(CACHE / "sglang-router-test.log", "ab") as log:
+        process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    router = Router(
+        f"http://127.0.0.1:{port}", [sglang_real_server(w.url) for w in sglang_workers], sglang_workers
+    )
+    try:
+        deadline = time.monotonic() + 120
+        while True:
+            assert process.poll() is None, (CACHE / "sglang-router-test.log").read_text()[-3000:]
+            with contextlib.suppress(OSError, ValueError, KeyError):
+                if sum(bool(w.get("is_healthy")) for w in router.listed()) == len(sglang_workers):
+                    break
+            assert time.monotonic() < deadline, "the router did not list both workers as healthy"
+            time.sleep(0.5)
+        yield router
+    finally:
+        stop_process_group(process)
+
+
+@pytest.fixture
+async def router_backend(sglang_router: Router) -> AsyncIterator[BackendServer]:
+    server = BackendServer(
+        SGLangEngine(sglang_router.url, api_key=API_KEY), Limits(max_tokens_max=4096), port=0
+    )
+    await server.start()
+    try:
+        yield server
+    finally:
+        await server.close()
+
+
+async def test_router_answers_and_stop_cancel_and_disconnect_reach_the_workers(
+    router_backend: BackendServer, sglang_router: Router
+) -> None:
+    """Through the router: n=4 chat answers; Stop on one sample, Cancel and a closed connection
+    each stop the samples on the worker that runs them, read in the workers' own /metrics."""
+    server, workers = router_backend, Workers(sglang_router.workers)
+    assert sorted(server.health()["router_workers"]) == sorted(w.url for w in sglang_router.workers)
+    line, _ = await engine_line_now(server.url)
+    assert "through a router to 2 workers" in line and SERVED_NAME in line, line
+    async with connect(server.url) as ws:
+        await ws.send(generate("q1", 4, 64, COLOUR_PROMPT, temperature=0.3))
+        accepted = await recv(ws)
+        assert accepted["format"] == "chat", accepted
+        result = await run_request(ws, "q1")
+    assert all(answers_colours(result["texts"].get(i, "")) for i in range(4)), result["texts"]
+    assert {f["reason"] for f in result["finishes"].values()} <= {"stop", "length"} and not result["errors"]
+
+    # Stop sample 1, then Cancel the rest: the router answers /abort_request with 404, so the
+    # engine sends each abort to every worker; the one running the sample counts it.
+    before, generated_before = workers.aborted(), workers.generated()
+    watch = StopOneSample()
+
+    async def on_frame(frame: dict[str, Any], texts: dict[int, str]) -> None:
+        if frame["type"] not in ("chunk", "finish"):
+            return
+        action = watch.see(frame["index"], frame.get("text", ""), frame.get("reason"))
+        if action:
+            cancel = {"type": "cancel", "id": "q2"} | ({"index": 1} if action == "one" else {})
+            await ws.send(json.dumps(cancel))
+
+    async with connect(server.url) as ws:
+        await ws.send(generate("q2", 3, LONG))
+        result = await run_request(ws, "q2", on_frame)
+    assert not watch.problems(), watch.report()
+    reasons = [f["reason"] for f in result["finishes"].values()]
+    await assert_stopped_on_server(workers, before, generated_before, reasons.count("abort"))  # type: ignore[arg-type]
+
+    before, generated_before = workers.aborted(), workers.generated()
+    async with connect(server.url) as ws:
+        await ws.send(generate("q3", 4, LONG))
+        chunks = 0
+        while chunks < 8:
+            frame = await recv(ws)
+            assert frame["type"] != "finish", f"a sample ended before the disconnect: {frame}"
+            chunks += frame["type"] == "chunk" and bool(frame["text"])
+        assert workers.running() > 0
+    await assert_stopped_on_server(workers, before, generated_before, 4)  # type: ignore[arg-type]
+
+
+async def test_router_spreads_fanned_out_samples_over_both_workers(
+    router_backend: BackendServer, sglang_router: Router
+) -> None:
+    requests_before = [metrics(w.url).get("sglang:num_requests_total", 0.0) for w in sglang_router.workers]
+    async with connect(router_backend.url) as ws:
+        await ws.send(generate("f1", 4, 64, COLOUR_PROMPT, temperature=0.3, fanout="requests"))
+        result = await run_request(ws, "f1")
+    assert all(answers_colours(result["texts"].get(i, "")) for i in range(4)), result["texts"]
+    counted = [
+        metrics(w.url).get("sglang:num_requests_total", 0.0) - before
+        for w, before in zip(sglang_router.workers, requests_before, strict=True)
+    ]
+    assert all(count >= 1 for count in counted) and sum(counted) >= 4, counted
+
+
+async def test_two_backends_share_one_router(sglang_router: Router) -> None:
+    backends = [BackendServer(SGLangEngine(sglang_router.url, api_key=API_KEY), port=0) for _ in range(2)]
+    for backend in backends:
+        await backend.start()
+    seen: dict[str, dict[str, float]] = {}
+
+    async def one(backend: BackendServer, rid: str) -> dict[str, Any]:
+        times = seen.setdefault(rid, {})
+
+        async def on_frame(frame: dict[str, Any], texts: dict[int, str]) -> None:
+            if frame["type"] == "chunk":
+                times.setdefault("first_chunk", time.monotonic())
+
+        async with connect(backend.url) as ws:
+            await ws.send(generate(rid, 2, 64, COLOUR_PROMPT, temperature=0.3))
+            result = await run_request(ws, rid, on_frame)
+        times["done"] = time.monotonic()
+        return result
+
+    try:
+        results = await asyncio.gather(one(backends[0], "s1"), one(backends[1], "s2"))
+    finally:
+        for backend in backends:
+            await backend.close()
+    for result in results:
+        assert all(answers_colours(result["texts"].get(i, "")) for i in range(2)), result["texts"]
+        assert not result["errors"]
+    assert seen["s1"]["first_chunk"] < seen["s2"]["done"] and seen["s2"]["first_chunk"] < seen["s1"]["done"]
+
+
+async def test_a_worker_killed_mid_run_ends_its_samples_and_the_other_serves_on(
+    router_backend: BackendServer, sglang_router: Router
+) -> None:
+    """Runs last of the router tests: it kills the second worker."""
+    from ui.view import RunView, status_markdown
+
+    first, second = sglang_router.workers
+    view = RunView("k1", time.monotonic())
+    killed: list[bool] = []
+
+    async def on_frame(frame: dict[str, Any], texts: dict[int, str]) -> None:
+        view.apply(frame, time.monotonic())
+        if not killed and len(texts) == 4 and first.running() > 0 and second.running() > 0:
+            killed.append(True)
+            os.killpg(sglang_router.processes[1].process.pid, signal.SIGKILL)  # type: ignore[union-attr]
+
+    async with connect(router_backend.url) as ws:
+        await ws.send(generate("k1", 4, 160, fanout="requests"))
+        result = await run_request(ws, "k1", on_frame)
+        view.apply(result["done"], time.monotonic())
+        assert killed, "the samples did not run on both workers at once"
+        reasons = sorted(f["reason"] for f in result["finishes"].values())
+        assert reasons.count("error") >= 1 and set(reasons) - {"error"} <= {"stop", "length"}, reasons
+        assert len(reasons) - reasons.count("error") >= 1, reasons
+        errors = [f["engine"]["error"] for f in result["finishes"].values() if f["reason"] == "error"]
+        assert all("SGLang at" in error for error in errors), errors
+        assert "**Error:**" in status_markdown(view) and errors[0] in status_markdown(view)
+        # The next Generate runs on the worker that is left.
+        await ws.send(generate("k2", 2, 64, COLOUR_PROMPT, temperature=0.3))
+        after = await run_request(ws, "k2")
+    assert {f["reason"] for f in after["finishes"].values()} <= {"stop", "length"}, after
+    assert all(answers_colours(after["texts"].get(i, "")) for i in range(2)), after["texts"]

@@ -49,7 +49,9 @@ def engine_line(health: dict[str, Any]) -> str:
         return (
             f"⚠️ **{engine}**: {model}. Requests fail until the server is back; this line updates on reload."
         )
-    return f"Engine **{engine}** · model **{model}**"
+    workers = health.get("router_workers")
+    through = f" · through a router to {len(workers)} workers" if workers else ""
+    return f"Engine **{engine}** · model **{model}**{through}"
 
 
 def fetch_engine_line(backend_url: str) -> tuple[str, bool]:

@@ -86,12 +86,13 @@ def auto_engine(options: object, registered: Collection[str]) -> Engine:
         from backend.engines.sglang_launch import STARTUP_TIMEOUT_S, SGLangServerProcess
 
         # Incremental: each event holds only the new text, not the sample's whole text and ids again
-        # (bench/sglang_stream_bytes.py measures what that saves).
+        # (bench/sglang_stream_bytes.py measures what that saves). Sleep on idle: an idle scheduler
+        # otherwise polls for work nonstop, a CPU core taken from the backend and the page.
         try:
             more = shlex.split(getattr(options, "sglang_server_args", ""))
         except ValueError as exc:
             raise ValueError(f"--sglang-server-args (SGLANG_SERVER_ARGS) cannot be read: {exc}") from None
-        extra = ["--incremental-streaming-output", *more]
+        extra = ["--incremental-streaming-output", "--sleep-on-idle", *more]
         server = SGLangServerProcess(
             getattr(options, "model", "") or DEFAULT_MODEL_ID,
             extra_args=extra,

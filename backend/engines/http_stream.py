@@ -152,7 +152,7 @@ class HTTPEngine(Engine):
         """Ask the server's `/tokenize` (SGLang and vLLM both have it) to render a chat turn: whether
         the served model has a chat template, and if not what the server says."""
         body = {"model": self.served_model, "messages": [{"role": "user", "content": "Hello"}]}
-        response = await self.client.post("/tokenize", json=body)
+        response = await self.post_tokenize(body)
         if response.status_code == 200:
             self.has_template, self.no_template_note = True, ""
         elif response.status_code in (404, 405):
@@ -167,6 +167,11 @@ class HTTPEngine(Engine):
                 f"POST /tokenize answered HTTP {response.status_code}: {response.text[:200]}"
             )
 
+    async def post_tokenize(self, body: dict[str, Any]) -> httpx.Response:
+        """`POST /tokenize` with `body` to the server (an engine behind a router that does not
+        forward it sends it to a worker)."""
+        return await self.client.post("/tokenize", json=body)
+
     async def chat_token_ids(self, messages: list[dict[str, str]]) -> list[int]:
         """The prompt tokens of `messages` in the served model's chat template, rendered by the
         server's `/tokenize` with the assistant's turn opened."""
@@ -174,7 +179,7 @@ class HTTPEngine(Engine):
         # assistant's turn opened (SGLang refuses the flag for its own named templates).
         body = {"model": self.served_model, "messages": messages}
         try:
-            response = await self.client.post("/tokenize", json=body)
+            response = await self.post_tokenize(body)
         except httpx.HTTPError as exc:
             raise EngineUnavailable(
                 f"{self.label} could not render the chat template: {describe_http_error(exc)}"

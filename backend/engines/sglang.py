@@ -7,6 +7,11 @@ of it has its own request id on the server (`meta_info.id`), so Stop on one colu
 that sample with `POST /abort_request {"rid": <its id>}`, and Cancel aborts each sample of the
 request the same way (never `abort_all`, which would stop other users' requests too). A sample whose
 id has not arrived yet is aborted as soon as its first chunk brings it.
+
+Behind SGLang's router (`sglang-router`), which forwards `/generate` but neither `/abort_request`
+nor `/tokenize` (both answer 404 there), the engine reads the router's workers from its
+`GET /workers` and sends those two calls to the workers themselves: an abort to every worker (a
+worker that does not run that id ignores it), a chat prompt's rendering to the first that answers.
 """
 
 from __future__ import annotations
@@ -49,6 +54,9 @@ class SGLangEngine(HTTPEngine):
         """The child process serving `url`, started and stopped with the engine (--engine auto on a GPU)."""
         self.incremental = False
         """Whether the server runs with --incremental-streaming-output (read from /server_info)."""
+        self.workers: list[str] = []
+        """The URLs of the workers behind the router at `url`, healthy ones first, as its
+        `GET /workers` lists them; empty where `url` is a server, not a router."""
 
     async def start(self) -> None:
         if self.launcher is not None:
@@ -79,16 +87,51 @@ class SGLangEngine(HTTPEngine):
             # A router may not proxy /model_info; every SGLang front speaks the OpenAI model list.
             models = (await self.get_json("/v1/models")).get("data") or [{}]
             name = models[0].get("id")
+        if self.served_model is None or self.workers:
+            self.workers = await self.router_workers()
         if self.served_model is None:
             try:
-                server_info = await self.get_json("/server_info")
+                # Behind a router, the workers stream: ask one of them how.
+                server_info = await self.get_json(
+                    f"{self.workers[0]}/server_info" if self.workers else "/server_info"
+                )
                 self.incremental = bool(server_info.get("incremental_streaming_output", False))
             except (EngineUnavailable, ValueError):
                 pass  # routers answer only what they proxy; the default server streams cumulative text
         return str(name or "unknown model")
 
+    async def router_workers(self) -> list[str]:
+        """The worker URLs a router at `url` lists (healthy first); [] where `url` is a server."""
+        response = await self.client.get("/workers")
+        if response.status_code != 200:
+            return []  # a plain SGLang server: 404
+        try:
+            listed = response.json().get("workers")
+        except (ValueError, AttributeError):
+            return []
+        if not isinstance(listed, list):
+            return []
+        workers = [w for w in listed if isinstance(w, dict) and isinstance(w.get("url"), str)]
+        workers.sort(key=lambda worker: worker.get("is_healthy") is False)
+        return [str(worker["url"]).rstrip("/") for worker in workers]
+
+    async def post_tokenize(self, body: dict[str, Any]) -> httpx.Response:
+        if not self.workers:
+            return await super().post_tokenize(body)
+        # The router does not forward /tokenize: any worker renders the same template.
+        failure: httpx.TransportError | None = None
+        for worker in self.workers:
+            try:
+                return await self.client.post(f"{worker}/tokenize", json=body)
+            except httpx.TransportError as exc:  # a worker that is down: ask the next
+                failure = exc
+        assert failure is not None
+        raise failure
+
     def health(self) -> dict[str, Any]:
         health = super().health()
+        if self.workers:
+            health["router_workers"] = list(self.workers)
         if self.launcher is not None and self.served_model is None:
             log = f"; its output goes to {self.launcher.log_path}" if self.launcher.log_path else ""
             health["loading_status"] = f"starting an SGLang server for {self.launcher.model}{log}"
@@ -103,19 +146,27 @@ class SGLangEngine(HTTPEngine):
         return SGLangGeneration(self, prompt, n, params)
 
     async def abort_request(self, rid: str) -> None:
-        """Ask the server to stop the sample with request id `rid`."""
+        """Ask the server to stop the sample with request id `rid`; behind a router, every worker
+        (only the one running `rid` has anything to stop). EngineUnavailable if none took it."""
+        targets = self.workers or [self.url]
+        problems = await asyncio.gather(*(self._abort_on(url, rid) for url in targets))
+        if all(problems):
+            raise EngineUnavailable(f"SGLang did not take the abort of {rid}: {'; '.join(problems)}")
+
+    async def _abort_on(self, url: str, rid: str) -> str:
+        """POST /abort_request for `rid` to the server at `url`: "" if it took it, else why not."""
         try:
-            response = await self.client.post("/abort_request", json={"rid": rid}, timeout=CONTROL_TIMEOUT_S)
+            response = await self.client.post(
+                f"{url}/abort_request", json={"rid": rid}, timeout=CONTROL_TIMEOUT_S
+            )
         except httpx.HTTPError as exc:
-            raise EngineUnavailable(
-                f"SGLang did not take the abort of {rid}: {describe_http_error(exc)}"
-            ) from exc
+            return f"{url}: {describe_http_error(exc)}"
         if response.status_code >= 300:
             refused = self.refused(response.status_code)
-            raise EngineUnavailable(
-                f"SGLang answered /abort_request with HTTP {response.status_code}"
-                + (f": {refused}" if refused else "")
+            return f"{url} answered /abort_request with HTTP {response.status_code}" + (
+                f": {refused}" if refused else ""
             )
+        return ""
 
 
 def sglang_request(prompt: str | list[int], n: int, params: SamplingParams) -> dict[str, Any]:

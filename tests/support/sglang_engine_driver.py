@@ -23,8 +23,10 @@ CPU_ENGINE_ARGS = {
     "max_total_tokens": 65536,
     "context_length": 2048,
     "log_level": "warning",
+    "sleep_on_idle": True,
 }
-"""SGLang's settings for this CPU (see DESIGN.md)."""
+"""SGLang's settings for this CPU: the torch attention backend, a small KV pool, and an idle
+scheduler that waits for work instead of polling for it."""
 
 
 async def collect(
