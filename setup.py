@@ -1,24 +1,26 @@
-"""Builds the event-loop tracer's C parts next to their sources, in place: the step recorder
-(backend/step_recorder.c) and the live trace's digest (backend/trace_digest.c).
+"""The package's build: the `backend` and `ui` packages, and the event-loop tracer's C parts, the
+step recorder (backend/trace/step_recorder.c) and the live trace's digest
+(backend/trace/trace_digest.c). Metadata and dependencies are in pyproject.toml.
 
-`make run` and `make test` run `python setup.py build_ext --inplace`; without a C compiler the build
-is skipped (the extensions are optional) and the tracer does the same work in Python instead.
+`make run` and `make test` build the C parts in place (`python setup.py build_ext --inplace`);
+`pip install .` builds them into the installed package. Without a C compiler the build is skipped
+(the extensions are optional) and the tracer does the same work in Python instead.
 """
 
-from setuptools import Extension, setup
+from setuptools import Extension, find_packages, setup
 
 setup(
-    packages=[],
+    packages=find_packages(include=["backend", "backend.*", "ui", "ui.*"]),
     ext_modules=[
         Extension(
-            "backend._step_recorder",
-            ["backend/step_recorder.c"],
+            "backend.trace._step_recorder",
+            ["backend/trace/step_recorder.c"],
             extra_compile_args=["-O2"],
             optional=True,
         ),
         Extension(
-            "backend._trace_digest",
-            ["backend/trace_digest.c"],
+            "backend.trace._trace_digest",
+            ["backend/trace/trace_digest.c"],
             extra_compile_args=["-O2"],
             optional=True,
         ),

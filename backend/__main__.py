@@ -8,8 +8,8 @@ import contextlib
 import logging
 import sys
 
-from backend.cli import DEFAULT_BACKEND_PORT, add_engine_arguments, env
-from backend.server_cli import add_server_arguments, server_from_args
+from backend.config.engine_flags import DEFAULT_BACKEND_PORT, add_engine_arguments, env
+from backend.config.server_flags import add_server_arguments, server_from_args
 
 
 def main(argv: list[str] | None = None) -> int:

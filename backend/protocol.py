@@ -15,19 +15,19 @@ from typing import Any
 
 import orjson
 
-from backend.engine import PROMPT_FORMATS, SamplingParams
-from backend.settings import (
+from backend.config.settings import (
+    BLOCK_MS_MAX,
+    DEFAULT_BLOCK_MS,
     DEFAULT_MAX_TOKENS,
     DEFAULT_TEMPERATURE,
     DEFAULT_TOP_P,
     SEED_MAX,
+    TEMPERATURE_MAX,
     Limits,
 )
+from backend.engines.base import PROMPT_FORMATS, SamplingParams
 
 PROTOCOL_VERSION = 1
-
-TEMPERATURE_MAX = 2.0
-"""Above this, sampling is close to uniform noise; engines disagree on what it means."""
 
 PARAM_NAMES = ("max_tokens", "temperature", "top_p", "seed", "top_k", "stop")
 
@@ -43,9 +43,6 @@ CONSUMER_MODES = ("cooperative", "greedy", "blocking")
 
 FANOUTS = ("n", "requests")
 """One engine request with n samples, or n engine requests with n=1 each."""
-
-BLOCK_MS_MAX = 200.0
-"""Longest CPU block per chunk in "blocking" mode: enough to show the cost, not to hang the server."""
 
 
 class ProtocolError(Exception):
@@ -63,7 +60,7 @@ class Consumer:
     """How the server consumes a request's stream: after each chunk, yield, don't, or block."""
 
     mode: str = "cooperative"
-    block_ms: float = 20.0
+    block_ms: float = DEFAULT_BLOCK_MS
 
 
 @dataclass(frozen=True)

@@ -1,6 +1,6 @@
 """Browser: the real page in headless chromium at full engine speed, n = 16 and 32.
 
-`python bench/browser.py` starts `python -m backend` (synthetic engine, `--rate` tokens/s per
+`python -m bench.browser` starts `python -m backend` (synthetic engine, `--rate` tokens/s per
 sample, no jitter, tracing on as the page uses it), a websocket relay in this process, and
 `python app.py --backend-url` pointed at the relay; then drives Debian's chromium with Playwright:
 for each n, set n and max_tokens, press Generate `--runs` times, one run after another. It prints,
@@ -57,11 +57,10 @@ from typing import Any
 from playwright.sync_api import Page, sync_playwright
 
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
 
 from backend.engines.synthetic import synthetic_tokens  # noqa: E402
 from bench.done_relay import DoneRelay  # noqa: E402
-from tests.harness import (  # noqa: E402
+from devkit.local import (  # noqa: E402
     CHROMIUM_ARGS,
     LOCAL_LOAD_FLAGS,
     chromium_path,

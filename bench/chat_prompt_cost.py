@@ -5,7 +5,7 @@ engine makes per chat request), beside the time to first token of a streamed `/g
 samples from its token ids, each the median of `--rounds` alternating rounds. The ratio says what
 share of a chat request's TTFT the extra call is.
 
-Usage: python bench/chat_prompt_cost.py --url http://127.0.0.1:30000 [--rounds 30]
+Usage: python -m bench.chat_prompt_cost --url http://127.0.0.1:30000 [--rounds 30]
 """
 
 from __future__ import annotations

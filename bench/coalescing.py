@@ -1,6 +1,6 @@
 """Coalescing figures: a stalled reader does not slow the engine, the page updates at a frame rate.
 
-`python bench/coalescing.py` (or `make bench`) starts `python -m backend` on the synthetic engine
+`python -m bench.coalescing` (or `make bench`) starts `python -m backend` on the synthetic engine
 in its own process (so the clients here do not share its interpreter) and measures on 127.0.0.1:
 
 1. the same request (n samples, fixed seed, temperature 0, no jitter) read by a client that reads
@@ -24,9 +24,8 @@ from typing import Any
 from websockets.asyncio.client import connect
 
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
 
-from tests.harness import start_backend, stop_process  # noqa: E402
+from devkit.local import start_backend, stop_process  # noqa: E402
 from ui.app import UPDATES_PER_S  # noqa: E402
 from ui.client import BackendRun  # noqa: E402
 

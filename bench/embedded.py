@@ -7,7 +7,7 @@ heartbeat measures how late the event loop wakes (the engine steps in its own pr
 lag the backend's loop would see). Both sides run one after the other, so a loaded machine slows
 both alike: read the ratios.
 
-Usage: python bench/embedded.py [--ns 1,8,32] [--tokens 64] [--threads 1]
+Usage: python -m bench.embedded [--ns 1,8,32] [--tokens 64] [--threads 1]
 """
 
 from __future__ import annotations
@@ -15,18 +15,14 @@ from __future__ import annotations
 import argparse
 import asyncio
 import statistics
-import sys
 import threading
 import time
 from collections.abc import Callable
-from pathlib import Path
 
 import psutil
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-
-from backend.engine import Prompt
+from backend.engines.base import Prompt
 from backend.engines.embedded import EmbeddedEngine
 from backend.engines.embedded.scheduler import DecodeParams
 from backend.engines.embedded.weights import resolve_model

@@ -1,6 +1,6 @@
 """The embedded engine end to end: what websocket clients get against what the engine itself reports.
 
-`python bench/embedded_e2e.py` starts `python -m backend --engine embedded` (tracing on) in its own
+`python -m bench.embedded_e2e` starts `python -m backend --engine embedded` (tracing on) in its own
 process, waits for the model to load, then:
 
 1. one client, one request of n samples (each in `--ns`), `--tokens` new tokens per sample:
@@ -33,10 +33,9 @@ from typing import Any
 from websockets.asyncio.client import connect
 
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
 
-from backend.stats import percentile  # noqa: E402
-from tests.harness import LOCAL_LOAD_FLAGS, start_backend, stop_process  # noqa: E402
+from backend.serving.stats import percentile  # noqa: E402
+from devkit.local import LOCAL_LOAD_FLAGS, start_backend, stop_process  # noqa: E402
 
 LOAD_LIMIT_S = 600.0
 """How long the first start may take (it converts the model to a cached safetensors copy)."""

@@ -1,6 +1,6 @@
 """The backend's event loop while the embedded engine runs: lag, longest stall, tokens/s, TTFT.
 
-`python bench/embedded_loop.py` starts `python -m backend --engine embedded` (tracing on, as the
+`python -m bench.embedded_loop` starts `python -m backend --engine embedded` (tracing on, as the
 page uses it) from each checkout named by `--trees` (default: this one), all at once, and sends each
 the same `generate` request in turn, n samples of `--tokens` tokens, alternating checkouts request by
 request so that every checkout sees the same machine noise. From the `trace` frames the server sends
@@ -10,7 +10,7 @@ the time from `generate` to `done`) and the time to the first token. To compare 
 version, export it first, e.g. `git archive <commit> | tar -x -C /tmp/before`, then
 `--trees /tmp/before,.`.
 
-Usage: python bench/embedded_loop.py [--trees DIR,DIR] [--ns 8,32] [--tokens 32] [--rounds 2]
+Usage: python -m bench.embedded_loop [--trees DIR,DIR] [--ns 8,32] [--tokens 32] [--rounds 2]
 """
 
 from __future__ import annotations
@@ -28,10 +28,9 @@ from typing import Any
 from websockets.asyncio.client import connect
 
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
 
-from backend.stats import percentile  # noqa: E402
-from tests.harness import free_port, wait_for_http  # noqa: E402
+from backend.serving.stats import percentile  # noqa: E402
+from devkit.local import free_port, wait_for_http  # noqa: E402
 
 PROMPT = "Write a long story about a lighthouse keeper and the sea."
 START_LIMIT_S = 240.0

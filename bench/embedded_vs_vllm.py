@@ -23,7 +23,7 @@ Each side's front end (the engine's asyncio side, vLLM's API server and engine c
 
 Exit 2 when the vLLM environment or the converted model is missing.
 
-Usage: python bench/embedded_vs_vllm.py [--ns 1,8,32] [--tokens 64] [--threads 1] [--dtype float32]
+Usage: python -m bench.embedded_vs_vllm [--ns 1,8,32] [--tokens 64] [--threads 1] [--dtype float32]
                                         [--repeats 3]
 """
 
@@ -40,19 +40,17 @@ import subprocess
 import sys
 import threading
 import time
-from pathlib import Path
 
 import httpx
 import psutil
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-
-from backend.engine import Prompt
+from backend.engines.base import Prompt
 from backend.engines.embedded import EmbeddedEngine
 from backend.engines.embedded.scheduler import DecodeParams
 from bench.embedded import PeakMemory
-from tests.harness import free_port, stop_process_group, wait_for_http
-from tests.test_engines_real import CACHE, MODEL, SERVED_NAME, SERVER_START_S
+from devkit.local import CONVERTED_MODEL as MODEL
+from devkit.local import ENGINE_CACHE as CACHE
+from devkit.local import SERVED_NAME, SERVER_START_S, free_port, stop_process_group, wait_for_http
 
 PROMPT = "Write a short poem about the sea."
 VLLM_PYTHON = CACHE / "envs" / "vllm" / "bin" / "python"

@@ -1,6 +1,6 @@
 """Load: many websocket clients at once, some cancelling, and nothing lost.
 
-`python bench/load.py` (or `make bench`) starts `python -m backend` on the synthetic engine in its
+`python -m bench.load` (or `make bench`) starts `python -m backend` on the synthetic engine in its
 own process and runs CLIENTS websocket clients at once, each one request of n samples; every
 CANCEL_EVERY-th client cancels mid-stream. It checks what the protocol promises and prints:
 clients, samples, chunks, lost chunks (text that differs from the engine's deterministic text; must
@@ -23,12 +23,11 @@ from pathlib import Path
 from websockets.asyncio.client import connect
 
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
 
 from backend.engines.synthetic import synthetic_tokens  # noqa: E402
-from backend.stats import percentile  # noqa: E402
-from tests.harness import LOCAL_LOAD_FLAGS, stop_process  # noqa: E402
-from tests.harness import start_backend as harness_start_backend  # noqa: E402
+from backend.serving.stats import percentile  # noqa: E402
+from devkit.local import LOCAL_LOAD_FLAGS, stop_process  # noqa: E402
+from devkit.local import start_backend as harness_start_backend  # noqa: E402
 
 
 @dataclass

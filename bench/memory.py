@@ -6,7 +6,7 @@ n samples of 256 tokens (through gradio_client, as a browser's request would). P
 and the total, idle and at the peak. This is the figure to hold against a Space's memory
 (`cpu-basic`: 16 GB).
 
-Usage: python bench/memory.py [--n 32] [--max-tokens 256] [--model FOLDER]
+Usage: python -m bench.memory [--n 32] [--max-tokens 256] [--model FOLDER]
 """
 
 from __future__ import annotations

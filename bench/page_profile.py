@@ -1,6 +1,6 @@
 """Where the page's main thread goes during one run: a CDP trace and JS profile of the real page.
 
-`python bench/page_profile.py [--n 32] [--rate 500] [--max-tokens 2000] [--runs 1]` starts `python
+`python -m bench.page_profile [--n 32] [--rate 500] [--max-tokens 2000] [--runs 1]` starts `python
 -m backend` (synthetic engine, no jitter) and `python app.py --backend-url` pointed at it, opens the
 page in Debian's chromium, presses Generate `--runs` times, one run after another in the same page,
 and for the last run, until its status says finished, records a CDP trace (`devtools.timeline`)
@@ -20,15 +20,12 @@ import argparse
 import collections
 import sys
 import time
-from pathlib import Path
 from typing import Any
 
 from playwright.sync_api import sync_playwright
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-
 from bench.browser import set_number
-from tests.harness import (
+from devkit.local import (
     CHROMIUM_ARGS,
     LOCAL_LOAD_FLAGS,
     chromium_path,

@@ -1,6 +1,6 @@
 """Scaling: how the backend's cost grows with n, and with the number of connections.
 
-`python bench/scaling.py` starts `python -m backend` (synthetic engine, no jitter, tracing on as the
+`python -m bench.scaling` starts `python -m backend` (synthetic engine, no jitter, tracing on as the
 page uses it) in its own process and, at a rate the server keeps up with (`--rate` tokens/s per
 sample, ~`--seconds` per run), measures:
 
@@ -29,7 +29,6 @@ from pathlib import Path
 from websockets.asyncio.client import connect
 
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
 
 from bench.load import rss_mb  # noqa: E402
 from bench.transport import max_tokens_for, p, process_cpu_s, start_backend, stop  # noqa: E402

@@ -21,10 +21,10 @@ from pathlib import Path
 
 import httpx
 
-from backend.engine import SamplingParams
-from backend.engines.sglang import SGLangEngine, sglang_request
-from backend.engines.sglang_launch import SGLangServerProcess
-from backend.engines.streams import SGLangStream, SSEDecoder
+from backend.engines.base import SamplingParams
+from backend.engines.http.sglang import SGLangEngine, sglang_request
+from backend.engines.http.sglang_launch import SGLangServerProcess
+from backend.engines.http.streams import SGLangStream, SSEDecoder
 
 ROOT = Path(__file__).resolve().parent.parent
 CACHE = Path(os.environ.get("DASHBOARD_CACHE") or Path.home() / ".cache" / "parallel-sampling-dashboard")

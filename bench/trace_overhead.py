@@ -1,8 +1,8 @@
 """Tracer cost: loop throughput with tracing off and on, and the cost per recorded event.
 
-`python bench/trace_overhead.py` (or `make bench`) runs, on one plain asyncio loop in this process,
+`python -m bench.trace_overhead` (or `make bench`) runs, on one plain asyncio loop in this process,
 the same workload with the tracer off (the baseline) and on with each step recorder built here (C,
-backend/step_recorder.c, and Python), alternating rounds so all see the same machine noise, and
+backend/trace/step_recorder.c, and Python), alternating rounds so all see the same machine noise, and
 prints the median throughput of each as a ratio to the untraced one:
 
 - `chunk steps`: 64 tasks, each step doing the backend's real per-chunk work (RequestState.on_chunk,
@@ -14,7 +14,7 @@ The tracer's own measurement of its cost per event (time spent recording, after 
 printed too. Rates are per CPU second of the loop's thread (`time.thread_time()`), not per wall
 second, so other processes taking the CPU do not count against either side.
 
-The third table is the per-event cost of the live trace's digest (trace_frames.digest_ring) in each
+The third table is the per-event cost of the live trace's digest (trace.frames.digest_ring) in each
 implementation, on the ring a real in-process backend recorded serving n = 32.
 
 The fourth is the loop the dashboard really runs: backend processes on the synthetic engine, one
@@ -25,7 +25,7 @@ tracer recording, without the live panel's frames. Its figure is the backend loo
 1,000 tokens (engine, server and tracer, from the scheduler's count in
 /proc/PID/task/PID/schedstat), and `on/off` is the traced backend's tokens per CPU second over the
 untraced one's: the loop throughput tracing leaves to the dashboard. The backends start
-with the same memory layout and hash seed (tests.harness.same_layout_launch): two untraced
+with the same memory layout and hash seed (devkit.local.same_layout_launch): two untraced
 processes started normally differed by 1-3 % in this figure from their layouts alone.
 
 At 500 tok/s per sample the loop is mostly idle, so that figure is the CPU a fixed load costs, not
@@ -49,21 +49,19 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-
 from websockets.asyncio.client import connect
 
-from backend.engine import Chunk, SamplingParams
+from backend.engines.base import Chunk, SamplingParams
 from backend.engines.synthetic import SyntheticEngine
-from backend.outbox import Outbox
 from backend.protocol import encode
-from backend.server import BackendServer
-from backend.session import RequestState
-from backend.trace import AVAILABLE_RECORDERS, LoopTracer
-from backend.trace_feed import IMPLEMENTATIONS
-from backend.trace_frames import DIGESTS, digest_ring
+from backend.serving.outbox import Outbox
+from backend.serving.request import RequestState
+from backend.serving.server import BackendServer
+from backend.trace.feed import IMPLEMENTATIONS
+from backend.trace.frames import DIGESTS, digest_ring
+from backend.trace.recorder import AVAILABLE_RECORDERS, LoopTracer
 from bench.transport import run_websocket, start_backend
-from tests.harness import stop_process
+from devkit.local import stop_process
 
 TASKS = 64
 

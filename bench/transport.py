@@ -1,6 +1,6 @@
 """Transport: what the backend's websocket and the Gradio page add to what the engine costs.
 
-`python bench/transport.py` runs the synthetic engine (no jitter, temperature 0 unless
+`python -m bench.transport` runs the synthetic engine (no jitter, temperature 0 unless
 `--temperature`, a fixed seed: every run of a configuration produces the same tokens) at n samples x
 R tokens/s per sample, for about `--seconds` per run, consumed three ways:
 
@@ -54,15 +54,14 @@ from typing import Any
 from websockets.asyncio.client import connect
 
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
 
-from backend.engine import Prompt, SamplingParams  # noqa: E402
+from backend.engines.base import Prompt, SamplingParams  # noqa: E402
 from backend.engines.synthetic import SyntheticEngine, synthetic_tokens  # noqa: E402
-from backend.stats import percentile  # noqa: E402
+from backend.serving.stats import percentile  # noqa: E402
 from bench.done_relay import DoneRelay  # noqa: E402
-from tests.harness import LOCAL_LOAD_FLAGS, free_port, wait_for_http  # noqa: E402
-from tests.harness import start_backend as harness_start_backend  # noqa: E402
-from tests.harness import stop_process as stop  # noqa: E402
+from devkit.local import LOCAL_LOAD_FLAGS, free_port, wait_for_http  # noqa: E402
+from devkit.local import start_backend as harness_start_backend  # noqa: E402
+from devkit.local import stop_process as stop  # noqa: E402
 
 HEARTBEAT_S = 0.02
 """The direct run's lag heartbeat: the backend tracer's interval, so both lag columns compare."""
@@ -190,7 +189,7 @@ def start_backend(
     same_layout: bool = False,
 ) -> tuple[subprocess.Popen[bytes], int]:
     """`python -m backend` (from checkout `root`) on the synthetic engine, once `/health` answers;
-    `extra` are more of its flags, `same_layout` see tests.harness.same_layout_launch."""
+    `extra` are more of its flags, `same_layout` see devkit.local.same_layout_launch."""
     flags = ["--engine", "synthetic", "--rate", str(rate), "--jitter", "0", "--n-max", str(n_max)]
     flags += [*LOCAL_LOAD_FLAGS, "--max-total-samples", "100000", *extra]
     if not trace:

@@ -1,4 +1,4 @@
-"""Take a screenshot of the dashboard mid-stream: `python scripts/screenshot.py [OUT.png]`.
+"""Take a screenshot of the dashboard mid-stream: `python -m scripts.screenshot [OUT.png]`.
 
 Starts `app.py` on the synthetic engine on free ports, drives Debian's chromium with Playwright
 (n=8, Generate), and saves the page while the samples are still streaming.
@@ -13,9 +13,8 @@ from pathlib import Path
 from playwright.sync_api import sync_playwright
 
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
 
-from tests.harness import CHROMIUM_ARGS, chromium_path, free_port, start_app  # noqa: E402
+from devkit.local import CHROMIUM_ARGS, chromium_path, free_port, start_app  # noqa: E402
 
 
 def main(out: str = "docs/screenshot.png") -> int:

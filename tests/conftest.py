@@ -7,7 +7,7 @@ from collections.abc import Iterator
 import pytest
 from playwright.sync_api import Browser, sync_playwright
 
-from tests.harness import CHROMIUM_ARGS, chromium_path
+from devkit.local import CHROMIUM_ARGS, chromium_path
 
 
 @pytest.fixture(scope="module")

@@ -9,7 +9,7 @@ from collections.abc import Iterator
 import pytest
 from playwright.sync_api import Browser, Page, expect
 
-from tests.harness import chromium_path, free_port, start_app
+from devkit.local import chromium_path, free_port, start_app
 
 if chromium_path() is None:
     if os.environ.get("CI"):
@@ -124,3 +124,25 @@ def test_the_prompt_format_and_system_prompt_reach_the_backend(page: Page) -> No
     expect(page.locator("#status")).to_contain_text(
         "Prompt format raw: plain completion, as asked", timeout=15_000
     )
+
+
+def test_on_a_phone_wide_screen_the_summary_scrolls_sideways(browser: Browser, app_url: str) -> None:
+    """390 px wide: the run summary's headers stay on one line each and the table scrolls sideways,
+    instead of its columns squeezing the headers letter by letter."""
+    page = browser.new_page(viewport={"width": 390, "height": 844})
+    try:
+        page.goto(app_url)
+        expect(page.locator("#generate")).to_be_visible(timeout=30_000)
+        start(page, "Tell me about lighthouses.", 4, 24)
+        table = page.locator("#summary table")
+        expect(table).to_be_visible(timeout=30_000)
+        expect(table.locator("th").first).to_be_visible()
+        line = page.evaluate(
+            "() => parseFloat(getComputedStyle(document.querySelector('#summary th')).lineHeight) || 24"
+        )
+        heights = table.locator("th").evaluate_all("ths => ths.map(th => th.getBoundingClientRect().height)")
+        assert max(heights) < 2 * line + 8, (heights, line)  # one line each, with the cell's padding
+        widths = table.evaluate("t => [t.scrollWidth, t.clientWidth]")
+        assert widths[0] > widths[1] and widths[1] <= 390, widths
+    finally:
+        page.close()

@@ -21,14 +21,14 @@ import pytest
 import torch
 from websockets.asyncio.client import connect
 
-from backend.engine import Prompt, RequestRejected, SamplingParams
+from backend.config.settings import Limits
+from backend.engines.base import Prompt, RequestRejected, SamplingParams
 from backend.engines.embedded import EmbeddedEngine, EmbeddedGeneration
 from backend.engines.embedded.detokenizer import TextStream
 from backend.engines.embedded.scheduler import DecodeParams
 from backend.engines.embedded.weights import ModelFileError, is_complete, read_tensors, resolve_model
-from backend.server import BackendServer
-from backend.settings import Limits
-from tests.harness import ROOT
+from backend.serving.server import BackendServer
+from devkit.local import ROOT
 
 PROMPT = "Name three colors."
 

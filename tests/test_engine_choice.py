@@ -10,12 +10,12 @@ from pathlib import Path
 
 import pytest
 
-from backend.cli import add_engine_arguments, engine_from_args
+from backend.config.engine_flags import add_engine_arguments, engine_from_args
 from backend.engines import ENGINES
 from backend.engines.auto import choose_engine
-from backend.engines.openai import OpenAIEngine
-from backend.engines.sglang import SGLangEngine
-from backend.engines.sglang_launch import SGLangServerProcess
+from backend.engines.http.openai import OpenAIEngine
+from backend.engines.http.sglang import SGLangEngine
+from backend.engines.http.sglang_launch import SGLangServerProcess
 
 WITH_EMBEDDED = ("synthetic", "embedded", "sglang", "openai")
 WITHOUT_EMBEDDED = ("synthetic", "sglang", "openai")

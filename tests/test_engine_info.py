@@ -8,11 +8,11 @@ from typing import Any
 
 from websockets.asyncio.client import connect
 
-from backend.engines.http_stream import refused_key
-from backend.engines.sglang import SGLangEngine
-from backend.engines.sglang_launch import free_port
+from backend.engines.http.base import refused_key
+from backend.engines.http.sglang import SGLangEngine
+from backend.engines.http.sglang_launch import free_port
 from backend.engines.synthetic import SyntheticEngine
-from backend.server import BackendServer
+from backend.serving.server import BackendServer
 from ui.engine_info import engine_line_now, health_url
 
 

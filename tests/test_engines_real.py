@@ -26,13 +26,21 @@ from typing import Any
 import pytest
 from websockets.asyncio.client import ClientConnection, connect
 
-from backend.engines.http_stream import HTTPEngine
-from backend.engines.openai import OpenAIEngine
-from backend.engines.sglang import SGLangEngine
-from backend.engines.sglang_launch import SGLangServerProcess, free_port
-from backend.server import BackendServer
-from backend.settings import Limits
-from tests.harness import ENGINE_CACHE, ROOT, stop_process_group, wait_for_http
+from backend.config.settings import Limits
+from backend.engines.http.base import HTTPEngine
+from backend.engines.http.openai import OpenAIEngine
+from backend.engines.http.sglang import SGLangEngine
+from backend.engines.http.sglang_launch import SGLangServerProcess, free_port
+from backend.serving.server import BackendServer
+from devkit.local import (
+    CONVERTED_MODEL,
+    ENGINE_CACHE,
+    ROOT,
+    SERVED_NAME,
+    SERVER_START_S,
+    stop_process_group,
+    wait_for_http,
+)
 from tests.support.answers import COLOUR_PROMPT, LONG_PROMPT, answers_colours
 from tests.support.stop_one import MAX_TOKENS, StopOneSample
 from ui.engine_info import engine_line_now
@@ -43,12 +51,9 @@ pytestmark = pytest.mark.skipif(
 )
 
 CACHE = ENGINE_CACHE
-MODEL = CACHE / "models" / "SmolLM2-135M-Instruct"
-SERVED_NAME = "smollm2"
+MODEL = CONVERTED_MODEL
 API_KEY = "test-key-5f2c"
 """Both servers run with --api-key: every test goes through the key, one test without it."""
-SERVER_START_S = 600.0
-"""A cold server start on 2 shared cores: SGLang ~1 min, vLLM a few minutes."""
 FRAME_TIMEOUT_S = 120.0
 """Longest wait for one websocket frame while a CPU server generates."""
 METRICS_SETTLE_S = 15.0

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from backend.engine import Chunk, Generation, Prompt, SamplingParams
+from backend.engines.base import Chunk, Generation, Prompt, SamplingParams
 from backend.engines.synthetic import SyntheticEngine
-from backend.fanout import FanoutGeneration
+from backend.serving.fanout import FanoutGeneration
 
 
 class DeadServerGeneration(Generation):

@@ -16,7 +16,7 @@ import pytest
 from gradio_client import Client
 
 from backend.engines.synthetic import synthetic_tokens
-from tests.harness import ROOT, free_port, start_app
+from devkit.local import ROOT, free_port, start_app
 
 SAMPLES, STATUS, SUMMARY, TRACE = range(4)
 

@@ -20,7 +20,7 @@ from websockets.asyncio.client import connect
 
 from backend.engines.embedded import weights
 from backend.engines.embedded.weights import ModelFileError, resolve_model
-from tests.harness import free_port, start_backend, stop_process
+from devkit.local import free_port, start_backend, stop_process
 from tests.support.answers import COLOUR_PROMPT, answers_colours
 from tests.support.hub_model import REPO_ID, build_hub_folder
 from tests.support.hub_standin import HubStandIn

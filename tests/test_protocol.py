@@ -7,7 +7,8 @@ import math
 
 import pytest
 
-from backend.engine import Prompt, choose_format
+from backend.config.settings import DEFAULT_MAX_TOKENS, Limits
+from backend.engines.base import Prompt, choose_format
 from backend.protocol import (
     CancelCommand,
     GenerateCommand,
@@ -17,7 +18,6 @@ from backend.protocol import (
     encode_bytes,
     parse_client_frame,
 )
-from backend.settings import DEFAULT_MAX_TOKENS, Limits
 
 LIMITS = Limits()
 

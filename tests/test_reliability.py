@@ -17,13 +17,13 @@ from hypothesis import strategies as st
 from websockets.asyncio.client import connect
 from websockets.exceptions import ConnectionClosed, InvalidStatus
 
-from backend.admission import Admission, client_address
+from backend.config.settings import Limits
 from backend.engines.synthetic import SyntheticEngine
 from backend.protocol import ProtocolError, parse_client_frame
-from backend.server import BackendServer
-from backend.settings import Limits
+from backend.serving.admission import Admission, client_address
+from backend.serving.server import BackendServer
 from bench.load import rss_mb, run_load, start_backend
-from tests.harness import ROOT, free_port
+from devkit.local import ROOT, free_port
 
 LIMITS = Limits()
 
@@ -424,7 +424,7 @@ class DyingSGLang:
 
 
 async def test_an_sglang_server_dying_mid_stream_ends_the_samples_with_error() -> None:
-    from backend.engines.sglang import SGLangEngine
+    from backend.engines.http.sglang import SGLangEngine
 
     dying = DyingSGLang()
     url = await dying.start()

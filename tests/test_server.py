@@ -18,12 +18,13 @@ from websockets.asyncio.client import ClientConnection, connect
 from websockets.protocol import State
 from websockets.server import ServerProtocol
 
-from backend import server as server_module
-from backend.engine import Generation
+from backend.config.settings import Limits
+from backend.engines.base import Generation
 from backend.engines.synthetic import SyntheticEngine, synthetic_tokens
-from backend.server import BackendServer, ClientSession, text_frames
-from backend.settings import Limits
-from tests.harness import ROOT, free_port
+from backend.serving import connection as connection_module
+from backend.serving.connection import ClientSession, text_frames
+from backend.serving.server import BackendServer
+from devkit.local import ROOT, free_port
 
 
 @pytest.fixture
@@ -422,9 +423,9 @@ class _RecordingSocket:
 async def test_done_is_written_without_waiting_out_the_send_interval(monkeypatch: pytest.MonkeyPatch) -> None:
     # Frames that keep coming make the send loop wait SEND_INTERVAL_S between writes; a request's
     # `done` cuts that wait short, other frames do not.
-    monkeypatch.setattr(server_module, "SEND_INTERVAL_S", 5.0)
-    monkeypatch.setattr(server_module, "BURST_POLL_S", 0.0)
-    monkeypatch.setattr(server_module, "BURST_POLLS", 1)
+    monkeypatch.setattr(connection_module, "SEND_INTERVAL_S", 5.0)
+    monkeypatch.setattr(connection_module, "BURST_POLL_S", 0.0)
+    monkeypatch.setattr(connection_module, "BURST_POLLS", 1)
     for kind in ("finish", "done"):
         socket = _RecordingSocket()
         session = ClientSession(socket, SyntheticEngine(), Limits())  # type: ignore[arg-type]
@@ -456,9 +457,9 @@ async def test_a_stream_of_frames_is_written_once_an_interval_without_polling_ag
 ) -> None:
     # Once a write was part of a stream, a frame within SEND_INTERVAL_S of it waits out the interval
     # at once (no burst polling); a frame after a pause is written as soon as its burst ends.
-    monkeypatch.setattr(server_module, "SEND_INTERVAL_S", 0.3)
-    monkeypatch.setattr(server_module, "BURST_POLL_S", 0.0)
-    monkeypatch.setattr(server_module, "BURST_POLLS", 1)
+    monkeypatch.setattr(connection_module, "SEND_INTERVAL_S", 0.3)
+    monkeypatch.setattr(connection_module, "BURST_POLL_S", 0.0)
+    monkeypatch.setattr(connection_module, "BURST_POLLS", 1)
     socket = _RecordingSocket()
     session = ClientSession(socket, SyntheticEngine(), Limits())  # type: ignore[arg-type]
     sender = asyncio.create_task(session._send_loop())

@@ -6,10 +6,10 @@ import json
 
 import orjson
 
-from backend.engine import Chunk, SamplingParams
-from backend.outbox import Outbox
+from backend.engines.base import Chunk, SamplingParams
 from backend.protocol import chunk_frame, done_frame, finish_frame
-from backend.session import RequestState
+from backend.serving.outbox import Outbox
+from backend.serving.request import RequestState
 
 PARAMS = SamplingParams(max_tokens=8, temperature=0.8, top_p=0.95, seed=100)
 

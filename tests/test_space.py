@@ -22,7 +22,7 @@ from pathlib import Path
 import pytest
 from playwright.sync_api import Browser, Page, expect
 
-from tests.harness import ENGINE_CACHE, ROOT, chromium_path, free_port, stop_process_group, wait_for_http
+from devkit.local import ENGINE_CACHE, ROOT, chromium_path, free_port, stop_process_group, wait_for_http
 from tests.support.answers import COLOUR_PROMPT, answers_colours
 from tests.support.hub_model import REPO_ID, build_hub_folder
 from tests.support.hub_standin import HubStandIn

@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from backend.engine import Chunk
-from backend.engines.streams import (
+from backend.engines.base import Chunk
+from backend.engines.http.streams import (
     DONE,
     OpenAIStream,
     SGLangStream,

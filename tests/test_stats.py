@@ -7,7 +7,7 @@ from array import array
 
 import pytest
 
-from backend.stats import SampleTimer, percentile, percentiles, percentiles_in_place, request_stats
+from backend.serving.stats import SampleTimer, percentile, percentiles, percentiles_in_place, request_stats
 
 
 def test_percentile_matches_linear_interpolation() -> None:

@@ -15,8 +15,9 @@ from typing import Any
 
 import pytest
 
-from backend import native_build, trace
-from backend.trace import AVAILABLE_RECORDERS, STEP, LoopTracer
+from backend.trace import native_build
+from backend.trace import recorder as trace
+from backend.trace.recorder import AVAILABLE_RECORDERS, STEP, LoopTracer
 
 
 def test_the_c_recorder_is_built_where_make_installs() -> None:
@@ -209,8 +210,8 @@ async def test_callbacks_run_in_their_context_with_their_arguments(recorder: str
 
 
 def test_the_c_parts_build_in_place_from_their_sources(tmp_path: Path) -> None:
-    (tmp_path / "backend").mkdir()
-    for source in ("setup.py", "backend/step_recorder.c", "backend/trace_digest.c"):
+    (tmp_path / "backend" / "trace").mkdir(parents=True)
+    for source in ("setup.py", "backend/trace/step_recorder.c", "backend/trace/trace_digest.c"):
         shutil.copy(native_build.ROOT / source, tmp_path / source)
     if shutil.which("cc") is None and shutil.which("gcc") is None:
         ok, message = native_build.build_in_place(tmp_path)
@@ -218,12 +219,12 @@ def test_the_c_parts_build_in_place_from_their_sources(tmp_path: Path) -> None:
         return
     ok, message = native_build.build_in_place(tmp_path)
     assert ok, message
-    assert sorted(p.name.split(".")[0] for p in (tmp_path / "backend").glob("_*.so")) == [
+    assert sorted(p.name.split(".")[0] for p in (tmp_path / "backend" / "trace").glob("_*.so")) == [
         "_step_recorder",
         "_trace_digest",
     ]
-    (tmp_path / "backend" / "step_recorder.c").write_text("this is not C\n")
-    for built in (tmp_path / "backend").glob("_step_recorder*"):
+    (tmp_path / "backend" / "trace" / "step_recorder.c").write_text("this is not C\n")
+    for built in (tmp_path / "backend" / "trace").glob("_step_recorder*"):
         built.unlink()
     shutil.rmtree(tmp_path / "build")  # no earlier object to fall back on
     ok, message = native_build.build_in_place(tmp_path)

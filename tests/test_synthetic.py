@@ -7,8 +7,8 @@ import time
 
 import pytest
 
-from backend.engine import Chunk, Prompt, SamplingParams
 from backend.engines import create_engine
+from backend.engines.base import Chunk, Prompt, SamplingParams
 from backend.engines.synthetic import SyntheticEngine, cut_at_stop, synthetic_tokens, token_intervals
 
 

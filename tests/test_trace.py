@@ -15,10 +15,10 @@ import pytest
 from websockets.asyncio.client import ClientConnection, connect
 
 from backend.engines.synthetic import SyntheticEngine, synthetic_tokens
-from backend.server import BackendServer
-from backend.trace import AVAILABLE_RECORDERS, LAG, STEP, LoopTracer
-from backend.trace_feed import TraceFeed
-from backend.trace_frames import OTHER_CONNECTION, live_frame, task_label
+from backend.serving.server import BackendServer
+from backend.trace.feed import TraceFeed
+from backend.trace.frames import OTHER_CONNECTION, live_frame, task_label
+from backend.trace.recorder import AVAILABLE_RECORDERS, LAG, STEP, LoopTracer
 
 
 @pytest.fixture

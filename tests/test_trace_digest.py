@@ -11,9 +11,9 @@ import pytest
 from websockets.asyncio.client import connect
 
 from backend.engines.synthetic import SyntheticEngine
-from backend.server import BackendServer
-from backend.trace import CANCEL, CHUNK, FRAME, IDLE, LAG, STEP
-from backend.trace_frames import DIGESTS, connection_frame, digest_ring
+from backend.serving.server import BackendServer
+from backend.trace.frames import DIGESTS, connection_frame, digest_ring
+from backend.trace.recorder import CANCEL, CHUNK, FRAME, IDLE, LAG, STEP
 
 pytestmark = pytest.mark.skipif("c" not in DIGESTS, reason="the C digest is not built here")
 

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from backend.trace import CANCEL, CHUNK, FRAME, IDLE, LAG, STEP
-from backend.trace_frames import live_frame
+from backend.trace.frames import live_frame
+from backend.trace.recorder import CANCEL, CHUNK, FRAME, IDLE, LAG, STEP
 from ui.trace_view import TraceView, category, panel_html
 
 MS = 1_000_000

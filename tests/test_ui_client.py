@@ -9,11 +9,11 @@ from collections.abc import AsyncIterator
 import pytest
 from websockets.asyncio.server import ServerConnection, serve
 
-from backend.engine import SamplingParams
+from backend.engines.base import SamplingParams
 from backend.engines.synthetic import SyntheticEngine, synthetic_tokens
 from backend.protocol import accepted_frame, encode
-from backend.server import BackendServer
-from tests.harness import free_port
+from backend.serving.server import BackendServer
+from devkit.local import free_port
 from ui.client import BackendError, BackendRun
 from ui.view import RunView, sample_header, samples_value, status_markdown, summary_markdown
 

@@ -18,6 +18,16 @@ from typing import Any
 
 import gradio as gr
 
+from backend.config.settings import (
+    BLOCK_MS_MAX,
+    DEFAULT_BLOCK_MS,
+    DEFAULT_MAX_TOKENS,
+    DEFAULT_TEMPERATURE,
+    DEFAULT_TOP_P,
+    TEMPERATURE_MAX,
+)
+from backend.engines.base import PROMPT_FORMATS
+from backend.protocol import CONSUMER_MODES, FANOUTS
 from ui.client import CLOSE_TIMEOUT_S, BackendError, BackendRun
 from ui.engine_info import engine_line_now
 from ui.sample_grid import empty_value, sample_grid
@@ -25,7 +35,7 @@ from ui.trace_view import panel_html
 from ui.view import RunView, samples_value, status_markdown, summary_markdown
 
 UPDATES_PER_S = 15
-"""Page updates per second while streaming: browsers keep up with 10-20 (DESIGN.md)."""
+"""Page updates per second while streaming: browsers keep up with 10-20 (docs/benchmarks.md, "Browser")."""
 
 TRACE_EVERY = 8
 """The trace panel and the run summary are redrawn every 8th page update (about 2 a second) and at
@@ -50,7 +60,11 @@ CSS = """
 .trace-figures { display: grid; grid-template-columns: repeat(2, 1fr); gap: 2px 12px; font-size: 0.85em; }
 .trace-figures div { display: flex; justify-content: space-between; border-bottom: 1px dotted #e2e8f0; }
 .trace-empty { color: #64748b; font-size: 0.9em; padding: 12px; }
+#summary table { display: block; overflow-x: auto; max-width: 100%; }
+#summary th, #summary td { white-space: nowrap; }
 """
+"""The page's own styles: the trace panel's parts, and a run summary that scrolls sideways on a narrow
+screen instead of wrapping its headers letter by letter."""
 
 EXPLANATION = """
 **What the trace shows.** One thread, one asyncio loop, serving every sample. The loop lane is how
@@ -67,7 +81,6 @@ sample's lane ticks when its chunk arrives.
 - **fan-out `requests`**: n separate engine requests of one sample each instead of one request
   with n samples: the engine cannot share the prompt's prefill, which shows in TTFT.
 """
-"""Columns on a grid: as many per row as fit, all the same width, wrapping when n is large."""
 
 
 class ActiveRuns:
@@ -123,7 +136,7 @@ def build_demo(
                 prompt = gr.Textbox(DEFAULT_PROMPT, label="Prompt", lines=6, elem_id="prompt")
                 with gr.Row():
                     prompt_format = gr.Radio(
-                        ["chat", "raw"],
+                        list(PROMPT_FORMATS),
                         value="chat",
                         label="format",
                         info="chat: the prompt is your message in the model's chat template; "
@@ -141,31 +154,41 @@ def build_demo(
                 max_tokens = gr.Slider(
                     1,
                     max_tokens_max,
-                    value=min(128, max_tokens_max),
+                    value=min(DEFAULT_MAX_TOKENS, max_tokens_max),
                     step=1,
                     label="max tokens",
                     elem_id="max-tokens",
                 )
                 with gr.Row():
                     temperature = gr.Slider(
-                        0, 2, value=0.8, step=0.05, label="temperature", elem_id="temperature"
+                        0,
+                        TEMPERATURE_MAX,
+                        value=DEFAULT_TEMPERATURE,
+                        step=0.05,
+                        label="temperature",
+                        elem_id="temperature",
                     )
-                    top_p = gr.Slider(0.05, 1, value=0.95, step=0.05, label="top-p", elem_id="top-p")
+                    top_p = gr.Slider(0.05, 1, value=DEFAULT_TOP_P, step=0.05, label="top-p", elem_id="top-p")
                 seed = gr.Number(
                     value=33, precision=0, label="seed (empty: random)", minimum=0, elem_id="seed"
                 )
         with gr.Accordion("Event-loop experiments", open=False, elem_id="experiments"):
             with gr.Row():
                 consumer = gr.Radio(
-                    ["cooperative", "greedy", "blocking"],
+                    list(CONSUMER_MODES),
                     value="cooperative",
                     label="consumer",
                     elem_id="consumer",
                 )
                 block_ms = gr.Slider(
-                    0, 200, value=20, step=1, label="block per chunk, ms (blocking)", elem_id="block-ms"
+                    0,
+                    BLOCK_MS_MAX,
+                    value=DEFAULT_BLOCK_MS,
+                    step=1,
+                    label="block per chunk, ms (blocking)",
+                    elem_id="block-ms",
                 )
-                fanout = gr.Radio(["n", "requests"], value="n", label="fan-out", elem_id="fanout")
+                fanout = gr.Radio(list(FANOUTS), value="n", label="fan-out", elem_id="fanout")
             gr.Markdown(EXPLANATION)
         with gr.Row():
             generate_btn = gr.Button("Generate", variant="primary", elem_id="generate")

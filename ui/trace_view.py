@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from html import escape
 from typing import Any
 
-from backend.stats import percentile
+from backend.serving.stats import percentile
 
 WINDOW_MS = 20_000.0
 """Trace kept and drawn: the last 20 s (bounds the page's memory and the SVG's size)."""

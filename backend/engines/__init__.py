@@ -5,16 +5,16 @@ from __future__ import annotations
 import importlib
 from dataclasses import dataclass
 
-from backend.engine import Engine
-from backend.engines.sglang_launch import STARTUP_TIMEOUT_S
+from backend.engines.base import Engine
+from backend.engines.http.sglang_launch import STARTUP_TIMEOUT_S
 from backend.engines.synthetic import DEFAULT_JITTER, DEFAULT_RATE
 
 ENGINES: dict[str, str] = {
     "synthetic": "backend.engines.synthetic:SyntheticEngine",
     "embedded": "backend.engines.embedded:EmbeddedEngine",
-    "sglang": "backend.engines.sglang:SGLangEngine",
-    "sglang-engine": "backend.engines.sglang_engine:SGLangInProcessEngine",
-    "openai": "backend.engines.openai:OpenAIEngine",
+    "sglang": "backend.engines.http.sglang:SGLangEngine",
+    "sglang-engine": "backend.engines.sglang_inprocess:SGLangInProcessEngine",
+    "openai": "backend.engines.http.openai:OpenAIEngine",
 }
 """Engine name -> "module:Class"; imported only when chosen, so heavy engines cost nothing idle."""
 

@@ -14,8 +14,8 @@ import shlex
 from collections.abc import Collection
 from dataclasses import dataclass
 
-from backend.engine import Engine
-from backend.settings import CACHE_ROOT, DEFAULT_MODEL_ID
+from backend.config.settings import CACHE_ROOT, DEFAULT_MODEL_ID
+from backend.engines.base import Engine
 
 AUTO = "auto"
 """The --engine value that chooses by itself."""
@@ -82,8 +82,8 @@ def auto_engine(options: object, registered: Collection[str]) -> Engine:
         registered=registered,
     )
     if choice.launch_sglang:
-        from backend.engines.sglang import SGLangEngine
-        from backend.engines.sglang_launch import STARTUP_TIMEOUT_S, SGLangServerProcess
+        from backend.engines.http.sglang import SGLangEngine
+        from backend.engines.http.sglang_launch import STARTUP_TIMEOUT_S, SGLangServerProcess
 
         # Incremental: each event holds only the new text, not the sample's whole text and ids again
         # (bench/sglang_stream_bytes.py measures what that saves). Sleep on idle: an idle scheduler

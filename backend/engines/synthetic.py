@@ -15,7 +15,7 @@ import asyncio
 import random
 from typing import Any
 
-from backend.engine import Chunk, Engine, Generation, Prompt, SamplingParams
+from backend.engines.base import Chunk, Engine, Generation, Prompt, SamplingParams
 
 WORDS = (
     "the a river light stone quiet morning window garden road city signal engine thread loop "

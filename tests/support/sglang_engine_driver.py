@@ -12,8 +12,8 @@ import json
 import sys
 from typing import Any
 
-from backend.engine import Prompt, SamplingParams
-from backend.engines.sglang_engine import SGLangInProcessEngine
+from backend.engines.base import Prompt, SamplingParams
+from backend.engines.sglang_inprocess import SGLangInProcessEngine
 from tests.support.answers import COLOUR_PROMPT, LONG_PROMPT
 from tests.support.stop_one import MAX_TOKENS, StopOneSample
 

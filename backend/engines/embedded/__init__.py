@@ -20,7 +20,7 @@ from collections import deque
 from collections.abc import Callable
 from typing import Any
 
-from backend.engine import (
+from backend.engines.base import (
     Chunk,
     Engine,
     Generation,

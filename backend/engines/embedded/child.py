@@ -21,7 +21,7 @@ from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import Any
 
-from backend.engine import Chunk
+from backend.engines.base import Chunk
 from backend.engines.embedded.worker import WorkerSetup
 
 log = logging.getLogger("backend.embedded")

@@ -29,7 +29,7 @@ from typing import Any, Protocol
 
 import torch
 
-from backend.engine import Chunk, template_token_ids
+from backend.engines.base import Chunk, template_token_ids
 from backend.engines.embedded.detokenizer import TextStream
 from backend.engines.embedded.model import Llama, PromptKV, RowCache
 from backend.engines.embedded.sampler import RowSampling, sample

@@ -25,7 +25,7 @@ from typing import Any
 
 import torch
 
-from backend.settings import CACHE_ROOT, DEFAULT_MODEL_ID
+from backend.config.settings import CACHE_ROOT, DEFAULT_MODEL_ID
 
 log = logging.getLogger("backend.embedded")
 

@@ -22,18 +22,18 @@ from typing import Any
 
 import httpx
 
-from backend.engine import Chunk, Generation, Prompt, SamplingParams
-from backend.engines.http_stream import (
+from backend.engines.base import Chunk, Generation, Prompt, SamplingParams
+from backend.engines.http.base import (
     CONTROL_TIMEOUT_S,
     EngineUnavailable,
     HTTPEngine,
     StreamingGeneration,
     describe_http_error,
 )
-from backend.engines.sglang_launch import SGLangServerProcess
-from backend.engines.streams import SGLangStream
+from backend.engines.http.sglang_launch import SGLangServerProcess
+from backend.engines.http.streams import SGLangStream
 
-log = logging.getLogger("backend.engines.sglang")
+log = logging.getLogger("backend.engines.http.sglang")
 
 DEFAULT_SGLANG_URL = "http://127.0.0.1:30000"
 """Where `python -m sglang.launch_server` listens by default."""

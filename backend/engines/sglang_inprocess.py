@@ -16,12 +16,12 @@ import logging
 from collections.abc import AsyncIterator
 from typing import Any
 
-from backend.engine import Chunk, Engine, Generation, Prompt, SamplingParams, template_token_ids
-from backend.engines.sglang import sglang_request
-from backend.engines.streams import SGLangStream
-from backend.settings import DEFAULT_MODEL_ID
+from backend.config.settings import DEFAULT_MODEL_ID
+from backend.engines.base import Chunk, Engine, Generation, Prompt, SamplingParams, template_token_ids
+from backend.engines.http.sglang import sglang_request
+from backend.engines.http.streams import SGLangStream
 
-log = logging.getLogger("backend.engines.sglang_engine")
+log = logging.getLogger("backend.engines.sglang_inprocess")
 
 
 def parse_engine_args(options: Any) -> dict[str, Any]:
@@ -73,7 +73,7 @@ class SGLangInProcessEngine(Engine):
             ) from exc
         # SGLang starts its request loop, and puts its own SIGTERM and SIGQUIT handlers on this loop,
         # on the first request; start it now, so that the backend can put its own back once (see
-        # backend.process) instead of SGLang's draining `sys.exit` answering the next SIGTERM.
+        # backend.serving.process) instead of SGLang's draining `sys.exit` answering the next SIGTERM.
         self.sglang.tokenizer_manager.auto_create_handle_loop()
 
     async def stop(self) -> None:

@@ -15,9 +15,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from backend.engine import Chunk, Generation, Prompt, SamplingParams
-from backend.engines.http_stream import HTTPEngine, StreamingGeneration
-from backend.engines.streams import OpenAIStream
+from backend.engines.base import Chunk, Generation, Prompt, SamplingParams
+from backend.engines.http.base import HTTPEngine, StreamingGeneration
+from backend.engines.http.streams import OpenAIStream
 
 DEFAULT_OPENAI_URL = "http://127.0.0.1:8000"
 """Where vLLM's OpenAI-compatible server listens by default."""

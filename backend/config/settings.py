@@ -30,6 +30,15 @@ DEFAULT_MAX_TOKENS = 128
 DEFAULT_TEMPERATURE = 0.8
 DEFAULT_TOP_P = 0.95
 
+TEMPERATURE_MAX = 2.0
+"""Above this, sampling is close to uniform noise; engines disagree on what it means."""
+
+BLOCK_MS_MAX = 200.0
+"""Longest CPU block per chunk in "blocking" mode: enough to show the cost, not to hang the server."""
+
+DEFAULT_BLOCK_MS = 20.0
+"""CPU block per chunk in "blocking" mode when a generate frame does not say."""
+
 # Largest seed accepted; per-sample seeds are seed + index, which must stay a 32-bit value.
 SEED_MAX = 2**31 - 1
 

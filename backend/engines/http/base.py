@@ -3,7 +3,7 @@
 `HTTPEngine` owns one async HTTP client per server, checks the server at start-up and every few
 seconds after (so the page can say it is down, and the dashboard recovers when it comes back), and
 reports that in `model` and `health()`. `StreamingGeneration` reads one streamed response on a task
-of its own into a queue; the parsing is the sans-I/O parser of `backend.engines.streams`. Closing
+of its own into a queue; the parsing is the sans-I/O parser of `backend.engines.http.streams`. Closing
 the response (cancelling that task) closes the connection, which makes both SGLang and vLLM abort
 the request's samples.
 """
@@ -19,8 +19,8 @@ from typing import Any
 
 import httpx
 
-from backend.engine import Chunk, Engine, Generation
-from backend.engines.streams import SSEDecoder, StreamProtocolError, StreamState
+from backend.engines.base import Chunk, Engine, Generation
+from backend.engines.http.streams import SSEDecoder, StreamProtocolError, StreamState
 
 log = logging.getLogger("backend.engines.http")
 

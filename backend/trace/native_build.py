@@ -1,5 +1,5 @@
-"""The tracer's C parts (backend/step_recorder.c, backend/trace_digest.c): whether they are built, and
-building them in place where `make` did not.
+"""The tracer's C parts (step_recorder.c, trace_digest.c beside this file): whether they are built,
+and building them in place where `make` did not.
 
 `make run` and `make test` build them. A Hugging Face Space installs `requirements.txt` and runs
 `python app.py`, so app.py builds them at startup there (a C compiler and Python's headers are in
@@ -14,12 +14,12 @@ import subprocess
 import sys
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 
 BUILD_TIMEOUT_S = 180
 """The longest a build may take before the dashboard starts without it (a few seconds here)."""
 
-MODULES = ("backend._step_recorder", "backend._trace_digest")
+MODULES = ("backend.trace._step_recorder", "backend.trace._trace_digest")
 
 
 def built() -> bool:

@@ -24,17 +24,17 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from backend.trace import CANCEL, CHUNK, FRAME, IDLE, LAG, STEP, Event
+from backend.trace.recorder import CANCEL, CHUNK, FRAME, IDLE, LAG, STEP, Event
 
 try:
-    from backend._trace_digest import digest as _c_digest
+    from backend.trace._trace_digest import digest as _c_digest
 except ImportError:  # not built (no C compiler where it was installed): digest in Python
     _c_digest = None
 if (STEP, IDLE, LAG, CHUNK, FRAME, CANCEL) != (0, 1, 2, 3, 4, 5):  # the kinds trace_digest.c knows
     _c_digest = None
 
 DIGESTS = ("c", "python") if _c_digest is not None else ("python",)
-"""Digest implementations this installation has, the default first: C (backend/trace_digest.c)
+"""Digest implementations this installation has, the default first: C (backend/trace/trace_digest.c)
 where it is built, and Python (`digest_ring`'s own code, the reference)."""
 
 MERGE_GAP_NS = 5_000_000

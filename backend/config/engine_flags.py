@@ -5,11 +5,10 @@ from __future__ import annotations
 import argparse
 import os
 
-from backend.engine import Engine
 from backend.engines import ENGINES, EngineOptions, create_engine
 from backend.engines.auto import AUTO, auto_engine
+from backend.engines.base import Engine
 from backend.engines.synthetic import DEFAULT_JITTER, DEFAULT_RATE
-from backend.settings import Limits
 
 DEFAULT_ENGINE = AUTO
 """The engine when neither --engine nor DASHBOARD_ENGINE names one."""
@@ -125,12 +124,6 @@ def add_engine_arguments(parser: argparse.ArgumentParser) -> None:
         default=int(env("EMBEDDED_CONTEXT", str(EngineOptions.context))),
         help="embedded engine: prompt plus max_tokens per sample (env EMBEDDED_CONTEXT; default %(default)s)",
     )
-    parser.add_argument(
-        "--n-max",
-        type=int,
-        default=int(env("DASHBOARD_N_MAX", str(Limits.n_max))),
-        help="most samples per request, and columns in the page (env DASHBOARD_N_MAX; default %(default)s)",
-    )
 
 
 def engine_from_args(args: argparse.Namespace) -> Engine:
@@ -155,10 +148,3 @@ def engine_from_args(args: argparse.Namespace) -> Engine:
     if args.engine == AUTO:
         return auto_engine(options, ENGINES)
     return create_engine(args.engine, options)
-
-
-def limits_from_args(args: argparse.Namespace) -> Limits:
-    """Server limits with the parsed --n-max."""
-    if args.n_max < 1:
-        raise ValueError(f"--n-max must be at least 1, got {args.n_max}")
-    return Limits(n_max=args.n_max)

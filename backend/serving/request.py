@@ -1,4 +1,5 @@
-"""State of one request on a connection, without I/O: engine chunks in, protocol frames out.
+"""One request on a connection: its state without I/O (engine chunks in, protocol frames out), and
+what the connection keeps of it while it runs (`RunningRequest`).
 
 `RequestState` holds the promise of protocol v1: every accepted request gets exactly one `finish`
 per index, then one `done`, and the text deltas of an index concatenate to that sample's output.
@@ -7,11 +8,13 @@ Chunks that arrive for an already finished sample (an engine racing an abort) ar
 
 from __future__ import annotations
 
+import asyncio
+from dataclasses import dataclass
 from typing import Any
 
-from backend.engine import FINISH_REASONS, Chunk, SamplingParams
-from backend.protocol import chunk_frame, done_frame, finish_frame
-from backend.stats import SampleTimer, request_stats
+from backend.engines.base import FINISH_REASONS, Chunk, Generation, SamplingParams
+from backend.protocol import GenerateCommand, chunk_frame, done_frame, finish_frame
+from backend.serving.stats import SampleTimer, request_stats
 
 
 class RequestState:
@@ -86,3 +89,14 @@ class RequestState:
         self.reasons[index] = reason
         self._finished += 1
         return finish_frame(self.request_id, index, reason, self.timers[index].stats())
+
+
+@dataclass
+class RunningRequest:
+    """An accepted request: its bookkeeping, the engine's generation and the task consuming it."""
+
+    command: GenerateCommand
+    state: RequestState
+    generation: Generation
+    start_ns: int
+    task: asyncio.Task[None] | None = None

@@ -21,9 +21,9 @@ import logging
 from dataclasses import dataclass, field
 from typing import Any
 
-from backend.engine import Chunk
+from backend.engines.base import Chunk
 
-log = logging.getLogger("backend.engines.streams")
+log = logging.getLogger("backend.engines.http.streams")
 
 DONE = "[DONE]"
 """The payload both servers send as their stream's last event."""

@@ -1,8 +1,8 @@
 """Live trace frames for every connection that asks for them, from one digest of the tracer's events.
 
 Each frame interval the feed reads what the tracer recorded since its last read, reduces it once
-(`trace_frames.digest_ring`), and cuts a frame for each connection with a traced request running
-(`trace_frames.connection_frame`). Building each connection's frame from all events instead made the
+(`trace.frames.digest_ring`), and cuts a frame for each connection with a traced request running
+(`trace.frames.connection_frame`). Building each connection's frame from all events instead made the
 trace's cost grow with events x connections (about 4 ms of CPU per chunk at 256 connections).
 Frames are queued as the JSON they are sent as, made while the garbage collector is paused (see
 `flush`).
@@ -15,12 +15,12 @@ import gc
 from typing import Protocol
 
 from backend.protocol import encode_bytes
-from backend.trace import AVAILABLE_RECORDERS, LoopTracer
-from backend.trace_frames import DIGESTS, connection_frame, digest_ring
+from backend.trace.frames import DIGESTS, connection_frame, digest_ring
+from backend.trace.recorder import AVAILABLE_RECORDERS, LoopTracer
 
 IMPLEMENTATIONS = tuple(i for i in AVAILABLE_RECORDERS if i in DIGESTS)
 """The tracer's implementations built here, the default first: "c" (its step recorder and digest,
-backend/step_recorder.c and backend/trace_digest.c) and "python" (the same work in Python)."""
+backend/trace/step_recorder.c and backend/trace/trace_digest.c) and "python" (the same work in Python)."""
 
 TRACE_FRAMES_PER_S = 5
 """Live trace frames per second to each traced connection. The page redraws its trace panel about
@@ -48,7 +48,7 @@ class TraceFeed:
     """Digests the tracer's new events once per interval and sends each traced connection its frame."""
 
     def __init__(self, tracer: LoopTracer, digest: str | None = None) -> None:
-        """`digest`: "c" or "python" (see trace_frames.DIGESTS); the default where None."""
+        """`digest`: "c" or "python" (see trace.frames.DIGESTS); the default where None."""
         self.tracer = tracer
         self.digest = digest
         self.subscribers: set[TraceSubscriber] = set()

@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 from dataclasses import replace
 
-from backend.engine import Chunk, Engine, Generation, Prompt, SamplingParams
+from backend.engines.base import Chunk, Engine, Generation, Prompt, SamplingParams
 
 
 class FanoutGeneration(Generation):

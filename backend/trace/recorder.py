@@ -18,7 +18,7 @@ filled in place: no tuple, no int object, nothing for the garbage collector. `si
 turn the ring back into `(kind, start_ns, duration_ns, subject, detail)` tuples, with times from
 `time.perf_counter_ns()`. The tracer measures its own recording cost on a sample of steps.
 
-The step recorder is C (backend/step_recorder.c, built in place by `python setup.py build_ext
+The step recorder is C (backend/trace/step_recorder.c, built in place by `python setup.py build_ext
 --inplace`, which `make` runs) where that extension is built, and the same recorder in Python
 otherwise (`LoopTracer.recorder` says which): a Python wrapper around `Handle._run` costs a frame
 per step, about a tenth of a short step.
@@ -36,7 +36,7 @@ from collections.abc import Callable, Sequence
 from typing import Any, Protocol
 
 try:
-    from backend._step_recorder import StepRecorder as _CStepRecorder
+    from backend.trace._step_recorder import StepRecorder as _CStepRecorder
 except ImportError:  # not built (no C compiler where it was installed): record in Python
     _CStepRecorder = None
 
@@ -100,7 +100,7 @@ def _other_name(callback: Any) -> str:
     call as a done-callback, and a cache keyed by those kept each one alive, with the futures,
     tasks and connections it reaches (every connection of a traced backend stayed in memory).
     Callbacks without Python code (a partial, a builtin method bound to one object) are named each
-    time, not cached. backend/step_recorder.c looks the cache up the same way.
+    time, not cached. backend/trace/step_recorder.c looks the cache up the same way.
     """
     function = getattr(callback, "__func__", callback)
     code = function.__code__ if isinstance(function, types.FunctionType) else None
@@ -251,7 +251,7 @@ class PythonStepRecorder:
 
 
 RECORDERS = ("c", "python")
-"""Step recorders: "c" (backend/step_recorder.c) where built, else "python"."""
+"""Step recorders: "c" (backend/trace/step_recorder.c) where built, else "python"."""
 
 AVAILABLE_RECORDERS = RECORDERS if _CStepRecorder is not None else ("python",)
 """The step recorders this installation can use (the first is the default)."""

@@ -1,66 +1,54 @@
-"""The websocket server: protocol v1 at ws://HOST:PORT/ws, on its own plain asyncio loop.
+"""One websocket client's connection: its receive loop, its send loop and a task per request.
 
-A thin I/O shell: parsing lives in `protocol`, request bookkeeping in `session`, send-side merging
-in `outbox`, trace framing in `trace_frames`. Each connection has one receive loop (`ws reader @c1`),
-one send loop (`send @c1`) and a task per running request (`consume r1 @c1`); closing the
-connection aborts its requests in the engine. The loop is traced by `LoopTracer`, and one `trace`
-task (`trace_feed`) sends every traced connection its live frames. `GET /health` reports the
-engine's load and the tracer's cost.
+`ClientSession` parses each frame (`protocol`), starts, cancels and exports requests, consumes each
+request's engine stream in a task of its own (`consume r1 @c1`) with the teaching modes (cooperative,
+greedy, blocking), and writes frames through its outbox (`outbox`) from one send loop
+(`send @c1`), several frames in one socket write (`FrameConnection`). Closing the connection
+aborts its requests in the engine.
 """
 
 from __future__ import annotations
 
 import asyncio
-import hmac
-import itertools
 import logging
 import random
-import socket
 import struct
 import time
 from collections import OrderedDict
 from collections.abc import Callable
-from dataclasses import dataclass, replace
-from http import HTTPStatus
+from dataclasses import replace
 from typing import Any
-from urllib.parse import urlsplit
 
-from websockets.asyncio.server import Server, ServerConnection, serve
-from websockets.datastructures import Headers
+from websockets.asyncio.server import ServerConnection
 from websockets.exceptions import ConnectionClosed
-from websockets.http11 import Request, Response
 from websockets.protocol import State
 
-from backend.admission import Admission, client_address
-from backend.engine import Engine, Generation, RequestRejected
-from backend.fanout import FanoutGeneration
-from backend.outbox import Outbox
+from backend.config.settings import (
+    OUTBOX_MAX_FRAMES,
+    SEED_MAX,
+    Limits,
+)
+from backend.engines.base import Engine, Generation, RequestRejected
 from backend.protocol import (
     CancelCommand,
     ExportTraceCommand,
     GenerateCommand,
     ProtocolError,
     accepted_frame,
-    encode,
     error_frame,
     parse_client_frame,
     queued_frame,
     trace_export_frame,
 )
-from backend.session import RequestState
-from backend.settings import OUTBOX_MAX_FRAMES, SEED_MAX, SEND_BUFFER_BYTES, WS_MAX_MESSAGE_BYTES, Limits
-from backend.trace import LoopTracer
-from backend.trace_feed import TraceFeed
-from backend.trace_frames import chrome_trace
+from backend.serving.admission import Admission
+from backend.serving.fanout import FanoutGeneration
+from backend.serving.outbox import Outbox
+from backend.serving.request import RequestState, RunningRequest
+from backend.trace.feed import TraceFeed
+from backend.trace.frames import chrome_trace
+from backend.trace.recorder import LoopTracer
 
 log = logging.getLogger("backend")
-
-STARTING, READY, FAILED, LOST = "starting", "ready", "failed", "lost"
-"""The engine's state as /health reports it (`BackendServer.engine_state`): LOST is an engine that
-was serving when a process of its own died."""
-
-WS_PATH = "/ws"
-HEALTH_PATH = "/health"
 
 SEND_INTERVAL_S = 0.004
 """Longest a connection's pending frames wait for more to join them in one socket write.
@@ -152,17 +140,6 @@ def _block(seconds: float) -> None:
     end = time.perf_counter() + seconds
     while time.perf_counter() < end:
         pass
-
-
-@dataclass
-class RunningRequest:
-    """An accepted request: its bookkeeping, the engine's generation and the task consuming it."""
-
-    command: GenerateCommand
-    state: RequestState
-    generation: Generation
-    start_ns: int
-    task: asyncio.Task[None] | None = None
 
 
 def _no_problem() -> str | None:
@@ -516,235 +493,3 @@ class ClientSession:
     def wants_trace(self) -> bool:
         """Whether a request that asked for live trace frames is running on this connection."""
         return any(r.command.trace for r in self.requests.values())
-
-
-class BackendServer:
-    """The engine plus the websocket server in front of it, on the running loop."""
-
-    def __init__(
-        self,
-        engine: Engine,
-        limits: Limits | None = None,
-        host: str = "127.0.0.1",
-        port: int = 8765,
-        trace: bool = True,
-        allowed_origins: tuple[str, ...] = (),
-        token: str | None = None,
-        log_prompts: bool = False,
-        trace_implementation: str | None = None,
-    ) -> None:
-        """`trace_implementation`: "c" or "python" for the tracer's recorder and digest (see
-        trace_feed.IMPLEMENTATIONS); the default where None."""
-        self.engine = engine
-        self.limits = limits or Limits()
-        self.host = host
-        self.port = port
-        self.sessions: set[ClientSession] = set()
-        self.tracer = LoopTracer(recorder=trace_implementation) if trace else None
-        self.feed = TraceFeed(self.tracer, trace_implementation) if self.tracer is not None else None
-        self._feed_task: asyncio.Task[None] | None = None
-        self.admission = Admission(self.limits)
-        self.allowed_origins = allowed_origins
-        self.token = token
-        self.log_prompts = log_prompts
-        self._server: Server | None = None
-        self._labels = itertools.count(1)
-        self.engine_state = STARTING
-        """STARTING until the engine's start returned, then READY, or FAILED with `engine_error`."""
-        self.engine_error: str | None = None
-        self._engine_task: asyncio.Task[None] | None = None
-
-    async def start(self, engine_in_background: bool = False) -> None:
-        """Trace this loop, start the engine, then listen; `port` becomes the bound port.
-
-        With `engine_in_background` (app.py's backend), listen at once and start the engine on a
-        task: the page can then say what a long first start is doing (a download, a conversion),
-        and what went wrong where it fails, while requests get an `engine_not_ready` error.
-        """
-        if self.tracer is not None:
-            self.tracer.install(asyncio.get_running_loop())
-        if self.feed is not None:
-            self._feed_task = asyncio.create_task(self.feed.run(), name="trace")
-        if engine_in_background:
-            self._engine_task = asyncio.create_task(self._start_engine(), name="engine start")
-        else:
-            await self.engine.start()
-            self.engine_state = READY
-        self._server = await serve(
-            self._handle,
-            self.host,
-            self.port,
-            process_request=self._process_request,
-            create_connection=FrameConnection,
-            max_size=WS_MAX_MESSAGE_BYTES,
-            # permessage-deflate cost more CPU per small chunk frame than the rest of its sending,
-            # and its clients are on the same host (the page's server side) or a LAN.
-            compression=None,
-            # Browsers send Origin: only the listed pages may connect; clients without one (the
-            # Gradio app's server side, scripts) may. This stops other sites' pages hijacking it.
-            origins=[None, *self.allowed_origins],
-        )
-        self.port = self._server.sockets[0].getsockname()[1]
-        log.info("serving %s engine (%s) at %s", self.engine.name, self.engine.model, self.url)
-
-    def engine_problem(self) -> str | None:
-        """Why the engine cannot take requests now (still starting, or failed to), or None."""
-        if self.engine_state == READY:
-            return None
-        if self.engine_state == FAILED:
-            return f"the {self.engine.name} engine could not start: {self.engine_error}"
-        if self.engine_state == LOST:
-            return (
-                f"the {self.engine.name} engine stopped working: {self.engine_error}; restart the dashboard"
-            )
-        detail = self.engine.health().get("loading_status")
-        doing = f" ({detail})" if detail else ""
-        return f"the {self.engine.name} engine is still starting{doing}; try again in a moment"
-
-    async def engine_settled(self) -> None:
-        """Return once the engine's start has ended, ready or failed (at once without a background start)."""
-        if self._engine_task is not None:
-            await asyncio.gather(asyncio.shield(self._engine_task), return_exceptions=True)
-
-    def engine_lost(self, reason: str) -> None:
-        """The engine can no longer serve (a process of its own died): say so to /health and to every
-        new request, instead of going on as if it could, and end the requests it was running with
-        an `engine_lost` error (they would wait for chunks that never come)."""
-        self.engine_error = reason
-        if self.engine_state != READY:
-            self.engine_state = FAILED  # the start then fails, saying this
-            log.error("the %s engine failed while starting: %s", self.engine.name, reason)
-            return
-        self.engine_state = LOST
-        log.error("the %s engine failed while serving: %s", self.engine.name, reason)
-        for session in self.sessions:
-            session.end_requests("engine_lost", self.engine_problem() or reason)
-
-    async def _start_engine(self) -> None:
-        try:
-            await self.engine.start()
-        except Exception as exc:  # noqa: BLE001 - kept for /health and every request's error frame
-            reason = str(exc) or type(exc).__name__
-            if self.engine_error:  # what was seen while it started (a child process that died)
-                reason = f"{reason} ({self.engine_error})"
-            self.engine_error = reason
-            self.engine_state = FAILED
-            log.error("the %s engine could not start: %s", self.engine.name, self.engine_error)
-            return
-        if self.engine_state == FAILED:
-            return
-        self.engine_state = READY
-        log.info("the %s engine is ready (%s)", self.engine.name, self.engine.model)
-
-    @property
-    def url(self) -> str:
-        """The websocket URL clients connect to."""
-        host = f"[{self.host}]" if ":" in self.host else self.host
-        return f"ws://{host}:{self.port}{WS_PATH}"
-
-    async def close(self) -> None:
-        """Stop listening, close every connection (aborting its requests), stop the engine."""
-        if self._server is not None:
-            self._server.close()
-            await self._server.wait_closed()
-        if self._engine_task is not None:
-            self._engine_task.cancel()
-            await asyncio.gather(self._engine_task, return_exceptions=True)
-        await self.engine.stop()
-        if self._feed_task is not None:
-            self._feed_task.cancel()
-            await asyncio.gather(self._feed_task, return_exceptions=True)
-        if self.tracer is not None:
-            self.tracer.uninstall()
-
-    async def serve_forever(self) -> None:
-        """Run until cancelled."""
-        await self.start()
-        try:
-            await asyncio.Future()
-        finally:
-            await self.close()
-
-    def health(self) -> dict[str, Any]:
-        """What /health reports: the engine's load and the open connections."""
-        return {
-            "status": "ok",
-            **self.engine.health(),
-            "engine_state": self.engine_state,
-            "engine_error": self.engine_error,
-            "connections": len(self.sessions),
-            "active_requests": sum(len(s.requests) for s in self.sessions),
-            "n_max": self.limits.n_max,
-            "max_tokens_max": self.limits.max_tokens_max,
-            "trace": None
-            if self.tracer is None
-            else {
-                "events_recorded": self.tracer.recorded,
-                "events_kept": self.tracer.kept,
-                "overhead_per_event_ns": round(self.tracer.overhead_per_event_ns(), 1),
-                "implementation": self.tracer.recorder,
-            },
-        }
-
-    async def _handle(self, ws: FrameConnection) -> None:
-        sock = ws.transport.get_extra_info("socket")
-        if sock is not None:
-            sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, SEND_BUFFER_BYTES)
-        peer = str(ws.remote_address[0]) if ws.remote_address else ""
-        address = client_address(peer, ws.request.headers.get("X-Forwarded-For") if ws.request else None)
-        refusal = self.admission.connect(address)
-        if refusal is not None:
-            log.warning("refusing a connection from %s: %s", address, refusal)
-            await ws.send(encode(error_frame("too_many_connections", refusal)))
-            await ws.close(1008, "too many connections")
-            return
-        session = ClientSession(
-            ws,
-            self.engine,
-            self.limits,
-            f"c{next(self._labels)}",
-            self.tracer,
-            self.admission,
-            address,
-            self.log_prompts,
-            self.feed,
-            self.engine_problem,
-        )
-        self.sessions.add(session)
-        if self.feed is not None:
-            self.feed.add(session)
-        log.info("client %s connected from %s", session.label, address)
-        try:
-            await session.serve()
-        finally:
-            self.sessions.discard(session)
-            if self.feed is not None:
-                self.feed.discard(session)
-            self.admission.disconnect(address)
-            log.info("client %s left", session.label)
-
-    def _process_request(self, connection: ServerConnection, request: Request) -> Response | None:
-        path = urlsplit(request.path).path
-        if path == HEALTH_PATH:
-            return _json_response(HTTPStatus.OK, self.health())
-        if path != WS_PATH:
-            return connection.respond(HTTPStatus.NOT_FOUND, f"the websocket endpoint is {WS_PATH}\n")
-        if self.token is not None and not self._authorised(request):
-            return connection.respond(
-                HTTPStatus.UNAUTHORIZED, "this backend needs its token: Authorization: Bearer <token>\n"
-            )
-        return None
-
-    def _authorised(self, request: Request) -> bool:
-        assert self.token is not None
-        header = request.headers.get("Authorization", "")
-        given = header.removeprefix("Bearer ").strip() if header.startswith("Bearer ") else ""
-        return hmac.compare_digest(given.encode(), self.token.encode())
-
-
-def _json_response(status: HTTPStatus, body: dict[str, Any]) -> Response:
-    data = (encode(body) + "\n").encode()
-    headers = Headers(
-        [("Content-Type", "application/json"), ("Content-Length", str(len(data))), ("Connection", "close")]
-    )
-    return Response(status.value, status.phrase, headers, data)

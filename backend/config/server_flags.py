@@ -1,4 +1,4 @@
-"""Command-line settings of the websocket server itself (the engine's are in `backend.cli`)."""
+"""Command-line settings of the websocket server itself (the engine's: `backend.config.engine_flags`)."""
 
 from __future__ import annotations
 
@@ -6,10 +6,10 @@ import argparse
 import os
 from dataclasses import replace
 
-from backend.cli import engine_from_args, env, limits_from_args
-from backend.server import BackendServer
-from backend.settings import Limits
-from backend.trace_feed import IMPLEMENTATIONS
+from backend.config.engine_flags import engine_from_args, env
+from backend.config.settings import Limits
+from backend.serving.server import BackendServer
+from backend.trace.feed import IMPLEMENTATIONS
 
 LIMIT_FLAGS = {
     "max_total_samples": (
@@ -29,11 +29,17 @@ LIMIT_FLAGS = {
     ),
     "send_stall_s": ("--send-stall-s", "DASHBOARD_SEND_STALL_S", "seconds a non-reading client is kept"),
 }
-"""Server-wide limits settable on the command line (see backend/settings.py for what each protects)."""
+"""Server-wide limits settable on the command line (see backend/config/settings.py for what each protects)."""
 
 
 def add_server_arguments(parser: argparse.ArgumentParser) -> None:
-    """Tracing, access and server-wide limits, each with its environment variable."""
+    """Tracing, access and limits, each with its environment variable."""
+    parser.add_argument(
+        "--n-max",
+        type=int,
+        default=int(env("DASHBOARD_N_MAX", str(Limits.n_max))),
+        help="most samples per request, and columns in the page (env DASHBOARD_N_MAX; default %(default)s)",
+    )
     parser.add_argument(
         "--no-trace",
         action="store_true",
@@ -91,3 +97,10 @@ def server_from_args(args: argparse.Namespace, host: str, port: int) -> BackendS
         token=args.token,
         log_prompts=args.log_prompts,
     )
+
+
+def limits_from_args(args: argparse.Namespace) -> Limits:
+    """Server limits with the parsed --n-max."""
+    if args.n_max < 1:
+        raise ValueError(f"--n-max must be at least 1, got {args.n_max}")
+    return Limits(n_max=args.n_max)

@@ -1,4 +1,5 @@
-"""Helpers the tests and scripts share: free ports, starting app.py and the backend, chromium."""
+"""The dashboard's processes on this machine, for tests, benchmarks and scripts: free ports, app.py and
+the backend started and stopped, chromium, and where the real-engine environments are cached."""
 
 from __future__ import annotations
 
@@ -21,6 +22,15 @@ ENGINE_CACHE = Path(
 )
 """Where scripts/prepare-engine-envs.sh keeps the engine environments and the converted model, and
 tests/test_space.py the Space's environment (DASHBOARD_CACHE, as the script reads it)."""
+
+CONVERTED_MODEL = ENGINE_CACHE / "models" / "SmolLM2-135M-Instruct"
+"""SmolLM2-135M-Instruct in Hugging Face format, converted from the bundled GGUF for the real servers."""
+
+SERVED_NAME = "smollm2"
+"""The name the real test servers serve the model under."""
+
+SERVER_START_S = 600.0
+"""A cold real-server start on 2 shared cores: SGLang ~1 min, vLLM a few minutes."""
 
 CHROMIUM_ARGS = [
     "--headless",

@@ -9,8 +9,8 @@ from __future__ import annotations
 
 from collections import defaultdict, deque
 
+from backend.config.settings import Limits
 from backend.protocol import ProtocolError
-from backend.settings import Limits
 
 TRUSTED_PROXIES = frozenset({"127.0.0.1", "::1"})
 """Peers whose `X-Forwarded-For` is believed: only processes on this machine (the Gradio app)."""
