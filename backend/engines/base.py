@@ -7,6 +7,7 @@ ever sees `Chunk`s carrying deltas keyed by sample index.
 
 from __future__ import annotations
 
+import asyncio
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -163,6 +164,30 @@ class Generation(ABC):
         Position k >= 1: k - 1 requests are ahead; 0: it has started. Engines without a queue
         never call it.
         """
+
+
+class QueuedGeneration(Generation):
+    """A generation whose chunks (or the exception that ends it) a reader task of its own puts on a
+    queue, as the HTTP engines and in-process SGLang read their streams. It is in `running` (the
+    engine's set of running generations) until its last sample finished."""
+
+    def __init__(self, n: int, running: set[Any]) -> None:
+        self._queue: asyncio.Queue[Chunk | BaseException] = asyncio.Queue()
+        self._unfinished = set(range(n))
+        self._running = running
+        running.add(self)
+
+    async def __anext__(self) -> Chunk:
+        if not self._unfinished:
+            self._running.discard(self)
+            raise StopAsyncIteration
+        item = await self._queue.get()
+        if isinstance(item, BaseException):
+            self._unfinished.clear()
+            raise item
+        if item.finish_reason is not None:
+            self._unfinished.discard(item.index)
+        return item
 
 
 class Engine(ABC):

@@ -17,7 +17,15 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 from backend.config.settings import DEFAULT_MODEL_ID
-from backend.engines.base import Chunk, Engine, Generation, Prompt, SamplingParams, template_token_ids
+from backend.engines.base import (
+    Chunk,
+    Engine,
+    Generation,
+    Prompt,
+    QueuedGeneration,
+    SamplingParams,
+    template_token_ids,
+)
 from backend.engines.http.sglang import sglang_request
 from backend.engines.http.streams import SGLangStream
 
@@ -126,7 +134,7 @@ class SGLangInProcessEngine(Engine):
         }
 
 
-class SGLangInProcessGeneration(Generation):
+class SGLangInProcessGeneration(QueuedGeneration):
     """One `async_generate` stream read by a task into a queue, like the HTTP engines."""
 
     def __init__(self, engine: SGLangInProcessEngine, prompt: Prompt, n: int, params: SamplingParams) -> None:
@@ -136,10 +144,8 @@ class SGLangInProcessGeneration(Generation):
         self._source: dict[str, Any] = (
             {"input_ids": engine.chat_token_ids(prompt)} if prompt.chat else {"prompt": prompt.text}
         )
-        self._queue: asyncio.Queue[Chunk | BaseException] = asyncio.Queue()
-        self._unfinished = set(range(n))
+        super().__init__(n, engine.generations)
         self._pending_aborts: set[int] = set()
-        engine.generations.add(self)
         self._reader = asyncio.create_task(self._read(), name="sglang-engine-stream")
 
     async def _read(self) -> None:
@@ -164,18 +170,6 @@ class SGLangInProcessGeneration(Generation):
             if rid is not None:
                 self._pending_aborts.discard(index)
                 self.engine.abort_request(rid)
-
-    async def __anext__(self) -> Chunk:
-        if not self._unfinished:
-            self.engine.generations.discard(self)
-            raise StopAsyncIteration
-        item = await self._queue.get()
-        if isinstance(item, BaseException):
-            self._unfinished.clear()
-            raise item
-        if item.finish_reason is not None:
-            self._unfinished.discard(item.index)
-        return item
 
     async def abort(self, index: int | None = None) -> None:
         targets = self.state.unfinished if index is None else [index]

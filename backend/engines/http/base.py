@@ -19,7 +19,7 @@ from typing import Any
 
 import httpx
 
-from backend.engines.base import Chunk, Engine, Generation
+from backend.engines.base import Chunk, Engine, QueuedGeneration
 from backend.engines.http.streams import SSEDecoder, StreamProtocolError, StreamState
 
 log = logging.getLogger("backend.engines.http")
@@ -254,16 +254,14 @@ def describe_http_error(exc: BaseException) -> str:
     return str(exc) or type(exc).__name__
 
 
-class StreamingGeneration(Generation):
+class StreamingGeneration(QueuedGeneration):
     """One streamed request: a reader task feeds parsed chunks (or the failure) into a queue."""
 
     def __init__(self, engine: HTTPEngine, state: StreamState) -> None:
         self.engine = engine
         self.state = state
-        self._queue: asyncio.Queue[Chunk | BaseException] = asyncio.Queue()
-        self._unfinished = set(range(state.n))
+        super().__init__(state.n, engine.generations)
         self._side_tasks: set[asyncio.Task[Any]] = set()
-        engine.generations.add(self)
         self._reader = asyncio.create_task(self._read(), name=f"{engine.name}-stream")
 
     @abstractmethod
@@ -325,18 +323,6 @@ class StreamingGeneration(Generation):
     def _put(self, chunks: list[Chunk]) -> None:
         for chunk in chunks:
             self._queue.put_nowait(chunk)
-
-    async def __anext__(self) -> Chunk:
-        if not self._unfinished:
-            self.engine.generations.discard(self)
-            raise StopAsyncIteration
-        item = await self._queue.get()
-        if isinstance(item, BaseException):
-            self._unfinished.clear()
-            raise item
-        if item.finish_reason is not None:
-            self._unfinished.discard(item.index)
-        return item
 
     async def close_stream(self, finish_as: str = "abort") -> None:
         """Close the connection (the server aborts what still runs); open samples end as `finish_as`."""
