@@ -28,7 +28,7 @@ per n:
   `process_generating` message before the final DOM write; `JS->DOM`, until that write (Gradio
   hands each message to a `setTimeout`, then Svelte applies it); `DOM->frame`, until the start of
   the animation frame that paints it. `max d->DOM` is the worst run. `upd/cap` is `upd/s` over the
-  page's cap, `ui.app.UPDATES_PER_S`.
+  page's cap, `ui.handlers.UPDATES_PER_S`.
 - `wrong`: columns whose final text differs from the engine's deterministic text (must be 0).
 - Page memory after each run, each n: a forced GC (CDP `HeapProfiler.collectGarbage`), then CDP
   `Performance.getMetrics`: JSHeapUsedSize, DOM Nodes, JSEventListeners; first run against last.
@@ -402,7 +402,7 @@ def report(rows: list[Row]) -> None:
         + "".join(f"{header:>{width}}" for header, _, width, _ in TIMING_COLUMNS)
         + f"{'max d->DOM':>11}{'+-ms':>6}{'wrong':>6}{'upd/cap':>8}"
     )
-    from ui.app import UPDATES_PER_S  # imported late: it imports Gradio, seconds
+    from ui.handlers import UPDATES_PER_S  # imported late: it imports Gradio, seconds
 
     for row in rows:
         medians = "".join(

@@ -26,8 +26,8 @@ from websockets.asyncio.client import connect
 ROOT = Path(__file__).resolve().parent.parent
 
 from devkit.local import start_backend, stop_process  # noqa: E402
-from ui.app import UPDATES_PER_S  # noqa: E402
 from ui.client import BackendRun  # noqa: E402
+from ui.handlers import UPDATES_PER_S  # noqa: E402
 
 
 async def read_request(url: str, n: int, max_tokens: int, stall_s: float) -> dict[str, Any]:

@@ -134,8 +134,8 @@ def test_on_a_phone_wide_screen_the_summary_scrolls_sideways(browser: Browser, a
         page.goto(app_url)
         expect(page.locator("#generate")).to_be_visible(timeout=30_000)
         start(page, "Tell me about lighthouses.", 4, 24)
+        expect(page.locator("#status")).to_contain_text("finished", timeout=30_000)
         table = page.locator("#summary table")
-        expect(table).to_be_visible(timeout=30_000)
         expect(table.locator("th").first).to_be_visible()
         line = page.evaluate(
             "() => parseFloat(getComputedStyle(document.querySelector('#summary th')).lineHeight) || 24"

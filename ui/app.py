@@ -1,19 +1,15 @@
 """The Gradio page: controls, a grid of n sample columns, the loop trace beside them.
 
-Layout plus wiring, in page order. Generate is an async websocket client of the backend that
-updates the page at a frame rate; Cancel stops the Generate event (`cancels=`) and tells the
-backend, then shows each column's finish reason; a column's Stop cancels that sample only. The
-columns are one output (`ui.sample_grid`), so an update costs the same few outputs whatever n is.
-The trace panel draws the backend loop's measured trace; Export saves it for Perfetto.
+Layout plus wiring, in page order; the handlers are in `ui.handlers`, what a run looks like in
+`ui.view`. Generate is an async websocket client of the backend that updates the page at a frame
+rate; Cancel stops the Generate event (`cancels=`) and tells the backend, then shows each column's
+finish reason; a column's Stop cancels that sample only. The columns are one output
+(`ui.sample_grid`), so an update costs the same few outputs whatever n is. The trace panel draws
+the backend loop's measured trace; Export saves it for Perfetto.
 """
 
 from __future__ import annotations
 
-import asyncio
-import json
-import tempfile
-import time
-from collections.abc import AsyncIterator
 from typing import Any
 
 import gradio as gr
@@ -28,21 +24,9 @@ from backend.config.settings import (
 )
 from backend.engines.base import PROMPT_FORMATS
 from backend.protocol import CONSUMER_MODES, FANOUTS
-from ui.client import CLOSE_TIMEOUT_S, BackendError, BackendRun
 from ui.engine_info import engine_line_now
-from ui.sample_grid import empty_value, sample_grid
-from ui.trace_view import panel_html
-from ui.view import RunView, samples_value, status_markdown, summary_markdown
-
-UPDATES_PER_S = 15
-"""Page updates per second while streaming: browsers keep up with 10-20 (docs/benchmarks.md, "Browser")."""
-
-TRACE_EVERY = 8
-"""The trace panel and the run summary are redrawn every 8th page update (about 2 a second) and at
-the end: the panel's SVG is the largest output, and re-parsing it was the page's main cost at n=32;
-the summary is a Markdown table of n rows whose token counts change every update (the columns'
-headers show them live), and parsing, sanitising and laying it out again was a tenth of the page's
-main thread at n=32 x 500 tok/s (docs/benchmarks.md, "Browser")."""
+from ui.handlers import Handlers
+from ui.sample_grid import sample_grid
 
 ENGINE_POLL_S = 2.0
 """How often the engine line is read again while the engine starts (a download, a conversion)."""
@@ -83,38 +67,11 @@ sample's lane ticks when its chunk arrives.
 """
 
 
-class ActiveRuns:
-    """The run each browser session is streaming, so Cancel and Stop reach the right request."""
-
-    def __init__(self) -> None:
-        self._runs: dict[str, BackendRun] = {}
-
-    def get(self, session: str) -> BackendRun | None:
-        """The session's current run, if any."""
-        return self._runs.get(session)
-
-    def replace(self, session: str, run: BackendRun) -> BackendRun | None:
-        """Make `run` the session's current run; returns the one it replaces."""
-        previous = self._runs.get(session)
-        self._runs[session] = run
-        return previous
-
-    def discard(self, session: str, run: BackendRun) -> None:
-        """Forget `run` if it is still the session's current one."""
-        if self._runs.get(session) is run:
-            del self._runs[session]
-
-
-def _session(request: gr.Request | None) -> str:
-    return (request.session_hash if request is not None else None) or "anonymous"
-
-
 def build_demo(
     backend_url: str, n_max: int = 32, max_tokens_max: int = 2048, token: str | None = None
 ) -> gr.Blocks:
     """The dashboard page, talking to the backend at `backend_url` (with `token`, if it needs one)."""
-    runs = ActiveRuns()
-    background: set[asyncio.Task[Any]] = set()
+    handlers = Handlers(backend_url, token)
 
     with gr.Blocks(title="Parallel sampling, live") as demo:
         gr.Markdown(
@@ -206,109 +163,6 @@ def build_demo(
 
         outputs: list[Any] = [samples, status, summary, trace]
 
-        def render(view: RunView, with_trace: bool = True) -> list[Any]:
-            """Every output for `view` (the trace panel and the summary only when `with_trace`)."""
-            shown = view.n if view.accepted else 0
-            return [
-                samples_value(view, time.monotonic()),
-                status_markdown(view),
-                summary_markdown(view) if with_trace else gr.skip(),
-                panel_html(view.trace, shown) if with_trace else gr.skip(),
-            ]
-
-        def render_error(message: str) -> list[Any]:
-            return [empty_value(), f"**Error:** {message}", "", gr.skip()]
-
-        async def generate(
-            prompt_text: str,
-            n_value: float,
-            max_tokens_value: float,
-            temperature_value: float,
-            top_p_value: float,
-            seed_value: float | None,
-            consumer_mode: str,
-            block_ms_value: float,
-            fanout_value: str,
-            format_value: str,
-            system_value: str,
-            request: gr.Request,
-        ) -> AsyncIterator[list[Any]]:
-            session = _session(request)
-            address = request.client.host if request is not None and request.client else None
-            run = BackendRun(backend_url, token=token, client_address=address)
-            previous = runs.replace(session, run)
-            if previous is not None:
-                _in_background(background, _cancel_and_close(previous))
-            params = {
-                "max_tokens": int(max_tokens_value),
-                "temperature": float(temperature_value),
-                "top_p": float(top_p_value),
-                "seed": None if seed_value is None else int(seed_value),
-            }
-            options = {
-                "consumer": {"mode": consumer_mode or "cooperative", "block_ms": float(block_ms_value or 0)},
-                "fanout": fanout_value or "n",
-                "format": format_value or "chat",
-            }
-            if options["format"] == "chat" and (system_value or "").strip():
-                options["system"] = system_value
-            try:
-                try:
-                    view = await run.start(prompt_text, int(n_value), params, options)
-                except BackendError as exc:
-                    runs.discard(session, run)
-                    yield render_error(str(exc))
-                    return
-                yield render(view)
-                count = 0
-                async for view in run.updates(1.0 / UPDATES_PER_S):
-                    count += 1
-                    yield render(view, with_trace=view.finished or count % TRACE_EVERY == 0)
-            finally:
-                if not run.view.finished:
-                    # Cancelled by the page (Cancel, a new Generate, a closed tab): stop the engine,
-                    # and let the run collect its last frames without holding up this event.
-                    runs.discard(session, run)
-                    _in_background(background, _cancel_and_close(run))
-                # A finished run keeps its connection until the next Generate, for Export.
-
-        async def cancel(request: gr.Request) -> list[Any]:
-            run = runs.get(_session(request))
-            if run is None:
-                return [gr.skip()] * len(outputs)
-            await run.cancel()
-            await run.wait_finished(CLOSE_TIMEOUT_S)
-            return render(run.view)
-
-        async def export(request: gr.Request) -> Any:
-            run = runs.get(_session(request))
-            if run is None:
-                raise gr.Error("Nothing to export yet: press Generate first.")
-            try:
-                events = await run.export_trace()
-            except BackendError as exc:
-                raise gr.Error(str(exc)) from None
-            with tempfile.NamedTemporaryFile(
-                "w", suffix=".json", prefix=f"trace-{run.request_id}-", delete=False
-            ) as handle:
-                json.dump({"traceEvents": events, "displayTimeUnit": "ms"}, handle)
-            return gr.File(value=handle.name, visible=True)
-
-        async def close_session_run(request: gr.Request) -> None:
-            run = runs.get(_session(request))
-            if run is not None:
-                runs.discard(_session(request), run)
-                await _cancel_and_close(run)
-
-        async def stop_sample(index: int, request: gr.Request) -> None:
-            """Stop one sample of this session's run (the column's Stop button)."""
-            run = runs.get(_session(request))
-            if run is not None and 0 <= int(index) < run.view.n:
-                await run.cancel(int(index))
-
-        async def stop_clicked(event: gr.SelectData, request: gr.Request) -> None:
-            await stop_sample(int(event.index), request)
-
         prompt_format.change(
             lambda chosen: gr.Textbox(interactive=chosen == "chat"),
             inputs=prompt_format,
@@ -317,7 +171,7 @@ def build_demo(
             api_visibility="private",
         )
         generate_event = generate_btn.click(
-            generate,
+            handlers.generate,
             inputs=[
                 prompt,
                 n,
@@ -337,17 +191,19 @@ def build_demo(
             api_name="generate",
         )
         cancel_btn.click(
-            cancel,
+            handlers.cancel,
             outputs=outputs,
             cancels=[generate_event],
             concurrency_limit=None,
             show_progress="hidden",
             api_name="cancel",
         )
-        export_btn.click(export, outputs=trace_file, concurrency_limit=None, api_name="export_trace")
-        demo.unload(close_session_run)
-        samples.select(stop_clicked, concurrency_limit=None, show_progress="hidden", api_visibility="private")
-        gr.api(stop_sample, api_name="stop_sample", concurrency_limit=None)
+        export_btn.click(handlers.export, outputs=trace_file, concurrency_limit=None, api_name="export_trace")
+        demo.unload(handlers.close_session_run)
+        samples.select(
+            handlers.stop_clicked, concurrency_limit=None, show_progress="hidden", api_visibility="private"
+        )
+        gr.api(handlers.stop_sample, api_name="stop_sample", concurrency_limit=None)
 
     demo.queue(default_concurrency_limit=CONCURRENCY_LIMIT)
     return demo
@@ -356,15 +212,3 @@ def build_demo(
 def panel_html_empty() -> str:
     """The trace panel before the first run."""
     return '<div class="trace-empty">The backend loop\'s trace appears here while samples stream.</div>'
-
-
-def _in_background(tasks: set[asyncio.Task[Any]], coroutine: Any) -> None:
-    task = asyncio.create_task(coroutine)
-    tasks.add(task)
-    task.add_done_callback(tasks.discard)
-
-
-async def _cancel_and_close(run: BackendRun) -> None:
-    await run.cancel()
-    await run.wait_finished(CLOSE_TIMEOUT_S)
-    await run.close()
