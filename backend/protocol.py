@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -152,12 +153,41 @@ def _is_number(value: Any) -> bool:
     return (_is_int(value) or isinstance(value, float)) and math.isfinite(value)
 
 
+Fail = Callable[[str, str], ProtocolError]
+"""Builds the ProtocolError of one frame (its request id filled in) from a code and a message."""
+
+
 def _parse_generate(frame: dict[str, Any], limits: Limits) -> GenerateCommand:
     request_id = _parse_id(frame, limits)
 
     def fail(code: str, message: str) -> ProtocolError:
         return ProtocolError(code, message, request_id)
 
+    prompt, prompt_format, system = _parse_prompt(frame, limits, fail)
+    n = _parse_n(frame, limits, fail)
+    params = _parse_params(frame, limits, fail)
+    consumer = _parse_consumer(frame.get("consumer"), fail)
+    fanout = frame.get("fanout", "n")
+    if fanout not in FANOUTS:
+        raise fail("bad_field", f'"fanout" must be one of {", ".join(FANOUTS)}, got {fanout!r}')
+    trace = frame.get("trace", True)
+    if not isinstance(trace, bool):
+        raise fail("bad_field", '"trace" must be true or false')
+    return GenerateCommand(
+        id=request_id,
+        prompt=prompt,
+        n=n,
+        params=params,
+        consumer=consumer,
+        fanout=fanout,
+        trace=trace,
+        format=prompt_format,
+        system=system,
+    )
+
+
+def _parse_prompt(frame: dict[str, Any], limits: Limits, fail: Fail) -> tuple[str, str | None, str]:
+    """The prompt, its format (None: the engine's default) and the system prompt."""
     if "prompt" not in frame:
         raise fail("missing_field", '"generate" needs a "prompt" (a string)')
     prompt = frame["prompt"]
@@ -192,12 +222,21 @@ def _parse_generate(frame: dict[str, Any], limits: Limits) -> GenerateCommand:
             f"the limit is {limits.max_prompt_chars}",
         )
 
+    return prompt, prompt_format, system
+
+
+def _parse_n(frame: dict[str, Any], limits: Limits, fail: Fail) -> int:
     n = frame.get("n", 1)
     if not _is_int(n):
         raise fail("bad_field", '"n" must be an integer')
     if not 1 <= n <= limits.n_max:
         raise fail("n_out_of_range", f"n must be between 1 and {limits.n_max}, got {n}")
 
+    return n
+
+
+def _parse_params(frame: dict[str, Any], limits: Limits, fail: Fail) -> SamplingParams:
+    """The sampling parameters, each checked against its range; defaults for those left out."""
     raw_params = frame.get("params", {})
     if raw_params is None:
         raw_params = {}
@@ -259,7 +298,7 @@ def _parse_generate(frame: dict[str, Any], limits: Limits) -> GenerateCommand:
             f'"stop" must be a string or a list of at most {STOP_STRINGS_MAX} non-empty strings '
             f"of at most {STOP_CHARS_MAX} characters",
         )
-    params = SamplingParams(
+    return SamplingParams(
         max_tokens=max_tokens,
         temperature=float(temperature),
         top_p=float(top_p),
@@ -267,27 +306,9 @@ def _parse_generate(frame: dict[str, Any], limits: Limits) -> GenerateCommand:
         top_k=top_k,
         stop=tuple(stop),
     )
-    consumer = _parse_consumer(frame.get("consumer"), fail)
-    fanout = frame.get("fanout", "n")
-    if fanout not in FANOUTS:
-        raise fail("bad_field", f'"fanout" must be one of {", ".join(FANOUTS)}, got {fanout!r}')
-    trace = frame.get("trace", True)
-    if not isinstance(trace, bool):
-        raise fail("bad_field", '"trace" must be true or false')
-    return GenerateCommand(
-        id=request_id,
-        prompt=prompt,
-        n=n,
-        params=params,
-        consumer=consumer,
-        fanout=fanout,
-        trace=trace,
-        format=prompt_format,
-        system=system,
-    )
 
 
-def _parse_consumer(raw: Any, fail: Any) -> Consumer:
+def _parse_consumer(raw: Any, fail: Fail) -> Consumer:
     if raw is None:
         return Consumer()
     if not isinstance(raw, dict):
