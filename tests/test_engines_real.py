@@ -399,37 +399,6 @@ async def test_a_missing_or_wrong_api_key_is_said_in_the_page(real_server: RealS
         await server.close()
 
 
-def test_sglang_engine_in_process() -> None:
-    """The sglang-engine path: SGLang's Engine in the driver's own process, on this CPU."""
-    python = CACHE / "envs" / "sglang" / "bin" / "python"
-    assert python.exists() and MODEL.exists(), "run scripts/prepare-engine-envs.sh first"
-    env = {
-        **cpu_env(),
-        "SGLANG_USE_CPU_ENGINE": "1",
-        "PYTHONPATH": f"{ROOT}:{ROOT / 'tests' / 'support'}",
-    }
-    driver = ROOT / "tests" / "support" / "sglang_engine_driver.py"
-    done = subprocess.run(
-        [str(python), str(driver), str(MODEL)],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=SERVER_START_S,
-    )
-    lines = [line for line in done.stdout.splitlines() if line.startswith("REPORT ")]
-    assert done.returncode == 0 and lines, done.stdout[-2000:] + done.stderr[-4000:]
-    report = json.loads(lines[-1].removeprefix("REPORT "))
-    assert report["format"][0] == "chat", report["format"]
-    chat = report["chat"]
-    assert all(answers_colours(text) for text in chat["texts"]), chat
-    assert min(chat["tokens"]) >= 10 and set(chat["reasons"]) <= {"stop", "length"}, chat
-    raw = report["raw"]
-    assert all(len(text.split()) >= 3 for text in raw["texts"]) and min(raw["tokens"]) > 1, raw
-    assert not report["stop_one"]["problems"], report["stop_one"]
-    assert "context length" in json.dumps(report["error"])
-    assert report["running_after"] == 0
-
-
 SGLANG_CPU_ENGINE_ARGS = {
     "device": "cpu",
     "attention_backend": "torch_native",
@@ -544,8 +513,9 @@ def column_statuses(output: Any) -> list[str]:
 
 
 def test_app_py_serves_in_process_sglang(tmp_path: Path) -> None:
-    """The real entry point with in-process SGLang: answers, Stop, Cancel, and a SIGTERM that leaves
-    nothing of app.py's session running."""
+    """The real entry point with in-process SGLang: chat answers, a raw prompt, an engine error,
+    Stop, Cancel, the engine lost mid-run, and a SIGTERM that leaves nothing of app.py's session
+    running."""
     from gradio_client import Client
 
     app = start_sglang_app(MODEL, tmp_path / "app.log")
@@ -564,6 +534,17 @@ def test_app_py_serves_in_process_sglang(tmp_path: Path) -> None:
         )
         assert all(answers_colours(text) for text in column_texts(final)), column_texts(final)
         assert "Prompt format **chat**" in final[1], final[1]
+        experiments = ("cooperative", 20, "n")  # consumer, block_ms, fan-out: the page's defaults
+        raw = client.predict(
+            "Once upon a time", 2, 16, 0.8, 0.95, 1, *experiments, "raw", "", api_name="/generate"
+        )
+        assert "Prompt format **raw**" in raw[1], raw[1]
+        assert all(len(text.split()) >= 3 for text in column_texts(raw)), column_texts(raw)
+        # The prompt and 2048 new tokens overflow the 2048-token context: SGLang's error, in the page.
+        over = client.predict(
+            "Once upon a time", 2, 2048, 0.8, 0.95, 1, *experiments, "raw", "", api_name="/generate"
+        )
+        assert column_statuses(over) == ["error"] * 2 and "context" in over[1], over[1]
 
         job = client.submit(LONG_PROMPT, 3, LONG, 0.8, 0.95, 1, api_name="/generate")
         deadline = time.monotonic() + FRAME_TIMEOUT_S

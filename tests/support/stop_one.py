@@ -1,7 +1,7 @@
-"""The stop-one-sample check both real-engine tests run: stop sample 1, watch the others go on, stop them.
+"""The stop-one-sample check of the real-engine tests: stop sample 1, watch the others go on, stop them.
 
-`tests/test_engines_real.py` runs it over the backend's websocket against SGLang and vLLM servers;
-`sglang_engine_driver.py` runs it on SGLang in-process, under the SGLang environment's Python.
+`tests/test_engines_real.py` runs it over the backend's websocket against SGLang and vLLM servers
+and through SGLang's router.
 """
 
 from __future__ import annotations
