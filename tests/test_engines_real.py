@@ -262,6 +262,42 @@ async def assert_stopped_on_server(
     assert generated - generated_before < n * LONG, "the samples ran to max_tokens: nothing was aborted"
 
 
+async def stop_one_then_the_rest(url: str, rid: str, stopped_on: Any) -> None:
+    """Stop sample 1 of three while 0 and 2 stream on, then cancel the rest; the server (or the
+    workers) `stopped_on` then runs nothing of it and counted its aborts."""
+    before, generated_before = stopped_on.aborted(), stopped_on.generated()
+    watch = StopOneSample()
+
+    async def on_frame(frame: dict[str, Any], texts: dict[int, str]) -> None:
+        if frame["type"] not in ("chunk", "finish"):
+            return
+        action = watch.see(frame["index"], frame.get("text", ""), frame.get("reason"))
+        if action:
+            cancel = {"type": "cancel", "id": rid} | ({"index": 1} if action == "one" else {})
+            await ws.send(json.dumps(cancel))
+
+    async with connect(url) as ws:
+        await ws.send(generate(rid, 3, LONG))
+        result = await run_request(ws, rid, on_frame)
+    assert not watch.problems(), watch.report()
+    reasons = [f["reason"] for f in result["finishes"].values()]
+    await assert_stopped_on_server(stopped_on, before, generated_before, reasons.count("abort"))
+
+
+async def disconnect_mid_stream(server: BackendServer, rid: str, stopped_on: Any) -> None:
+    """Close the connection while four samples stream: `stopped_on` then runs nothing of them."""
+    before, generated_before = stopped_on.aborted(), stopped_on.generated()
+    async with connect(server.url) as ws:
+        await ws.send(generate(rid, 4, LONG))
+        chunks = 0
+        while chunks < 8:
+            frame = await recv(ws)
+            assert frame["type"] != "finish", f"a sample ended before the disconnect: {frame}"
+            chunks += frame["type"] == "chunk" and bool(frame["text"])
+        assert stopped_on.running() > 0 and server.health()["running_samples"] > 0
+    await assert_stopped_on_server(stopped_on, before, generated_before, 4)
+
+
 async def test_a_chat_prompt_is_answered_on_topic(backend: tuple[BackendServer, RealServer]) -> None:
     """n=4 in the chat format: every sample answers the question, as a person reading it would see."""
     server, _ = backend
@@ -298,23 +334,7 @@ async def test_stop_one_sample(backend: tuple[BackendServer, RealServer]) -> Non
     sample 1 first, as `length`).
     """
     server, real = backend
-    before, generated_before = real.aborted(), real.generated()
-    watch = StopOneSample()
-
-    async def on_frame(frame: dict[str, Any], texts: dict[int, str]) -> None:
-        if frame["type"] not in ("chunk", "finish"):
-            return
-        action = watch.see(frame["index"], frame.get("text", ""), frame.get("reason"))
-        if action:
-            cancel = {"type": "cancel", "id": "r2"} | ({"index": 1} if action == "one" else {})
-            await ws.send(json.dumps(cancel))
-
-    async with connect(server.url) as ws:
-        await ws.send(generate("r2", 3, LONG))
-        result = await run_request(ws, "r2", on_frame)
-    assert not watch.problems(), watch.report()
-    reasons = [f["reason"] for f in result["finishes"].values()]
-    await assert_stopped_on_server(real, before, generated_before, reasons.count("abort"))
+    await stop_one_then_the_rest(server.url, "r2", real)
 
 
 async def test_cancel_all_aborts_on_the_server(backend: tuple[BackendServer, RealServer]) -> None:
@@ -336,16 +356,7 @@ async def test_cancel_all_aborts_on_the_server(backend: tuple[BackendServer, Rea
 
 async def test_client_disconnect_aborts_on_the_server(backend: tuple[BackendServer, RealServer]) -> None:
     server, real = backend
-    before, generated_before = real.aborted(), real.generated()
-    async with connect(server.url) as ws:
-        await ws.send(generate("r4", 4, LONG))
-        chunks = 0
-        while chunks < 8:
-            frame = await recv(ws)
-            assert frame["type"] != "finish", f"a sample ended before the disconnect: {frame}"
-            chunks += frame["type"] == "chunk" and bool(frame["text"])
-        assert real.running() > 0 and server.health()["running_samples"] > 0
-    await assert_stopped_on_server(real, before, generated_before, 4)
+    await disconnect_mid_stream(server, "r4", real)
 
 
 async def test_engine_error_becomes_error_finishes(backend: tuple[BackendServer, RealServer]) -> None:
@@ -851,34 +862,8 @@ async def test_router_answers_and_stop_cancel_and_disconnect_reach_the_workers(
 
     # Stop sample 1, then Cancel the rest: the router answers /abort_request with 404, so the
     # engine sends each abort to every worker; the one running the sample counts it.
-    before, generated_before = workers.aborted(), workers.generated()
-    watch = StopOneSample()
-
-    async def on_frame(frame: dict[str, Any], texts: dict[int, str]) -> None:
-        if frame["type"] not in ("chunk", "finish"):
-            return
-        action = watch.see(frame["index"], frame.get("text", ""), frame.get("reason"))
-        if action:
-            cancel = {"type": "cancel", "id": "q2"} | ({"index": 1} if action == "one" else {})
-            await ws.send(json.dumps(cancel))
-
-    async with connect(server.url) as ws:
-        await ws.send(generate("q2", 3, LONG))
-        result = await run_request(ws, "q2", on_frame)
-    assert not watch.problems(), watch.report()
-    reasons = [f["reason"] for f in result["finishes"].values()]
-    await assert_stopped_on_server(workers, before, generated_before, reasons.count("abort"))  # type: ignore[arg-type]
-
-    before, generated_before = workers.aborted(), workers.generated()
-    async with connect(server.url) as ws:
-        await ws.send(generate("q3", 4, LONG))
-        chunks = 0
-        while chunks < 8:
-            frame = await recv(ws)
-            assert frame["type"] != "finish", f"a sample ended before the disconnect: {frame}"
-            chunks += frame["type"] == "chunk" and bool(frame["text"])
-        assert workers.running() > 0
-    await assert_stopped_on_server(workers, before, generated_before, 4)  # type: ignore[arg-type]
+    await stop_one_then_the_rest(server.url, "q2", workers)
+    await disconnect_mid_stream(server, "q3", workers)
 
 
 async def test_router_spreads_fanned_out_samples_over_both_workers(
