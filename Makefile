@@ -4,7 +4,7 @@ PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
 TORCH := $(shell grep '^torch==' requirements.txt)
-# The tracer's C step recorder, built in place (without a C compiler the tracer records in Python).
+# The tracer's C parts, built in place (without a C compiler the dashboard serves untraced and says why).
 NATIVE := backend/trace/_step_recorder$(shell $(PYTHON) -c 'import sysconfig; print(sysconfig.get_config_var("EXT_SUFFIX"))')
 
 .PHONY: run test test-engines check-gpu-install lint bench screenshot chromium clean
@@ -50,7 +50,7 @@ $(VENV)/.runtime: requirements.txt | $(PY)
 	touch $@
 
 $(NATIVE): backend/trace/step_recorder.c backend/trace/trace_digest.c setup.py | $(VENV)/.runtime
-	$(PY) setup.py --quiet build_ext --inplace || echo "C step recorder not built: the tracer records in Python"
+	$(PY) setup.py --quiet build_ext --inplace || echo "the tracer's C parts did not build: the dashboard serves without its loop trace"
 
 $(VENV)/.dev: requirements-dev.txt $(VENV)/.runtime
 	$(PY) -m pip install --quiet --disable-pip-version-check -r requirements-dev.txt

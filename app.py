@@ -94,13 +94,13 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     if os.environ.get("SPACE_ID") and not native_build.built():
         # A Space installs requirements.txt only: build the tracer's C parts before the backend
-        # starts, or trace in Python if that fails.
+        # starts; if that fails it serves untraced and says why.
         ok, message = native_build.build_in_place()
         log = logging.getLogger("app")
         if ok:
             log.info("built the tracer's C parts")
         else:
-            log.warning("the tracer's C parts did not build; tracing in Python: %s", message)
+            log.warning("the tracer's C parts did not build; serving without the loop trace: %s", message)
     problem = page_port_problem(args.host, args.port)
     if problem is not None:
         print(f"app: {problem}", file=sys.stderr)

@@ -4,7 +4,7 @@ step recorder (backend/trace/step_recorder.c) and the live trace's digest
 
 `make run` and `make test` build the C parts in place (`python setup.py build_ext --inplace`);
 `pip install .` builds them into the installed package. Without a C compiler the build is skipped
-(the extensions are optional) and the tracer does the same work in Python instead.
+(the extensions are optional) and the dashboard serves without its event-loop trace, saying why.
 """
 
 from setuptools import Extension, find_packages, setup

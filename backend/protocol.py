@@ -360,10 +360,12 @@ def accepted_frame(
     params: SamplingParams,
     prompt_format: str = "chat",
     format_reason: str = "",
+    trace_off: str | None = None,
 ) -> dict[str, Any]:
     """The server took the request; `params` echo what it will run with (the resolved seed too),
-    `format` the prompt format it runs in and `format_reason` why."""
-    return {
+    `format` the prompt format it runs in and `format_reason` why; `trace_off`, when the request
+    asked for the trace and the server has none, says why."""
+    frame = {
         "type": "accepted",
         "id": request_id,
         "n": n,
@@ -378,6 +380,9 @@ def accepted_frame(
             "seed": params.seed,
         },
     }
+    if trace_off is not None:
+        frame["trace_off"] = trace_off
+    return frame
 
 
 def chunk_frame(

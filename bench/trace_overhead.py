@@ -1,9 +1,9 @@
 """Tracer cost: loop throughput with tracing off and on, and the cost per recorded event.
 
 `python -m bench.trace_overhead` (or `make bench`) runs, on one plain asyncio loop in this process,
-the same workload with the tracer off (the baseline) and on with each step recorder built here (C,
-backend/trace/step_recorder.c, and Python), alternating rounds so all see the same machine noise, and
-prints the median throughput of each as a ratio to the untraced one:
+the same workload with the tracer off (the baseline) and on (its C step recorder,
+backend/trace/step_recorder.c), alternating rounds so both see the same machine noise, and prints the
+median throughput traced as a ratio to the untraced one:
 
 - `chunk steps`: 64 tasks, each step doing the backend's real per-chunk work (RequestState.on_chunk,
   Outbox.push, encoding a chunk frame) then `await asyncio.sleep(0)`: the loop serving streams;
@@ -14,14 +14,14 @@ The tracer's own measurement of its cost per event (time spent recording, after 
 printed too. Rates are per CPU second of the loop's thread (`time.thread_time()`), not per wall
 second, so other processes taking the CPU do not count against either side.
 
-The third table is the per-event cost of the live trace's digest (trace.frames.digest_ring) in each
-implementation, on the ring a real in-process backend recorded serving n = 32.
+The third table is the per-event cost of the live trace's digest (trace.frames.digest_ring, in C),
+on the ring a real in-process backend recorded serving n = 32.
 
-The fourth is the loop the dashboard really runs: backend processes on the synthetic engine, one
-with `--no-trace` and one per tracer implementation (`--trace-impl`), each serving one websocket
-client a request of n samples (trace frames on, as the page asks), in alternating rounds; the last
-column is the C backend serving a request that asks for no trace frames (`"trace": false`): the
-tracer recording, without the live panel's frames. Its figure is the backend loop thread's CPU per
+The fourth is the loop the dashboard really runs: two backend processes on the synthetic engine, one
+with `--no-trace` and one traced, each serving one websocket client a request of n samples (trace
+frames on, as the page asks), in alternating rounds; the last column is the traced backend serving a
+request that asks for no trace frames (`"trace": false`): the tracer recording, without the live
+panel's frames. Its figure is the backend loop thread's CPU per
 1,000 tokens (engine, server and tracer, from the scheduler's count in
 /proc/PID/task/PID/schedstat), and `on/off` is the traced backend's tokens per CPU second over the
 untraced one's: the loop throughput tracing leaves to the dashboard. The backends start
@@ -57,9 +57,8 @@ from backend.protocol import encode
 from backend.serving.outbox import Outbox
 from backend.serving.request import RequestState
 from backend.serving.server import BackendServer
-from backend.trace.feed import IMPLEMENTATIONS
-from backend.trace.frames import DIGESTS, digest_ring
-from backend.trace.recorder import AVAILABLE_RECORDERS, LoopTracer
+from backend.trace.frames import digest_ring
+from backend.trace.recorder import LoopTracer
 from bench.transport import run_websocket, start_backend
 from devkit.local import stop_process
 
@@ -82,10 +81,9 @@ async def empty_worker(steps: int, index: int, outbox: Outbox, state: RequestSta
         await asyncio.sleep(0)
 
 
-async def one_round(worker: object, steps: int, recorder: str | None) -> tuple[float, float]:
-    """Steps per second of TASKS tasks (untraced when `recorder` is None), and the tracer's measured
-    cost per event (ns)."""
-    tracer = LoopTracer(recorder=recorder) if recorder is not None else None
+async def one_round(worker: object, steps: int, traced: bool) -> tuple[float, float]:
+    """Steps per second of TASKS tasks, traced or not, and the tracer's measured cost per event (ns)."""
+    tracer = LoopTracer() if traced else None
     if tracer is not None:
         tracer.install(asyncio.get_running_loop())
     params = SamplingParams(max_tokens=steps + 1, temperature=1.0, top_p=1.0, seed=1)
@@ -101,11 +99,11 @@ async def one_round(worker: object, steps: int, recorder: str | None) -> tuple[f
     return TASKS * steps / elapsed, cost
 
 
-def measure(worker: object, steps: int, rounds: int) -> dict[str | None, tuple[float, float]]:
-    """Per setting (None: off, else the recorder): median steps/s and median recording ns."""
-    settings: list[str | None] = [None, *AVAILABLE_RECORDERS]
-    rates: dict[str | None, list[float]] = {s: [] for s in settings}
-    costs: dict[str | None, list[float]] = {s: [] for s in settings}
+def measure(worker: object, steps: int, rounds: int) -> dict[bool, tuple[float, float]]:
+    """Untraced (False) and traced (True): median steps/s and median recording ns."""
+    settings = [False, True]
+    rates: dict[bool, list[float]] = {s: [] for s in settings}
+    costs: dict[bool, list[float]] = {s: [] for s in settings}
     for round_index in range(rounds):
         order = settings if round_index % 2 == 0 else settings[::-1]
         for setting in order:
@@ -121,17 +119,19 @@ def loop_thread_cpu_ns(pid: int) -> int:
     return int(Path(f"/proc/{pid}/task/{pid}/schedstat").read_text().split()[0])
 
 
-RECORDING_ONLY = "c, no frames"
-"""The backend table's column for the C tracer recording with no live trace frames asked for."""
-TRACED_SETTINGS = [*IMPLEMENTATIONS, *((RECORDING_ONLY,) if "c" in IMPLEMENTATIONS else ())]
-"""The backend table's traced columns, in order: each implementation with frames, then RECORDING_ONLY."""
+TRACED = "traced"
+"""The backend table's column for the traced backend with live trace frames asked for (as the page does)."""
+RECORDING_ONLY = "traced, no frames"
+"""The backend table's column for the traced backend with no live trace frames asked for."""
+TRACED_SETTINGS = [TRACED, RECORDING_ONLY]
+"""The backend table's traced columns, in order."""
 
 
 def measure_backend(
     n: int, rate: float, max_tokens: int, rounds: int
 ) -> tuple[dict[str | None, float], dict[str, float], dict[str | None, float]]:
-    """Backend CPU per 1,000 tokens untraced (None), traced with each implementation (trace frames
-    asked for, as the page does) and traced in C with no frames asked for (RECORDING_ONLY), in
+    """Backend CPU per 1,000 tokens untraced (None), traced with trace frames asked for (TRACED, as
+    the page does) and traced with no frames asked for (RECORDING_ONLY), in
     alternating rounds (medians); for each traced setting the median over rounds of that round's
     untraced CPU over its traced CPU (runs of one round are next to each other in time, so this
     ratio is less affected by the machine's load changing over the whole measurement); and each
@@ -140,11 +140,9 @@ def measure_backend(
     settings: list[str | None] = [None, *traced]
     backends: dict[str | None, tuple[subprocess.Popen[bytes], int]] = {}
     try:
-        for implementation in (None, *IMPLEMENTATIONS):
-            extra = ("--trace-impl", implementation) if implementation else ()
-            on = implementation is not None
-            backends[implementation] = start_backend(rate, n, trace=on, extra=extra, same_layout=True)
-        backends[RECORDING_ONLY] = backends.get("c", backends[None])
+        for setting in (None, TRACED):
+            backends[setting] = start_backend(rate, n, trace=setting is not None, same_layout=True)
+        backends[RECORDING_ONLY] = backends[TRACED]
         results: dict[str | None, list[float]] = {s: [] for s in settings}
         rates: dict[str | None, list[float]] = {s: [] for s in settings}
         for round_index in range(rounds):
@@ -157,9 +155,9 @@ def measure_backend(
                 results[setting].append((loop_thread_cpu_ns(backend.pid) - before) / 1e3 / run.tokens)
                 rates[setting].append(run.tok_s)
     finally:
-        for implementation in (None, *IMPLEMENTATIONS):
-            if implementation in backends:
-                stop_process(backends[implementation][0])
+        for setting in (None, TRACED):
+            if setting in backends:
+                stop_process(backends[setting][0])
     medians = {s: statistics.median(results[s]) for s in settings}
     paired = {
         s: statistics.median(off / on for off, on in zip(results[None], results[s], strict=True))
@@ -186,18 +184,15 @@ async def _record_backend_ring(rate: float) -> tuple[Sequence[int], list[Any], i
         await server.close()
 
 
-def digest_costs(rate: float) -> dict[str, tuple[int, float]]:
-    """Per digest implementation: events digested and the median ns per event over 5 runs."""
+def digest_cost(rate: float) -> tuple[int, float]:
+    """Events digested and the median ns per event over 5 runs."""
     times, items, boundary, origin = asyncio.run(_record_backend_ring(rate))
-    costs: dict[str, tuple[int, float]] = {}
-    for name in DIGESTS:
-        runs = []
-        for _ in range(5):
-            started = time.thread_time_ns()
-            digest_ring(times, items, boundary, origin, name)
-            runs.append((time.thread_time_ns() - started) / len(items))
-        costs[name] = (len(items), statistics.median(runs))
-    return costs
+    runs = []
+    for _ in range(5):
+        started = time.thread_time_ns()
+        digest_ring(times, items, boundary, origin)
+        runs.append((time.thread_time_ns() - started) / len(items))
+    return len(items), statistics.median(runs)
 
 
 def print_backend_table(ns: list[int], rate: float, max_tokens: int, rounds: int, saturated: bool) -> None:
@@ -254,20 +249,15 @@ def main() -> int:
         "--saturated-tokens", type=int, default=2048, help="max_tokens of the saturated-loop table"
     )
     args = parser.parse_args()
-    recorders = list(AVAILABLE_RECORDERS)
-    print(
-        f"{TASKS} tasks x {args.steps} steps, {args.rounds} alternating rounds, medians; on/off per recorder"
-    )
-    head = "".join(f"{r + ' on/off':>14}{r + ' ns':>9}" for r in recorders)
-    print(f"{'workload':<14}{'step us':>9}{'off steps/s':>13}{head}")
+    print(f"{TASKS} tasks x {args.steps} steps, {args.rounds} alternating rounds, medians")
+    print(f"{'workload':<14}{'step us':>9}{'off steps/s':>13}{'on/off':>9}{'ns':>7}")
     for name, worker in (("chunk steps", chunk_worker), ("empty steps", empty_worker)):
         r = measure(worker, args.steps, args.rounds)
-        off = r[None][0]
-        cells = "".join(f"{r[rec][0] / off:>14.3f}{r[rec][1]:>9.0f}" for rec in recorders)
-        print(f"{name:<14}{1e6 / off:>9.1f}{off:>13.0f}{cells}")
+        off = r[False][0]
+        print(f"{name:<14}{1e6 / off:>9.1f}{off:>13.0f}{r[True][0] / off:>9.3f}{r[True][1]:>7.0f}")
     print(f"\nlive-trace digest of a real backend's ring (n=32 at {args.rate:g} tok/s), median of 5")
-    for name, (events, per_event_ns) in digest_costs(args.rate).items():
-        print(f"{name:<8}{events:>8} events {per_event_ns:>8.0f} ns/event")
+    events, per_event_ns = digest_cost(args.rate)
+    print(f"{events:>8} events {per_event_ns:>8.0f} ns/event")
     print(
         f"\nbackend, synthetic engine at {args.rate:g} tok/s per sample, {args.max_tokens} tokens,"
         f" {args.backend_rounds} alternating rounds, medians; on/off = untraced CPU / traced CPU"

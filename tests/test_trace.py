@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import gc
+import html
 import json
 import time
 import weakref
@@ -15,10 +16,13 @@ import pytest
 from websockets.asyncio.client import ClientConnection, connect
 
 from backend.engines.synthetic import SyntheticEngine, synthetic_tokens
+from backend.serving import server as server_module
 from backend.serving.server import BackendServer
 from backend.trace.feed import TraceFeed
 from backend.trace.frames import OTHER_CONNECTION, live_frame, task_label
-from backend.trace.recorder import AVAILABLE_RECORDERS, LAG, STEP, LoopTracer
+from backend.trace.recorder import LAG, STEP, LoopTracer
+from ui.trace_view import panel_html
+from ui.view import RunView
 
 
 @pytest.fixture
@@ -55,9 +59,8 @@ def _spin(seconds: float) -> None:
         pass
 
 
-@pytest.mark.parametrize("recorder", AVAILABLE_RECORDERS)
-async def test_steps_are_attributed_to_their_tasks_and_a_block_shows_as_stall_and_lag(recorder: str) -> None:
-    tracer = LoopTracer(heartbeat_s=0.01, recorder=recorder)
+async def test_steps_are_attributed_to_their_tasks_and_a_block_shows_as_stall_and_lag() -> None:
+    tracer = LoopTracer(heartbeat_s=0.01)
     tracer.install(asyncio.get_running_loop())
 
     async def worker() -> None:
@@ -77,9 +80,8 @@ async def test_steps_are_attributed_to_their_tasks_and_a_block_shows_as_stall_an
     assert tracer.overhead_per_event_ns() > 0
 
 
-@pytest.mark.parametrize("recorder", AVAILABLE_RECORDERS)
-async def test_the_ring_buffer_bounds_memory(recorder: str) -> None:
-    tracer = LoopTracer(capacity=500, recorder=recorder)
+async def test_the_ring_buffer_bounds_memory() -> None:
+    tracer = LoopTracer(capacity=500)
     tracer.install(asyncio.get_running_loop())
     for _ in range(3000):
         await asyncio.sleep(0)
@@ -230,8 +232,32 @@ async def test_tracing_can_be_turned_off() -> None:
             await ws.send(generate("r1"))
             frames = await frames_until_done(ws, "r1")
             assert not [f for f in frames if f["type"] == "trace"]
+            accepted = next(f for f in frames if f["type"] == "accepted")
+            assert accepted["trace_off"] == "tracing is off on this server (--no-trace)"
             await ws.send(json.dumps({"type": "export_trace", "id": "r1"}))
             assert json.loads(await ws.recv())["code"] == "trace_disabled"
+    finally:
+        await backend.close()
+
+
+async def test_without_the_c_parts_the_server_serves_untraced_and_the_page_says_why(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(server_module, "tracer_available", lambda: False)
+    backend = BackendServer(SyntheticEngine(rate=200), port=0)
+    await backend.start()
+    try:
+        assert "C parts are not built" in backend.health()["trace"]["off"]
+        async with connect(backend.url) as ws:
+            await ws.send(generate("r1"))
+            frames = await frames_until_done(ws, "r1")
+            assert [f["type"] for f in frames].count("chunk") > 0
+            assert not [f for f in frames if f["type"] == "trace"]
+        view = RunView("r1", started_at=0.0)
+        for frame in frames:
+            view.apply(frame, 0.0)
+        shown = html.unescape(panel_html(view.trace, view.n))
+        assert "No event-loop trace: tracing is off on this server: the tracer's C parts" in shown
     finally:
         await backend.close()
 
@@ -280,7 +306,7 @@ async def test_one_digest_feeds_each_traced_connection_its_own_frame() -> None:
     assert sum(tokens for _, _, _, tokens, _ in frame_two["chunks"]) == 6
     assert "consume r1" in frame_one["names"] and OTHER_CONNECTION in frame_one["names"]
     assert frame_one["counts"] == frame_two["counts"]  # the loop's work is the same for both
-    assert frame_one["counts"]["tracer"] == tracer.recorder and frame_one["counts"]["record_ns"] > 0
+    assert frame_one["counts"]["record_ns"] > 0
     steps = [slice_ for slice_ in frame_one["slices"] if frame_one["names"][slice_[3]] == "consume r1"]
     assert sum(count for *_, count, _longest in steps) >= 5  # each step, merged into slices, counted
     feed.flush()  # nothing new since: nothing sent
@@ -330,11 +356,10 @@ class _Held:
     """Something a callback reaches; the test watches whether it is freed."""
 
 
-@pytest.mark.parametrize("recorder", AVAILABLE_RECORDERS)
-async def test_the_tracer_keeps_no_callback_alive(recorder: str) -> None:
+async def test_the_tracer_keeps_no_callback_alive() -> None:
     # asyncio.gather and wait make a closure per call as a done-callback, and a partial or a lambda is
     # a new object each time: naming them must not keep them, or what they reach, alive.
-    tracer = LoopTracer(recorder=recorder)
+    tracer = LoopTracer()
     loop = asyncio.get_running_loop()
     tracer.install(loop)
     refs: list[weakref.ref[_Held]] = []

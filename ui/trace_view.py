@@ -79,10 +79,10 @@ class TraceView:
     first_ms: float | None = None
     last_ms: float | None = None
     longest_step_ms: float = 0.0
-    tracer: str | None = None
-    """Which implementation records ("c" or "python"), from the latest frame."""
     record_ns: float | None = None
     """The tracer's own cost per recorded step, from the latest frame."""
+    off: str | None = None
+    """Why the backend sends no trace for this run (from `accepted`), or None."""
 
     def apply(self, frame: dict[str, Any]) -> None:
         """Fold one `trace` frame in; drop what fell out of the window."""
@@ -110,7 +110,6 @@ class TraceView:
         self.busy_ms += counts["busy_ms"]
         self.idle_ms += counts["idle_ms"]
         self.frames += counts["frames"]
-        self.tracer = counts.get("tracer", self.tracer)
         self.record_ns = counts.get("record_ns", self.record_ns)
         self.first_ms = frame["start_ms"] if self.first_ms is None else min(self.first_ms, frame["start_ms"])
         self.last_ms = frame["end_ms"] if self.last_ms is None else max(self.last_ms, frame["end_ms"])
@@ -150,9 +149,6 @@ def _fmt(value: float | None, pattern: str) -> str:
     return "-" if value is None else pattern.format(value)
 
 
-_TRACERS = {"c": "C", "python": "Python"}
-
-
 def figures_html(view: TraceView) -> str:
     """The numbers beside the timeline."""
     f = view.figures()
@@ -167,11 +163,7 @@ def figures_html(view: TraceView) -> str:
         ("chunks/s", _fmt(f["chunks_per_s"], "{:.0f}")),
         ("frames/s", _fmt(f["frames_per_s"], "{:.0f}")),
         ("cancel latency", _fmt(f["cancel_latency_ms"], "{:.1f} ms")),
-        (
-            "tracer cost",
-            _fmt(view.record_ns, "{:.0f} ns/step")
-            + (f" ({_TRACERS.get(view.tracer, view.tracer)})" if view.tracer else ""),
-        ),
+        ("tracer cost", _fmt(view.record_ns, "{:.0f} ns/step")),
     ]
     items = "".join(f"<div><span>{escape(k)}</span><b>{escape(v)}</b></div>" for k, v in cells)
     return f'<div class="trace-figures">{items}</div>'
@@ -301,5 +293,8 @@ def _label(text: str, y_mid: float, size: int = 10) -> str:
 
 
 def panel_html(view: TraceView, n: int) -> str:
-    """The whole trace panel: timeline and figures."""
+    """The whole trace panel: timeline and figures, or why there is no trace."""
+    if view.off:
+        why = escape(view.off)
+        return f'<div class="trace-panel"><p class="trace-off">No event-loop trace: {why}</p></div>'
     return f'<div class="trace-panel">{trace_svg(view, n)}{figures_html(view)}</div>'

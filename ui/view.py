@@ -97,6 +97,7 @@ class RunView:
             self.prompt_format = frame.get("format", "")
             self.format_reason = frame.get("format_reason", "")
             self.params = frame.get("params", {})
+            self.trace.off = frame.get("trace_off")
             self.samples = [SampleView(i) for i in range(self.n)]
         elif kind == "chunk" and self._has(frame):
             sample = self.samples[frame["index"]]

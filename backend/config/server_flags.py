@@ -9,7 +9,6 @@ from dataclasses import replace
 from backend.config.engine_flags import engine_from_args, env
 from backend.config.settings import Limits
 from backend.serving.server import BackendServer
-from backend.trace.feed import IMPLEMENTATIONS
 
 LIMIT_FLAGS = {
     "max_total_samples": (
@@ -45,13 +44,6 @@ def add_server_arguments(parser: argparse.ArgumentParser) -> None:
         action="store_true",
         default=env("DASHBOARD_NO_TRACE", "") == "1",
         help="do not trace the backend's event loop (env DASHBOARD_NO_TRACE=1)",
-    )
-    parser.add_argument(
-        "--trace-impl",
-        choices=IMPLEMENTATIONS,
-        default=env("DASHBOARD_TRACE_IMPL", "") or None,
-        help="record and digest the loop's trace in C (the default where `make` built the extensions) "
-        "or in Python (env DASHBOARD_TRACE_IMPL)",
     )
     parser.add_argument(
         "--allowed-origin",
@@ -92,7 +84,6 @@ def server_from_args(args: argparse.Namespace, host: str, port: int) -> BackendS
         host,
         port,
         trace=not args.no_trace,
-        trace_implementation=args.trace_impl,
         allowed_origins=tuple(args.allowed_origin or ()),
         token=args.token,
         log_prompts=args.log_prompts,

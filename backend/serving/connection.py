@@ -161,8 +161,11 @@ class ClientSession:
         log_prompts: bool = False,
         feed: TraceFeed | None = None,
         engine_problem: Callable[[], str | None] | None = None,
+        trace_off: str | None = None,
     ) -> None:
-        """`engine_problem` says why the engine cannot take requests now, or None (default: it can)."""
+        """`engine_problem` says why the engine cannot take requests now, or None (default: it can);
+        `trace_off` why there is no `tracer`, for `export_trace` to answer."""
+        self.trace_off = trace_off or "tracing is off on this server"
         self.ws = ws
         self.engine_problem = engine_problem or _no_problem
         self.engine = engine
@@ -328,6 +331,7 @@ class ClientSession:
                 params,
                 prompt.format,
                 choice.reason,
+                self.trace_off if command.trace and self.feed is None else None,
             )
         )
         request_id = command.id
@@ -401,7 +405,7 @@ class ClientSession:
 
     def _export(self, command: ExportTraceCommand) -> None:
         if self.tracer is None:
-            raise ProtocolError("trace_disabled", "tracing is off on this server (--no-trace)", command.id)
+            raise ProtocolError("trace_disabled", self.trace_off, command.id)
         running = self.requests.get(command.id)
         if running is not None:
             window = (running.start_ns, time.perf_counter_ns())

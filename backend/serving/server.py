@@ -35,7 +35,9 @@ from backend.protocol import (
 from backend.serving.admission import Admission, client_address
 from backend.serving.connection import ClientSession, FrameConnection
 from backend.trace.feed import TraceFeed
+from backend.trace.recorder import NOT_BUILT as TRACER_NOT_BUILT
 from backend.trace.recorder import LoopTracer
+from backend.trace.recorder import available as tracer_available
 
 log = logging.getLogger("backend")
 
@@ -60,17 +62,23 @@ class BackendServer:
         allowed_origins: tuple[str, ...] = (),
         token: str | None = None,
         log_prompts: bool = False,
-        trace_implementation: str | None = None,
     ) -> None:
-        """`trace_implementation`: "c" or "python" for the tracer's recorder and digest (see
-        trace_feed.IMPLEMENTATIONS); the default where None."""
+        """`trace`: trace this loop, where the tracer's C parts are built (else it serves untraced and
+        says why in `trace_off` and `/health`)."""
         self.engine = engine
         self.limits = limits or Limits()
         self.host = host
         self.port = port
         self.sessions: set[ClientSession] = set()
-        self.tracer = LoopTracer(recorder=trace_implementation) if trace else None
-        self.feed = TraceFeed(self.tracer, trace_implementation) if self.tracer is not None else None
+        self.trace_off: str | None = None
+        """Why this server does not trace its loop, or None when it does."""
+        if not trace:
+            self.trace_off = "tracing is off on this server (--no-trace)"
+        elif not tracer_available():
+            self.trace_off = f"tracing is off on this server: {TRACER_NOT_BUILT}"
+            log.warning("%s", self.trace_off)
+        self.tracer = LoopTracer() if self.trace_off is None else None
+        self.feed = TraceFeed(self.tracer) if self.tracer is not None else None
         self._feed_task: asyncio.Task[None] | None = None
         self.admission = Admission(self.limits)
         self.allowed_origins = allowed_origins
@@ -205,13 +213,12 @@ class BackendServer:
             "active_requests": sum(len(s.requests) for s in self.sessions),
             "n_max": self.limits.n_max,
             "max_tokens_max": self.limits.max_tokens_max,
-            "trace": None
+            "trace": {"off": self.trace_off}
             if self.tracer is None
             else {
                 "events_recorded": self.tracer.recorded,
                 "events_kept": self.tracer.kept,
                 "overhead_per_event_ns": round(self.tracer.overhead_per_event_ns(), 1),
-                "implementation": self.tracer.recorder,
             },
         }
 
@@ -238,6 +245,7 @@ class BackendServer:
             self.log_prompts,
             self.feed,
             self.engine_problem,
+            self.trace_off,
         )
         self.sessions.add(session)
         if self.feed is not None:

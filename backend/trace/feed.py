@@ -15,12 +15,8 @@ import gc
 from typing import Protocol
 
 from backend.protocol import encode_bytes
-from backend.trace.frames import DIGESTS, connection_frame, digest_ring
-from backend.trace.recorder import AVAILABLE_RECORDERS, LoopTracer
-
-IMPLEMENTATIONS = tuple(i for i in AVAILABLE_RECORDERS if i in DIGESTS)
-"""The tracer's implementations built here, the default first: "c" (its step recorder and digest,
-backend/trace/step_recorder.c and backend/trace/trace_digest.c) and "python" (the same work in Python)."""
+from backend.trace.frames import connection_frame, digest_ring
+from backend.trace.recorder import LoopTracer
 
 TRACE_FRAMES_PER_S = 5
 """Live trace frames per second to each traced connection. The page redraws its trace panel about
@@ -47,10 +43,8 @@ class TraceSubscriber(Protocol):
 class TraceFeed:
     """Digests the tracer's new events once per interval and sends each traced connection its frame."""
 
-    def __init__(self, tracer: LoopTracer, digest: str | None = None) -> None:
-        """`digest`: "c" or "python" (see trace.frames.DIGESTS); the default where None."""
+    def __init__(self, tracer: LoopTracer) -> None:
         self.tracer = tracer
-        self.digest = digest
         self.subscribers: set[TraceSubscriber] = set()
         self._cursor = tracer.recorded
 
@@ -96,9 +90,9 @@ class TraceFeed:
         if not traced:
             return []
         origin = self.tracer.origin_ns
-        digest = digest_ring(times, items, boundary, origin, self.digest)
+        digest = digest_ring(times, items, boundary, origin)
         # What tracing itself costs, for the page to show beside what it measures.
-        tracer = {"tracer": self.tracer.recorder, "record_ns": round(self.tracer.overhead_per_event_ns())}
+        tracer = {"record_ns": round(self.tracer.overhead_per_event_ns())}
         frames = []
         for subscriber in traced:
             frame = connection_frame(digest, origin, subscriber.label)

@@ -28,14 +28,9 @@ from backend.trace.recorder import CANCEL, CHUNK, FRAME, IDLE, LAG, STEP, Event
 
 try:
     from backend.trace._trace_digest import digest as _c_digest
-except ImportError:  # not built (no C compiler where it was installed): digest in Python
+except ImportError:  # not built: there is no tracer either (trace.recorder.available())
     _c_digest = None
-if (STEP, IDLE, LAG, CHUNK, FRAME, CANCEL) != (0, 1, 2, 3, 4, 5):  # the kinds trace_digest.c knows
-    _c_digest = None
-
-DIGESTS = ("c", "python") if _c_digest is not None else ("python",)
-"""Digest implementations this installation has, the default first: C (backend/trace/trace_digest.c)
-where it is built, and Python (`digest_ring`'s own code, the reference)."""
+assert (STEP, IDLE, LAG, CHUNK, FRAME, CANCEL) == (0, 1, 2, 3, 4, 5), "the kinds trace_digest.c reads"
 
 MERGE_GAP_NS = 5_000_000
 """Steps of one task closer than this merge into one live slice (bounds a frame's size). The panel's
@@ -123,156 +118,34 @@ def _to_ms(ns: int) -> float:
     return ns // 1000 / 1000
 
 
-def digest_ring(
-    times: Sequence[int], items: Sequence[Any], boundary: int, origin_ns: int, digest: str | None = None
-) -> TraceDigest:
-    """Reduce raw ring entries (see `LoopTracer.raw_since`) in one pass.
+def digest_ring(times: Sequence[int], items: list[Any], boundary: int, origin_ns: int) -> TraceDigest:
+    """Reduce raw ring entries (see `LoopTracer.raw_since`) in one pass, in C
+    (backend/trace/trace_digest.c: this runs for every event the loop records).
 
     An item that is a str is a step of that task which ended at its time and began at `boundary`, the
     end of the step or idle wait before it; any other item is `(kind, duration, subject, detail)`
-    starting at its time (STEP items of that form carry their own start).
-
-    `digest` picks the implementation ("c" or "python", see DIGESTS); both give the same digest. This
-    runs for every event the loop records: in Python it cost about a microsecond an event.
+    starting at its time (STEP items of that form carry their own start). A step whose start is
+    unknown (boundary -1, the step before it overwritten) is left out; an unknown kind is ignored.
+    Each step's name is classified (`_classify`) into a lane and its owning connection; steps of one
+    lane less than MERGE_GAP_NS apart merge into one slice; connections' steps are also summed per
+    OTHER_BUCKET_NS bucket; a sample's chunks within CHUNK_BIN_NS of the first of a run merge; idle
+    waits shorter than MIN_IDLE_NS are counted but not listed.
     """
-    if digest is None:
-        digest = DIGESTS[0]
-    if digest not in DIGESTS:
-        raise ValueError(f"digest must be one of {DIGESTS}, not {digest!r}")
-    if digest == "c" and items.__class__ is list:
-        return _c_digest(  # type: ignore[misc]
-            times,
-            items,
-            boundary,
-            origin_ns,
-            TraceDigest(),
-            MERGE_GAP_NS,
-            CHUNK_BIN_NS,
-            OTHER_BUCKET_NS,
-            MIN_IDLE_NS,
-            _to_ms,
-            _classify,
-        )
-    out = TraceDigest()
-    names = out.names
-    name_index: dict[str, int] = {}
-    group_index: dict[str, int] = {}
-    owners: list[str | None] = []
-    slices_by_owner = out.slices_by_owner
-    owned_buckets = out.owned_buckets
-    buckets_by_owner = out.buckets_by_owner
-    open_slice: dict[int, list[Any]] = {}
-    chunks = out.chunks
-    open_chunk: dict[tuple[Any, int], list[Any]] = {}
-    steps = busy_ns = idle_ns = 0
-    first = -1
-    end_ns = -1
-    # This loop runs for every event the loop recorded: no function calls on the step path.
-    for at, item in zip(times, items, strict=True):
-        if item.__class__ is str:
-            name = item
-            start = boundary
-            duration = at - start
-            boundary = at
-            if start < 0:
-                continue  # the step before the window was overwritten: its start is unknown
-        else:
-            kind, duration, subject, detail = item
-            start = at
-            if kind != STEP:
-                if first < 0:
-                    first = at
-                if at + duration > end_ns:
-                    end_ns = at + duration
-                if kind == IDLE:
-                    boundary = at + duration
-                    idle_ns += duration
-                    if duration >= MIN_IDLE_NS:
-                        out.idle.append([_ms(at, origin_ns), _to_ms(duration)])
-                elif kind == CHUNK:
-                    key = (subject, detail[0])
-                    entry = open_chunk.get(key)
-                    if entry is not None and at - entry[0] <= CHUNK_BIN_NS:
-                        entry[3] += detail[1]
-                        entry[4] += 1
-                    else:
-                        entry = open_chunk[key] = [at, subject[1], detail[0], detail[1], 1]
-                        connection_chunks = chunks.get(subject[0])
-                        if connection_chunks is None:
-                            connection_chunks = chunks[subject[0]] = []
-                        connection_chunks.append(entry)
-                elif kind == LAG:
-                    out.lag.append([_ms(at, origin_ns), _to_ms(duration)])
-                elif kind == FRAME:
-                    counts = out.frames.get(subject)
-                    if counts is None:
-                        counts = out.frames[subject] = [0, 0]
-                    counts[0] += detail[0]
-                    counts[1] += detail[1]
-                elif kind == CANCEL:
-                    out.cancels.setdefault(subject[0], []).append(
-                        [_ms(at, origin_ns), subject[1], detail[1], detail[0]]
-                    )
-                continue
-            name = subject
-            boundary = at + duration
-        if first < 0:
-            first = start
-        if boundary > end_ns:
-            end_ns = boundary
-        steps += 1
-        busy_ns += duration
-        index = name_index.get(name)
-        if index is None:
-            group, group_owner = _classify(name)
-            index = group_index.get(group)
-            if index is None:
-                index = group_index[group] = len(names)
-                names.append(group)
-                owners.append(group_owner)
-                out.names_by_owner.setdefault(group_owner, []).append(index)
-            name_index[name] = index
-        owner = owners[index]
-        if owner is not None:
-            bucket = start // OTHER_BUCKET_NS
-            total = owned_buckets.get(bucket)
-            if total is None:
-                owned_buckets[bucket] = [duration, 1, duration, owner, 0]
-            else:
-                total[0] += duration
-                total[1] += 1
-                if owner == total[3]:
-                    if duration > total[2]:
-                        total[2] = duration
-                elif duration > total[2]:
-                    total[4], total[2], total[3] = total[2], duration, owner
-                elif duration > total[4]:
-                    total[4] = duration
-            mine = buckets_by_owner.get(owner)
-            if mine is None:
-                mine = buckets_by_owner[owner] = {}
-            own = mine.get(bucket)
-            if own is None:
-                mine[bucket] = [duration, 1]
-            else:
-                own[0] += duration
-                own[1] += 1
-        current = open_slice.get(index)
-        if current is not None and start - current[1] <= MERGE_GAP_NS:
-            current[1] = start + duration
-            current[2] += duration
-            current[4] += 1
-            if duration > current[5]:
-                current[5] = duration
-        else:
-            current = open_slice[index] = [start, start + duration, duration, index, 1, duration]
-            group = slices_by_owner.get(owner)
-            if group is None:
-                group = slices_by_owner[owner] = []
-            group.append(current)
-    out.start_ns, out.end_ns = first, end_ns
-    out.steps, out.busy_ns, out.idle_ns = steps, busy_ns, idle_ns
-    return out
+    if _c_digest is None:
+        raise RuntimeError("the tracer's C digest (backend/trace/trace_digest.c) is not built")
+    return _c_digest(
+        times,
+        items,
+        boundary,
+        origin_ns,
+        TraceDigest(),
+        MERGE_GAP_NS,
+        CHUNK_BIN_NS,
+        OTHER_BUCKET_NS,
+        MIN_IDLE_NS,
+        _to_ms,
+        _classify,
+    )
 
 
 def connection_frame(digest: TraceDigest, origin_ns: int, connection: str) -> dict[str, Any]:

@@ -3,7 +3,8 @@ and building them in place where `make` did not.
 
 `make run` and `make test` build them. A Hugging Face Space installs `requirements.txt` and runs
 `python app.py`, so app.py builds them at startup there (a C compiler and Python's headers are in
-the Space's image; about 2 s). Where the build fails the tracer works in Python (docs/trace.md).
+the Space's image; about 2 s). Where the build fails the dashboard serves without its loop trace and
+says why (docs/trace.md).
 """
 
 from __future__ import annotations

@@ -19,9 +19,9 @@ turn the ring back into `(kind, start_ns, duration_ns, subject, detail)` tuples,
 `time.perf_counter_ns()`. The tracer measures its own recording cost on a sample of steps.
 
 The step recorder is C (backend/trace/step_recorder.c, built in place by `python setup.py build_ext
---inplace`, which `make` runs) where that extension is built, and the same recorder in Python
-otherwise (`LoopTracer.recorder` says which): a Python wrapper around `Handle._run` costs a frame
-per step, about a tenth of a short step.
+--inplace`, which `make` runs, or at start-up in a Space): it runs asyncio's handles itself, so a
+step costs no Python frame. Where it is not built there is no tracer (`available()`); docs/trace.md
+gives the figures that decided against a Python fallback.
 """
 
 from __future__ import annotations
@@ -33,11 +33,11 @@ import statistics
 import time
 import types
 from collections.abc import Callable, Sequence
-from typing import Any, Protocol
+from typing import Any
 
 try:
     from backend.trace._step_recorder import StepRecorder as _CStepRecorder
-except ImportError:  # not built (no C compiler where it was installed): record in Python
+except ImportError:  # not built (no C compiler where it was installed): no tracer (see NOT_BUILT)
     _CStepRecorder = None
 
 STEP = 0
@@ -114,147 +114,16 @@ def _other_name(callback: Any) -> str:
     return name
 
 
-class _Recorder(Protocol):
-    """What the tracer needs of a step recorder, C or Python: the ring's writers, its counts, and
-    the `Handle._run` and `select()` that record."""
-
-    recorded: int
-    recent_ns: list[int]
-    handle_run: Callable[[asyncio.Handle], None]
-
-    def push(self, at: int, item: Any) -> None: ...
-
-    def push_now(self, item: Any) -> None: ...
-
-    def push_chunk(self, request_key: Any, index: int, tokens: int) -> None: ...
-
-    def timed_select(
-        self, select: Callable[[float | None], list[Any]]
-    ) -> Callable[[float | None], list[Any]]: ...
-
-    def attach(
-        self,
-        previous: Callable[[asyncio.Handle], None],
-        loop: asyncio.AbstractEventLoop,
-        direct: bool,
-        handle_type: type,
-        timer_type: type,
-    ) -> None: ...
-
-    def disable(self) -> None: ...
+NOT_BUILT = (
+    "the tracer's C parts are not built (`python setup.py build_ext --inplace`, which `make` runs, "
+    "needs a C compiler and Python's headers)"
+)
+"""Why a LoopTracer cannot be made here, when the C step recorder is missing."""
 
 
-class PythonStepRecorder:
-    """The step recorder in Python, where the C one is not built: same ring, counts and sampling."""
-
-    def __init__(
-        self, times: array.array[int], items: list[Any], sample_every: int = OVERHEAD_SAMPLE
-    ) -> None:
-        self._times = times
-        self._items = items
-        self._counters = [0, 0]  # events recorded, overhead samples
-        self._recent = [0] * RECENT_SAMPLES
-        self._sample_mask = sample_every - 1
-        self._disable: Callable[[], None] | None = None
-        self.handle_run: Callable[[asyncio.Handle], None] = _ASYNCIO_HANDLE_RUN
-        """The `Handle._run` replacement, once attached."""
-
-    @property
-    def recorded(self) -> int:
-        """Events recorded since creation."""
-        return self._counters[0]
-
-    @property
-    def recent_ns(self) -> list[int]:
-        """The last (up to RECENT_SAMPLES) timings of recording a step (one in OVERHEAD_SAMPLE), ns."""
-        return self._recent[: min(self._counters[1], RECENT_SAMPLES)]
-
-    def push(self, at: int, item: Any) -> None:
-        """Record an event other than a step, starting at `at`."""
-        counters = self._counters
-        slot = counters[0] % len(self._times)
-        self._times[slot] = at
-        self._items[slot] = item
-        counters[0] += 1
-
-    def push_now(self, item: Any) -> None:
-        """Record an event other than a step, starting now."""
-        self.push(time.perf_counter_ns(), item)
-
-    def push_chunk(self, request_key: Any, index: int, tokens: int) -> None:
-        """Record a chunk's arrival, now."""
-        self.push(time.perf_counter_ns(), (CHUNK, 0, request_key, (index, tokens)))
-
-    def timed_select(
-        self, select: Callable[[float | None], list[Any]]
-    ) -> Callable[[float | None], list[Any]]:
-        """`select` with each wait recorded as an IDLE event; a poll (timeout 0) passes through."""
-        push, clock = self.push, time.perf_counter_ns
-
-        def timed(timeout: float | None = None) -> list[Any]:
-            if timeout == 0:  # a poll between bursts of ready callbacks, not a wait
-                return select(0)
-            start = clock()
-            ready = select(timeout)
-            push(start, (IDLE, clock() - start, None, len(ready)))
-            return ready
-
-        return timed
-
-    def attach(
-        self,
-        previous: Callable[[asyncio.Handle], None],
-        loop: asyncio.AbstractEventLoop,
-        direct: bool,
-        handle_type: type,
-        timer_type: type,
-    ) -> None:
-        """Make `handle_run`: `previous` for every handle, and `loop`'s steps recorded after it
-        (`direct` and the handle types only speed up the C recorder)."""
-        times, items, counters, capacity = self._times, self._items, self._counters, len(self._times)
-        recent = self._recent
-        clock = time.perf_counter_ns
-        task_type = asyncio.Task
-        other_name = _other_name
-        sample_mask = self._sample_mask
-        traced: asyncio.AbstractEventLoop | None = loop
-
-        def run(handle: asyncio.Handle) -> None:
-            previous(handle)
-            if handle._loop is not traced:  # type: ignore[attr-defined]
-                return
-            end = clock()
-            callback = handle._callback  # type: ignore[attr-defined]
-            owner = getattr(callback, "__self__", None)
-            count = counters[0]
-            slot = count % capacity
-            times[slot] = end
-            # Only the name goes into the ring, never the task or callback: keeping those alive
-            # made the garbage collector walk them (about 10% of the loop's time).
-            items[slot] = owner.get_name() if owner.__class__ is task_type else other_name(callback)
-            counters[0] = count + 1
-            if not count & sample_mask or not counters[1]:  # a sample from the first steps on
-                recent[counters[1] % RECENT_SAMPLES] = clock() - end
-                counters[1] += 1
-
-        def disable() -> None:
-            nonlocal traced
-            traced = None
-
-        self._disable = disable
-        self.handle_run = run
-
-    def disable(self) -> None:
-        """Stop recording steps: `run` passes every handle straight on."""
-        if self._disable is not None:
-            self._disable()
-
-
-RECORDERS = ("c", "python")
-"""Step recorders: "c" (backend/trace/step_recorder.c) where built, else "python"."""
-
-AVAILABLE_RECORDERS = RECORDERS if _CStepRecorder is not None else ("python",)
-"""The step recorders this installation can use (the first is the default)."""
+def available() -> bool:
+    """Whether the tracer's C step recorder is built, so that a LoopTracer can be made."""
+    return _CStepRecorder is not None
 
 
 class LoopTracer:
@@ -264,15 +133,10 @@ class LoopTracer:
         self,
         capacity: int = TRACE_CAPACITY,
         heartbeat_s: float = HEARTBEAT_INTERVAL_S,
-        recorder: str | None = None,
     ) -> None:
-        """`recorder` is "c" or "python"; by default C where it is built."""
-        if recorder is None:
-            recorder = AVAILABLE_RECORDERS[0]
-        if recorder not in RECORDERS:
-            raise ValueError(f"recorder must be one of {RECORDERS}, not {recorder!r}")
-        if recorder == "c" and _CStepRecorder is None:
-            raise RuntimeError("the C step recorder is not built: run `python setup.py build_ext --inplace`")
+        """Raises RuntimeError (saying why) where the C step recorder is not built."""
+        if _CStepRecorder is None:
+            raise RuntimeError(NOT_BUILT)
         self.capacity = capacity
         self.heartbeat_s = heartbeat_s
         self.origin_ns = time.perf_counter_ns()
@@ -281,20 +145,15 @@ class LoopTracer:
         self._times = array.array("q", bytes(8 * capacity))
         """When each event happened (ns): an array, so that a step stores no int object."""
         self._items: list[Any] = [None] * capacity
-        self.recorder = recorder
-        """Which step recorder this tracer uses: "c" or "python"."""
-        if recorder == "c":
-            self._recorder: _Recorder = _CStepRecorder(
-                self._times,
-                self._items,
-                asyncio.Task,
-                _names,
-                _other_name,
-                _report_callback_error,
-                OVERHEAD_SAMPLE,
-            )
-        else:
-            self._recorder = PythonStepRecorder(self._times, self._items)
+        self._recorder = _CStepRecorder(
+            self._times,
+            self._items,
+            asyncio.Task,
+            _names,
+            _other_name,
+            _report_callback_error,
+            OVERHEAD_SAMPLE,
+        )
         self._push = self._recorder.push
         """Record an event other than a step: `_push(at, (kind, duration_ns, subject, detail))`."""
         self._push_now = self._recorder.push_now
