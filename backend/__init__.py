@@ -1,1 +1,1 @@
-"""Websocket backend: serves protocol v1 over any engine of the Engine interface."""
+"""Websocket backend: serves protocol v2 over any engine of the Engine interface."""

@@ -1,9 +1,13 @@
-"""Websocket protocol v1, without I/O: client frames parsed and validated, server frames built.
+"""Websocket protocol v2, without I/O: client frames parsed and validated, server frames built.
 
 Client to server: `generate`, `cancel` and `export_trace`. Server to client: `accepted`,
 `queued`, `chunk`, `finish`, `done`, `trace`, `trace_export`, `error`. Every rejection is a
 `ProtocolError` with a stable `code` and a message a person can act on; the server turns it into an
 `error` frame and keeps the connection open.
+
+A server message is one frame (a JSON object) or a batch of frames (a JSON array of them, in
+order): the server writes the frames that are ready together as one message (`batch_messages`),
+and clients read every message with `frames_in`.
 """
 
 from __future__ import annotations
@@ -28,7 +32,13 @@ from backend.config.settings import (
 )
 from backend.engines.base import PROMPT_FORMATS, SamplingParams
 
-PROTOCOL_VERSION = 1
+PROTOCOL_VERSION = 2
+"""2: a server message may be a batch of frames (a JSON array); 1 sent one frame per message."""
+
+BATCH_BYTES_MAX = 256 * 1024
+"""A batch message holds frames up to about this many bytes (a frame bigger than this goes alone):
+well under the 1 MiB websocket clients accept by default, and large enough that a send writes every
+frame that is ready at n = 64 in one message."""
 
 PARAM_NAMES = ("max_tokens", "temperature", "top_p", "seed", "top_k", "stop")
 
@@ -345,6 +355,41 @@ def encode_bytes(frame: dict[str, Any]) -> bytes:
     except TypeError:  # orjson.JSONEncodeError
         text = json.dumps(frame, separators=(",", ":"), ensure_ascii=False, default=str)
         return text.encode("utf-8", "replace")
+
+
+def batch_messages(frames: list[bytes], limit: int = BATCH_BYTES_MAX) -> list[bytes]:
+    """Encoded frames (`encode_bytes`) as the server's messages, in order: a lone frame as itself,
+    several as one JSON array, a new array whenever the next frame would take one past `limit`."""
+    if len(frames) == 1:
+        return frames
+    messages: list[bytes] = []
+    batch: list[bytes] = []
+    size = 0
+    for frame in frames:
+        if batch and size + len(frame) > limit:
+            messages.append(frame_batch(batch))
+            batch, size = [], 0
+        batch.append(frame)
+        size += len(frame) + 1
+    if batch:
+        messages.append(frame_batch(batch))
+    return messages
+
+
+def frame_batch(frames: list[bytes]) -> bytes:
+    """Encoded frames as one message: a lone frame as itself, several as a JSON array."""
+    return frames[0] if len(frames) == 1 else b"[" + b",".join(frames) + b"]"
+
+
+def frames_in(message: str | bytes) -> list[dict[str, Any]]:
+    """The frames of one server message, in order (a client's reading of `batch_messages`).
+
+    Raises ValueError when the message is not JSON, or not a frame or an array of frames."""
+    value = orjson.loads(message)
+    frames = value if isinstance(value, list) else [value]
+    if not all(isinstance(frame, dict) for frame in frames):
+        raise ValueError("a server message is a JSON object (one frame) or an array of objects")
+    return frames
 
 
 def encode(frame: dict[str, Any]) -> str:

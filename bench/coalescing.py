@@ -25,6 +25,7 @@ from websockets.asyncio.client import connect
 
 ROOT = Path(__file__).resolve().parent.parent
 
+from devkit.frames import recv_frame  # noqa: E402
 from devkit.local import start_backend, stop_process  # noqa: E402
 from ui.client import BackendRun  # noqa: E402
 from ui.handlers import UPDATES_PER_S  # noqa: E402
@@ -46,7 +47,7 @@ async def read_request(url: str, n: int, max_tokens: int, stall_s: float) -> dic
         await ws.send(json.dumps(request))
         await asyncio.sleep(stall_s)
         while True:
-            frame = json.loads(await ws.recv())
+            frame = await recv_frame(ws)
             frames += 1
             if frame["type"] == "chunk":
                 chunks += 1

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import threading
 import time
 import urllib.request
@@ -18,6 +17,8 @@ from websockets.asyncio.client import connect
 from websockets.asyncio.server import Server, ServerConnection, serve
 from websockets.exceptions import ConnectionClosed
 from websockets.http11 import Request, Response
+
+from backend.protocol import frames_in
 
 RELAY_MAX_BYTES = 1 << 26
 """Largest frame the relay passes on: the app's own limit (ui/client.py), a full trace export."""
@@ -107,9 +108,9 @@ class DoneRelay:
                 async for message in backend:
                     if isinstance(message, str) and '"done"' in message:
                         now = time.monotonic()
-                        frame = json.loads(message)
-                        if frame.get("type") == "done":
-                            self.done_at[frame["id"]] = now
+                        for frame in frames_in(message):
+                            if frame.get("type") == "done":
+                                self.done_at[frame["id"]] = now
                     await app.send(message)
 
             tasks = [asyncio.create_task(upstream()), asyncio.create_task(downstream())]

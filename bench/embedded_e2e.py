@@ -35,6 +35,7 @@ from websockets.asyncio.client import connect
 ROOT = Path(__file__).resolve().parent.parent
 
 from backend.serving.stats import percentile  # noqa: E402
+from devkit.frames import recv_frame  # noqa: E402
 from devkit.local import LOCAL_LOAD_FLAGS, start_backend, stop_process  # noqa: E402
 
 LOAD_LIMIT_S = 600.0
@@ -67,7 +68,7 @@ async def one_user(url: str, index: int, n: int, tokens: int) -> dict[str, float
         started = time.monotonic()
         await ws.send(json.dumps(request))
         while True:
-            frame = json.loads(await ws.recv())
+            frame = await recv_frame(ws)
             if frame["type"] == "chunk" and frame["tokens"]:
                 received += frame["tokens"]
                 first = first if first is not None else time.monotonic() - started

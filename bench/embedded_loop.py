@@ -30,6 +30,7 @@ from websockets.asyncio.client import connect
 ROOT = Path(__file__).resolve().parent.parent
 
 from backend.serving.stats import percentile  # noqa: E402
+from devkit.frames import recv_frame  # noqa: E402
 from devkit.local import free_port, wait_for_http  # noqa: E402
 
 PROMPT = "Write a long story about a lighthouse keeper and the sea."
@@ -66,7 +67,7 @@ async def measure(port: int, n: int, tokens: int, seed: int) -> dict[str, float]
         sent = time.perf_counter()
         await ws.send(json.dumps(frame))
         while True:
-            message = json.loads(await asyncio.wait_for(ws.recv(), REQUEST_LIMIT_S))
+            message = await recv_frame(ws, REQUEST_LIMIT_S)
             kind = message["type"]
             if kind == "chunk":
                 count += message.get("tokens", 0)

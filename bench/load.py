@@ -26,6 +26,7 @@ ROOT = Path(__file__).resolve().parent.parent
 
 from backend.engines.synthetic import synthetic_tokens  # noqa: E402
 from backend.serving.stats import percentile  # noqa: E402
+from devkit.frames import recv_frame  # noqa: E402
 from devkit.local import LOCAL_LOAD_FLAGS, stop_process  # noqa: E402
 from devkit.local import start_backend as harness_start_backend  # noqa: E402
 
@@ -62,7 +63,7 @@ async def one_client(url: str, index: int, n: int, max_tokens: int, cancel: bool
         await ws.send(json.dumps(frame))
         received = 0
         while True:
-            message = json.loads(await ws.recv())
+            message = await recv_frame(ws)
             now = time.monotonic()
             kind = message["type"]
             if kind == "chunk":

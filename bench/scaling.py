@@ -32,6 +32,7 @@ ROOT = Path(__file__).resolve().parent.parent
 
 from bench.load import rss_mb  # noqa: E402
 from bench.transport import max_tokens_for, p, process_cpu_s, start_backend, stop  # noqa: E402
+from devkit.frames import recv_frame  # noqa: E402
 
 
 async def one_request(url: str, index: int, n: int, max_tokens: int, added: list[float]) -> int:
@@ -47,7 +48,7 @@ async def one_request(url: str, index: int, n: int, max_tokens: int, added: list
     async with connect(url, max_size=None, open_timeout=60) as ws:
         await ws.send(json.dumps(request))
         while True:
-            frame = json.loads(await ws.recv())
+            frame = await recv_frame(ws)
             if frame["type"] == "chunk":
                 tokens += frame["tokens"]
                 added.append((time.monotonic() - frame["at"]) * 1000)

@@ -60,6 +60,7 @@ from backend.serving.server import BackendServer
 from backend.trace.frames import digest_ring
 from backend.trace.recorder import LoopTracer
 from bench.transport import run_websocket, start_backend
+from devkit.frames import recv_frame
 from devkit.local import stop_process
 
 TASKS = 64
@@ -175,7 +176,7 @@ async def _record_backend_ring(rate: float) -> tuple[Sequence[int], list[Any], i
             frame = {"type": "generate", "id": "r1", "prompt": "hi", "n": 32, "trace": True}
             frame["params"] = {"max_tokens": 300, "seed": 1}
             await ws.send(json.dumps(frame))
-            while json.loads(await ws.recv())["type"] != "done":
+            while (await recv_frame(ws))["type"] != "done":
                 pass
         assert server.tracer is not None
         times, items, boundary, _ = server.tracer.raw_since(0)

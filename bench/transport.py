@@ -59,6 +59,7 @@ from backend.engines.base import Prompt, SamplingParams  # noqa: E402
 from backend.engines.synthetic import SyntheticEngine, synthetic_tokens  # noqa: E402
 from backend.serving.stats import percentile  # noqa: E402
 from bench.done_relay import DoneRelay  # noqa: E402
+from devkit.frames import recv_frame  # noqa: E402
 from devkit.local import LOCAL_LOAD_FLAGS, free_port, wait_for_http  # noqa: E402
 from devkit.local import start_backend as harness_start_backend  # noqa: E402
 from devkit.local import stop_process as stop  # noqa: E402
@@ -158,7 +159,7 @@ async def run_websocket(
         started = time.monotonic()
         await ws.send(json.dumps(request))
         while True:
-            frame = json.loads(await ws.recv())
+            frame = await recv_frame(ws)
             now = time.monotonic()
             frames += 1
             kind = frame["type"]

@@ -28,6 +28,7 @@ from backend.engines.embedded.detokenizer import TextStream
 from backend.engines.embedded.scheduler import DecodeParams
 from backend.engines.embedded.weights import ModelFileError, is_complete, read_tensors, resolve_model
 from backend.serving.server import BackendServer
+from devkit.frames import recv_frame
 from devkit.local import ROOT
 
 PROMPT = "Name three colors."
@@ -175,14 +176,14 @@ async def test_the_server_sends_the_engines_rejection_as_an_error_frame(engine: 
         async with connect(server.url) as ws:
             frame = {"type": "generate", "id": "r1", "prompt": PROMPT, "n": 1, "params": {"max_tokens": 600}}
             await ws.send(json.dumps(frame))
-            reply = json.loads(await ws.recv())
+            reply = await recv_frame(ws)
             assert reply["type"] == "error"
             assert reply["code"] == "max_tokens_out_of_range"
             frame["params"] = {"max_tokens": 4, "seed": 2}
             await ws.send(json.dumps(frame))
             kinds = []
             while "done" not in kinds:
-                kinds.append(json.loads(await ws.recv())["type"])
+                kinds.append((await recv_frame(ws))["type"])
             assert kinds[0] == "accepted" and "chunk" in kinds
     finally:
         server._server.close()  # the module's engine stays up for the other tests

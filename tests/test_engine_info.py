@@ -13,6 +13,7 @@ from backend.engines.http.sglang import SGLangEngine
 from backend.engines.http.sglang_launch import free_port
 from backend.engines.synthetic import SyntheticEngine
 from backend.serving.server import BackendServer
+from devkit.frames import recv_frame
 from ui.engine_info import engine_line_now, health_url
 
 
@@ -73,7 +74,7 @@ async def test_a_starting_engine_is_said_and_requests_are_refused_until_it_is_re
         assert starting and line.startswith("⏳") and "downloading weights" in line
         async with connect(server.url) as ws:
             await ws.send(json.dumps({"type": "generate", "id": "r1", "prompt": "Hi", "n": 2}))
-            frame = json.loads(await ws.recv())
+            frame = await recv_frame(ws)
             assert (frame["type"], frame["code"], frame["id"]) == ("error", "engine_not_ready", "r1")
             assert "still starting (downloading weights)" in frame["message"]
             engine.go.set()
@@ -81,7 +82,7 @@ async def test_a_starting_engine_is_said_and_requests_are_refused_until_it_is_re
             line, starting = await engine_line_now(server.url)
             assert not starting and "synthetic" in line and "⏳" not in line
             await ws.send(json.dumps({"type": "generate", "id": "r2", "prompt": "Hi", "n": 2}))
-            assert json.loads(await ws.recv())["type"] == "accepted"
+            assert (await recv_frame(ws))["type"] == "accepted"
     finally:
         await server.close()
 
@@ -99,7 +100,7 @@ async def test_an_engine_that_failed_to_start_is_said_and_the_backend_keeps_answ
         async with connect(server.url) as ws:
             for request_id in ("r1", "r2"):
                 await ws.send(json.dumps({"type": "generate", "id": request_id, "prompt": "Hi", "n": 1}))
-                frame = json.loads(await ws.recv())
+                frame = await recv_frame(ws)
                 assert (frame["code"], frame["id"]) == ("engine_not_ready", request_id)
                 assert "could not start: the embedded model is not installed" in frame["message"]
     finally:
@@ -126,21 +127,21 @@ async def test_an_engine_lost_while_serving_ends_every_running_request_and_says_
             for ws, request_id in ((first, "a"), (second, "b")):
                 frame = {"type": "generate", "id": request_id, "prompt": "Hi", "n": 2}
                 await ws.send(json.dumps(frame | {"params": {"max_tokens": 500}}))
-                assert json.loads(await ws.recv())["type"] == "accepted"
-                while json.loads(await ws.recv())["type"] != "chunk":
+                assert (await recv_frame(ws))["type"] == "accepted"
+                while (await recv_frame(ws))["type"] != "chunk":
                     pass
             server.engine_lost("the scheduler died")
             for ws, request_id in ((first, "a"), (second, "b")):
                 frames = []
                 while not frames or frames[-1]["type"] != "done":
-                    frames.append(json.loads(await asyncio.wait_for(ws.recv(), 10)))
+                    frames.append(await recv_frame(ws, 10))
                 errors = [f for f in frames if f["type"] == "error"]
                 assert [(e["code"], e["id"]) for e in errors] == [("engine_lost", request_id)]
                 assert "stopped working: the scheduler died" in errors[0]["message"]
                 finishes = sorted((f["index"], f["reason"]) for f in frames if f["type"] == "finish")
                 assert finishes == [(0, "error"), (1, "error")]
             await first.send(json.dumps({"type": "generate", "id": "c", "prompt": "Hi", "n": 1}))
-            refused = json.loads(await first.recv())
+            refused = await recv_frame(first)
             assert (refused["code"], refused["id"]) == ("engine_not_ready", "c")
         line, _ = await engine_line_now(server.url)
         assert line.startswith("⚠️") and "stopped working while serving: the scheduler died" in line

@@ -32,6 +32,7 @@ from backend.engines.http.openai import OpenAIEngine
 from backend.engines.http.sglang import SGLangEngine
 from backend.engines.http.sglang_launch import SGLangServerProcess, free_port
 from backend.serving.server import BackendServer
+from devkit.frames import recv_frame
 from devkit.local import (
     CONVERTED_MODEL,
     ENGINE_CACHE,
@@ -214,7 +215,7 @@ async def backend(real_server: RealServer) -> AsyncIterator[tuple[BackendServer,
 
 
 async def recv(ws: ClientConnection) -> dict[str, Any]:
-    return json.loads(await asyncio.wait_for(ws.recv(), FRAME_TIMEOUT_S))
+    return await recv_frame(ws, FRAME_TIMEOUT_S)
 
 
 async def run_request(ws: ClientConnection, rid: str, on_frame: Any = None) -> dict[str, Any]:

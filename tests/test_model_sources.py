@@ -20,6 +20,7 @@ from websockets.asyncio.client import connect
 
 from backend.engines.embedded import weights
 from backend.engines.embedded.weights import ModelFileError, resolve_model
+from devkit.frames import recv_frame
 from devkit.local import free_port, start_backend, stop_process
 from tests.support.answers import COLOUR_PROMPT, answers_colours
 from tests.support.hub_model import REPO_ID, build_hub_folder
@@ -52,7 +53,7 @@ async def ask(
         texts, reasons, accepted = [""] * n, [""] * n, {}
         async with asyncio.timeout(120):
             while True:
-                message = json.loads(await ws.recv())
+                message = await recv_frame(ws)
                 kind = message["type"]
                 if kind == "accepted":
                     accepted = message
@@ -65,7 +66,7 @@ async def ask(
                 elif kind == "done":
                     break
             await ws.send(json.dumps({"type": "cancel", "id": "gone"}))
-            while (reply := json.loads(await ws.recv()))["type"] == "trace":
+            while (reply := await recv_frame(ws))["type"] == "trace":
                 pass
             assert reply["code"] == "unknown_id"  # the connection is still open and answering
     return accepted, texts, reasons

@@ -13,9 +13,11 @@ from backend.protocol import (
     CancelCommand,
     GenerateCommand,
     ProtocolError,
+    batch_messages,
     chunk_frame,
     encode,
     encode_bytes,
+    frames_in,
     parse_client_frame,
 )
 
@@ -207,3 +209,32 @@ def test_the_format_follows_the_models_template() -> None:
     unknown = choose_format("Hi", None, "", None, "synthetic text does not depend on the prompt")
     assert unknown.prompt.format == "chat"
     assert unknown.reason == "the default (synthetic text does not depend on the prompt)"
+
+
+def test_frames_ready_together_go_as_one_batch_message_and_read_back_in_order() -> None:
+    frames = [
+        encode_bytes({"type": "chunk", "id": "r1", "index": i, "text": f"t{i}\n", "tokens": 1})
+        for i in range(5)
+    ]
+    [message] = batch_messages(frames)
+    assert message.startswith(b"[") and [f["index"] for f in frames_in(message)] == [0, 1, 2, 3, 4]
+    assert frames_in(message.decode())[4]["text"] == "t4\n"  # a text message reads the same
+    assert batch_messages(frames[:1]) == frames[:1]  # a lone frame is sent as itself
+    assert frames_in(frames[0]) == [json.loads(frames[0])]
+    assert batch_messages([]) == []
+
+
+def test_a_batch_is_cut_before_its_size_limit_and_a_big_frame_goes_alone() -> None:
+    small = [encode_bytes({"type": "chunk", "id": "r1", "index": i, "text": "x" * 40}) for i in range(10)]
+    big = encode_bytes({"type": "trace_export", "id": "r1", "traceEvents": ["e" * 500]})
+    messages = batch_messages([*small[:4], big, *small[4:]], limit=300)
+    assert all(len(m) <= 300 for m in messages if big not in m)
+    assert big in messages  # alone: a frame is never split
+    read = [frame for message in messages for frame in frames_in(message)]
+    assert [f.get("index") for f in read] == [0, 1, 2, 3, None, 4, 5, 6, 7, 8, 9]
+
+
+@pytest.mark.parametrize("message", ["{", "3", "[1, 2]", '[{"type": "chunk"}, "x"]', "null"])
+def test_a_message_that_is_not_frames_is_a_value_error(message: str) -> None:
+    with pytest.raises(ValueError):
+        frames_in(message)

@@ -23,6 +23,7 @@ from backend.protocol import ProtocolError, parse_client_frame
 from backend.serving.admission import Admission, client_address
 from backend.serving.server import BackendServer
 from bench.load import rss_mb, run_load, start_backend
+from devkit.frames import recv_frame
 from devkit.local import ROOT, free_port
 
 LIMITS = Limits()
@@ -48,7 +49,7 @@ async def server() -> AsyncIterator[BackendServer]:
 
 async def next_of(ws: Any, kind: str, limit_s: float = 10) -> dict[str, Any]:
     async with asyncio.timeout(limit_s):
-        while (frame := json.loads(await ws.recv()))["type"] != kind:
+        while (frame := await recv_frame(ws))["type"] != kind:
             pass
     return frame
 
@@ -179,7 +180,9 @@ def test_a_killed_client_process_aborts_its_work() -> None:
         "    frame = {'type': 'generate', 'id': 'r', 'prompt': 'x', 'n': 4, 'params': {'max_tokens': 2000}}\n"
         "    await ws.send(json.dumps(frame))\n"
         "    while True:\n"
-        "        if json.loads(await ws.recv())['type'] == 'chunk': print('streaming', flush=True)\n"
+        "        message = json.loads(await ws.recv())  # one frame, or a batch of them\n"
+        "        frames = message if isinstance(message, list) else [message]\n"
+        "        if any(f['type'] == 'chunk' for f in frames): print('streaming', flush=True)\n"
         "asyncio.run(main())\n"
     )
     client = subprocess.Popen([sys.executable, "-c", script], cwd=ROOT, stdout=subprocess.PIPE, text=True)
@@ -281,7 +284,7 @@ async def test_a_flood_of_fuzzed_frames_never_breaks_the_connection(server: Back
         errors = 0
         async with asyncio.timeout(20):
             while errors < len(frames):
-                frame = json.loads(await ws.recv())
+                frame = await recv_frame(ws)
                 errors += frame["type"] == "error" and frame["id"] != "live"
         await next_of(ws, "done")
         await ws.send(generate("after", n=1, max_tokens=5))
@@ -323,7 +326,7 @@ async def embedded_round(url: str, clients: int) -> dict[str, str]:
             await ws.send(json.dumps(request))
             async with asyncio.timeout(180):
                 while True:
-                    frame = json.loads(await ws.recv())
+                    frame = await recv_frame(ws)
                     assert frame["type"] != "error", frame
                     if frame["type"] == "chunk":
                         assert frame["index"] not in finishes
@@ -437,7 +440,7 @@ async def test_an_sglang_server_dying_mid_stream_ends_the_samples_with_error() -
                 frames = []
                 async with asyncio.timeout(30):
                     while True:
-                        frame = json.loads(await ws.recv())
+                        frame = await recv_frame(ws)
                         frames.append(frame)
                         if frame["type"] == "done":
                             break

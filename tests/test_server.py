@@ -15,15 +15,15 @@ from typing import Any
 
 import pytest
 from websockets.asyncio.client import ClientConnection, connect
-from websockets.protocol import State
-from websockets.server import ServerProtocol
 
 from backend.config.settings import Limits
 from backend.engines.base import Generation
 from backend.engines.synthetic import SyntheticEngine, synthetic_tokens
+from backend.protocol import frames_in
 from backend.serving import connection as connection_module
-from backend.serving.connection import ClientSession, text_frames
+from backend.serving.connection import ClientSession
 from backend.serving.server import BackendServer
+from devkit.frames import recv_frame
 from devkit.local import ROOT, free_port
 
 
@@ -42,7 +42,7 @@ async def server() -> AsyncIterator[BackendServer]:
 async def recv(ws: ClientConnection, limit_s: float = 10.0) -> dict[str, Any]:
     """The next frame that is not a live trace frame (tests/test_trace.py covers those)."""
     while True:
-        frame = json.loads(await asyncio.wait_for(ws.recv(), limit_s))
+        frame = await recv_frame(ws, limit_s)
         if frame["type"] != "trace":
             return frame
 
@@ -400,24 +400,15 @@ async def test_an_engine_failure_ends_the_request_with_errors_and_keeps_serving(
         await backend.close()
 
 
-@pytest.mark.parametrize("length", [0, 1, 125, 126, 65535, 65536, 70000])
-def test_text_frames_are_the_librarys_frames(length: int) -> None:
-    # the send loop writes frames itself; a client must read exactly what the library would send
-    message = b"x" * length
-    protocol = ServerProtocol(state=State.OPEN)
-    for item in (message, b'{"type":"done"}'):
-        protocol.send_text(item)
-    assert text_frames([message, b'{"type":"done"}']) == b"".join(protocol.data_to_send())
-
-
 class _RecordingSocket:
-    """Stands in for a connection: records when each batch of frames was written."""
+    """Stands in for a connection: records when each message was sent, and its frames."""
 
     def __init__(self) -> None:
-        self.writes: list[tuple[float, list[bytes]]] = []
+        self.writes: list[tuple[float, list[dict[str, Any]]]] = []
 
-    async def send_texts(self, messages: list[bytes]) -> None:
-        self.writes.append((time.monotonic(), messages))
+    async def send(self, message: bytes, text: bool | None = None) -> None:
+        assert text is True  # JSON frames go as text messages
+        self.writes.append((time.monotonic(), frames_in(message)))
 
 
 async def test_done_is_written_without_waiting_out_the_send_interval(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -446,7 +437,7 @@ async def test_done_is_written_without_waiting_out_the_send_interval(monkeypatch
                 assert socket.writes == []  # still waiting out the interval
             else:
                 [(at, messages)] = socket.writes
-                assert at - sent < 0.3 and json.loads(messages[-1])["type"] == "done"
+                assert at - sent < 0.3 and messages[-1]["type"] == "done"
         finally:
             sender.cancel()
             await asyncio.gather(sender, return_exceptions=True)

@@ -21,6 +21,7 @@ from backend.serving.server import BackendServer
 from backend.trace.feed import TraceFeed
 from backend.trace.frames import OTHER_CONNECTION, live_frame, task_label
 from backend.trace.recorder import LAG, STEP, LoopTracer
+from devkit.frames import recv_frame
 from ui.trace_view import panel_html
 from ui.view import RunView
 
@@ -47,7 +48,7 @@ async def frames_until_done(
     frames = []
     async with asyncio.timeout(limit_s):
         while True:
-            frame = json.loads(await ws.recv())
+            frame = await recv_frame(ws)
             frames.append(frame)
             if frame["type"] == "done" and frame["id"] == request_id:
                 return frames
@@ -137,11 +138,11 @@ async def test_export_is_a_chrome_trace_with_every_event_kind(server: BackendSer
         await frames_until_done(ws, "r1")
         await ws.send(json.dumps({"type": "export_trace", "id": "r1"}))
         async with asyncio.timeout(10):
-            while (export := json.loads(await ws.recv()))["type"] != "trace_export":
+            while (export := await recv_frame(ws))["type"] != "trace_export":
                 pass
         await ws.send(json.dumps({"type": "export_trace", "id": "nope"}))
         async with asyncio.timeout(10):
-            while (error := json.loads(await ws.recv()))["type"] != "error":
+            while (error := await recv_frame(ws))["type"] != "error":
                 pass
     assert error["code"] == "unknown_id"
     events = export["traceEvents"]
@@ -163,7 +164,7 @@ async def cancel_latency_ms(server: BackendServer, mode: str) -> float:
         await ws.send(generate("r", n=4, params=params, consumer={"mode": mode, "block_ms": 15}))
         chunks = 0
         while chunks < 40:
-            if json.loads(await ws.recv())["type"] == "chunk":
+            if (await recv_frame(ws))["type"] == "chunk":
                 chunks += 1
         sent = time.perf_counter()
         await ws.send(json.dumps({"type": "cancel", "id": "r"}))
@@ -181,7 +182,7 @@ async def test_blocking_consumer_raises_cancel_latency(server: BackendServer) ->
 async def test_cancel_chain_is_traced(server: BackendServer) -> None:
     async with connect(server.url) as ws:
         await ws.send(generate("r1", n=2, params={"max_tokens": 1000, "seed": 1}))
-        while json.loads(await ws.recv())["type"] != "chunk":
+        while (await recv_frame(ws))["type"] != "chunk":
             pass
         await ws.send(json.dumps({"type": "cancel", "id": "r1", "index": 1}))
         await asyncio.sleep(0.1)
@@ -235,7 +236,7 @@ async def test_tracing_can_be_turned_off() -> None:
             accepted = next(f for f in frames if f["type"] == "accepted")
             assert accepted["trace_off"] == "tracing is off on this server (--no-trace)"
             await ws.send(json.dumps({"type": "export_trace", "id": "r1"}))
-            assert json.loads(await ws.recv())["code"] == "trace_disabled"
+            assert (await recv_frame(ws))["code"] == "trace_disabled"
     finally:
         await backend.close()
 

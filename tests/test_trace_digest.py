@@ -17,6 +17,7 @@ from backend.serving.server import BackendServer
 from backend.trace import recorder
 from backend.trace.frames import connection_frame, digest_ring
 from backend.trace.recorder import CANCEL, CHUNK, FRAME, IDLE, LAG, STEP
+from devkit.frames import recv_frame
 
 pytestmark = pytest.mark.skipif(
     not recorder.available() and not os.environ.get("CI"), reason="the tracer's C parts are not built here"
@@ -33,7 +34,7 @@ async def _generate(port: int, request_id: str, cancel: dict[str, Any] | None, m
         await ws.send(json.dumps(frame))
         received = 0
         while True:
-            reply = json.loads(await ws.recv())
+            reply = await recv_frame(ws)
             if reply["type"] == "chunk":
                 received += 1
                 # Early, while the request surely runs: when this client lags, chunks merge, and a

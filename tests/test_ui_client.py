@@ -138,4 +138,6 @@ async def test_a_frame_that_is_not_json_ends_the_run_with_a_clear_error() -> Non
         await run.start("Hello", 1, {"max_tokens": 5, "seed": 1})
         assert await run.wait_finished(5)
     assert run.view.done_stats is None
-    assert any("the backend sent a frame that is not JSON" in error for error in run.view.errors)
+    assert any(
+        "the backend sent a message that is not a protocol frame" in error for error in run.view.errors
+    )

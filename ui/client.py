@@ -18,10 +18,10 @@ import uuid
 from collections.abc import AsyncIterator
 from typing import Any
 
-import orjson
 from websockets.asyncio.client import ClientConnection, connect
 from websockets.exceptions import ConnectionClosed, InvalidHandshake, InvalidStatus, InvalidURI
 
+from backend.protocol import frames_in
 from ui.view import RunView
 
 log = logging.getLogger("ui")
@@ -110,10 +110,11 @@ class BackendRun:
             await self._ws.send(json.dumps(frame))
             async with asyncio.timeout(ACCEPT_TIMEOUT_S):
                 while not self.view.accepted:
-                    reply = orjson.loads(await self._ws.recv())
-                    self.view.apply(reply, time.monotonic())
-                    if reply.get("type") == "error":
-                        raise BackendError(f"the backend refused the request: {reply.get('message')}")
+                    # A batch may carry the first chunks with `accepted`: the view takes them all.
+                    for reply in frames_in(await self._ws.recv()):
+                        self.view.apply(reply, time.monotonic())
+                        if reply.get("type") == "error":
+                            raise BackendError(f"the backend refused the request: {reply.get('message')}")
         except BackendError:
             await self.close()
             raise
@@ -129,18 +130,21 @@ class BackendRun:
         reason = None
         try:
             async for message in self._ws:
-                frame = orjson.loads(message)  # ~3x json.loads; its error is a ValueError too
-                if frame.get("type") == "trace_export" or (frame.get("type") == "error" and self._exports):
-                    self._settle_export(frame)
-                    continue
-                self.view.apply(frame, time.monotonic())
+                now = time.monotonic()
+                for frame in frames_in(message):  # orjson: ~3x json.loads; errors are ValueErrors
+                    if frame.get("type") == "trace_export" or (
+                        frame.get("type") == "error" and self._exports
+                    ):
+                        self._settle_export(frame)
+                        continue
+                    self.view.apply(frame, now)
                 self._changed.set()
                 if self.view.done_stats is not None:
                     self._finished.set()
         except ConnectionClosed as exc:
             reason = f"the backend closed the connection before the run ended ({exc})"
         except ValueError as exc:
-            reason = f"the backend sent a frame that is not JSON: {exc}"
+            reason = f"the backend sent a message that is not a protocol frame: {exc}"
         else:
             if self.view.done_stats is None:
                 reason = "the backend closed the connection before the run ended"

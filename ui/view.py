@@ -1,6 +1,6 @@
 """What the page shows of one run, without I/O: server frames in, column text and headers out.
 
-`RunView` folds protocol v1 frames into per-sample state; `samples_value` turns that state into
+`RunView` folds protocol v2 frames into per-sample state; `samples_value` turns that state into
 the value of the page's sample grid (one entry per column: header, status, text), and the
 `*_markdown` functions into the status line and the summary panel. Live figures
 (tokens/s, TTFT while streaming) are measured here, on the client; once a sample finishes, its

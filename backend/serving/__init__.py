@@ -1,1 +1,1 @@
-"""Serving protocol v1: the server, connections, requests, outbox, admission, stats, child process."""
+"""Serving protocol v2: the server, connections, requests, outbox, admission, stats, child process."""

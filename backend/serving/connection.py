@@ -3,8 +3,8 @@
 `ClientSession` parses each frame (`protocol`), starts, cancels and exports requests, consumes each
 request's engine stream in a task of its own (`consume r1 @c1`) with the teaching modes (cooperative,
 greedy, blocking), and writes frames through its outbox (`outbox`) from one send loop
-(`send @c1`), several frames in one socket write (`FrameConnection`). Closing the connection
-aborts its requests in the engine.
+(`send @c1`): the frames ready at a write go as one message, a batch (`protocol.batch_messages`).
+Closing the connection aborts its requests in the engine.
 """
 
 from __future__ import annotations
@@ -12,7 +12,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import random
-import struct
 import time
 from collections import OrderedDict
 from collections.abc import Callable
@@ -21,7 +20,6 @@ from typing import Any
 
 from websockets.asyncio.server import ServerConnection
 from websockets.exceptions import ConnectionClosed
-from websockets.protocol import State
 
 from backend.config.settings import (
     OUTBOX_MAX_FRAMES,
@@ -35,6 +33,7 @@ from backend.protocol import (
     GenerateCommand,
     ProtocolError,
     accepted_frame,
+    batch_messages,
     error_frame,
     parse_client_frame,
     queued_frame,
@@ -82,59 +81,6 @@ def _end_nap(nap: asyncio.Future[None]) -> None:
         nap.set_result(None)
 
 
-class FrameConnection(ServerConnection):
-    """A server connection that writes a batch of messages to its socket in one write."""
-
-    async def send_texts(self, messages: list[bytes]) -> None:
-        """Send each UTF-8 encoded message as its own text frame, all in one socket write.
-
-        Writing frame by frame cost a system call, and a wake-up of the reading process, per
-        frame: at tens of thousands of chunk frames a second that was most of the server's time.
-        Flow control is the library's: this waits while the socket's buffer is over its limit.
-        """
-        async with self.send_context():
-            protocol = self.protocol
-            if (
-                protocol.state is State.OPEN
-                and not protocol.extensions
-                and not protocol.expect_continuation_frame
-            ):
-                # What protocol.send_text queues for each message here, without a Frame object per
-                # message (a fifth of the send loop's time at 64 x 500); its queued bytes go first.
-                pending = protocol.data_to_send()
-                pending.append(text_frames(messages))
-                self.transport.write(b"".join(pending))
-                return
-            for message in messages:
-                protocol.send_text(message)  # raises as the library does
-            # Text frames on an open connection queue only frame bytes (no end-of-stream marker),
-            # so they can go as one buffer; send_context's own flush then finds nothing left.
-            self.transport.write(b"".join(protocol.data_to_send()))
-
-
-_TEXT_FIN = 0x81
-"""First byte of an unfragmented text frame (FIN bit, opcode 1), RFC 6455 section 5.2."""
-
-_SHORT_HEADERS = [bytes((_TEXT_FIN, length)) for length in range(126)]
-"""The header of a text frame of each length under 126 bytes (most chunk frames), made once."""
-
-
-def text_frames(messages: list[bytes]) -> bytes:
-    """Each UTF-8 message as an unmasked, unfragmented websocket text frame (a server's), joined."""
-    parts: list[bytes] = []
-    append = parts.append
-    for message in messages:
-        length = len(message)
-        if length < 126:
-            append(_SHORT_HEADERS[length])
-        elif length < 65536:
-            append(struct.pack("!BBH", _TEXT_FIN, 126, length))
-        else:
-            append(struct.pack("!BBQ", _TEXT_FIN, 127, length))
-        append(message)
-    return b"".join(parts)
-
-
 def _block(seconds: float) -> None:
     """Busy CPU work on the calling thread: what a blocking call does to an event loop."""
     end = time.perf_counter() + seconds
@@ -151,7 +97,7 @@ class ClientSession:
 
     def __init__(
         self,
-        ws: FrameConnection,
+        ws: ServerConnection,
         engine: Engine,
         limits: Limits,
         label: str = "c0",
@@ -466,18 +412,19 @@ class ClientSession:
                         polls += 1
                         await asyncio.sleep(0)
                 self._wake.clear()
-                messages = outbox.drain_encoded()
+                frames = outbox.drain_encoded()
                 # Awaiting the socket here lets chunks merge in the outbox meanwhile; a client
                 # that takes nothing for `send_stall_s` is dropped (its requests then abort).
                 try:
                     async with asyncio.timeout(self.limits.send_stall_s):
-                        await self.ws.send_texts(messages)
+                        for message in batch_messages(frames):
+                            await self.ws.send(message, text=True)
                 except TimeoutError:
                     log.warning("dropping %s: it read nothing for %g s", self.label, self.limits.send_stall_s)
                     self.ws.transport.abort()
                     return
                 if tracer is not None:
-                    tracer.frames(self.label, len(messages), sum(map(len, messages)))
+                    tracer.frames(self.label, len(frames), sum(map(len, frames)))
                 stream_until = loop.time() + SEND_INTERVAL_S if streamed else 0.0
         except ConnectionClosed:
             pass

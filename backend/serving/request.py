@@ -1,7 +1,7 @@
 """One request on a connection: its state without I/O (engine chunks in, protocol frames out), and
 what the connection keeps of it while it runs (`RunningRequest`).
 
-`RequestState` holds the promise of protocol v1: every accepted request gets exactly one `finish`
+`RequestState` holds the promise of protocol v2: every accepted request gets exactly one `finish`
 per index, then one `done`, and the text deltas of an index concatenate to that sample's output.
 Chunks that arrive for an already finished sample (an engine racing an abort) are dropped.
 """

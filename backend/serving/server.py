@@ -1,4 +1,4 @@
-"""The websocket server: protocol v1 at ws://HOST:PORT/ws, on its own plain asyncio loop.
+"""The websocket server: protocol v2 at ws://HOST:PORT/ws, on its own plain asyncio loop.
 
 A thin I/O shell: each connection is a `ClientSession` (`connection`); the server listens, admits
 connections (`admission`), answers `GET /health` with the engine's load and the tracer's cost,
@@ -33,7 +33,7 @@ from backend.protocol import (
     error_frame,
 )
 from backend.serving.admission import Admission, client_address
-from backend.serving.connection import ClientSession, FrameConnection
+from backend.serving.connection import ClientSession
 from backend.trace.feed import TraceFeed
 from backend.trace.recorder import NOT_BUILT as TRACER_NOT_BUILT
 from backend.trace.recorder import LoopTracer
@@ -112,7 +112,6 @@ class BackendServer:
             self.host,
             self.port,
             process_request=self._process_request,
-            create_connection=FrameConnection,
             max_size=WS_MAX_MESSAGE_BYTES,
             # permessage-deflate cost more CPU per small chunk frame than the rest of its sending,
             # and its clients are on the same host (the page's server side) or a LAN.
@@ -222,7 +221,7 @@ class BackendServer:
             },
         }
 
-    async def _handle(self, ws: FrameConnection) -> None:
+    async def _handle(self, ws: ServerConnection) -> None:
         sock = ws.transport.get_extra_info("socket")
         if sock is not None:
             sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, SEND_BUFFER_BYTES)
