@@ -28,10 +28,11 @@ UPDATES_PER_S = 15
 
 TRACE_EVERY = 8
 """The trace panel and the run summary are redrawn every 8th page update (about 2 a second) and at
-the end: the panel's SVG is the largest output, and re-parsing it was the page's main cost at n=32;
-the summary is a Markdown table of n rows whose token counts change every update (the columns'
-headers show them live), and parsing, sanitising and laying it out again was a tenth of the page's
-main thread at n=32 x 500 tok/s (docs/benchmarks.md, "Browser")."""
+the end: the panel's SVG is the largest output, and re-parsing it is the page's main cost at n=32
+when drawn every update; the summary is a Markdown table of n rows whose token counts change every
+update (the columns' headers show them live), and parsing, sanitising and laying it out is a
+tenth of the page's main thread at n=32 x 500 tok/s when drawn every update (docs/benchmarks.md,
+"Browser")."""
 
 
 def outputs_for(view: RunView, with_trace: bool = True) -> list[Any]:

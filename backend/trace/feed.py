@@ -2,8 +2,8 @@
 
 Each frame interval the feed reads what the tracer recorded since its last read, reduces it once
 (`trace.frames.digest_ring`), and cuts a frame for each connection with a traced request running
-(`trace.frames.connection_frame`). Building each connection's frame from all events instead made the
-trace's cost grow with events x connections (about 4 ms of CPU per chunk at 256 connections).
+(`trace.frames.connection_frame`), so the trace's cost grows with events, not events x
+connections (which would be about 4 ms of CPU per chunk at 256 connections).
 Frames are queued as the JSON they are sent as, made while the garbage collector is paused (see
 `flush`).
 """
@@ -20,11 +20,11 @@ from backend.trace.recorder import LoopTracer
 
 TRACE_FRAMES_PER_S = 5
 """Live trace frames per second to each traced connection. The page redraws its trace panel about
-twice a second (ui/app.py: every TRACE_EVERY-th of UPDATES_PER_S updates), so five give every redraw
-new events. Each frame digests what the loop did since the last one, and also costs 0.1-0.2 ms
-whatever it holds (reading the ring, cutting and encoding each connection's frame): at ten a second
-that fixed part was about 2 % of a lightly loaded loop's CPU (n = 8 at 500 tok/s), while the page
-drew five frames' events at a time."""
+twice a second (ui/handlers.py: every TRACE_EVERY-th of UPDATES_PER_S updates), so five give every
+redraw new events. Each frame digests what the loop did since the last one, and also costs 0.1-0.2
+ms whatever it holds (reading the ring, cutting and encoding each connection's frame): at ten a
+second that fixed part would be about 2 % of a lightly loaded loop's CPU (n = 8 at 500 tok/s), for
+no more on the page."""
 
 
 class TraceSubscriber(Protocol):

@@ -35,14 +35,14 @@ assert (STEP, IDLE, LAG, CHUNK, FRAME, CANCEL) == (0, 1, 2, 3, 4, 5), "the kinds
 MERGE_GAP_NS = 5_000_000
 """Steps of one task closer than this merge into one live slice (bounds a frame's size). The panel's
 pixel columns are 5-100 ms wide, so merging finer than this shows nothing more; at 0.2 ms every
-engine sample's step was its own slice and building and encoding them was a tenth of the backend."""
+engine sample's step is its own slice, and building and encoding them is a tenth of the backend."""
 
 CHUNK_BIN_NS = 20_000_000
 """A sample's chunks less than this after the first of a run of them go in one live entry, with
 their count: at hundreds of tokens a second per sample, one entry per chunk made trace frames most
 of the bytes sent. The page keeps one tick per sample per 20 ms (`ui.trace_view.TICK_MS`) and
-draws a pixel per 50 ms or more, so finer entries showed nothing more (at 10 ms, building and
-encoding them was a third of the live trace's cost at n = 32); the export keeps every chunk."""
+draws a pixel per 50 ms or more, so finer entries show nothing more (at 10 ms, building and
+encoding them is a third of the live trace's cost at n = 32); the export keeps every chunk."""
 
 OTHER_BUCKET_NS = 5_000_000
 """Other connections' work reaches a connection as one "other connection" slice per 5 ms: its

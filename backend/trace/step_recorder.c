@@ -339,8 +339,8 @@ recorder_push_chunk(StepRecorder *self, PyObject *const *args, Py_ssize_t nargs)
     }
     long long at = now_ns();
     /* Chunk items repeat (a request's key, a sample's index, mostly 1 token): one made earlier is
-     * stored again instead of two new tuples per chunk. New tuples were most of the traced
-     * backend's allocations, and the garbage collections they set off cost about 3 % of its loop. */
+     * stored again instead of two new tuples per chunk, which would be most of the traced
+     * backend's allocations and set off garbage collections (about 3 % of its loop). */
     PyObject *key = args[0];
     long index = PyLong_AsLong(args[1]);
     long tokens = index == -1 && PyErr_Occurred() ? -1 : PyLong_AsLong(args[2]);
