@@ -19,7 +19,7 @@ test: $(VENV)/.dev $(NATIVE) chromium  ## lint, then every test (the browser one
 
 test-engines: $(VENV)/.dev $(NATIVE)  ## the sglang/openai engines against real SGLang and vLLM servers on this CPU
 	scripts/prepare-engine-envs.sh
-	DASHBOARD_REAL_ENGINES=1 $(PY) -m pytest --timeout 900 tests/test_engines_real.py $(PYTEST_ARGS)
+	scripts/test-engines.sh $(PY) $(PYTEST_ARGS)
 
 check-gpu-install:  ## resolve requirements-gpu.txt against PyPI (dry run): SGLang's pins must hold
 	scripts/check-gpu-install.sh

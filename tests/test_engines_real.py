@@ -524,6 +524,7 @@ def column_statuses(output: Any) -> list[str]:
     return [sample["status"] for sample in output[0]["samples"]]
 
 
+@pytest.mark.app_serving
 def test_app_py_serves_in_process_sglang(tmp_path: Path) -> None:
     """The real entry point with in-process SGLang: chat answers, a raw prompt, an engine error,
     Stop, Cancel, the engine lost mid-run, and a SIGTERM that leaves nothing of app.py's session
@@ -595,6 +596,7 @@ def test_app_py_serves_in_process_sglang(tmp_path: Path) -> None:
         stop_process_group(app.process)
 
 
+@pytest.mark.app_failing
 def test_in_process_sglang_that_cannot_load_says_why(tmp_path: Path) -> None:
     """A model whose weights are missing: the scheduler fails to load; the backend lives on and the
     page says what happened."""
@@ -689,6 +691,7 @@ def weightless_copy(folder: Path) -> Path:
     return folder
 
 
+@pytest.mark.app_serving
 def test_auto_launches_sglang_serves_and_sigterm_leaves_nothing(tmp_path: Path) -> None:
     """`--engine auto` on the GPU path: it starts the SGLang server itself (incremental streaming, its
     output kept in a log), the page answers through it, and SIGTERM to app.py ends every process."""
@@ -716,6 +719,7 @@ def test_auto_launches_sglang_serves_and_sigterm_leaves_nothing(tmp_path: Path) 
         auto.kill()
 
 
+@pytest.mark.app_failing
 def test_auto_launch_stopped_during_start_up_too_slow_or_broken_leaves_no_server(tmp_path: Path) -> None:
     """Four app.py starts at once, each launching an SGLang server: SIGTERM during the server's start,
     Ctrl-C (SIGINT to the terminal's process group) during it, a start slower than
@@ -844,6 +848,7 @@ async def router_backend(sglang_router: Router) -> AsyncIterator[BackendServer]:
         await server.close()
 
 
+@pytest.mark.server_sglang
 async def test_router_answers_and_stop_cancel_and_disconnect_reach_the_workers(
     router_backend: BackendServer, sglang_router: Router
 ) -> None:
@@ -867,6 +872,7 @@ async def test_router_answers_and_stop_cancel_and_disconnect_reach_the_workers(
     await disconnect_mid_stream(server, "q3", workers)
 
 
+@pytest.mark.server_sglang
 async def test_router_spreads_fanned_out_samples_over_both_workers(
     router_backend: BackendServer, sglang_router: Router
 ) -> None:
@@ -882,6 +888,7 @@ async def test_router_spreads_fanned_out_samples_over_both_workers(
     assert all(count >= 1 for count in counted) and sum(counted) >= 4, counted
 
 
+@pytest.mark.server_sglang
 async def test_two_backends_share_one_router(sglang_router: Router) -> None:
     backends = [BackendServer(SGLangEngine(sglang_router.url, api_key=API_KEY), port=0) for _ in range(2)]
     for backend in backends:
@@ -912,6 +919,7 @@ async def test_two_backends_share_one_router(sglang_router: Router) -> None:
     assert seen["s1"]["first_chunk"] < seen["s2"]["done"] and seen["s2"]["first_chunk"] < seen["s1"]["done"]
 
 
+@pytest.mark.server_sglang
 async def test_a_worker_killed_mid_run_ends_its_samples_and_the_other_serves_on(
     router_backend: BackendServer, sglang_router: Router
 ) -> None:
