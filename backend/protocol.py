@@ -15,7 +15,7 @@ from __future__ import annotations
 import json
 import math
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import orjson
@@ -55,6 +55,10 @@ CONSUMER_MODES = ("cooperative", "greedy", "blocking")
 FANOUTS = ("n", "requests")
 """One engine request with n samples, or n engine requests with n=1 each."""
 
+OUTPUT_KINDS = ("delta", "cumulative")
+"""What the server's consumer reads from the engine per output: only the new text (`delta`), or the
+whole text so far (`cumulative`, as vLLM's RequestOutputKind.CUMULATIVE): a teaching control."""
+
 
 class ProtocolError(Exception):
     """A frame the server will not act on; becomes an `error` frame on the same connection."""
@@ -89,6 +93,10 @@ class GenerateCommand:
     """"chat" or "raw" as asked; None: chat where the model has a chat template, else raw."""
     system: str = ""
     """The system prompt of a chat prompt; empty: the chat template's own default."""
+    output_kind: str = "delta"
+    """What the consumer reads per engine output (OUTPUT_KINDS); client frames carry deltas either way."""
+    cancel_after: int | None = None
+    """Each sample is cancelled from the consumer's side once it has this many tokens (None: never)."""
 
 
 @dataclass(frozen=True)
@@ -183,6 +191,22 @@ def _parse_generate(frame: dict[str, Any], limits: Limits) -> GenerateCommand:
     trace = frame.get("trace", True)
     if not isinstance(trace, bool):
         raise fail("bad_field", '"trace" must be true or false')
+    output_kind = frame.get("output_kind", "delta")
+    if output_kind not in OUTPUT_KINDS:
+        raise fail(
+            "bad_field", f'"output_kind" must be one of {", ".join(OUTPUT_KINDS)}, got {output_kind!r}'
+        )
+    cancel_after = frame.get("cancel_after")
+    if cancel_after is not None and (not _is_int(cancel_after) or not 1 <= cancel_after < params.max_tokens):
+        raise fail(
+            "bad_field",
+            f'"cancel_after" must be a whole number of tokens from 1 to {params.max_tokens - 1} (under '
+            f"max_tokens, {params.max_tokens}), or left out; got {cancel_after!r}",
+        )
+    logprobs = frame.get("logprobs", False)
+    if not isinstance(logprobs, bool):
+        raise fail("bad_field", '"logprobs" must be true or false')
+    params = replace(params, logprobs=logprobs)
     return GenerateCommand(
         id=request_id,
         prompt=prompt,
@@ -193,6 +217,8 @@ def _parse_generate(frame: dict[str, Any], limits: Limits) -> GenerateCommand:
         trace=trace,
         format=prompt_format,
         system=system,
+        output_kind=output_kind,
+        cancel_after=cancel_after,
     )
 
 
@@ -431,16 +457,32 @@ def accepted_frame(
 
 
 def chunk_frame(
-    request_id: str, index: int, text: str, tokens: int, at: float | None = None
+    request_id: str,
+    index: int,
+    text: str,
+    tokens: int,
+    at: float | None = None,
+    logprobs: tuple[float, ...] | None = None,
 ) -> dict[str, Any]:
     """New text of sample `index`; `tokens` counts the tokens in `text` (frames may coalesce).
 
     `at` is when the server got the (first) chunk from the engine, in seconds of the host's
-    monotonic clock, so a client on the same host can measure the delivery latency.
+    monotonic clock, so a client on the same host can measure the delivery latency. With
+    `logprobs` (the chunk's tokens' log probabilities) the frame carries `"logprobs": [[text,
+    [logprob, ...]]]`: pieces of the text, each with its tokens' log probabilities (a frame that
+    coalesces chunks has a piece per chunk).
     """
-    frame = {"type": "chunk", "id": request_id, "index": index, "text": text, "tokens": tokens}
+    frame: dict[str, Any] = {
+        "type": "chunk",
+        "id": request_id,
+        "index": index,
+        "text": text,
+        "tokens": tokens,
+    }
     if at is not None:
         frame["at"] = to_microseconds(at)
+    if logprobs is not None:
+        frame["logprobs"] = [[text, list(logprobs)]]
     return frame
 
 

@@ -77,6 +77,37 @@ async def test_greedy_equals_transformers_greedy(engine: EmbeddedEngine) -> None
     assert texts == [expected, expected]
 
 
+async def test_logprobs_are_the_models_own_for_each_token(engine: EmbeddedEngine) -> None:
+    from transformers import AutoModelForCausalLM
+
+    reference = AutoModelForCausalLM.from_pretrained(resolve_model().path, dtype=engine.dtype)
+    ids = engine.prompt_ids(Prompt(PROMPT))
+    generation = engine.generate(Prompt(PROMPT), 3, params(max_tokens=10, temperature=0.9, logprobs=True))
+    logprobs: list[list[float]] = [[], [], []]
+    async for chunk in generation:
+        assert chunk.logprobs is not None and len(chunk.logprobs) == chunk.tokens
+        logprobs[chunk.index].extend(chunk.logprobs)
+    for sample in logprobs:
+        assert len(sample) == 10 and all(lp <= 0 for lp in sample)
+    assert len({tuple(sample) for sample in logprobs}) == 3  # each sample its own draws
+    # A greedy sample's tokens are each the most likely: their logprobs are the reference model's
+    # log-softmax maxima along the greedy continuation.
+    greedy = engine.generate(Prompt(PROMPT), 1, params(max_tokens=8, temperature=0.0, logprobs=True))
+    got = [lp async for chunk in greedy for lp in (chunk.logprobs or ())]
+    with torch.inference_mode():
+        out = reference.generate(
+            torch.tensor([ids]),
+            max_new_tokens=8,
+            do_sample=False,
+            output_scores=True,
+            return_dict_in_generate=True,
+        )
+    expected = [torch.log_softmax(score[0].float(), -1).max().item() for score in out.scores]
+    assert got == pytest.approx(expected, abs=0.02)
+    plain = engine.generate(Prompt(PROMPT), 1, params(max_tokens=4))
+    assert [chunk.logprobs async for chunk in plain] == [None] * 4
+
+
 async def test_abort_one_sample_then_all(engine: EmbeddedEngine) -> None:
     generation = engine.generate(Prompt(PROMPT), 3, params(200))
     seen = 0

@@ -280,6 +280,9 @@ class _Subscriber:
     def send_encoded(self, data: bytes) -> None:
         self.sent.append(data)
 
+    def take_reads(self, origin_ns: int) -> list[list[Any]]:
+        return []
+
 
 async def test_one_digest_feeds_each_traced_connection_its_own_frame() -> None:
     tracer = LoopTracer()
@@ -392,3 +395,26 @@ async def test_the_tracer_keeps_no_callback_alive() -> None:
     gc.collect()
     assert [ref() for ref in refs] == [None] * len(refs)
     assert "gather.<locals>._done_callback" in names  # still named
+
+
+async def test_trace_frames_carry_the_loops_task_tree_once_a_second() -> None:
+    backend = BackendServer(SyntheticEngine(rate=100), port=0)
+    await backend.start()
+    try:
+        async with connect(backend.url) as ws, connect(backend.url) as other:
+            # another connection's request, running beside this one
+            await other.send(generate("o1", params={"max_tokens": 200, "seed": 1}))
+            await ws.send(generate("r1", params={"max_tokens": 200, "seed": 2}))
+            frames = await frames_until_done(ws, "r1")
+            await frames_until_done(other, "o1")
+    finally:
+        await backend.close()
+    trees = [f["tasks"] for f in frames if f["type"] == "trace" and "tasks" in f]
+    traced = [f for f in frames if f["type"] == "trace"]
+    assert 1 <= len(trees) <= len(traced) // 4 + 1  # about one frame in five
+    tree = next(t for t in trees if "consume r1" in t)
+    # This connection's consumer, its coroutine, and what it waits on, as pstree draws them.
+    assert "(T) consume r1\n" in tree and "_run connection.py:" in tree
+    assert "(T) send\n" in tree and "(T) trace\n" in tree
+    assert "@c" not in tree  # other connections' tasks are not named
+    assert "(T) other connection" in tree

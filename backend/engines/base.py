@@ -104,6 +104,8 @@ class SamplingParams:
     """Sample from the k most likely tokens only; 0 means no limit."""
     stop: tuple[str, ...] = ()
     """A sample ends (reason "stop") before the first of these strings; the string is not output."""
+    logprobs: bool = False
+    """Whether each chunk carries its tokens' log probabilities (`Chunk.logprobs`)."""
 
     def sample_seed(self, index: int) -> int:
         """The seed of sample `index`: the request seed plus the index, so samples differ."""
@@ -132,6 +134,9 @@ class Chunk:
     tokens: int
     finish_reason: str | None = None
     meta: Mapping[str, Any] = field(default_factory=dict)
+    logprobs: tuple[float, ...] | None = None
+    """The natural-log probability of each of the chunk's tokens under the model, in order, where
+    the request asked for them (`SamplingParams.logprobs`) and the engine gives them."""
 
 
 class Generation(ABC):

@@ -12,6 +12,7 @@ both reasons occur.
 from __future__ import annotations
 
 import asyncio
+import math
 import random
 from typing import Any
 
@@ -37,6 +38,9 @@ STOP_PROBABILITY = 0.3
 MIN_STOP_FRACTION = 0.4
 """A sample may stop (finish "stop") only after this fraction of max_tokens."""
 
+SENTENCE_WORDS = (4, 12)
+"""A sentence has from 4 to 12 words, each length equally likely."""
+
 
 def synthetic_tokens(sample_seed: int, max_tokens: int, temperature: float = 1.0) -> tuple[list[str], str]:
     """The tokens of the sample with `sample_seed` and its finish reason ("stop" or "length").
@@ -47,7 +51,7 @@ def synthetic_tokens(sample_seed: int, max_tokens: int, temperature: float = 1.0
     min_tokens = max(1, int(max_tokens * MIN_STOP_FRACTION))
     tokens: list[str] = []
     while True:
-        sentence_length = rng.randint(4, 12)
+        sentence_length = rng.randint(*SENTENCE_WORDS)
         for position in range(sentence_length):
             word = rng.choice(WORDS)
             if position == 0:
@@ -59,6 +63,27 @@ def synthetic_tokens(sample_seed: int, max_tokens: int, temperature: float = 1.0
                 return tokens, "length"
         if len(tokens) >= min_tokens and rng.random() < STOP_PROBABILITY:
             return tokens, "stop"
+
+
+def synthetic_logprobs(tokens: list[str]) -> tuple[float, ...]:
+    """Each token's natural-log probability under the generator that drew it (`synthetic_tokens`):
+    its word is one of WORDS, all equally likely, and its sentence ends at it or goes on with the
+    probability that a length drawn uniformly from SENTENCE_WORDS, and not shorter than the words so
+    far, is this one. So a sentence's last word is less certain than the words before it."""
+    word = -math.log(len(WORDS))
+    shortest, longest = SENTENCE_WORDS
+    logprobs = []
+    position = 0
+    for token in tokens:
+        ends = token.endswith(".")
+        if position + 1 < shortest:
+            length = 0.0  # the sentence cannot end here: no choice was made
+        else:
+            end = 1 / (longest - position)
+            length = math.log(end) if ends else math.log1p(-end)
+        logprobs.append(word + length)
+        position = 0 if ends else position + 1
+    return tuple(logprobs)
 
 
 def cut_at_stop(tokens: list[str], reason: str, stop: tuple[str, ...]) -> tuple[list[str], str]:
@@ -177,6 +202,10 @@ class SyntheticGeneration(Generation):
             text = self._texts[key] = cut_at_stop(tokens, reason, params.stop)
         return text
 
+    def _logprobs(self, tokens: list[str]) -> tuple[float, ...] | list[None]:
+        """Each token's log probability where the request asked for them, else None for each."""
+        return synthetic_logprobs(tokens) if self._params.logprobs else [None] * len(tokens)
+
     def _until(self, due: float) -> asyncio.Future[None]:
         """A future done at loop time `due`; samples due at the same time share its timer."""
         waiter = self._loop.create_future()
@@ -198,9 +227,12 @@ class SyntheticGeneration(Generation):
             return
         intervals = token_intervals(seed, len(tokens), self._engine.rate, self._engine.jitter)
         loop, put, last = self._loop, self._queue.put_nowait, len(tokens) - 1
+        logprobs = self._logprobs(tokens)
         due = self._started
         try:
-            for position, (token, interval) in enumerate(zip(tokens, intervals, strict=True)):
+            for position, (token, interval, logprob) in enumerate(
+                zip(tokens, intervals, logprobs, strict=True)
+            ):
                 # Deadlines, not sleeps of fixed length: a late wake-up does not slow the rate. A
                 # token already due still waits for one loop iteration, so a loop that cannot keep
                 # up (a blocking consumer) slows the engine down instead of flooding it.
@@ -209,7 +241,8 @@ class SyntheticGeneration(Generation):
                     await self._until(due)
                 else:
                     await asyncio.sleep(0)
-                put(Chunk(index, token, 1, reason if position == last else None))
+                finish = reason if position == last else None
+                put(Chunk(index, token, 1, finish, logprobs=None if logprob is None else (logprob,)))
         except asyncio.CancelledError:
             put(Chunk(index, "", 0, "abort"))
             raise

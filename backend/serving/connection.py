@@ -27,6 +27,7 @@ from backend.config.settings import (
     Limits,
 )
 from backend.engines.base import Engine, Generation, RequestRejected
+from backend.engines.cumulative import CumulativeGeneration, DeltaReader
 from backend.protocol import (
     CancelCommand,
     ExportTraceCommand,
@@ -45,6 +46,7 @@ from backend.serving.outbox import Outbox
 from backend.serving.request import RequestState, RunningRequest
 from backend.trace.feed import TraceFeed
 from backend.trace.frames import chrome_trace
+from backend.trace.reads import ReadLog
 from backend.trace.recorder import LoopTracer
 
 log = logging.getLogger("backend")
@@ -123,6 +125,8 @@ class ClientSession:
         self.log_prompts = log_prompts
         self.requests: dict[str, RunningRequest] = {}
         self.outbox = Outbox()
+        self.reads = ReadLog()
+        """What this connection's traced consumers read per engine output, for the next trace frame."""
         self.windows: OrderedDict[str, tuple[int, int]] = OrderedDict()
         """Time windows (ns) of finished requests, for `export_trace`."""
         self._wake = asyncio.Event()
@@ -191,10 +195,19 @@ class ClientSession:
         """Queue a frame already encoded (a live trace frame); never blocks."""
         self._queued(self.outbox.push_encoded(data))
 
-    def send_chunk(self, request_id: str, index: int, text: str, tokens: int, at: float) -> None:
-        """Queue `chunk_frame(request_id, index, text, tokens, at)` without building it; never blocks."""
+    def send_chunk(
+        self,
+        request_id: str,
+        index: int,
+        text: str,
+        tokens: int,
+        at: float,
+        logprobs: tuple[float, ...] | None = None,
+    ) -> None:
+        """Queue `chunk_frame(request_id, index, text, tokens, at, ...)` without building it; never
+        blocks."""
         # `_queued` written out: this runs for every token.
-        queued = self.outbox.push_chunk(request_id, index, text, tokens, at)
+        queued = self.outbox.push_chunk(request_id, index, text, tokens, at, logprobs)
         self._wake.set()
         if queued > OUTBOX_MAX_FRAMES:
             self._close_stalled()
@@ -255,6 +268,8 @@ class ClientSession:
                 generation: Generation = FanoutGeneration(self.engine, prompt, command.n, params, label)
             else:
                 generation = self.engine.generate(prompt, command.n, params)
+            if command.output_kind == "cumulative":
+                generation = CumulativeGeneration(generation)
         except Exception as exc:
             self.admission.end_request(command.n)
             log.exception("engine refused request %s", command.id)
@@ -285,29 +300,46 @@ class ClientSession:
         running.task = asyncio.create_task(self._run(running), name=f"consume {command.id} @{self.label}")
 
     async def _run(self, running: RunningRequest) -> None:
-        state, generation, consumer = running.state, running.generation, running.command.consumer
+        state, command = running.state, running.command
+        consumer = command.consumer
         key = (self.label, state.request_id)
         tracer = self.tracer
+        reads = self.reads if command.trace and self.feed is not None else None
+        clock = time.perf_counter_ns
         block_s = consumer.block_ms / 1000
         loop = asyncio.get_running_loop()
         request_id, on_text, send_chunk = state.request_id, state.on_text, self.send_chunk
+        cumulative = DeltaReader() if command.output_kind == "cumulative" else None
+        generation = running.generation
+        cancel_after = command.cancel_after
+        counted = [0] * state.n  # tokens of each sample, as this consumer counts them
         try:
-            async for chunk in generation:
+            async for output in generation:
+                taken = clock() if reads is not None else 0
                 if tracer is not None:
-                    tracer.chunk(key, chunk.index, chunk.tokens)
+                    tracer.chunk(key, output.index, output.tokens)
+                # A cumulative output holds the whole text so far: only what is new goes on.
+                chunk = output if cumulative is None else cumulative.delta(output)
+                index = chunk.index
                 if chunk.finish_reason is None:
                     # Nearly every chunk: its text goes straight to the outbox, no frame dict.
                     now = loop.time()
-                    if on_text(chunk.index, chunk.text, chunk.tokens, now):
-                        send_chunk(request_id, chunk.index, chunk.text, chunk.tokens, now)
+                    if on_text(index, chunk.text, chunk.tokens, now):
+                        send_chunk(request_id, index, chunk.text, chunk.tokens, now, chunk.logprobs)
+                    if cancel_after is not None and 0 <= index < state.n:
+                        counted[index] += chunk.tokens
+                        if counted[index] >= cancel_after:
+                            self._cancel_sample(running, index)
                 else:
                     for frame in state.on_chunk(chunk, loop.time()):
                         self.send(frame)
                         if tracer is not None and frame.get("reason") == "abort":
                             tracer.cancel(key, "finished", frame["index"])
-                    # Only a finish can end the request; `finished` looks at all n samples.
-                    if state.finished:
-                        break
+                if reads is not None:
+                    reads.add(taken, request_id, index, len(output.text.encode()), clock() - taken)
+                # Only a finish can end the request; `finished` looks at all n samples.
+                if chunk.finish_reason is not None and state.finished:
+                    break
                 # The teaching control: what the consumer does between chunks.
                 if consumer.mode == "cooperative":
                     await asyncio.sleep(0)
@@ -348,6 +380,15 @@ class ClientSession:
             self.tracer.cancel((self.label, command.id), "received", command.index)
         if running.state.request_abort(command.index):
             self._spawn(self._abort(running, command.index))
+
+    def _cancel_sample(self, running: RunningRequest, index: int) -> None:
+        """`cancel_after`: the consumer itself cancels sample `index` (once), as a `cancel` would."""
+        if index in running.state.abort_requested or running.state.reasons[index] is not None:
+            return
+        if self.tracer is not None:
+            self.tracer.cancel((self.label, running.state.request_id), "received", index)
+        if running.state.request_abort(index):
+            self._spawn(self._abort(running, index))
 
     def _export(self, command: ExportTraceCommand) -> None:
         if self.tracer is None:
@@ -439,6 +480,10 @@ class ClientSession:
         finally:
             timer.cancel()
             self._nap = None
+
+    def take_reads(self, origin_ns: int) -> list[list[Any]]:
+        """The consumer reads since the last trace frame (`ReadLog.take`)."""
+        return self.reads.take(origin_ns)
 
     @property
     def wants_trace(self) -> bool:

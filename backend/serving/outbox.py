@@ -24,14 +24,24 @@ ChunkKey = tuple[str, int]
 class _QueuedChunk:
     """A chunk frame waiting in the outbox; later chunks of its sample merge into it."""
 
-    __slots__ = ("at", "index", "request_id", "text", "tokens")
+    __slots__ = ("at", "index", "logprobs", "request_id", "text", "tokens")
 
-    def __init__(self, request_id: str, index: int, text: str, tokens: int, at: float | None) -> None:
+    def __init__(
+        self,
+        request_id: str,
+        index: int,
+        text: str,
+        tokens: int,
+        at: float | None,
+        logprobs: list[Any] | None,
+    ) -> None:
         self.request_id = request_id
         self.index = index
         self.text = text
         self.tokens = tokens
         self.at = at
+        self.logprobs = logprobs
+        """The frame's `logprobs` pieces, where the request asked for them."""
 
 
 class Outbox:
@@ -48,18 +58,37 @@ class Outbox:
     def __len__(self) -> int:
         return len(self._frames)
 
-    def push_chunk(self, request_id: str, index: int, text: str, tokens: int, at: float | None) -> int:
-        """Queue the chunk frame `chunk_frame(request_id, index, text, tokens, at)`, or merge it into
-        its sample's queued one; returns how many frames are queued."""
+    def push_chunk(
+        self,
+        request_id: str,
+        index: int,
+        text: str,
+        tokens: int,
+        at: float | None,
+        logprobs: tuple[float, ...] | None = None,
+    ) -> int:
+        """Queue the chunk frame `chunk_frame(request_id, index, text, tokens, at, logprobs)`, or
+        merge it into its sample's queued one (its `logprobs` as one more piece); returns how many
+        frames are queued."""
+        pieces = None if logprobs is None else [[text, list(logprobs)]]
+        return self._push_chunk(request_id, index, text, tokens, at, pieces)
+
+    def _push_chunk(
+        self, request_id: str, index: int, text: str, tokens: int, at: float | None, pieces: list[Any] | None
+    ) -> int:
         self.pushed += 1
         key = (request_id, index)
         queued = self._queued_chunks.get(key)
         if queued is not None:
             queued.text += text
             queued.tokens += tokens
+            if pieces is not None:
+                if queued.logprobs is None:
+                    queued.logprobs = []
+                queued.logprobs.extend(pieces)
             self.merged += 1
         else:
-            queued = self._queued_chunks[key] = _QueuedChunk(request_id, index, text, tokens, at)
+            queued = self._queued_chunks[key] = _QueuedChunk(request_id, index, text, tokens, at, pieces)
             self._frames.append(queued)
         return len(self._frames)
 
@@ -69,7 +98,7 @@ class Outbox:
         kind = frame.get("type")
         if kind == "chunk" and frame.keys() <= _CHUNK_FIELDS:
             request_id, index, text, tokens = frame["id"], frame["index"], frame["text"], frame["tokens"]
-            return self.push_chunk(request_id, index, text, tokens, frame.get("at"))
+            return self._push_chunk(request_id, index, text, tokens, frame.get("at"), frame.get("logprobs"))
         self.pushed += 1
         if kind == "finish":
             # Later text of this sample (there is none by the protocol) must not jump the finish.
@@ -104,7 +133,7 @@ class Outbox:
                     "at": to_microseconds(e.at),
                 }
             )
-            if e.__class__ is _QueuedChunk and e.at is not None  # type: ignore[union-attr]
+            if e.__class__ is _QueuedChunk and e.at is not None and e.logprobs is None  # type: ignore[union-attr]
             else (e if e.__class__ is bytes else encode_bytes(_as_dict(e)))  # type: ignore[misc]
             for e in self._take()
         ]
@@ -115,12 +144,15 @@ class Outbox:
         return frames
 
 
-_CHUNK_FIELDS = {"type", "id", "index", "text", "tokens", "at"}
+_CHUNK_FIELDS = {"type", "id", "index", "text", "tokens", "at", "logprobs"}
 
 
 def _as_dict(entry: dict[str, Any] | _QueuedChunk | bytes) -> dict[str, Any]:
     if isinstance(entry, _QueuedChunk):
-        return chunk_frame(entry.request_id, entry.index, entry.text, entry.tokens, entry.at)
+        frame = chunk_frame(entry.request_id, entry.index, entry.text, entry.tokens, entry.at)
+        if entry.logprobs is not None:
+            frame["logprobs"] = entry.logprobs
+        return frame
     if isinstance(entry, bytes):
         frame: dict[str, Any] = orjson.loads(entry)
         return frame

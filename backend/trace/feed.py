@@ -11,12 +11,19 @@ Frames are queued as the JSON they are sent as, made while the garbage collector
 from __future__ import annotations
 
 import asyncio
+import functools
 import gc
-from typing import Protocol
+from typing import Any, Protocol
 
 from backend.protocol import encode_bytes
-from backend.trace.frames import connection_frame, digest_ring
+from backend.trace.frames import connection_frame, digest_ring, task_label
 from backend.trace.recorder import LoopTracer
+from backend.trace.tasks import render, snapshot
+
+TASK_TREE_EVERY = 5
+"""Every 5th trace frame (once a second) carries the loop's task tree (`trace.tasks`): a snapshot
+costs 15-25 us a task, so at the frame rate it would be most of the feed's cost with hundreds of
+tasks, while the tree a person reads changes at the rate of requests, not of tokens."""
 
 TRACE_FRAMES_PER_S = 5
 """Live trace frames per second to each traced connection. The page redraws its trace panel about
@@ -39,6 +46,9 @@ class TraceSubscriber(Protocol):
     def send_encoded(self, data: bytes) -> None:
         """Queue a frame to it, already encoded (protocol.encode_bytes)."""
 
+    def take_reads(self, origin_ns: int) -> list[list[Any]]:
+        """Its consumers' reads since its last frame (trace.reads.ReadLog.take)."""
+
 
 class TraceFeed:
     """Digests the tracer's new events once per interval and sends each traced connection its frame."""
@@ -47,6 +57,7 @@ class TraceFeed:
         self.tracer = tracer
         self.subscribers: set[TraceSubscriber] = set()
         self._cursor = tracer.recorded
+        self._flushes = 0
 
     def add(self, subscriber: TraceSubscriber) -> None:
         """Start considering a connection (it gets frames while `wants_trace`)."""
@@ -91,12 +102,18 @@ class TraceFeed:
             return []
         origin = self.tracer.origin_ns
         digest = digest_ring(times, items, boundary, origin)
+        self._flushes += 1
+        tree = snapshot() if self._flushes % TASK_TREE_EVERY == 1 else None
         # What tracing itself costs, for the page to show beside what it measures.
         tracer = {"record_ns": round(self.tracer.overhead_per_event_ns())}
         frames = []
         for subscriber in traced:
             frame = connection_frame(digest, origin, subscriber.label)
             frame["counts"].update(tracer)
+            frame["reads"] = subscriber.take_reads(origin)
+            if tree is not None:
+                label = subscriber.label
+                frame["tasks"] = render(tree, functools.partial(task_label, connection=label))
             frames.append((subscriber, encode_bytes(frame)))
         return frames
 

@@ -262,6 +262,7 @@ class EmbeddedEngine(Engine):
             top_k=params.top_k,
             stop=tuple(params.stop),
             ignore_eos=ignore_eos,
+            logprobs=params.logprobs,
         )
 
     def submit(self, prompt_ids: list[int], n: int, params: DecodeParams) -> EmbeddedGeneration:
@@ -307,7 +308,10 @@ class EmbeddedEngine(Engine):
                 generation = self._generations.get(request_id)
                 if generation is None:
                     continue
-                chunks = [Chunk(i, text, tokens, reason, meta or {}) for i, text, tokens, reason, meta in raw]
+                chunks = [
+                    Chunk(i, text, tokens, reason, meta or {}, logprobs)
+                    for i, text, tokens, reason, meta, logprobs in raw
+                ]
                 for chunk in chunks:
                     if chunk.finish_reason is not None:
                         generation.open_samples.discard(chunk.index)

@@ -38,7 +38,10 @@ class RemoteSink:
     def deliver(self, chunks: list[Chunk]) -> None:
         """Queue this step's chunks for the parent (called on the scheduler thread)."""
         self.outbox.outputs.append(
-            (self.request_id, [(c.index, c.text, c.tokens, c.finish_reason, c.meta or None) for c in chunks])
+            (
+                self.request_id,
+                [(c.index, c.text, c.tokens, c.finish_reason, c.meta or None, c.logprobs) for c in chunks],
+            )
         )
         self.unfinished -= sum(1 for c in chunks if c.finish_reason is not None)
         if self.unfinished <= 0:

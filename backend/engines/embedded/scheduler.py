@@ -52,6 +52,8 @@ class DecodeParams:
     stop: tuple[str, ...] = ()
     ignore_eos: bool = False
     """Keep going past the end-of-turn token (benchmarks that need exactly max_tokens)."""
+    logprobs: bool = False
+    """Give each token's log probability under the model (`token_logprobs`)."""
 
 
 class Sink(Protocol):
@@ -106,6 +108,22 @@ class SchedulerStats:
     """Decode steps whose batch held rows of more than one request."""
     step_seconds: float = 0.0
     last_step_ms: float = 0.0
+
+
+def token_logprobs(logits: torch.Tensor, tokens: list[int], rows: list[Row]) -> list[float | None] | None:
+    """Each row's chosen token's log probability under the model (log-softmax of its logits, before
+    temperature and truncation, as engines report it), for the rows whose request asked; None for
+    the others, or None for all when none asked (no extra work then)."""
+    wanted = [i for i, row in enumerate(rows) if row.job.params.logprobs]
+    if not wanted:
+        return None
+    index = torch.tensor(wanted)
+    chosen = torch.tensor([tokens[i] for i in wanted])
+    picked = torch.log_softmax(logits[index].float(), dim=-1).gather(-1, chosen[:, None])[:, 0].tolist()
+    out: list[float | None] = [None] * len(rows)
+    for i, value in zip(wanted, picked, strict=True):
+        out[i] = value
+    return out
 
 
 class BatchScheduler:
@@ -306,7 +324,8 @@ class BatchScheduler:
             new_rows.append(Row(job, index, sampling, TextStream(self.tokenizer, params.stop)))
         self.rows.extend(new_rows)
         first = sample(logits.expand(job.n, -1), [row.sampling for row in new_rows])
-        self._accept(new_rows, first, start=len(self.rows) - job.n)
+        logprobs = token_logprobs(logits.expand(job.n, -1), first, new_rows)
+        self._accept(new_rows, first, start=len(self.rows) - job.n, logprobs=logprobs)
         # Samples aborted while the request waited leave before they decode.
         if job.aborted:
             self._drop_aborted(job)
@@ -317,18 +336,22 @@ class BatchScheduler:
         tokens = torch.tensor([row.last_token for row in self.rows])
         logits = self.model.decode(tokens, self.cache)
         chosen = sample(logits, [row.sampling for row in self.rows])
+        logprobs = token_logprobs(logits, chosen, self.rows)
         s = self.stats
         s.steps += 1
         s.rows_stepped += batch
         s.max_batch_rows = max(s.max_batch_rows, batch)
         if len({id(row.job) for row in self.rows}) > 1:
             s.shared_steps += 1
-        self._accept(list(self.rows), chosen, start=0)
+        self._accept(list(self.rows), chosen, start=0, logprobs=logprobs)
         s.last_step_ms = 1000 * (time.perf_counter() - started)
         s.step_seconds += time.perf_counter() - started
 
-    def _accept(self, rows: list[Row], tokens: list[int], start: int) -> None:
-        """Turn each row's new token into a chunk; finished rows leave the batch."""
+    def _accept(
+        self, rows: list[Row], tokens: list[int], start: int, logprobs: list[float | None] | None = None
+    ) -> None:
+        """Turn each row's new token (and its log probability, where its request asked) into a
+        chunk; finished rows leave the batch."""
         by_job: dict[Job, list[Chunk]] = {}
         finished: list[int] = []
         for offset, (row, token) in enumerate(zip(rows, tokens, strict=True)):
@@ -345,7 +368,9 @@ class BatchScheduler:
                     reason = "stop"
                 elif row.tokens >= params.max_tokens:
                     text, reason = text + row.text.flush(), "length"
-            by_job.setdefault(row.job, []).append(Chunk(row.index, text, 1, reason))
+            logprob = None if logprobs is None else logprobs[offset]
+            chunk = Chunk(row.index, text, 1, reason, logprobs=None if logprob is None else (logprob,))
+            by_job.setdefault(row.job, []).append(chunk)
             if reason is not None:
                 finished.append(start + offset)
         for slot in sorted(finished, reverse=True):

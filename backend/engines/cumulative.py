@@ -1,0 +1,70 @@
+"""Cumulative outputs: every output carries the whole text of its sample so far, as vLLM's
+`RequestOutputKind.CUMULATIVE` does (and SGLang's native stream without incremental streaming).
+
+A teaching control (`"output_kind": "cumulative"` in `generate`): engines stream deltas, and
+`CumulativeGeneration` builds each sample's text so far from them, so a consumer reads outputs
+whose size grows with the text. Its count is the output's (`count = chunk.tokens`, not `+=`), and
+the bytes it reads over a sample grow with the square of its length.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import replace
+
+from backend.engines.base import Chunk, Generation
+
+
+class CumulativeGeneration(Generation):
+    """Another generation's chunks as cumulative outputs: `text` is the sample's whole text so far,
+    `tokens` its token count so far, `logprobs` (where asked) every token's so far."""
+
+    def __init__(self, deltas: Generation) -> None:
+        self._deltas = deltas
+        self._texts: dict[int, str] = {}
+        self._tokens: dict[int, int] = {}
+        self._logprobs: dict[int, tuple[float, ...]] = {}
+
+    async def __anext__(self) -> Chunk:
+        chunk = await self._deltas.__anext__()
+        index = chunk.index
+        # A new string each time, as an engine building cumulative outputs makes: its cost, like
+        # the output's size, grows with the text.
+        text = self._texts[index] = self._texts.get(index, "") + chunk.text
+        tokens = self._tokens[index] = self._tokens.get(index, 0) + chunk.tokens
+        logprobs = None
+        if chunk.logprobs is not None:
+            logprobs = self._logprobs[index] = self._logprobs.get(index, ()) + chunk.logprobs
+        return replace(chunk, text=text, tokens=tokens, logprobs=logprobs)
+
+    async def abort(self, index: int | None = None) -> None:
+        """Abort in the generation it reads."""
+        await self._deltas.abort(index)
+
+    async def aclose(self) -> None:
+        """Close the generation it reads."""
+        await self._deltas.aclose()
+
+    def watch_queue(self, listener: Callable[[int], None]) -> None:
+        """Queue positions are the generation's own."""
+        self._deltas.watch_queue(listener)
+
+
+class DeltaReader:
+    """A consumer of cumulative outputs: what is new in each (the text after what it has seen, the
+    tokens past its count), as a consumer of vLLM's cumulative outputs works it out."""
+
+    def __init__(self) -> None:
+        self._seen: dict[int, tuple[int, int, int]] = {}
+        """Per sample: characters, tokens and logprobs seen."""
+
+    def delta(self, output: Chunk) -> Chunk:
+        """The delta chunk of a cumulative output (its finish reason and meta kept)."""
+        chars, tokens, logprobs = self._seen.get(output.index, (0, 0, 0))
+        new_logprobs = None if output.logprobs is None else output.logprobs[logprobs:]
+        self._seen[output.index] = (
+            len(output.text),
+            output.tokens,  # count = num_tokens: the output already counts them all
+            logprobs if output.logprobs is None else len(output.logprobs),
+        )
+        return replace(output, text=output.text[chars:], tokens=output.tokens - tokens, logprobs=new_logprobs)

@@ -1,0 +1,296 @@
+"""Self-consistency voting: final answers read from sample texts, the tally, and what the panel shows."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+
+from ui.answers import (
+    MAX_PATTERN_CHARS,
+    AnswerPatternError,
+    Vote,
+    chart_rows,
+    compile_answer_pattern,
+    final_answer,
+    summary_line,
+    tally,
+)
+
+# "A shop takes $1,000 on Monday and $234 on Tuesday. How much does it take in total?"
+SHOP_SAMPLES = [
+    "Monday's $1,000 plus Tuesday's $234 makes $1,234.00 in total.",
+    "1000 + 234 = 1234, so the answer is 1234.",
+    "The shop takes \\$1{,}234 in total: $\\boxed{1234}$",
+    "Adding 1,000 and 234 gives 1,244.",
+    "I am not sure how to add these amounts.",
+    "The answer is 1234 dollars (1000 from Monday and 234 from Tuesday).",
+    "Monday: $1,000. Tuesday: $234. Total: $1,244.",
+]
+
+# "A farmer has 3 crates of 12 apples and 6 loose apples. How many apples are there?"
+APPLE_SAMPLES = [
+    "Three crates of 12 apples hold 36 apples, and with the 6 loose ones that makes 42.",
+    "There are 3 crates with 12 apples each, which is 36 apples; with 5 loose apples, 41 apples.",
+    "12 * 3 = 36 and 36 + 6 = 42, so the answer is 42.",
+    "12 + 12 + 12 + 5 = 41 apples in total.",
+    "36 + 6 = 42.0",
+    "The farmer has a lot of apples.",
+]
+
+
+def test_each_shop_sample_has_the_answer_a_reader_would_pick() -> None:
+    assert [final_answer(text) for text in SHOP_SAMPLES] == [
+        "1234",
+        "1234",
+        "1234",
+        "1244",
+        None,
+        "1234",  # the number after "The answer is", not the last number (234)
+        "1244",
+    ]
+
+
+def test_the_shop_vote_names_the_majority_and_its_share() -> None:
+    vote = tally([final_answer(text) for text in SHOP_SAMPLES])
+    assert vote == Vote(
+        counts=(("1234", 4), ("1244", 2)),
+        voters=6,
+        no_answer=1,
+        majority="1234",
+        share=4 / 6,
+        tied=False,
+    )
+    assert summary_line(vote, finished=7, n=8) == (
+        "majority: 1234 (4 of 6 answers, 67%) · 7 of 8 samples finished · 1 without an answer"
+    )
+
+
+def test_the_apple_vote_as_samples_finish() -> None:
+    answers = [final_answer(text) for text in APPLE_SAMPLES]
+    assert answers == ["42", "41", "42", "41", "42", None]
+
+    first = tally(answers[:1])
+    assert (first.majority, first.share, first.tied) == ("42", 1.0, False)
+    assert (
+        summary_line(first, finished=1, n=8) == "majority: 42 (1 of 1 answer, 100%) · 1 of 8 samples finished"
+    )
+
+    four = tally(answers[:4])
+    assert four.counts == (("42", 2), ("41", 2))
+    assert four.tied is True
+    assert four.majority == "42"  # reached first; the page says "tie" instead of naming it
+    assert four.leaders == ("42", "41")
+    assert four.share == 0.5
+    assert summary_line(four, finished=4, n=8) == "tie between 42 and 41 (2 each) · 4 of 8 samples finished"
+
+    everything = tally(answers)
+    assert everything.counts == (("42", 3), ("41", 2))
+    assert (everything.voters, everything.no_answer) == (5, 1)
+    assert everything.majority == "42"
+    assert everything.share == 0.6
+    assert everything.tied is False
+    assert summary_line(everything, finished=6, n=8) == (
+        "majority: 42 (3 of 5 answers, 60%) · 6 of 8 samples finished · 1 without an answer"
+    )
+    assert chart_rows(everything) == [{"answer": "42", "votes": 3}, {"answer": "41", "votes": 2}]
+
+
+def test_ties_go_to_the_answer_reached_first() -> None:
+    vote = tally(["41", "42", None, "42", "41"])
+    assert vote.counts == (("41", 2), ("42", 2))
+    assert vote.majority == "41"
+    assert vote.tied is True
+    assert vote.share == 0.5
+
+
+def test_counts_are_ordered_by_votes_then_first_appearance() -> None:
+    vote = tally(["7", "8", "9", "9", "8", "10", "9", "", None])
+    assert vote.counts == (("9", 3), ("8", 2), ("7", 1), ("10", 1))
+    assert (vote.voters, vote.no_answer) == (7, 2)
+    assert vote.tied is False
+    assert vote.leaders == ("9",)
+
+
+def test_no_answers_make_an_empty_vote() -> None:
+    empty = Vote(counts=(), voters=0, no_answer=0, majority=None, share=0.0, tied=False)
+    assert tally([]) == empty
+    assert tally([None, None]) == Vote(counts=(), voters=0, no_answer=2, majority=None, share=0.0, tied=False)
+    assert empty.leaders == ()
+    assert chart_rows(empty) == []
+
+
+@pytest.mark.parametrize(
+    ("text", "answer"),
+    [
+        ("1,234", "1234"),
+        ("1234", "1234"),
+        ("$1,234.00", "1234"),
+        ("1,234,567.50", "1234567.5"),
+        ("42.0", "42"),
+        ("42.50", "42.5"),
+        ("so the answer is 42.", "42"),
+        ("-0", "0"),
+        ("-0.00", "0"),
+        ("it is -3", "-3"),
+        ("\u22127 degrees", "-7"),
+        ("+5", "5"),
+        ("-$5", "-5"),
+        ("$-5", "-5"),
+        ("50%", "50"),
+        ("007", "7"),
+        (".5", "0.5"),
+        ("3/4 of the cake", "3/4"),
+        ("6/8", "6/8"),
+        ("-1/2", "-1/2"),
+        ("\\frac{3}{4}", "3/4"),
+        ("-\\dfrac{1}{2}", "-1/2"),
+        ("1{,}234", "1234"),
+        ("5km", "5"),
+        ("10-20 people", "20"),
+        ("(2,3)", "3"),
+        ("gpt2 scored 7", "7"),
+        ("H2O is water", None),
+        ("version 3.10.2", "3.1"),
+        ("123456789012345678901234567890.000", "123456789012345678901234567890"),
+        ("no digits here", None),
+        ("", None),
+    ],
+)
+def test_default_numbers_are_normalised(text: str, answer: str | None) -> None:
+    assert final_answer(text) == answer
+
+
+def test_equal_values_vote_together() -> None:
+    answers = [final_answer(text) for text in ("It is 1,234.", "It is 1234.0", "It is $1234", "It is 1243.")]
+    assert tally(answers).counts == (("1234", 3), ("1243", 1))
+
+
+@pytest.mark.parametrize(
+    ("text", "answer"),
+    [
+        ("The answer is \\boxed{42}. Check: 6 * 7 = 42, in 7 steps.", "42"),
+        ("First \\boxed{41}, then on reflection \\boxed{42}.", "42"),
+        ("\\boxed{x = 5}", "5"),
+        ("\\boxed{\\frac{3}{4}}", "3/4"),
+        ("\\boxed{\\$1{,}234}", "1234"),
+        ("The choice is \\boxed{B}, not 3.", "B"),
+        ("\\boxed{ }  so 7", "7"),
+        ("\\boxed{4 and then the text stops", "4"),
+        ("The answer is 42 (6 groups of 7).", "42"),
+        ("Answer: 17 (from 10 + 7)", "17"),
+        ("**Answer:** 17 apples, 3 crates", "17"),
+        ("The final answer = 9, since 3 * 3", "9"),
+        ("Natalia sold 48 + 24 = 72 clips.\n#### 72", "72"),
+        ("The answer is 40. Later: 41. The ANSWER IS 42, from 6 * 7.", "42"),
+        ("We add 3 and 4. I do not know what the answer is.", "4"),
+        ("Three answers: 1, 2, 3", "3"),
+    ],
+)
+def test_boxed_then_marker_then_last_number(text: str, answer: str) -> None:
+    assert final_answer(text) == answer
+
+
+def test_a_pattern_with_a_group_reads_group_one_of_the_last_match() -> None:
+    pattern = compile_answer_pattern(r"Total: \$([\d,.]+)")
+    assert pattern is not None
+    assert final_answer("Monday: $1,000. Total: $1,000. Tuesday: $234. Total: $1,244 ", pattern) == "1,244"
+    assert final_answer("Total: unknown", pattern) is None
+
+
+def test_a_pattern_without_a_group_reads_the_whole_last_match() -> None:
+    pattern = compile_answer_pattern(r"\d+ apples")
+    assert pattern is not None
+    assert final_answer(APPLE_SAMPLES[0], pattern) == "36 apples"
+    assert final_answer(APPLE_SAMPLES[5], pattern) is None
+
+
+def test_a_pattern_answer_is_stripped_and_empty_matches_do_not_count() -> None:
+    choice = compile_answer_pattern(r"(?i)choice:(.*)")
+    assert choice is not None
+    assert final_answer("Choice:  B  \nChoice:   ", choice) == "B"
+    digits = compile_answer_pattern(r"\d*")
+    assert digits is not None
+    assert final_answer("it is 42 and not 41!", digits) == "41"
+    optional = compile_answer_pattern(r"=(\d+)|done")
+    assert optional is not None
+    assert final_answer("x=5, done", optional) == "5"
+
+
+@pytest.mark.parametrize("text", ["", "   ", "\t\n"])
+def test_an_empty_pattern_means_the_default_rule(text: str) -> None:
+    pattern = compile_answer_pattern(text)
+    assert pattern is None
+    assert final_answer(SHOP_SAMPLES[5], pattern) == "1234"
+
+
+def test_a_pattern_that_does_not_compile_says_why() -> None:
+    with pytest.raises(AnswerPatternError) as caught:
+        compile_answer_pattern(r"(\d+")
+    assert str(caught.value) == (
+        'the answer pattern "(\\d+" does not compile: missing ), unterminated subpattern at position 0'
+    )
+    assert isinstance(caught.value, ValueError)
+    assert isinstance(caught.value.__cause__, re.error)
+
+
+def test_a_pattern_with_a_huge_repeat_is_refused_too() -> None:
+    with pytest.raises(AnswerPatternError, match="does not compile: the repetition number is too large"):
+        compile_answer_pattern("a{99999999999}")
+
+
+def test_a_pattern_over_the_length_limit_is_refused() -> None:
+    assert compile_answer_pattern("a" * MAX_PATTERN_CHARS) is not None
+    with pytest.raises(AnswerPatternError) as caught:
+        compile_answer_pattern("a" * (MAX_PATTERN_CHARS + 1))
+    assert str(caught.value) == f'the answer pattern "{"a" * 40}..." is 201 characters long; the limit is 200'
+
+
+def test_chart_rows_fold_the_tail_into_other() -> None:
+    answers = ["1"] * 5 + ["2"] * 3 + [str(k) for k in range(3, 16)]  # 15 distinct answers
+    rows = chart_rows(tally(answers))
+    assert len(rows) == 12
+    assert rows[:3] == [{"answer": "1", "votes": 5}, {"answer": "2", "votes": 3}, {"answer": "3", "votes": 1}]
+    assert rows[10] == {"answer": "11", "votes": 1}
+    assert rows[11] == {"answer": "other (4 answers)", "votes": 4}
+    assert [row["votes"] for row in rows] == [5, 3] + [1] * 9 + [4]
+
+
+def test_chart_rows_keep_every_answer_that_fits() -> None:
+    vote = tally([str(k) for k in range(12)])
+    assert [row["answer"] for row in chart_rows(vote)] == [str(k) for k in range(12)]
+    assert chart_rows(vote, max_bars=3) == [
+        {"answer": "0", "votes": 1},
+        {"answer": "1", "votes": 1},
+        {"answer": "other (10 answers)", "votes": 10},
+    ]
+    with pytest.raises(ValueError, match="max_bars must be at least 2, not 1"):
+        chart_rows(vote, max_bars=1)
+
+
+def test_summary_before_any_answer() -> None:
+    assert summary_line(tally([]), finished=0, n=8) == "no answer yet · 0 of 8 samples finished"
+    assert summary_line(tally([None, None]), finished=2, n=8) == "no answer yet · 2 of 8 samples finished"
+    assert summary_line(tally([None]), finished=1, n=1) == "no answer · 1 of 1 sample finished"
+
+
+def test_summary_of_ties_between_many_answers() -> None:
+    three = tally(["42", "41", "40"])
+    assert (
+        summary_line(three, finished=3, n=4) == "tie between 42, 41 and 40 (1 each) · 3 of 4 samples finished"
+    )
+    four = tally(["42", "41", "40", "39", None])
+    assert summary_line(four, finished=5, n=5) == (
+        "tie between 4 answers (1 each) · 5 of 5 samples finished · 1 without an answer"
+    )
+
+
+def test_summary_rounds_half_up_and_shortens_long_answers() -> None:
+    vote = tally(["42"] * 5 + ["41"] * 3)
+    assert (
+        summary_line(vote, finished=8, n=8) == "majority: 42 (5 of 8 answers, 63%) · 8 of 8 samples finished"
+    )
+    long = "the farmer has forty-two apples in three crates and six loose"
+    assert summary_line(tally([long]), finished=1, n=2) == (
+        "majority: the farmer has forty-two apples in thre… (1 of 1 answer, 100%) · 1 of 2 samples finished"
+    )

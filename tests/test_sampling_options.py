@@ -1,0 +1,159 @@
+"""The `generate` options that teach what parallel sampling is and costs: `output_kind`,
+`cancel_after` and `logprobs`, through the real websocket server on the synthetic engine."""
+
+from __future__ import annotations
+
+import json
+import math
+from typing import Any
+
+import pytest
+from websockets.asyncio.client import connect
+
+from backend.config.settings import Limits
+from backend.engines.synthetic import SyntheticEngine, synthetic_logprobs, synthetic_tokens
+from backend.serving.server import BackendServer
+from devkit.frames import recv_frame
+
+SEED = 11
+
+
+async def run(
+    backend: BackendServer, n: int = 3, max_tokens: int = 40, **options: Any
+) -> list[dict[str, Any]]:
+    """Every frame of one request, up to its `done` (or the first error)."""
+    frame = {
+        "type": "generate",
+        "id": "r1",
+        "prompt": "Tell a story.",
+        "n": n,
+        "params": {"max_tokens": max_tokens, "seed": SEED, "temperature": 1.0},
+        **options,
+    }
+    frames = []
+    async with connect(backend.url) as ws:
+        await ws.send(json.dumps(frame))
+        while True:
+            got = await recv_frame(ws, 20)
+            frames.append(got)
+            if got["type"] in ("done", "error"):
+                return frames
+
+
+def texts(frames: list[dict[str, Any]]) -> dict[int, str]:
+    out: dict[int, str] = {}
+    for f in frames:
+        if f["type"] == "chunk":
+            out[f["index"]] = out.get(f["index"], "") + f["text"]
+    return out
+
+
+def tokens(frames: list[dict[str, Any]]) -> dict[int, int]:
+    out: dict[int, int] = {}
+    for f in frames:
+        if f["type"] == "chunk":
+            out[f["index"]] = out.get(f["index"], 0) + f["tokens"]
+    return out
+
+
+@pytest.fixture
+async def backend() -> Any:
+    server = BackendServer(SyntheticEngine(rate=400, jitter=0.2), Limits(), port=0)
+    await server.start()
+    try:
+        yield server
+    finally:
+        await server.close()
+
+
+async def test_cumulative_outputs_reach_the_client_as_the_same_deltas(backend: BackendServer) -> None:
+    delta = await run(backend)
+    cumulative = await run(backend, output_kind="cumulative")
+    assert texts(cumulative) == texts(delta) and tokens(cumulative) == tokens(delta)
+    expected = "".join(synthetic_tokens(SEED + 1, 40)[0])
+    assert texts(cumulative)[1] == expected  # deltas, not the text repeated: exactly the sample's text
+    assert [f["reason"] for f in cumulative if f["type"] == "finish"] == [
+        f["reason"] for f in delta if f["type"] == "finish"
+    ]
+
+
+async def test_the_trace_shows_what_the_consumer_read_grow_with_the_text_when_cumulative(
+    backend: BackendServer,
+) -> None:
+    def reads(frames: list[dict[str, Any]]) -> list[list[Any]]:
+        return [entry for f in frames if f["type"] == "trace" for entry in f["reads"]]
+
+    delta = reads(await run(backend, n=2, max_tokens=120))
+    cumulative = reads(await run(backend, n=2, max_tokens=120, output_kind="cumulative"))
+    assert delta and cumulative
+    # [t_ms, id, index, largest output's bytes, consumer us per output, outputs]
+    assert max(e[3] for e in delta) < 20  # a word at a time
+    sizes = [e[3] for e in cumulative if e[2] == 0]
+    assert sizes == sorted(sizes) and sizes[-1] > 300  # the whole text so far, growing
+    assert all(e[4] >= 0 and e[5] >= 1 for e in cumulative)
+    assert sum(e[5] for e in cumulative) >= 2 * 40  # every output counted
+
+
+async def test_cancel_after_stops_each_sample_from_the_consumer_side(backend: BackendServer) -> None:
+    frames = await run(backend, n=4, max_tokens=200, cancel_after=5)
+    finishes = {f["index"]: f for f in frames if f["type"] == "finish"}
+    assert {f["reason"] for f in finishes.values()} == {"abort"}
+    # The engine may have a token or two in flight when the abort lands (a synthetic sample's
+    # next token is already due): never more than that.
+    assert all(5 <= count <= 7 for count in tokens(frames).values()), tokens(frames)
+    cancels = [entry for f in frames if f["type"] == "trace" for entry in f["cancels"]]
+    stages = {(entry[2], entry[3]) for entry in cancels}
+    for index in range(4):
+        assert {(index, "received"), (index, "aborted"), (index, "finished")} <= stages
+
+
+async def test_logprobs_come_with_each_token_and_match_the_engines_distribution(
+    backend: BackendServer,
+) -> None:
+    frames = await run(backend, n=2, max_tokens=30, logprobs=True)
+    pieces: dict[int, list[Any]] = {}
+    for f in frames:
+        if f["type"] == "chunk":
+            assert "".join(text for text, _ in f["logprobs"]) == f["text"]
+            pieces.setdefault(f["index"], []).extend(f["logprobs"])
+    for index, got in pieces.items():
+        words, _ = synthetic_tokens(SEED + index, 30)
+        assert [text for text, _ in got] == words
+        assert [lp for _, lps in got for lp in lps] == pytest.approx(list(synthetic_logprobs(words)))
+        assert all(math.exp(lp) < 1 for _, lps in got for lp in lps)
+    plain = await run(backend, n=2, max_tokens=30)
+    assert not any("logprobs" in f for f in plain if f["type"] == "chunk")
+
+
+async def test_logprobs_and_cumulative_together(backend: BackendServer) -> None:
+    frames = await run(backend, n=2, max_tokens=30, logprobs=True, output_kind="cumulative")
+    counts = [len(lps) for f in frames if f["type"] == "chunk" for _, lps in f["logprobs"]]
+    assert sum(counts) == sum(tokens(frames).values())  # each token's logprob once, not again and again
+
+
+@pytest.mark.parametrize(
+    ("options", "message"),
+    [
+        ({"output_kind": "streamed"}, '"output_kind" must be one of delta, cumulative'),
+        ({"cancel_after": 0}, '"cancel_after" must be a whole number of tokens from 1 to 39'),
+        ({"cancel_after": 10**12}, '"cancel_after" must be a whole number of tokens from 1 to 39'),
+        ({"cancel_after": 40}, "under max_tokens, 40"),
+        ({"cancel_after": 2.5}, '"cancel_after" must be a whole number'),
+        ({"logprobs": "yes"}, '"logprobs" must be true or false'),
+    ],
+)
+async def test_bad_values_get_a_clear_error_and_the_connection_serves_on(
+    backend: BackendServer, options: dict[str, Any], message: str
+) -> None:
+    frame = {"type": "generate", "id": "bad", "prompt": "x", "n": 2, "params": {"max_tokens": 40}, **options}
+    async with connect(backend.url) as ws:
+        await ws.send(json.dumps(frame))
+        error = await recv_frame(ws, 10)
+        assert error["type"] == "error" and error["code"] == "bad_field" and error["id"] == "bad"
+        assert message in error["message"]
+        good = {**frame, "id": "good"}
+        for key in options:
+            good.pop(key)
+        await ws.send(json.dumps(good))
+        while (reply := await recv_frame(ws, 10))["type"] != "done":
+            assert reply["type"] != "error"
