@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import os
 import socket
 import subprocess
 import sys
@@ -255,3 +256,79 @@ def test_a_page_port_in_use_or_a_bad_host_is_said_in_one_line() -> None:
             assert result.returncode == 2, result.stderr
             assert message in result.stderr and "Traceback" not in result.stderr
             assert "backend" not in result.stdout  # nothing was started
+
+
+ANSWERS_CHART, ANSWERS_LINE = 4, 5
+EXPERIMENTS = ("cooperative", 0, "n", "chat", "")
+"""consumer, block ms, fan-out, prompt format, system prompt: the defaults, before the options below."""
+
+
+def test_token_confidence_parting_points_and_the_answer_vote(app: dict[str, Any]) -> None:
+    client = Client(app["url"], verbose=False)
+    # Temperature 0: four identical samples, none parts from the others, all vote the same.
+    same = client.predict(
+        "Tell a story.", 4, 30, 0, 0.95, 5, *EXPERIMENTS, "delta", 0, True, r"(\w+)\.", api_name="/generate"
+    )
+    words, _ = synthetic_tokens(5, 30, 0)
+    last = [w.strip(" .") for w in words if w.endswith(".")][-1]
+    assert f"majority: `{last}`" in same[ANSWERS_LINE] or f"majority: {last}" in same[ANSWERS_LINE]
+    assert "(4 of 4 answers, 100%)" in same[ANSWERS_LINE]
+    chart = same[ANSWERS_CHART]
+    assert [row[:2] for row in chart["value"]["data"]] == [[last, 4]], chart
+    for column in same[SAMPLES]["samples"]:
+        assert column["parts_at"] is None
+        assert "mean logprob -" in column["header"] and "perplexity" in column["header"]
+        ends = [end for end, _p in column["marks"]]
+        assert ends == sorted(ends) and ends[-1] == len(column["text"])
+        assert all(0 < p < 1 for _end, p in column["marks"])
+    # Temperature 0.8: each sample parts from all the others where it first differs from each.
+    varied = client.predict("Tell a story.", 4, 30, 0.8, 0.95, 5, *EXPERIMENTS, api_name="/generate")
+    sample_texts = texts(varied)
+    for index, column in enumerate(varied[SAMPLES]["samples"]):
+        shared = max(
+            len(os.path.commonprefix([sample_texts[index], other]))  # noqa: RUF071 - characters, not paths
+            for other in sample_texts[:index] + sample_texts[index + 1 :]
+        )
+        assert column["parts_at"] == (shared if shared < len(sample_texts[index]) else None)
+        assert "marks" not in column and "logprob" not in column["header"]  # not asked for
+
+
+def test_a_bad_answer_pattern_is_said_and_the_run_goes_on(app: dict[str, Any]) -> None:
+    client = Client(app["url"], verbose=False)
+    final = client.predict(
+        "Tell a story.",
+        2,
+        20,
+        0.8,
+        0.95,
+        5,
+        *EXPERIMENTS,
+        "delta",
+        0,
+        False,
+        "(unclosed",
+        api_name="/generate",
+    )
+    assert "finished" in final[STATUS] and all(texts(final))
+    assert 'the answer pattern "(unclosed" does not compile' in final[ANSWERS_LINE]
+    assert "the vote uses the last number instead" in final[ANSWERS_LINE]
+
+
+def test_cancel_after_and_cumulative_outputs_through_the_page(app: dict[str, Any]) -> None:
+    client = Client(app["url"], verbose=False)
+    cut = client.predict(
+        "Tell a story.", 3, 200, 0.8, 0.95, 5, *EXPERIMENTS, "delta", 4, api_name="/generate"
+    )
+    assert statuses(cut) == ["aborted"] * 3
+    for column in cut[SAMPLES]["samples"]:
+        count = int(column["header"].split(" tok")[0].rsplit(" ", 1)[1])
+        assert 4 <= count <= 6, column["header"]
+    cumulative = client.predict(
+        "Tell a story.", 3, 30, 0.8, 0.95, 5, *EXPERIMENTS, "cumulative", api_name="/generate"
+    )
+    assert texts(cumulative) == ["".join(synthetic_tokens(5 + i, 30, 0.8)[0]) for i in range(3)]
+    assert "read per output" in cumulative[TRACE]
+    too_late = client.predict(
+        "Tell a story.", 2, 20, 0.8, 0.95, 5, *EXPERIMENTS, "delta", 500, api_name="/generate"
+    )
+    assert '"cancel_after" must be a whole number of tokens from 1 to 19' in too_late[STATUS]

@@ -23,7 +23,8 @@ from backend.config.settings import (
     TEMPERATURE_MAX,
 )
 from backend.engines.base import PROMPT_FORMATS
-from backend.protocol import CONSUMER_MODES, FANOUTS
+from backend.protocol import CONSUMER_MODES, FANOUTS, OUTPUT_KINDS
+from ui.answers_view import empty_outputs as empty_answers
 from ui.engine_info import engine_line_now
 from ui.handlers import Handlers
 from ui.sample_grid import sample_grid
@@ -44,6 +45,9 @@ CSS = """
 .trace-figures { display: grid; grid-template-columns: repeat(2, 1fr); gap: 2px 12px; font-size: 0.85em; }
 .trace-figures div { display: flex; justify-content: space-between; border-bottom: 1px dotted #e2e8f0; }
 .trace-empty { color: #64748b; font-size: 0.9em; padding: 12px; }
+.trace-tasks summary { font-size: 0.8em; color: #334155; cursor: pointer; margin-top: 6px; }
+.trace-tasks pre { font-size: 0.7em; line-height: 1.25; max-height: 22em; overflow: auto; margin: 4px 0;
+  background: #f8fafc; border: 1px solid #e2e8f0; border-radius: 6px; padding: 6px; }
 #summary table { display: block; overflow-x: auto; max-width: 100%; }
 #summary th, #summary td { white-space: nowrap; }
 """
@@ -54,9 +58,10 @@ EXPLANATION = """
 **What the trace shows.** One thread, one asyncio loop, serving every sample. The loop lane is how
 busy the loop was (blue: the task consuming this request's stream; green: sending frames; grey:
 socket I/O; orange: the engine's own tasks); the lag lane is how late a 20 ms heartbeat woke; each
-sample's lane ticks when its chunk arrives.
+sample's lane ticks when its chunk arrives; the read lane is how many bytes the consumer read per
+engine output. Under the figures, the loop's tasks and what each one awaits, once a second.
 
-- **cooperative**: `async for chunk in stream:` then `await asyncio.sleep(0)` after each chunk:
+- **cooperative** (default): after each chunk the consumer does `await asyncio.sleep(0)`, so
   the consumer hands the loop back every time, so the socket and other clients get turns.
 - **greedy**: no extra await: when chunks are already waiting, the consumer drains them in one
   longer step (fewer, longer blue slices).
@@ -64,7 +69,25 @@ sample's lane ticks when its chunk arrives.
   climbs, chunks bunch up, and a Cancel waits behind the backlog (see cancel latency).
 - **fan-out `requests`**: n separate engine requests of one sample each instead of one request
   with n samples: the engine cannot share the prompt's prefill, which shows in TTFT.
+- **outputs `cumulative`**: each engine output carries the sample's whole text so far (vLLM's
+  `RequestOutputKind.CUMULATIVE`): the consumer counts `count = num_tokens`, not `+=`, and works out
+  the new text itself. The read lane climbs with the text, and so does its time per output: over a
+  sample the bytes read grow with the square of its length. The columns look the same.
+- **cancel after k tokens**: the consumer itself cancels each sample once it has k tokens, as a
+  client that has read enough would; red lines in the sample lanes show each cancel reaching the
+  engine, and every sample ends `aborted` a token or so past k.
 """
+"""The explanation beside the event-loop experiments."""
+
+WHY_N = """
+**Why sample n times.** With **token confidence** on, each column colours its tokens by how likely
+the model found them (green sure, red unsure; the probability on hover) and its header gives the
+mean log probability and the perplexity. A ⑂ marks where a sample parts from every other sample:
+the n samples share a prefix until one draws differently. The **answers** below take each
+finished sample's final answer (the last number, or what your pattern matches: its first group if
+it has one) and vote: the most common answer is the self-consistency answer.
+"""
+"""The explanation beside the controls for what sampling n times is for."""
 
 
 def build_demo(
@@ -81,88 +104,38 @@ def build_demo(
         )
         engine_info = gr.Markdown(elem_id="engine-info")
         engine_timer = gr.Timer(ENGINE_POLL_S, active=False)
-
-        async def refresh_engine_line() -> tuple[str, Any]:
-            line, starting = await engine_line_now(backend_url)
-            return line, gr.Timer(active=starting)
-
-        demo.load(refresh_engine_line, outputs=[engine_info, engine_timer], show_progress="hidden")
-        engine_timer.tick(refresh_engine_line, outputs=[engine_info, engine_timer], show_progress="hidden")
         with gr.Row():
             with gr.Column(scale=3):
-                prompt = gr.Textbox(DEFAULT_PROMPT, label="Prompt", lines=6, elem_id="prompt")
-                with gr.Row():
-                    prompt_format = gr.Radio(
-                        list(PROMPT_FORMATS),
-                        value="chat",
-                        label="format",
-                        info="chat: the prompt is your message in the model's chat template; "
-                        "raw: the model continues the text as it is",
-                        elem_id="format",
-                    )
-                    system = gr.Textbox(
-                        "",
-                        label="system prompt (chat; empty: the template's own)",
-                        lines=2,
-                        elem_id="system",
-                    )
+                prompt, prompt_format, system = _prompt_controls()
             with gr.Column(scale=2):
-                n = gr.Slider(1, n_max, value=min(DEFAULT_N, n_max), step=1, label="n (samples)", elem_id="n")
-                max_tokens = gr.Slider(
-                    1,
-                    max_tokens_max,
-                    value=min(DEFAULT_MAX_TOKENS, max_tokens_max),
-                    step=1,
-                    label="max tokens",
-                    elem_id="max-tokens",
-                )
-                with gr.Row():
-                    temperature = gr.Slider(
-                        0,
-                        TEMPERATURE_MAX,
-                        value=DEFAULT_TEMPERATURE,
-                        step=0.05,
-                        label="temperature",
-                        elem_id="temperature",
-                    )
-                    top_p = gr.Slider(0.05, 1, value=DEFAULT_TOP_P, step=0.05, label="top-p", elem_id="top-p")
-                seed = gr.Number(
-                    value=33, precision=0, label="seed (empty: random)", minimum=0, elem_id="seed"
-                )
-        with gr.Accordion("Event-loop experiments", open=False, elem_id="experiments"):
-            with gr.Row():
-                consumer = gr.Radio(
-                    list(CONSUMER_MODES),
-                    value="cooperative",
-                    label="consumer",
-                    elem_id="consumer",
-                )
-                block_ms = gr.Slider(
-                    0,
-                    BLOCK_MS_MAX,
-                    value=DEFAULT_BLOCK_MS,
-                    step=1,
-                    label="block per chunk, ms (blocking)",
-                    elem_id="block-ms",
-                )
-                fanout = gr.Radio(list(FANOUTS), value="n", label="fan-out", elem_id="fanout")
-            gr.Markdown(EXPLANATION)
+                sampling = _sampling_controls(n_max, max_tokens_max)
+        consumer, block_ms, fanout, output_kind, cancel_after = _experiment_controls()
+        logprobs, answer_pattern = _why_n_controls()
         with gr.Row():
             generate_btn = gr.Button("Generate", variant="primary", elem_id="generate")
             cancel_btn = gr.Button("Cancel", variant="stop", elem_id="cancel")
         status = gr.Markdown(elem_id="status")
-
         with gr.Row(equal_height=False):
             with gr.Column(scale=7):
                 samples = sample_grid()
+                with gr.Accordion("Answers (self-consistency)", open=True, elem_id="answers"):
+                    answers_line = gr.Markdown(empty_answers()[1], elem_id="answers-line")
+                    answers_chart = gr.BarPlot(
+                        empty_answers()[0], x="answer", y="votes", height=220, elem_id="answers-chart"
+                    )
                 summary = gr.Markdown(elem_id="summary")
             with gr.Column(scale=4, min_width=360):
                 trace = gr.HTML(panel_html_empty(), elem_id="trace")
                 export_btn = gr.Button("Export trace (Perfetto JSON)", size="sm", elem_id="export-trace")
                 trace_file = gr.File(label="trace export", visible=False, elem_id="trace-file")
 
-        outputs: list[Any] = [samples, status, summary, trace]
+        # Wiring, in the order a person meets it.
+        async def refresh_engine_line() -> tuple[str, Any]:
+            line, starting = await engine_line_now(backend_url)
+            return line, gr.Timer(active=starting)
 
+        demo.load(refresh_engine_line, outputs=[engine_info, engine_timer], show_progress="hidden")
+        engine_timer.tick(refresh_engine_line, outputs=[engine_info, engine_timer], show_progress="hidden")
         prompt_format.change(
             lambda chosen: gr.Textbox(interactive=chosen == "chat"),
             inputs=prompt_format,
@@ -170,20 +143,21 @@ def build_demo(
             show_progress="hidden",
             api_visibility="private",
         )
+        outputs: list[Any] = [samples, status, summary, trace, answers_chart, answers_line]
         generate_event = generate_btn.click(
             handlers.generate,
             inputs=[
                 prompt,
-                n,
-                max_tokens,
-                temperature,
-                top_p,
-                seed,
+                *sampling,
                 consumer,
                 block_ms,
                 fanout,
                 prompt_format,
                 system,
+                output_kind,
+                cancel_after,
+                logprobs,
+                answer_pattern,
             ],
             outputs=outputs,
             concurrency_limit=CONCURRENCY_LIMIT,
@@ -207,6 +181,90 @@ def build_demo(
 
     demo.queue(default_concurrency_limit=CONCURRENCY_LIMIT)
     return demo
+
+
+def _prompt_controls() -> tuple[gr.Textbox, gr.Radio, gr.Textbox]:
+    """The prompt, its format and the system prompt."""
+    prompt = gr.Textbox(DEFAULT_PROMPT, label="Prompt", lines=6, elem_id="prompt")
+    with gr.Row():
+        prompt_format = gr.Radio(
+            list(PROMPT_FORMATS),
+            value="chat",
+            label="format",
+            info="chat: the prompt is your message in the model's chat template; "
+            "raw: the model continues the text as it is",
+            elem_id="format",
+        )
+        system = gr.Textbox(
+            "", label="system prompt (chat; empty: the template's own)", lines=2, elem_id="system"
+        )
+    return prompt, prompt_format, system
+
+
+def _sampling_controls(n_max: int, max_tokens_max: int) -> list[Any]:
+    """n, max tokens, temperature, top-p and seed, in the order Generate takes them."""
+    n = gr.Slider(1, n_max, value=min(DEFAULT_N, n_max), step=1, label="n (samples)", elem_id="n")
+    max_tokens = gr.Slider(
+        1,
+        max_tokens_max,
+        value=min(DEFAULT_MAX_TOKENS, max_tokens_max),
+        step=1,
+        label="max tokens",
+        elem_id="max-tokens",
+    )
+    with gr.Row():
+        temperature = gr.Slider(
+            0,
+            TEMPERATURE_MAX,
+            value=DEFAULT_TEMPERATURE,
+            step=0.05,
+            label="temperature",
+            elem_id="temperature",
+        )
+        top_p = gr.Slider(0.05, 1, value=DEFAULT_TOP_P, step=0.05, label="top-p", elem_id="top-p")
+    seed = gr.Number(value=33, precision=0, label="seed (empty: random)", minimum=0, elem_id="seed")
+    return [n, max_tokens, temperature, top_p, seed]
+
+
+def _experiment_controls() -> tuple[gr.Radio, gr.Slider, gr.Radio, gr.Radio, gr.Number]:
+    """The event-loop experiments: consumer mode, block per chunk, fan-out, output kind, cancel-after."""
+    with gr.Accordion("Event-loop experiments", open=False, elem_id="experiments"):
+        with gr.Row():
+            consumer = gr.Radio(
+                list(CONSUMER_MODES), value="cooperative", label="consumer", elem_id="consumer"
+            )
+            block_ms = gr.Slider(
+                0,
+                BLOCK_MS_MAX,
+                value=DEFAULT_BLOCK_MS,
+                step=1,
+                label="block per chunk, ms (blocking)",
+                elem_id="block-ms",
+            )
+            fanout = gr.Radio(list(FANOUTS), value="n", label="fan-out", elem_id="fanout")
+        with gr.Row():
+            output_kind = gr.Radio(
+                list(OUTPUT_KINDS), value="delta", label="engine outputs", elem_id="output-kind"
+            )
+            cancel_after = gr.Number(
+                0, precision=0, label="cancel each sample after k tokens (0: never)", elem_id="cancel-after"
+            )
+        gr.Markdown(EXPLANATION)
+    return consumer, block_ms, fanout, output_kind, cancel_after
+
+
+def _why_n_controls() -> tuple[gr.Checkbox, gr.Textbox]:
+    """Token confidence and the answer pattern."""
+    with gr.Accordion("Why sample n times", open=False, elem_id="why-n"):
+        with gr.Row():
+            logprobs = gr.Checkbox(False, label="token confidence (logprobs)", elem_id="logprobs")
+            answer_pattern = gr.Textbox(
+                "",
+                label="answer pattern (regular expression; empty: the last number)",
+                elem_id="answer-pattern",
+            )
+        gr.Markdown(WHY_N)
+    return logprobs, answer_pattern
 
 
 def panel_html_empty() -> str:

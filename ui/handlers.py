@@ -18,6 +18,8 @@ from typing import Any
 
 import gradio as gr
 
+from ui.answers_view import AnswersPanel
+from ui.answers_view import empty_outputs as empty_answers
 from ui.client import CLOSE_TIMEOUT_S, BackendError, BackendRun
 from ui.sample_grid import empty_value
 from ui.trace_view import panel_html
@@ -35,24 +37,25 @@ tenth of the page's main thread at n=32 x 500 tok/s when drawn every update (doc
 "Browser")."""
 
 
-def outputs_for(view: RunView, with_trace: bool = True) -> list[Any]:
-    """The page's outputs (columns, status line, summary, trace panel) for `view`; the summary and
-    the trace panel only `with_trace`."""
+def outputs_for(view: RunView, answers: AnswersPanel | None = None, with_trace: bool = True) -> list[Any]:
+    """The page's outputs (columns, status line, summary, trace panel, answers chart and line) for
+    `view`; the summary and the trace panel only `with_trace`, the answers when a sample finished."""
     shown = view.n if view.accepted else 0
     return [
         samples_value(view, time.monotonic()),
         status_markdown(view),
         summary_markdown(view) if with_trace else gr.skip(),
         panel_html(view.trace, shown) if with_trace else gr.skip(),
+        *(answers.outputs(view) if answers is not None else [gr.skip(), gr.skip()]),
     ]
 
 
 def error_outputs(message: str) -> list[Any]:
     """The page's outputs for a run that could not start."""
-    return [empty_value(), f"**Error:** {message}", "", gr.skip()]
+    return [empty_value(), f"**Error:** {message}", "", gr.skip(), *empty_answers()]
 
 
-OUTPUTS = 4
+OUTPUTS = 6
 """How many outputs `outputs_for` fills."""
 
 
@@ -68,6 +71,8 @@ class Handlers:
         self.token = token
         self._runs: dict[str, BackendRun] = {}
         """Each browser session's current run."""
+        self._answers: dict[str, AnswersPanel] = {}
+        """Each browser session's answers panel, for its current run."""
         self._background: set[asyncio.Task[Any]] = set()
 
     async def generate(
@@ -83,6 +88,10 @@ class Handlers:
         fanout_value: str,
         format_value: str,
         system_value: str,
+        output_kind_value: str,
+        cancel_after_value: float | None,
+        logprobs_value: bool,
+        answer_pattern_value: str,
         request: gr.Request,
     ) -> AsyncIterator[list[Any]]:
         """Start a run and stream its view to the page until it is done."""
@@ -106,6 +115,13 @@ class Handlers:
         }
         if options["format"] == "chat" and (system_value or "").strip():
             options["system"] = system_value
+        if output_kind_value and output_kind_value != "delta":
+            options["output_kind"] = output_kind_value
+        if cancel_after_value:  # 0 or empty: never; anything else goes as typed (the backend checks it)
+            options["cancel_after"] = int(cancel_after_value)
+        if logprobs_value:
+            options["logprobs"] = True
+        answers = self._answers[session] = AnswersPanel(answer_pattern_value)
         try:
             try:
                 view = await run.start(prompt_text, int(n_value), params, options)
@@ -113,11 +129,11 @@ class Handlers:
                 self._forget(session, run)
                 yield error_outputs(str(exc))
                 return
-            yield outputs_for(view)
+            yield outputs_for(view, answers)
             count = 0
             async for view in run.updates(1.0 / UPDATES_PER_S):
                 count += 1
-                yield outputs_for(view, with_trace=view.finished or count % TRACE_EVERY == 0)
+                yield outputs_for(view, answers, with_trace=view.finished or count % TRACE_EVERY == 0)
         finally:
             if not run.view.finished:
                 # Cancelled by the page (Cancel, a new Generate, a closed tab): stop the engine,
@@ -128,12 +144,13 @@ class Handlers:
 
     async def cancel(self, request: gr.Request) -> list[Any]:
         """Cancel this session's run; its final view once every sample has finished."""
-        run = self._runs.get(_session(request))
+        session = _session(request)
+        run = self._runs.get(session)
         if run is None:
             return [gr.skip()] * OUTPUTS
         await run.cancel()
         await run.wait_finished(CLOSE_TIMEOUT_S)
-        return outputs_for(run.view)
+        return outputs_for(run.view, self._answers.get(session))
 
     async def export(self, request: gr.Request) -> Any:
         """This session's run's trace as a Perfetto JSON file to download."""
@@ -171,6 +188,7 @@ class Handlers:
     def _forget(self, session: str, run: BackendRun) -> None:
         if self._runs.get(session) is run:
             del self._runs[session]
+            self._answers.pop(session, None)
 
     def _in_background(self, coroutine: Any) -> None:
         task = asyncio.create_task(coroutine)

@@ -39,6 +39,10 @@ CSS = """
   border: 1px solid var(--border-color-primary, #cbd5e1);
   background: var(--button-secondary-background-fill); }
 .sample-stop:disabled { opacity: 0.4; }
+.sample-text .tok { border-radius: 2px; }
+.sample-text .parting { display: inline-block; width: 0; position: relative; }
+.sample-text .parting::before { content: '⑂'; position: absolute; left: -0.35em; top: -0.95em;
+  font-size: 0.8em; color: #7c3aed; }
 """
 """Columns as many per row as fit, all the same width; each text box keeps its newest line in view
 (`column-reverse` anchors the scroll at the bottom while the text grows; a short text stays at the
@@ -71,7 +75,55 @@ function column(index) {
   stop.textContent = 'Stop';
   col.append(header, scroll, stop);
   grid.appendChild(col);
-  return {col, header, text, stop, node: null, length: 0, shown: '', status: ''};
+  return {col, header, text, stop, node: null, block: null, length: 0, shown: '', status: '',
+          marked: 0, partsAt: null, marker: null};
+}
+
+// A token's background: its probability p from red (unsure) through yellow to green (sure).
+function colour(p) {
+  return `hsla(${Math.round(120 * p)}, 85%, 55%, 0.35)`;
+}
+
+// With logprobs, each piece of text is a span coloured by its tokens' mean probability, the value
+// on hover. Spans go into the same blocks of about BLOCK characters as plain text.
+function appendPiece(c, piece, p) {
+  if (!c.block || c.length >= BLOCK) {
+    c.block = document.createElement('div');
+    c.text.appendChild(c.block);
+    c.length = 0;
+  }
+  const span = document.createElement('span');
+  span.className = 'tok';
+  span.style.backgroundColor = colour(p);
+  span.title = `p = ${p.toFixed(3)} (logprob ${Math.log(p).toFixed(2)})`;
+  span.textContent = piece;
+  c.block.appendChild(span);
+  c.length += piece.length;
+  c.node = null;  // plain text after a span starts a text node of its own
+}
+
+// Marks where this sample parts from every other sample: an empty span at that character offset
+// (its glyph is CSS, so the text's content stays the sample's text), moved as the point moves.
+function markParting(c, offset) {
+  if (c.marker) { c.marker.remove(); c.marker = null; }
+  c.partsAt = offset;
+  if (offset === null || offset === undefined) return;
+  const walker = document.createTreeWalker(c.text, NodeFilter.SHOW_TEXT);
+  let seen = 0;
+  for (let node = walker.nextNode(); node; node = walker.nextNode()) {
+    const length = node.data.length;
+    if (seen + length > offset) {
+      const rest = offset - seen > 0 ? node.splitText(offset - seen) : node;
+      if (node === c.node && rest !== node) c.node = rest;
+      const marker = document.createElement('span');
+      marker.className = 'parting';
+      marker.title = 'here this sample parts from every other sample';
+      rest.parentNode.insertBefore(marker, rest);
+      c.marker = marker;
+      return;
+    }
+    seen += length;
+  }
 }
 
 // A column's text is a run of blocks of about BLOCK characters, each ending at a whitespace: an
@@ -79,6 +131,10 @@ function column(index) {
 // whole text out on every update (12 KB a column at n=32 fell behind the stream). 256 rather than
 // 1,024: shaping the last block's text was most of each frame's layout.
 function append(c, delta) {
+  if (delta && !c.node && c.block && c.length < BLOCK) {
+    c.node = document.createTextNode('');
+    c.block.appendChild(c.node);
+  }
   while (delta) {
     if (!c.node || c.length >= BLOCK) {
       if (c.node) {
@@ -92,6 +148,7 @@ function append(c, delta) {
       c.node = document.createTextNode('');
       block.appendChild(c.node);
       c.text.appendChild(block);
+      c.block = block;
       c.length = 0;
     }
     const room = BLOCK - c.length;
@@ -114,17 +171,26 @@ function render(value) {
       c.stop.disabled = done.has(sample.status);
     }
     const text = sample.text || '';
+    const marks = sample.marks || [];
     // Text nodes, never HTML: a sample may contain anything. Growing text is appended.
-    if (text !== c.shown) {
-      if (text.startsWith(c.shown)) {
-        append(c, text.slice(c.shown.length));
-      } else {
+    if (text !== c.shown || marks.length !== c.marked) {
+      if (!text.startsWith(c.shown) || marks.length < c.marked) {
         c.text.replaceChildren();
-        c.node = null;
-        append(c, text);
+        Object.assign(c, {node: null, block: null, length: 0, shown: '', marked: 0, marker: null,
+                          partsAt: null});
       }
+      for (; c.marked < marks.length; c.marked++) {
+        const [end, p] = marks[c.marked];
+        if (end > c.shown.length) {
+          appendPiece(c, text.slice(c.shown.length, end), p);
+          c.shown = text.slice(0, end);
+        }
+      }
+      if (text.length > c.shown.length) append(c, text.slice(c.shown.length));  // text no piece covers
       c.shown = text;
     }
+    const partsAt = sample.parts_at === undefined ? null : sample.parts_at;
+    if (partsAt !== c.partsAt || (partsAt !== null && !c.marker)) markParting(c, partsAt);
   });
 }
 
@@ -139,8 +205,9 @@ element.addEventListener('click', (event) => {
 });
 """
 """Builds and updates the columns from the value: only what changed is touched (a column's new
-text is appended to its last text block); a Stop click becomes the grid's `select` event with the
-column's index."""
+text is appended to its last text block; with logprobs, as spans coloured by probability); the
+point where a sample parts from every other sample gets a marker; a Stop click becomes the grid's
+`select` event with the column's index."""
 
 
 def sample_grid() -> gr.HTML:

@@ -24,6 +24,7 @@ LABEL_W = 56
 LOOP_H = 40
 LAG_H = 40
 LANE_H = 10
+READ_H = 30
 COLUMN_PX = 2
 
 TICK_GAP_PX = 2
@@ -83,6 +84,10 @@ class TraceView:
     """The tracer's own cost per recorded step, from the latest frame."""
     off: str | None = None
     """Why the backend sends no trace for this run (from `accepted`), or None."""
+    reads: list[tuple[float, int, int, float]] = field(default_factory=list)
+    """The consumer's reads of this run: (t ms, index, largest output's bytes, us per output)."""
+    tasks: str = ""
+    """The loop's task tree from the latest frame that carried one."""
 
     def apply(self, frame: dict[str, Any]) -> None:
         """Fold one `trace` frame in; drop what fell out of the window."""
@@ -105,6 +110,11 @@ class TraceView:
         for t, request_id, index, stage in frame["cancels"]:
             if request_id == self.request_id:
                 self.cancels.append((t, index, stage))
+        for t, request_id, index, size, us, _count in frame.get("reads", ()):
+            if request_id == self.request_id:
+                self.reads.append((t, index, size, us))
+        if frame.get("tasks"):
+            self.tasks = frame["tasks"]
         counts = frame["counts"]
         self.steps += counts["steps"]
         self.busy_ms += counts["busy_ms"]
@@ -121,9 +131,11 @@ class TraceView:
             self.idle = [i for i in self.idle if i[0] + i[1] >= cutoff]
             self.lag = [x for x in self.lag if x[0] >= cutoff]
             self.chunks = [c for c in self.chunks if c[0] >= cutoff]
+            self.reads = [r for r in self.reads if r[0] >= cutoff]
 
     def figures(self) -> dict[str, float | None]:
-        """Loop utilisation, lag p50/p99/max, longest stall, rates, cancel latency."""
+        """Loop utilisation, lag p50/p99/max, longest stall, rates, cancel latency, the latest read
+        (largest output in bytes, consumer time per output)."""
         span_s = ((self.last_ms or 0) - (self.first_ms or 0)) / 1000
         lags = [ms for _, ms in self.lag]
         measured = self.busy_ms + self.idle_ms
@@ -142,6 +154,8 @@ class TraceView:
             "chunks_per_s": self.chunk_count / span_s if span_s > 0 else None,
             "frames_per_s": self.frames / span_s if span_s > 0 else None,
             "cancel_latency_ms": cancel_ms,
+            "read_bytes": self.reads[-1][2] if self.reads else None,
+            "read_us": self.reads[-1][3] if self.reads else None,
         }
 
 
@@ -164,6 +178,8 @@ def figures_html(view: TraceView) -> str:
         ("frames/s", _fmt(f["frames_per_s"], "{:.0f}")),
         ("cancel latency", _fmt(f["cancel_latency_ms"], "{:.1f} ms")),
         ("tracer cost", _fmt(view.record_ns, "{:.0f} ns/step")),
+        ("read per output (latest)", _fmt(f["read_bytes"], "{:,.0f} B")),
+        ("consumer per output (latest)", _fmt(f["read_us"], "{:.1f} µs")),
     ]
     items = "".join(f"<div><span>{escape(k)}</span><b>{escape(v)}</b></div>" for k, v in cells)
     return f'<div class="trace-figures">{items}</div>'
@@ -230,6 +246,23 @@ def trace_svg(view: TraceView, n: int) -> str:
         parts.append(f'<polyline points="{points}" fill="none" stroke="#dc2626" stroke-width="1"/>')
     parts.append(f'<line x1="{LABEL_W}" x2="{WIDTH}" y1="{y + LAG_H}" y2="{y + LAG_H}" stroke="#cbd5e1"/>')
     y += LAG_H + 6
+    # Read lane: the largest output the consumer read in each pixel column (bytes: flat for deltas,
+    # climbing with the text for cumulative outputs).
+    reads = [(t, size) for t, _index, size, _us in view.reads if t >= t0]
+    most = max([size for _, size in reads] + [1])
+    parts.append(_label(f"read ≤{_bytes(most)}", y + READ_H / 2, size=8))
+    if reads:
+        tallest: dict[int, int] = {}
+        for t, size in reads:
+            col = int(x(t))
+            tallest[col] = max(tallest.get(col, 0), size)
+        path = "".join(
+            f"M{col} {y + READ_H:g}V{y + READ_H - size / most * READ_H:.1f}"
+            for col, size in sorted(tallest.items())
+        )
+        parts.append(f'<path d="{path}" stroke="#0d9488" stroke-width="{COLUMN_PX}"/>')
+    parts.append(f'<line x1="{LABEL_W}" x2="{WIDTH}" y1="{y + READ_H}" y2="{y + READ_H}" stroke="#cbd5e1"/>')
+    y += READ_H + 6
     # One lane per sample: a tick per chunk (one per pixel column at most).
     lanes_top = y
     ticks: dict[int, set[int]] = {}
@@ -285,6 +318,10 @@ def _runs(pixels: Iterable[int]) -> list[tuple[int, int]]:
     return runs
 
 
+def _bytes(size: float) -> str:
+    return f"{size / 1024:.0f}KB" if size >= 10_240 else f"{size:.0f}B"
+
+
 def _label(text: str, y_mid: float, size: int = 10) -> str:
     return (
         f'<text x="{LABEL_W - 4}" y="{y_mid + size / 3:.1f}" font-size="{size}" fill="#334155" '
@@ -297,4 +334,11 @@ def panel_html(view: TraceView, n: int) -> str:
     if view.off:
         why = escape(view.off)
         return f'<div class="trace-panel"><p class="trace-off">No event-loop trace: {why}</p></div>'
-    return f'<div class="trace-panel">{trace_svg(view, n)}{figures_html(view)}</div>'
+    tasks = ""
+    if view.tasks:
+        tasks = (
+            '<details class="trace-tasks" open>'
+            "<summary>Tasks: who awaits what (live, once a second)</summary>"
+            f"<pre>{escape(view.tasks)}</pre></details>"
+        )
+    return f'<div class="trace-panel">{trace_svg(view, n)}{figures_html(view)}{tasks}</div>'

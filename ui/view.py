@@ -9,9 +9,11 @@ header shows the server's own measurement from the `finish` frame.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import Any
 
+from ui.divergence import parting_points
 from ui.trace_view import TraceView
 
 STREAMING = "streaming"
@@ -38,6 +40,13 @@ class SampleView:
     first_at: float | None = None
     last_at: float | None = None
     stats: dict[str, Any] | None = None
+    marks: list[list[float]] = field(default_factory=list)
+    """Where the request asked for logprobs: `[end, p]` per piece of the text (its end as a character
+    offset, and the mean probability of its tokens) for the column to colour."""
+    logprob_sum: float = 0.0
+    logprob_count: int = 0
+    length: int = 0
+    """Characters of text so far."""
 
     @property
     def text(self) -> str:
@@ -48,6 +57,22 @@ class SampleView:
     def finished(self) -> bool:
         """The sample has its finish reason."""
         return self.status not in (WAITING, STREAMING)
+
+    def add_pieces(self, pieces: list[Any]) -> None:
+        """A chunk's `logprobs`: `[text, [logprob, ...]]` pieces, in order, ending where its text ends."""
+        start = self.length - sum(len(text) for text, _ in pieces)
+        for text, logprobs in pieces:
+            start += len(text)
+            if logprobs:
+                mean = sum(logprobs) / len(logprobs)
+                self.logprob_sum += sum(logprobs)
+                self.logprob_count += len(logprobs)
+                self.marks.append([start, round(math.exp(mean), 4)])
+
+    @property
+    def mean_logprob(self) -> float | None:
+        """Mean log probability of the sample's tokens so far (None without logprobs)."""
+        return self.logprob_sum / self.logprob_count if self.logprob_count else None
 
 
 @dataclass
@@ -102,6 +127,9 @@ class RunView:
         elif kind == "chunk" and self._has(frame):
             sample = self.samples[frame["index"]]
             sample.parts.append(frame["text"])
+            sample.length += len(frame["text"])
+            if frame.get("logprobs"):
+                sample.add_pieces(frame["logprobs"])
             sample.tokens += int(frame.get("tokens", 0))
             sample.status = STREAMING
             sample.first_at = now if sample.first_at is None else sample.first_at
@@ -151,31 +179,41 @@ def sample_header(sample: SampleView, started_at: float, now: float) -> str:
         tokens_per_s = sample.tokens / elapsed if sample.tokens and elapsed > 0 else None
         ttft_ms = None if sample.first_at is None else (sample.first_at - started_at) * 1000
     label = REASON_LABELS.get(sample.status, sample.status)
-    return (
+    header = (
         f"#{sample.index} · {label} · {sample.tokens} tok · "
         f"{_fmt(tokens_per_s, 'tok/s', 1)} · TTFT {_fmt(ttft_ms, 'ms')}"
     )
+    mean = sample.mean_logprob
+    if mean is not None:
+        header += f" · mean logprob {mean:.2f} · perplexity {math.exp(-mean):.2f}"
+    return header
 
 
 def samples_value(view: RunView, now: float) -> dict[str, Any]:
-    """The sample grid's value: a column per sample with its header, status and text.
+    """The sample grid's value: a column per sample with its header, status and text, where it parts
+    from every other sample (`parts_at`, a character offset, or None) and, with logprobs, its
+    `marks` (see SampleView).
 
     The page sends this as JSON; between two updates Gradio sends only what changed (a column's new
     text is an append), and the page's template redraws only the columns that changed.
     """
-    return {
-        "samples": [
-            {
-                "index": sample.index,
-                "status": REASON_LABELS.get(sample.status, sample.status),
-                "header": sample_header(sample, view.started_at, now),
-                "text": sample.text,
-            }
-            for sample in view.samples
-        ]
-        if view.accepted
-        else []
-    }
+    if not view.accepted:
+        return {"samples": []}
+    texts = [sample.text for sample in view.samples]
+    parting = parting_points(texts, [sample.finished for sample in view.samples])
+    columns = []
+    for sample, text, parts_at in zip(view.samples, texts, parting, strict=True):
+        column: dict[str, Any] = {
+            "index": sample.index,
+            "status": REASON_LABELS.get(sample.status, sample.status),
+            "header": sample_header(sample, view.started_at, now),
+            "text": text,
+            "parts_at": parts_at,
+        }
+        if sample.marks:
+            column["marks"] = sample.marks
+        columns.append(column)
+    return {"samples": columns}
 
 
 def status_markdown(view: RunView) -> str:

@@ -1,0 +1,89 @@
+"""The answers panel of one run: each finished sample's final answer and the vote, for the page.
+
+The page's pattern (empty: the last number, see `ui.answers.final_answer`) is compiled once per
+run; a pattern that does not compile is said in the panel and the vote uses the default. A sample
+counts once it finished on its own (`stop` or `length`); a stopped or failed one is listed but does
+not vote. Answers are read once per sample, when it finishes, in the order samples finish, so a tie
+goes to the answer reached first. The panel is redrawn only when a sample finished since.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+import gradio as gr
+import pandas as pd
+
+from ui.answers import (
+    AnswerPatternError,
+    chart_rows,
+    compile_answer_pattern,
+    final_answer,
+    summary_line,
+    tally,
+)
+from ui.view import REASON_LABELS, RunView
+
+VOTING_REASONS = ("stop", "length")
+"""Samples that finished on their own vote; aborted and failed ones do not."""
+
+ANSWER_CHARS = 24
+"""A sample's answer is cut to this many characters in the per-sample list."""
+
+
+class AnswersPanel:
+    """Reads the run's finished samples' answers and draws the vote (a bar chart and a line)."""
+
+    def __init__(self, pattern_text: str) -> None:
+        self.problem: str | None = None
+        """Why the page's pattern is not used, if it is not."""
+        self.pattern: re.Pattern[str] | None = None
+        try:
+            self.pattern = compile_answer_pattern(pattern_text or "")
+        except AnswerPatternError as exc:
+            self.problem = f"{exc}; the vote uses the last number instead"
+        self.answers: dict[int, str | None] = {}
+        """Each finished sample's answer (None: no answer), in the order they finished."""
+        self._shown = -1
+
+    def outputs(self, view: RunView, force: bool = False) -> list[Any]:
+        """The chart's and the line's new values, or `gr.skip()` for both when no sample finished
+        since the last call (unless `force`)."""
+        finished = [s for s in view.samples if s.finished]
+        if len(finished) == self._shown and not force:
+            return [gr.skip(), gr.skip()]
+        self._shown = len(finished)
+        for sample in finished:
+            if sample.index not in self.answers:
+                voting = sample.status in VOTING_REASONS
+                self.answers[sample.index] = final_answer(sample.text, self.pattern) if voting else None
+        voters = [i for i in self.answers if view.samples[i].status in VOTING_REASONS]
+        vote = tally([self.answers[i] for i in voters])
+        rows = chart_rows(vote)
+        frame = pd.DataFrame(rows, columns=["answer", "votes"])
+        chart = gr.BarPlot(value=frame, sort=[row["answer"] for row in rows] or None)
+        lines = [summary_line(vote, len(finished), view.n)]
+        if self.problem:
+            lines.append(f"**Answer pattern:** {self.problem}.")
+        listed = []
+        for index, answer in self.answers.items():
+            status = view.samples[index].status
+            if status in VOTING_REASONS:
+                shown = "—" if answer is None else _short(answer)
+            else:
+                shown = f"({REASON_LABELS.get(status, status)}, not counted)"
+            listed.append(f"#{index}: {shown}")
+        if listed:
+            lines.append(" · ".join(listed))
+        return [chart, "\n\n".join(lines)]
+
+
+def empty_outputs() -> list[Any]:
+    """The panel before a run."""
+    return [pd.DataFrame({"answer": [], "votes": []}), "Answers appear as samples finish."]
+
+
+def _short(answer: str) -> str:
+    text = answer if len(answer) <= ANSWER_CHARS else answer[: ANSWER_CHARS - 1] + "…"
+    return "`" + text.replace("`", "'") + "`"
