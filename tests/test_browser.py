@@ -146,3 +146,46 @@ def test_on_a_phone_wide_screen_the_summary_scrolls_sideways(browser: Browser, a
         assert widths[0] > widths[1] and widths[1] <= 390, widths
     finally:
         page.close()
+
+
+def test_token_confidence_parting_points_and_the_answer_vote(page: Page) -> None:
+    page.get_by_text("Why sample n times").click()
+    page.locator("#logprobs input[type=checkbox]").check()
+    page.locator("#answer-pattern textarea").fill(r"(\w+)\.")
+    start(page, "Tell me about lighthouses.", 4, 30)
+    expect(page.locator("#status")).to_contain_text("finished", timeout=30_000)
+    # Each token is coloured by its probability, the value on hover; the header sums it up.
+    tokens = page.locator("#sample-0 .tok")
+    expect(tokens.first).to_be_visible()
+    assert tokens.count() >= 10
+    assert tokens.first.get_attribute("title").startswith("p = 0.0")  # the synthetic words are unlikely
+    assert "hsla(" in (tokens.first.get_attribute("style") or "") or "rgba(" in (
+        tokens.first.get_attribute("style") or ""
+    )
+    expect(page.locator("#header-0")).to_contain_text("mean logprob")
+    expect(page.locator("#header-0")).to_contain_text("perplexity")
+    # Four seeds, four texts: each column marks where it parts from the others, and the marker adds
+    # nothing to the text a person reads or copies.
+    for index in range(4):
+        expect(page.locator(f"#sample-{index} .parting")).to_have_count(1)
+        text = sample_text(page, index)
+        assert len(text.split()) > 5 and "⑂" not in text
+    # The vote: a line that names the majority (or the tie) and a bar chart of the answers.
+    line = page.locator("#answers-line")
+    expect(line).to_contain_text("of 4 samples finished")
+    assert "majority:" in line.inner_text() or "tie between" in line.inner_text()
+    expect(page.locator("#answers-chart")).to_be_visible()
+    expect(page.locator("#answers-chart canvas, #answers-chart svg").first).to_be_visible(timeout=10_000)
+
+
+def test_cumulative_outputs_show_in_the_read_lane_and_the_task_tree_is_drawn(page: Page) -> None:
+    page.get_by_text("Event-loop experiments").click()
+    page.locator("#output-kind label", has_text="cumulative").click()
+    start(page, "Tell me about rivers.", 2, 120)
+    expect(page.locator("#trace")).to_contain_text("Tasks: who awaits what", timeout=15_000)
+    expect(page.locator("#trace pre")).to_contain_text("(T) consume")
+    expect(page.locator("#status")).to_contain_text("finished", timeout=60_000)
+    figure = page.locator("#trace .trace-figures div", has_text="read per output").inner_text()
+    size = int(figure.rsplit("\n", 1)[-1].split()[0].replace(",", "")) if "\n" in figure else 0
+    assert size > 300, figure  # the whole text so far, not a word
+    assert len(sample_text(page, 0).split()) > 20

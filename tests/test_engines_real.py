@@ -316,6 +316,46 @@ async def test_a_chat_prompt_is_answered_on_topic(backend: tuple[BackendServer, 
     assert not result["errors"]
 
 
+@pytest.mark.parametrize("prompt_format", ["chat", "raw"])
+async def test_logprobs_come_with_every_token(
+    backend: tuple[BackendServer, RealServer], prompt_format: str
+) -> None:
+    """With logprobs, each chunk's pieces carry one log probability per token, as the server gave
+    them; a greedy sample's are each the most likely token's, so none is unlikely."""
+    server, _ = backend
+    async with connect(server.url) as ws:
+        await ws.send(
+            generate("lp", 2, 24, COLOUR_PROMPT, temperature=0.8, format=prompt_format, logprobs=True)
+        )
+        pieces: dict[int, list[Any]] = {0: [], 1: []}
+        tokens = {0: 0, 1: 0}
+
+        async def on_frame(frame: dict[str, Any], texts: dict[int, str]) -> None:
+            if frame["type"] == "chunk":
+                assert "".join(text for text, _ in frame["logprobs"]) == frame["text"]
+                pieces[frame["index"]].extend(frame["logprobs"])
+                tokens[frame["index"]] += frame["tokens"]
+
+        result = await run_request(ws, "lp", on_frame)
+        await ws.send(
+            generate("greedy", 1, 16, COLOUR_PROMPT, temperature=0.0, format=prompt_format, logprobs=True)
+        )
+        greedy: list[float] = []
+
+        async def on_greedy(frame: dict[str, Any], texts: dict[int, str]) -> None:
+            if frame["type"] == "chunk":
+                greedy.extend(lp for _, lps in frame["logprobs"] for lp in lps)
+
+        await run_request(ws, "greedy", on_greedy)
+    assert not result["errors"]
+    for index in (0, 1):
+        values = [lp for _, lps in pieces[index] for lp in lps]
+        # one per token the sample counted (a chat stream's closing event may count its stop token)
+        assert tokens[index] - 1 <= len(values) <= tokens[index] and len(values) >= 10, (values, tokens)
+        assert all(lp <= 0 for lp in values)
+    assert len(greedy) >= 10 and all(lp > -5 for lp in greedy), greedy  # argmax tokens are likely ones
+
+
 async def test_a_raw_prompt_still_streams(backend: tuple[BackendServer, RealServer]) -> None:
     server, _ = backend
     async with connect(server.url) as ws:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -81,7 +82,7 @@ def last_cumulative(data: bytes) -> dict[int, dict]:
 
 
 def test_the_fixtures_are_there() -> None:
-    assert len(STREAMS) == 8, f"expected the eight recorded streams in {FIXTURES}"
+    assert len(STREAMS) == 11, f"expected the eleven recorded streams in {FIXTURES}"
 
 
 @pytest.mark.parametrize("path", STREAMS, ids=lambda p: p.name)
@@ -270,3 +271,63 @@ def test_openai_error_event_finishes_open_samples() -> None:
     assert [(c.index, c.finish_reason, c.meta["error"]) for c in failed] == [
         (1, "error", "engine dead (code 500)")
     ]
+
+
+def logprobs_of(chunks: list[Chunk], n: int) -> list[list[float]]:
+    return [[lp for c in chunks if c.index == i for lp in (c.logprobs or ())] for i in range(n)]
+
+
+def test_sglang_logprobs_come_with_each_token_incremental_and_cumulative() -> None:
+    data = fixture("sglang-generate-n2-logprobs-incremental.sse")
+    stream = SGLangStream(2, incremental=True, logprobs=True)
+    chunks = [chunk for payload in payloads(data) for chunk in stream.feed(payload)]
+    expected: list[list[float]] = [[], []]
+    for payload in raw_events(data):
+        if payload != DONE:
+            event = json.loads(payload)
+            expected[event["index"]] += [entry[0] for entry in event["meta_info"]["output_token_logprobs"]]
+    assert logprobs_of(chunks, 2) == expected
+    assert all(len(c.logprobs or ()) == c.tokens for c in chunks)  # one per token, with its own chunk
+    assert expected[0][0] == pytest.approx(-0.0914, abs=1e-4)  # " Paris", as the server said
+    # The same events as a cumulative server sends them (each with every logprob so far) give the same.
+    cumulative = SGLangStream(2, incremental=False, logprobs=True)
+    seen: dict[int, list[Any]] = {0: [], 1: []}
+    again: list[Chunk] = []
+    for payload in raw_events(data):
+        if payload == DONE:
+            continue
+        event = json.loads(payload)
+        index = event["index"]
+        seen[index] = seen[index] + event["meta_info"]["output_token_logprobs"]
+        event["meta_info"]["output_token_logprobs"] = seen[index]
+        again += cumulative.feed(json.dumps(event))
+    assert logprobs_of(again, 2) == expected
+
+
+def test_sglang_without_logprobs_asked_gives_none() -> None:
+    _, chunks = run_sglang(fixture("sglang-generate-n2-logprobs-incremental.sse"), 2)
+    assert all(c.logprobs is None for c in chunks)
+
+
+@pytest.mark.parametrize(
+    ("name", "chat"),
+    [("vllm-v1-chat-completions-n2-logprobs.sse", True), ("vllm-v1-completions-n2-logprobs.sse", False)],
+)
+def test_openai_logprobs_come_with_each_token(name: str, chat: bool) -> None:
+    data = fixture(name)
+    stream = OpenAIStream(2, hold_last_finish=True, chat=chat, logprobs=True)
+    chunks = [chunk for payload in payloads(data) for chunk in stream.feed(payload)] + stream.close()
+    expected: list[list[float]] = [[], []]
+    for payload in raw_events(data):
+        if payload == DONE:
+            continue
+        for choice in json.loads(payload).get("choices") or []:
+            found = choice.get("logprobs") or {}
+            values = (
+                [e["logprob"] for e in found.get("content") or []]
+                if chat
+                else found.get("token_logprobs") or []
+            )
+            expected[choice["index"]] += values
+    assert logprobs_of(chunks, 2) == expected and all(len(values) == 8 for values in expected)
+    assert all(len(c.logprobs or ()) == c.tokens for c in chunks if c.tokens)

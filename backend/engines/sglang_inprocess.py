@@ -139,8 +139,9 @@ class SGLangInProcessGeneration(QueuedGeneration):
 
     def __init__(self, engine: SGLangInProcessEngine, prompt: Prompt, n: int, params: SamplingParams) -> None:
         self.engine = engine
-        self.state = SGLangStream(n, incremental=engine.incremental)
+        self.state = SGLangStream(n, incremental=engine.incremental, logprobs=params.logprobs)
         self._sampling = sglang_request(prompt.text, n, params)["sampling_params"]
+        self._logprob = {"return_logprob": True} if params.logprobs else {}
         self._source: dict[str, Any] = (
             {"input_ids": engine.chat_token_ids(prompt)} if prompt.chat else {"prompt": prompt.text}
         )
@@ -151,7 +152,7 @@ class SGLangInProcessGeneration(QueuedGeneration):
     async def _read(self) -> None:
         try:
             stream: AsyncIterator[dict[str, Any]] = await self.engine.sglang.async_generate(
-                sampling_params=self._sampling, stream=True, **self._source
+                sampling_params=self._sampling, stream=True, **self._source, **self._logprob
             )
             async for event in stream:
                 for chunk in self.state.feed_event(event):

@@ -79,7 +79,11 @@ def completions_request(
         "stream_options": {"include_usage": True},
     }
     if prompt.chat:
+        if params.logprobs:
+            body["logprobs"] = True  # the chosen tokens' own (top_logprobs left out)
         return "/v1/chat/completions", {**body, "messages": prompt.messages()}
+    if params.logprobs:
+        body["logprobs"] = 0  # the completions API's count of alternatives: the chosen token's only
     return "/v1/completions", {**body, "prompt": prompt.text}
 
 
@@ -94,7 +98,9 @@ class OpenAIGeneration(StreamingGeneration):
             raise ValueError(f"n must be at least 1, got {n}")
         model = engine.requested_model or engine.served_model or ""
         self._request = completions_request(model, prompt, n, params)
-        super().__init__(engine, OpenAIStream(n, hold_last_finish=True, chat=prompt.chat))
+        super().__init__(
+            engine, OpenAIStream(n, hold_last_finish=True, chat=prompt.chat, logprobs=params.logprobs)
+        )
 
     def request(self) -> tuple[str, dict[str, Any]]:
         return self._request

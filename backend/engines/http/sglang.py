@@ -177,7 +177,7 @@ def sglang_request(prompt: str | list[int], n: int, params: SamplingParams) -> d
     identical; without one each sample draws differently.
     """
     source = {"text": prompt} if isinstance(prompt, str) else {"input_ids": prompt}
-    return {
+    body = {
         **source,
         "sampling_params": {
             "n": n,
@@ -187,6 +187,9 @@ def sglang_request(prompt: str | list[int], n: int, params: SamplingParams) -> d
         },
         "stream": True,
     }
+    if params.logprobs:
+        body["return_logprob"] = True  # the output tokens' only: logprob_start_len stays -1
+    return body
 
 
 class SGLangGeneration(StreamingGeneration):
@@ -201,7 +204,7 @@ class SGLangGeneration(StreamingGeneration):
         self._prompt = prompt
         self._body = sglang_request(prompt.text, n, params)
         self._pending_aborts: set[int] = set()
-        super().__init__(engine, SGLangStream(n, incremental=engine.incremental))
+        super().__init__(engine, SGLangStream(n, incremental=engine.incremental, logprobs=params.logprobs))
 
     async def prepare(self) -> None:
         if self._prompt.chat:

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import json
 import logging
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from backend.engines.base import Chunk
@@ -121,6 +121,8 @@ class SampleState:
     tokens: int = 0
     request_id: str | None = None
     finished: bool = False
+    logprobs: int = 0
+    """Token logprobs taken so far (a cumulative stream repeats the earlier ones)."""
 
 
 @dataclass
@@ -185,12 +187,15 @@ class SGLangStream(StreamState):
     """The native `POST /generate` stream of one request with `sampling_params.n = n`.
 
     `incremental` is the server's `--incremental-streaming-output`: each event then holds only the
-    new text; otherwise each holds the sample's whole text so far.
+    new text; otherwise each holds the sample's whole text so far. With `logprobs` (the request had
+    `return_logprob`), each chunk carries its tokens' logprobs from `meta_info.output_token_logprobs`
+    (`[logprob, token id, text]` per token: the new ones, or all so far, as the text).
     """
 
-    def __init__(self, n: int, incremental: bool = False) -> None:
+    def __init__(self, n: int, incremental: bool = False, logprobs: bool = False) -> None:
         super().__init__(n)
         self.incremental = incremental
+        self.logprobs = logprobs
 
     def request_id(self, index: int) -> str | None:
         """The server's id of sample `index` (for /abort_request), once its first event arrived."""
@@ -230,11 +235,20 @@ class SGLangStream(StreamState):
         tokens = self._token_count(event, meta_info, sample)
         new_tokens = max(0, tokens - sample.tokens)
         sample.tokens = max(tokens, sample.tokens)
+        logprobs = self._new_logprobs(meta_info, sample) if self.logprobs else None
         reason = sglang_finish_reason(meta_info.get("finish_reason"))
         if reason is None:
-            return [Chunk(index, delta, new_tokens)] if delta or new_tokens else []
+            return [Chunk(index, delta, new_tokens, logprobs=logprobs)] if delta or new_tokens else []
         sample.finished = True
-        return [Chunk(index, delta, new_tokens, reason, sglang_meta(meta_info))]
+        return [Chunk(index, delta, new_tokens, reason, sglang_meta(meta_info), logprobs)]
+
+    def _new_logprobs(self, meta_info: dict[str, Any], sample: SampleState) -> tuple[float, ...]:
+        entries = meta_info.get("output_token_logprobs") or []
+        new = entries if self.incremental else entries[sample.logprobs :]
+        sample.logprobs += len(new)
+        return token_logprobs(
+            entry[0] if isinstance(entry, list | tuple) and entry else None for entry in new
+        )
 
     def _token_count(self, event: dict[str, Any], meta_info: dict[str, Any], sample: SampleState) -> int:
         completion = meta_info.get("completion_tokens")
@@ -242,6 +256,12 @@ class SGLangStream(StreamState):
             return completion
         output_ids = event.get("output_ids") or []
         return sample.tokens + len(output_ids) if self.incremental else len(output_ids)
+
+
+def token_logprobs(values: Any) -> tuple[float, ...]:
+    """The numbers among a server's per-token logprobs (a server may send null for a token it has
+    no value for, or -inf, which JSON writes as a huge negative)."""
+    return tuple(float(v) for v in values if isinstance(v, int | float) and not isinstance(v, bool))
 
 
 OPENAI_FINISH_REASONS = {"stop": "stop", "length": "length", "abort": "abort"}
@@ -255,10 +275,15 @@ class OpenAIStream(StreamState):
     the last sample is held back until the usage chunk (or the end) so it can carry the usage.
     """
 
-    def __init__(self, n: int, hold_last_finish: bool = False, chat: bool = False) -> None:
+    def __init__(
+        self, n: int, hold_last_finish: bool = False, chat: bool = False, logprobs: bool = False
+    ) -> None:
         super().__init__(n)
         self.hold_last_finish = hold_last_finish
         self.chat = chat
+        self.logprobs = logprobs
+        """The request asked for logprobs: each choice event's `logprobs` (`content[].logprob` in a
+        chat stream, `token_logprobs` in a completions stream) goes with its chunk."""
         """A `/v1/chat/completions` stream: text in `choices[].delta.content`, and a first event per
         choice that only announces the assistant's role (no token)."""
         self.usage: dict[str, Any] | None = None
@@ -300,8 +325,9 @@ class OpenAIStream(StreamState):
         new_tokens = 0 if self.chat and not text and raw_reason != "stop" else 1
         sample.text += text
         sample.tokens += new_tokens
+        logprobs = self._choice_logprobs(choice) if self.logprobs else None
         if raw_reason is None:
-            return [Chunk(index, text, new_tokens)]
+            return [Chunk(index, text, new_tokens, logprobs=logprobs)]
         sample.finished = True
         meta: dict[str, Any] = {"completion_tokens": sample.tokens}
         if raw_reason not in OPENAI_FINISH_REASONS:
@@ -309,20 +335,26 @@ class OpenAIStream(StreamState):
         stop_reason = choice.get("stop_reason") or choice.get("matched_stop")
         if stop_reason is not None:
             meta["matched_stop"] = stop_reason
-        chunk = Chunk(index, text, new_tokens, OPENAI_FINISH_REASONS.get(raw_reason, "stop"), meta)
+        chunk = Chunk(index, text, new_tokens, OPENAI_FINISH_REASONS.get(raw_reason, "stop"), meta, logprobs)
         if self.hold_last_finish and not self.unfinished:
             self._held = chunk
             return []
         return [chunk]
+
+    def _choice_logprobs(self, choice: dict[str, Any]) -> tuple[float, ...]:
+        found = choice.get("logprobs") or {}
+        if self.chat:
+            return token_logprobs(
+                entry.get("logprob") for entry in found.get("content") or [] if isinstance(entry, dict)
+            )
+        return token_logprobs(found.get("token_logprobs") or [])
 
     def _release(self) -> list[Chunk]:
         held, self._held = self._held, None
         if held is None:
             return []
         if self.usage is not None:
-            held = Chunk(
-                held.index, held.text, held.tokens, held.finish_reason, {**held.meta, "usage": self.usage}
-            )
+            held = replace(held, meta={**held.meta, "usage": self.usage})
         return [held]
 
     def close(self) -> list[Chunk]:
