@@ -77,7 +77,7 @@ async def test_cumulative_outputs_reach_the_client_as_the_same_deltas(backend: B
     ]
 
 
-async def test_the_trace_shows_what_the_consumer_read_grow_with_the_text_when_cumulative(
+async def test_the_trace_shows_what_a_cumulative_consumer_reads_grow_with_the_text(
     backend: BackendServer,
 ) -> None:
     def reads(frames: list[dict[str, Any]]) -> list[list[Any]]:
@@ -85,9 +85,8 @@ async def test_the_trace_shows_what_the_consumer_read_grow_with_the_text_when_cu
 
     delta = reads(await run(backend, n=2, max_tokens=120))
     cumulative = reads(await run(backend, n=2, max_tokens=120, output_kind="cumulative"))
-    assert delta and cumulative
+    assert delta == []  # delta outputs are the default path: nothing extra is measured per token
     # [t_ms, id, index, largest output's bytes, consumer us per output, outputs]
-    assert max(e[3] for e in delta) < 20  # a word at a time
     sizes = [e[3] for e in cumulative if e[2] == 0]
     assert sizes == sorted(sizes) and sizes[-1] > 300  # the whole text so far, growing
     assert all(e[4] >= 0 and e[5] >= 1 for e in cumulative)

@@ -250,7 +250,7 @@ def trace_svg(view: TraceView, n: int) -> str:
     # climbing with the text for cumulative outputs).
     reads = [(t, size) for t, _index, size, _us in view.reads if t >= t0]
     most = max([size for _, size in reads] + [1])
-    parts.append(_label(f"read ≤{_bytes(most)}", y + READ_H / 2, size=8))
+    parts.append(_label(f"read ≤{_bytes(most)}" if reads else "read: deltas", y + READ_H / 2, size=8))
     if reads:
         tallest: dict[int, int] = {}
         for t, size in reads:

@@ -70,8 +70,20 @@ class Outbox:
         """Queue the chunk frame `chunk_frame(request_id, index, text, tokens, at, logprobs)`, or
         merge it into its sample's queued one (its `logprobs` as one more piece); returns how many
         frames are queued."""
-        pieces = None if logprobs is None else [[text, list(logprobs)]]
-        return self._push_chunk(request_id, index, text, tokens, at, pieces)
+        if logprobs is not None:
+            return self._push_chunk(request_id, index, text, tokens, at, [[text, list(logprobs)]])
+        # `_push_chunk` written out for chunks without logprobs: this runs for every token.
+        self.pushed += 1
+        key = (request_id, index)
+        queued = self._queued_chunks.get(key)
+        if queued is not None:
+            queued.text += text
+            queued.tokens += tokens
+            self.merged += 1
+        else:
+            queued = self._queued_chunks[key] = _QueuedChunk(request_id, index, text, tokens, at, None)
+            self._frames.append(queued)
+        return len(self._frames)
 
     def _push_chunk(
         self, request_id: str, index: int, text: str, tokens: int, at: float | None, pieces: list[Any] | None
