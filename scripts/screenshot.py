@@ -1,7 +1,9 @@
 """Take a screenshot of the dashboard mid-stream: `python -m scripts.screenshot [OUT.png]`.
 
 Starts `app.py` on the synthetic engine on free ports, drives Debian's chromium with Playwright
-(n=8, Generate), and saves the page while the samples are still streaming.
+(n=8, token confidence on, Generate), and saves the whole page while the samples are still
+streaming: coloured tokens, where each sample parts from the others, the answers panel, the trace
+with its task tree.
 """
 
 from __future__ import annotations
@@ -24,14 +26,20 @@ def main(out: str = "docs/screenshot.png") -> int:
     try:
         with sync_playwright() as p:
             browser = p.chromium.launch(executable_path=chromium_path(), args=CHROMIUM_ARGS)
-            page = browser.new_page(viewport={"width": 1440, "height": 1150})
+            # Tall enough for the whole page: blocks of text off screen are not painted
+            # (content-visibility), so a full-page capture of a shorter viewport leaves them blank.
+            page = browser.new_page(viewport={"width": 1440, "height": 2300})
             page.goto(f"http://127.0.0.1:{port}/")
             page.locator("#n input[type=number]").fill("8")
             page.locator("#n input[type=number]").press("Enter")
+            page.get_by_role("button", name="Why sample n times").click()
+            page.locator("#logprobs input[type=checkbox]").check()
+            page.locator("#answer-pattern textarea").fill(r"(\w+)\.")
             page.locator("#generate").click()
             page.wait_for_function(
                 "document.querySelector('#sample-7')?.textContent.length > 120", timeout=30_000
             )
+            page.wait_for_selector("#trace pre", timeout=30_000)  # the task tree, once a second
             time.sleep(1.0)
             page.screenshot(path=str(ROOT / out), full_page=False)
             browser.close()

@@ -82,7 +82,7 @@ engine output. Under the figures, the loop's tasks and what each one awaits, onc
 WHY_N = """
 **Why sample n times.** With **token confidence** on, each column colours its tokens by how likely
 the model found them (green sure, red unsure; the probability on hover) and its header gives the
-mean log probability and the perplexity. A ⑂ marks where a sample parts from every other sample:
+mean log probability and the perplexity. A violet bar marks where a sample parts from every other sample:
 the n samples share a prefix until one draws differently. The **answers** below take each
 finished sample's final answer (the last number, or what your pattern matches: its first group if
 it has one) and vote: the most common answer is the self-consistency answer.

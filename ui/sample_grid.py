@@ -40,9 +40,8 @@ CSS = """
   background: var(--button-secondary-background-fill); }
 .sample-stop:disabled { opacity: 0.4; }
 .sample-text .tok { border-radius: 2px; }
-.sample-text .parting { display: inline-block; width: 0; position: relative; }
-.sample-text .parting::before { content: '⑂'; position: absolute; left: -0.35em; top: -0.95em;
-  font-size: 0.8em; color: #7c3aed; }
+.sample-text .parting { display: inline-block; width: 0; height: 1.15em; vertical-align: text-bottom;
+  border-left: 3px solid #7c3aed; margin: 0 1px; }
 """
 """Columns as many per row as fit, all the same width; each text box keeps its newest line in view
 (`column-reverse` anchors the scroll at the bottom while the text grows; a short text stays at the
@@ -103,7 +102,7 @@ function appendPiece(c, piece, p) {
 }
 
 // Marks where this sample parts from every other sample: an empty span at that character offset
-// (its glyph is CSS, so the text's content stays the sample's text), moved as the point moves.
+// (a bar drawn by CSS, so the text's content stays the sample's text), moved as the point moves.
 function markParting(c, offset) {
   if (c.marker) { c.marker.remove(); c.marker = null; }
   c.partsAt = offset;

@@ -211,7 +211,9 @@ def samples_value(view: RunView, now: float) -> dict[str, Any]:
             "parts_at": parts_at,
         }
         if sample.marks:
-            column["marks"] = sample.marks
+            # A copy: the value is sent after this returns, while the run's view takes more frames,
+            # and marks past the text taken here would colour the wrong characters.
+            column["marks"] = sample.marks[:]
         columns.append(column)
     return {"samples": columns}
 
