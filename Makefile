@@ -7,12 +7,14 @@ TORCH := $(shell grep '^torch==' requirements.txt)
 # The tracer's C parts, built in place (without a C compiler the dashboard serves untraced and says why).
 NATIVE := backend/trace/_step_recorder$(shell $(PYTHON) -c 'import sysconfig; print(sysconfig.get_config_var("EXT_SUFFIX"))')
 
-.PHONY: run test test-engines check-gpu-install lint bench screenshot chromium clean
+.PHONY: run setup test test-engines check-gpu-install lint bench screenshot chromium clean
 
 run: $(VENV)/.runtime $(NATIVE)  ## the dashboard on http://127.0.0.1:7860 (ARGS="--engine synthetic ...")
 	$(PY) app.py $(ARGS)
 
-test: $(VENV)/.dev $(NATIVE) chromium  ## lint, then every test (the browser ones included)
+setup: $(VENV)/.dev $(NATIVE) chromium  ## what the tests need: the environment, the tracer's C parts, chromium
+
+test: setup  ## lint, then every test (the browser ones included)
 	$(PY) -m ruff check .
 	$(PY) -m ruff format --check .
 	$(PY) -m pytest $(PYTEST_ARGS)

@@ -221,6 +221,37 @@ async def test_the_server_sends_the_engines_rejection_as_an_error_frame(engine: 
         await server._server.wait_closed()
 
 
+async def test_cancel_after_k_tokens_stops_each_sample_at_most_one_token_late(engine: EmbeddedEngine) -> None:
+    server = BackendServer(engine, Limits(), port=0)
+    await server.start()
+    try:
+        async with connect(server.url) as ws:
+            frame = {
+                "type": "generate",
+                "id": "r1",
+                "prompt": PROMPT,
+                "n": 3,
+                "cancel_after": 5,
+                "trace": False,
+            }
+            frame["params"] = {"max_tokens": 200, "seed": 3, "temperature": 0.8}
+            await ws.send(json.dumps(frame))
+            tokens = [0, 0, 0]
+            finishes: dict[int, dict] = {}
+            while (reply := await recv_frame(ws, 60))["type"] != "done":
+                if reply["type"] == "chunk":
+                    tokens[reply["index"]] += reply["tokens"]
+                elif reply["type"] == "finish":
+                    finishes[reply["index"]] = reply
+    finally:
+        server._server.close()  # the module's engine stays up for the other tests
+        await server._server.wait_closed()
+    assert {f["reason"] for f in finishes.values()} == {"abort"}
+    assert all(5 <= count <= 6 for count in tokens), tokens  # the engine's step in flight, at most
+    assert all(f["engine"]["tokens_after_abort"] <= 1 for f in finishes.values()), finishes
+    assert engine.health()["running_rows"] == 0
+
+
 def gone(pid: int) -> bool:
     """Whether process `pid` has ended (a zombie nobody reaps counts as ended)."""
     try:
