@@ -584,7 +584,7 @@ def test_app_py_serves_in_process_sglang(tmp_path: Path) -> None:
             1,
             api_name="/generate",
         )
-        assert all(answers_colours(text) for text in column_texts(final)), column_texts(final)
+        assert all(answers_colours(text) for text in column_texts(final)), (column_texts(final), final[1])
         assert "Prompt format **chat**" in final[1], final[1]
         experiments = ("cooperative", 20, "n")  # consumer, block_ms, fan-out: the page's defaults
         raw = client.predict(
@@ -746,7 +746,7 @@ def test_auto_launches_sglang_serves_and_sigterm_leaves_nothing(tmp_path: Path) 
         final = Client(auto.app.url, verbose=False).predict(
             COLOUR_PROMPT, 4, 64, 0.3, 0.95, 1, api_name="/generate"
         )
-        assert all(answers_colours(text) for text in column_texts(final)), column_texts(final)
+        assert all(answers_colours(text) for text in column_texts(final)), (column_texts(final), final[1])
         port = server.split("--port ", 1)[1].split()[0]
         with urllib.request.urlopen(f"http://127.0.0.1:{port}/server_info", timeout=10) as response:
             assert json.loads(response.read())["incremental_streaming_output"] is True

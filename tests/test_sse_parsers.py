@@ -331,3 +331,18 @@ def test_openai_logprobs_come_with_each_token(name: str, chat: bool) -> None:
             expected[choice["index"]] += values
     assert logprobs_of(chunks, 2) == expected and all(len(values) == 8 for values in expected)
     assert all(len(c.logprobs or ()) == c.tokens for c in chunks if c.tokens)
+
+
+def test_a_chat_token_with_empty_text_counts_when_its_logprob_comes() -> None:
+    # vLLM at max_tokens can end a chat choice with a token whose text is empty: its logprob says
+    # that it is one token (without logprobs the event reads as the closing event of no token).
+    stream = OpenAIStream(1, chat=True, logprobs=True)
+    event = {"choices": [{"index": 0, "delta": {"content": ""}, "finish_reason": "length"}]}
+    event["choices"][0]["logprobs"] = {"content": [{"token": "", "logprob": -0.5, "bytes": []}]}
+    (chunk,) = stream.feed(json.dumps(event))
+    assert (chunk.tokens, chunk.logprobs, chunk.finish_reason) == (1, (-0.5,), "length")
+    plain = OpenAIStream(1, chat=True)
+    (closing,) = plain.feed(
+        json.dumps({"choices": [{"index": 0, "delta": {"content": ""}, "finish_reason": "length"}]})
+    )
+    assert closing.tokens == 0

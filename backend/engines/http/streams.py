@@ -323,9 +323,12 @@ class OpenAIStream(StreamState):
         # A chat stream may end a choice with an event of its own (SGLang): no new token in it
         # unless it is the stop token, which the server's usage counts too.
         new_tokens = 0 if self.chat and not text and raw_reason != "stop" else 1
+        logprobs = self._choice_logprobs(choice) if self.logprobs else None
+        if logprobs:
+            # The event's own count: a token whose text is empty (vLLM's last at max_tokens) is one.
+            new_tokens = len(logprobs)
         sample.text += text
         sample.tokens += new_tokens
-        logprobs = self._choice_logprobs(choice) if self.logprobs else None
         if raw_reason is None:
             return [Chunk(index, text, new_tokens, logprobs=logprobs)]
         sample.finished = True
