@@ -237,10 +237,12 @@ async def test_cancel_after_k_tokens_stops_each_sample_at_most_one_token_late(en
             frame["params"] = {"max_tokens": 200, "seed": 3, "temperature": 0.8}
             await ws.send(json.dumps(frame))
             tokens = [0, 0, 0]
+            texts = ["", "", ""]
             finishes: dict[int, dict] = {}
             while (reply := await recv_frame(ws, 60))["type"] != "done":
                 if reply["type"] == "chunk":
                     tokens[reply["index"]] += reply["tokens"]
+                    texts[reply["index"]] += reply["text"]
                 elif reply["type"] == "finish":
                     finishes[reply["index"]] = reply
     finally:
@@ -248,6 +250,7 @@ async def test_cancel_after_k_tokens_stops_each_sample_at_most_one_token_late(en
         await server._server.wait_closed()
     assert {f["reason"] for f in finishes.values()} == {"abort"}
     assert all(5 <= count <= 6 for count in tokens), tokens  # the engine's step in flight, at most
+    assert all(len(text.split()) >= 2 for text in texts), texts  # the start of an answer, cut short
     assert all(f["engine"]["tokens_after_abort"] <= 1 for f in finishes.values()), finishes
     assert engine.health()["running_rows"] == 0
 

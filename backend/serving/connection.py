@@ -207,7 +207,8 @@ class ClientSession:
         """Queue `chunk_frame(request_id, index, text, tokens, at, ...)` without building it; never
         blocks."""
         # `_queued` written out: this runs for every token.
-        queued = self.outbox.push_chunk(request_id, index, text, tokens, at, logprobs)
+        pieces = None if logprobs is None else [[text, list(logprobs)]]
+        queued = self.outbox.push_chunk(request_id, index, text, tokens, at, pieces)
         self._wake.set()
         if queued > OUTBOX_MAX_FRAMES:
             self._close_stalled()

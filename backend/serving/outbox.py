@@ -65,29 +65,11 @@ class Outbox:
         text: str,
         tokens: int,
         at: float | None,
-        logprobs: tuple[float, ...] | None = None,
+        pieces: list[Any] | None = None,
     ) -> int:
-        """Queue the chunk frame `chunk_frame(request_id, index, text, tokens, at, logprobs)`, or
-        merge it into its sample's queued one (its `logprobs` as one more piece); returns how many
-        frames are queued."""
-        if logprobs is not None:
-            return self._push_chunk(request_id, index, text, tokens, at, [[text, list(logprobs)]])
-        # `_push_chunk` written out for chunks without logprobs: this runs for every token.
-        self.pushed += 1
-        key = (request_id, index)
-        queued = self._queued_chunks.get(key)
-        if queued is not None:
-            queued.text += text
-            queued.tokens += tokens
-            self.merged += 1
-        else:
-            queued = self._queued_chunks[key] = _QueuedChunk(request_id, index, text, tokens, at, None)
-            self._frames.append(queued)
-        return len(self._frames)
-
-    def _push_chunk(
-        self, request_id: str, index: int, text: str, tokens: int, at: float | None, pieces: list[Any] | None
-    ) -> int:
+        """Queue the chunk frame `chunk_frame(request_id, index, text, tokens, at)` with its
+        `logprobs` pieces (`[[text, [logprob, ...]], ...]`, where the request asked for them), or
+        merge it into its sample's queued one; returns how many frames are queued."""
         self.pushed += 1
         key = (request_id, index)
         queued = self._queued_chunks.get(key)
@@ -100,6 +82,7 @@ class Outbox:
                 queued.logprobs.extend(pieces)
             self.merged += 1
         else:
+            pieces = None if pieces is None else list(pieces)  # its own list, extended as chunks merge
             queued = self._queued_chunks[key] = _QueuedChunk(request_id, index, text, tokens, at, pieces)
             self._frames.append(queued)
         return len(self._frames)
@@ -110,7 +93,7 @@ class Outbox:
         kind = frame.get("type")
         if kind == "chunk" and frame.keys() <= _CHUNK_FIELDS:
             request_id, index, text, tokens = frame["id"], frame["index"], frame["text"], frame["tokens"]
-            return self._push_chunk(request_id, index, text, tokens, frame.get("at"), frame.get("logprobs"))
+            return self.push_chunk(request_id, index, text, tokens, frame.get("at"), frame.get("logprobs"))
         self.pushed += 1
         if kind == "finish":
             # Later text of this sample (there is none by the protocol) must not jump the finish.
