@@ -4,6 +4,9 @@ PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
 TORCH := $(shell grep '^torch==' requirements.txt)
+# make test's pytest processes: a test file each, three at once (most tests wait on a process they
+# started, so one at a time left a core idle: 9 min 52 s against 6 min 5 s here, 2 cores).
+TEST_WORKERS ?= -n 3 --dist loadfile
 # The tracer's C parts, built in place (without a C compiler the dashboard serves untraced and says why).
 NATIVE := backend/trace/_step_recorder$(shell $(PYTHON) -c 'import sysconfig; print(sysconfig.get_config_var("EXT_SUFFIX"))')
 
@@ -17,7 +20,7 @@ setup: $(VENV)/.dev $(NATIVE) chromium  ## what the tests need: the environment,
 test: setup  ## lint, then every test (the browser ones included)
 	$(PY) -m ruff check .
 	$(PY) -m ruff format --check .
-	$(PY) -m pytest $(PYTEST_ARGS)
+	$(PY) -m pytest $(TEST_WORKERS) $(PYTEST_ARGS)
 
 test-engines: $(VENV)/.dev $(NATIVE)  ## the sglang/openai engines against real SGLang and vLLM servers on this CPU
 	scripts/prepare-engine-envs.sh

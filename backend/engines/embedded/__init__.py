@@ -49,9 +49,6 @@ DEFAULT_CONTEXT = 4096
 """Prompt plus max_tokens per sample; bounds one row's cache (64 rows x 4096 x 46 KB = 12 GB
 at the very worst, when every row is that long)."""
 
-END_OF_TURN = "<|im_end|>"
-"""The chat template's end of a turn: a sample stops there."""
-
 
 class EmbeddedEngine(Engine):
     """A Llama on the CPU in a child process, many requests sharing each step."""
@@ -132,16 +129,20 @@ class EmbeddedEngine(Engine):
         folder = resolve_model(self.model_source, default=self.default_model, on_status=self._set_status)
         self._set_status(f"loading {folder.name}")
         config = LlamaConfig.from_hf(read_config(folder.path))
-        from transformers import AutoTokenizer
-
-        tokenizer = AutoTokenizer.from_pretrained(folder.path)
-        eos = {tokenizer.convert_tokens_to_ids(END_OF_TURN), tokenizer.eos_token_id}
-        eos_ids = tuple(i for i in eos if isinstance(i, int) and i != tokenizer.unk_token_id)
         self.context = min(self.context, config.max_positions)
         dtype = str(self.dtype).removeprefix("torch.")
-        setup = WorkerSetup(str(folder.path), dtype, self.threads, self.max_rows, self.context, eos_ids)
+        setup = WorkerSetup(str(folder.path), dtype, self.threads, self.max_rows, self.context)
         worker = WorkerProcess(setup, self._on_message)
-        figures = worker.start()
+        # The child loads while this process reads its own tokenizer (seconds each, mostly imports).
+        worker.spawn()
+        try:
+            from transformers import AutoTokenizer
+
+            tokenizer = AutoTokenizer.from_pretrained(folder.path)
+        except BaseException:
+            worker.stop(timeout=0)  # still loading: it reads no command until it has loaded
+            raise
+        figures = worker.wait_ready()
         self.tokenizer, self.worker, self._failure, self._figures = tokenizer, worker, None, figures
         self._model_name = f"{folder.name}, {dtype}, {self.threads} thread(s), CPU"
         self._set_status("ready")

@@ -107,7 +107,7 @@ def build_scheduler(setup: WorkerSetup, on_pass_end: Callable[[], None]) -> Any:
     from transformers import AutoTokenizer
 
     from backend.engines.embedded.model import Llama, LlamaConfig
-    from backend.engines.embedded.scheduler import BatchScheduler
+    from backend.engines.embedded.scheduler import BatchScheduler, stop_token_ids
     from backend.engines.embedded.weights import choose_dtype, read_config, read_tensors
 
     torch.set_num_threads(setup.threads)
@@ -115,7 +115,8 @@ def build_scheduler(setup: WorkerSetup, on_pass_end: Callable[[], None]) -> Any:
     config = LlamaConfig.from_hf(read_config(folder))
     model = Llama(config, read_tensors(folder), choose_dtype(setup.dtype))
     tokenizer = AutoTokenizer.from_pretrained(folder)
-    return BatchScheduler(model, tokenizer, setup.eos_ids, setup.max_rows, setup.context, on_pass_end)
+    stops = stop_token_ids(tokenizer)
+    return BatchScheduler(model, tokenizer, stops, setup.max_rows, setup.context, on_pass_end)
 
 
 def main(argv: list[str]) -> int:

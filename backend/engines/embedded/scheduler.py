@@ -110,6 +110,16 @@ class SchedulerStats:
     last_step_ms: float = 0.0
 
 
+END_OF_TURN = "<|im_end|>"
+"""The chat template's end of a turn: a sample stops there."""
+
+
+def stop_token_ids(tokenizer: Any) -> tuple[int, ...]:
+    """The tokens a sample ends at: the end of a chat turn and the tokenizer's end of text."""
+    eos = {tokenizer.convert_tokens_to_ids(END_OF_TURN), tokenizer.eos_token_id}
+    return tuple(i for i in eos if isinstance(i, int) and i != tokenizer.unk_token_id)
+
+
 def token_logprobs(logits: torch.Tensor, tokens: list[int], rows: list[Row]) -> list[float | None] | None:
     """Each row's chosen token's log probability under the model (log-softmax of its logits, before
     temperature and truncation, as engines report it), for the rows whose request asked; None for

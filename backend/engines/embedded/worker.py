@@ -51,7 +51,6 @@ class WorkerSetup:
     threads: int
     max_rows: int
     context: int
-    eos_ids: tuple[int, ...]
 
 
 class WorkerProcess:
@@ -78,6 +77,11 @@ class WorkerProcess:
     def start(self, timeout: float = LOAD_TIMEOUT_S) -> dict[str, Any]:
         """Start the child and wait until it has loaded the model; its first figures, or what kept it
         from loading, raised."""
+        self.spawn()
+        return self.wait_ready(timeout)
+
+    def spawn(self) -> None:
+        """Start the child and send it the setup; it loads the model while this process goes on."""
         command_read, command_write = os.pipe()
         result_read, result_write = os.pipe()
         env = dict(os.environ)
@@ -101,6 +105,11 @@ class WorkerProcess:
         self._commands = Connection(command_write, readable=False)
         self._results = Connection(result_read, writable=False)
         self.send(self.setup)
+
+    def wait_ready(self, timeout: float = LOAD_TIMEOUT_S) -> dict[str, Any]:
+        """Wait until the spawned child has loaded the model; its first figures, or what kept it from
+        loading, raised."""
+        assert self.process is not None and self._results is not None, "spawn() first"
         if not self._results.poll(timeout):
             self.stop()
             raise OSError(f"the embedded engine's process did not load the model within {timeout:g} s")
