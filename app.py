@@ -14,6 +14,7 @@ import secrets
 import signal
 import socket
 import sys
+from typing import Any
 
 from backend.config.engine_flags import (
     DEFAULT_BACKEND_PORT,
@@ -88,6 +89,33 @@ def page_port_problem(host: str, port: int) -> str | None:
     return None
 
 
+PAGE_CHECK_ATTEMPTS = 3
+"""Starts of the page tried when Gradio's own check that it answers fails (see `launch_page`)."""
+
+
+def launch_page(demo: Any, attempts: int = PAGE_CHECK_ATTEMPTS, **launch_args: Any) -> None:
+    """`demo.launch(**launch_args)`, started again when Gradio's check of its own page fails.
+
+    After starting its server, `launch` asks the page once with a 3 s timeout and raises when that
+    times out ("localhost is not accessible"); on a machine busy starting engines the page can be
+    slower than that to answer its first request (seen with four apps and three SGLang servers
+    starting on 2 cores). Each retry closes the server and launches it again on the same port.
+    """
+    for attempt in range(1, attempts + 1):
+        try:
+            demo.launch(**launch_args)
+            return
+        except ValueError as exc:
+            if "localhost is not accessible" not in str(exc) or attempt == attempts:
+                raise
+            logging.getLogger("app").warning(
+                "the page did not answer Gradio's check of it in time (attempt %d of %d); starting it again",
+                attempt,
+                attempts,
+            )
+            demo.close()
+
+
 def main(argv: list[str] | None = None) -> int:
     """Start the backend (unless --backend-url) and serve the page until interrupted."""
     args = parse_args(argv)
@@ -135,9 +163,14 @@ def main(argv: list[str] | None = None) -> int:
         # it grew by hundreds of KB a run, and by the seventh run at n = 32 the page spent more
         # time on it than on drawing (docs/benchmarks.md, "Browser"). Prompts stay out of the
         # browser's storage too.
-        demo.launch(server_name=args.host, server_port=args.port, show_error=True, css=CSS, run_history=False)
+        launch_page(
+            demo, server_name=args.host, server_port=args.port, show_error=True, css=CSS, run_history=False
+        )
     except OSError as exc:  # the port was taken after the check above
         print(f"app: the page could not start: {exc}", file=sys.stderr)
+        return 2
+    except ValueError as exc:  # the page never answered Gradio's check of it
+        print(f"app: the page started but did not answer its own check: {exc}", file=sys.stderr)
         return 2
     finally:
         if backend is not None:

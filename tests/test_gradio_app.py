@@ -258,6 +258,39 @@ def test_a_page_port_in_use_or_a_bad_host_is_said_in_one_line() -> None:
             assert "backend" not in result.stdout  # nothing was started
 
 
+def test_a_page_slow_to_answer_gradios_own_check_is_started_again(monkeypatch: pytest.MonkeyPatch) -> None:
+    # Gradio's launch raises when its one 3 s request to the new page times out (a loaded machine):
+    # app.py closes the server and launches it again, on the same port, a bounded number of times.
+    import gradio as gr
+    import gradio.networking
+
+    import app
+
+    checks: list[str] = []
+    real_url_ok = gradio.networking.url_ok
+
+    def slow_first(url: str) -> bool:
+        checks.append(url)
+        return len(checks) > 1 and real_url_ok(url)
+
+    monkeypatch.setattr(gradio.networking, "url_ok", slow_first)
+    with gr.Blocks() as demo:
+        gr.Markdown("page")
+    port = free_port()
+    app.launch_page(demo, server_name="127.0.0.1", server_port=port, prevent_thread_lock=True, quiet=True)
+    try:
+        assert len(checks) == 2 and all(f":{port}" in url for url in checks), checks
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/", timeout=10) as response:
+            assert response.status == 200
+    finally:
+        demo.close()
+
+    monkeypatch.setattr(gradio.networking, "url_ok", lambda url: False)
+    with pytest.raises(ValueError, match="localhost is not accessible"):
+        app.launch_page(demo, attempts=2, server_name="127.0.0.1", server_port=port, prevent_thread_lock=True)
+    demo.close()
+
+
 ANSWERS_CHART, ANSWERS_LINE = 4, 5
 EXPERIMENTS = ("cooperative", 0, "n", "chat", "")
 """consumer, block ms, fan-out, prompt format, system prompt: the defaults, before the options below."""
