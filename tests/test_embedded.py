@@ -13,6 +13,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -438,3 +439,44 @@ async def test_a_prompt_reuses_the_previous_prompts_shared_head(engine: Embedded
     await collect(engine.generate(Prompt("Say hello."), 1, params(max_tokens=2)), 1)
     await collect(engine.generate(Prompt("Say hello."), 1, params(max_tokens=2)), 1)
     assert engine.health()["reused_prompt_tokens"] - before == 2 * shared
+
+
+class FlushCountingSink:
+    """A request's sink that notes how many scheduler flushes came before each of its chunks."""
+
+    def __init__(self, flushes: list[int]) -> None:
+        self.flushes = flushes
+        self.seen: list[int] = []
+        self.done = threading.Event()
+
+    def deliver(self, chunks: list) -> None:
+        self.seen.append(len(self.flushes))
+        if any(chunk.finish_reason is not None for chunk in chunks):
+            self.done.set()
+
+    def set_queue_position(self, position: int) -> None:
+        """Queue positions are not under test here."""
+
+
+def test_requests_admitted_together_each_get_their_first_token_out_after_their_own_prefill() -> None:
+    """Three requests arriving at once are prefilled in one pass; each one's first tokens are flushed
+    (sent to the backend) before the next one's prefill, not all after the last."""
+    from backend.engines.embedded.child import build_scheduler
+    from backend.engines.embedded.scheduler import Job
+    from backend.engines.embedded.worker import WorkerSetup
+
+    flushes: list[int] = []
+    setup = WorkerSetup(str(resolve_model().path), "float32", 1, 8, 512)
+    scheduler = build_scheduler(setup, lambda: flushes.append(1))
+    prompts = [scheduler.tokenizer(text)["input_ids"] for text in ("One two", "Three four", "Five six")]
+    sinks = [FlushCountingSink(flushes) for _ in prompts]
+    for ids, sink in zip(prompts, sinks, strict=True):
+        scheduler.submit(Job(ids, 2, DecodeParams(3, 0.8, 0.95, seed=1), sink))
+    scheduler.start(1)
+    try:
+        for sink in sinks:
+            assert sink.done.wait(60)
+    finally:
+        scheduler.stop()
+    firsts = [sink.seen[0] for sink in sinks]
+    assert firsts[0] < firsts[1] < firsts[2], firsts

@@ -58,10 +58,13 @@ def _truncated(probs: torch.Tensor, rows: list[RowSampling], uniforms: torch.Ten
 
 def sample(logits: torch.Tensor, rows: list[RowSampling]) -> list[int]:
     """The next token of every row of `logits` [R, V] (float32)."""
-    tokens = logits.argmax(-1)
     random_rows = [i for i, row in enumerate(rows) if row.temperature > 0]
     if not random_rows:
-        return tokens.tolist()
+        return logits.argmax(-1).tolist()
+    tokens = torch.empty(len(rows), dtype=torch.long)
+    if len(random_rows) < len(rows):  # the greedy rows' argmax, only where there are any
+        greedy = torch.tensor([i for i, row in enumerate(rows) if row.temperature <= 0])
+        tokens[greedy] = logits[greedy].argmax(-1)
     chosen = [rows[i] for i in random_rows]
     index = torch.tensor(random_rows)
     temperatures = torch.tensor([row.temperature for row in chosen], dtype=logits.dtype)

@@ -11,9 +11,10 @@ finishes). Each pass:
    prefill the prompt once, copy its cache into n rows, sample each row's first token;
 3. decode one token for every running row, of every request, in one batch.
 
-Chunks go to each request's `Sink` from this thread; `on_pass_end`, if given, runs after the
-admissions and after the decode step of every pass, so whoever forwards the chunks can send each
-step's output of all requests at once, and the first tokens leave before the next decode step.
+Chunks go to each request's `Sink` from this thread; `on_pass_end`, if given, runs after each
+admitted request's prefill and after the decode step of every pass, so whoever forwards the chunks
+can send each step's output of all requests at once, and a request's first tokens leave as soon as
+its prompt is done (not after every other request admitted in the same pass).
 """
 
 from __future__ import annotations
@@ -303,6 +304,9 @@ class BatchScheduler:
                 job.position = 0
                 job.sink.set_queue_position(0)
             self._prefill(job)
+            # Each request's first token goes out when its prompt is done, not after every request
+            # admitted in this pass: 16 arriving at once otherwise all waited for the last prefill.
+            self._pass_end()
         self._report_positions()
 
     def _template_head_kv(self) -> PromptKV | None:
