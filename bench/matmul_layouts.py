@@ -1,0 +1,94 @@
+"""The embedded engine's decode matmuls, one thread, in the weight layouts PyTorch's CPU build offers.
+
+A decode step of n rows multiplies [n x hidden] by every weight matrix of the model; on a CPU without
+native bf16 that is fp32 and most of the step (docs/benchmarks.md). For each of SmolLM2-135M's matrix
+shapes (random values: the time does not depend on them) and each row count, the best of 5 rounds of:
+
+- `F.linear(x, w)`: what the engine does, the weight as stored ([out x in]);
+- `torch.mm(x, w_t)`: the weight transposed once into a contiguous [in x out] copy;
+- oneDNN: the weight converted once by `torch.utils.mkldnn.to_mkldnn` (an `MkldnnLinear`);
+- MKL packed: the weight packed once for this row count (`torch.ops.mkl._mkl_reorder_linear_weight`,
+  the op inductor's weight prepacking uses; shown only where this build has it).
+
+Each column also prints the largest difference from `F.linear`'s result. Run it on a quiet machine:
+the same shape measured minutes apart can move by more than the columns differ.
+
+Usage: python -m bench.matmul_layouts [--rows 1,8,32] [--rounds 5]
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+from collections.abc import Callable
+
+import torch
+import torch.nn.functional as F
+from torch.utils import mkldnn
+
+SHAPES = {
+    "q, k, v": (1728, 576),
+    "out": (576, 576),
+    "gate, up": (3072, 576),
+    "down": (576, 1536),
+    "output (tied embedding)": (49152, 576),
+}
+"""SmolLM2-135M's matrices (out x in), fused as the engine fuses them."""
+
+
+def best_us(call: Callable[[], torch.Tensor], rounds: int, calls: int) -> float:
+    """Microseconds per call: the best of `rounds` rounds of `calls` calls, after one warm-up call."""
+    call()
+    best = float("inf")
+    for _ in range(rounds):
+        start = time.perf_counter()
+        for _ in range(calls):
+            call()
+        best = min(best, (time.perf_counter() - start) / calls)
+    return 1e6 * best
+
+
+def layouts(x: torch.Tensor, w: torch.Tensor) -> dict[str, Callable[[], torch.Tensor]]:
+    """Each way of computing x @ w.T, its weight prepared once."""
+    w_t = w.t().contiguous()
+    linear = torch.nn.Linear(w.shape[1], w.shape[0], bias=False)
+    linear.weight.data = w
+    onednn = mkldnn.to_mkldnn(torch.nn.Sequential(linear))[0]
+    found = {
+        "F.linear": lambda: F.linear(x, w),
+        "mm(x, w_t)": lambda: torch.mm(x, w_t),
+        "oneDNN": lambda: onednn(x),
+    }
+    mkl = getattr(torch.ops, "mkl", None)
+    if mkl is not None and hasattr(mkl, "_mkl_reorder_linear_weight"):
+        packed = mkl._mkl_reorder_linear_weight(w, x.shape[0])
+        found["MKL packed"] = lambda: mkl._mkl_linear(x, packed, w, None, x.shape[0])
+    return found
+
+
+def main() -> None:
+    formatter = argparse.RawDescriptionHelpFormatter
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=formatter)
+    parser.add_argument("--rows", default="1,8,32")
+    parser.add_argument("--rounds", type=int, default=5)
+    args = parser.parse_args()
+    torch.set_num_threads(1)
+    torch.manual_seed(0)
+    print(f"torch {torch.__version__}, 1 thread, fp32; microseconds per call (best of {args.rounds} rounds)")
+    with torch.inference_mode():
+        for rows in (int(r) for r in args.rows.split(",")):
+            for name, (out, inner) in SHAPES.items():
+                w = torch.randn(out, inner) * 0.02
+                x = torch.randn(rows, inner)
+                reference = F.linear(x, w)
+                calls = max(2, int(3e6 // (out * inner)))
+                cells = []
+                for label, call in layouts(x, w).items():
+                    us = best_us(call, args.rounds, calls)
+                    diff = (call() - reference).abs().max().item()
+                    cells.append(f"{label} {us:9.0f} (diff {diff:.0e})")
+                print(f"rows {rows:>2}  {name:<24} {out:>5} x {inner:<4}  " + "  ".join(cells), flush=True)
+
+
+if __name__ == "__main__":
+    main()
