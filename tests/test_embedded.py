@@ -447,10 +447,13 @@ class FlushCountingSink:
     def __init__(self, flushes: list[int]) -> None:
         self.flushes = flushes
         self.seen: list[int] = []
+        self.texts: dict[int, str] = {}
         self.done = threading.Event()
 
     def deliver(self, chunks: list) -> None:
         self.seen.append(len(self.flushes))
+        for chunk in chunks:
+            self.texts[chunk.index] = self.texts.get(chunk.index, "") + chunk.text
         if any(chunk.finish_reason is not None for chunk in chunks):
             self.done.set()
 
@@ -468,10 +471,11 @@ def test_requests_admitted_together_each_get_their_first_token_out_after_their_o
     flushes: list[int] = []
     setup = WorkerSetup(str(resolve_model().path), "float32", 1, 8, 512)
     scheduler = build_scheduler(setup, lambda: flushes.append(1))
-    prompts = [scheduler.tokenizer(text)["input_ids"] for text in ("One two", "Three four", "Five six")]
+    starts = ("The three primary colours are", "Once upon a time", "The capital of France is")
+    prompts = [scheduler.tokenizer(text)["input_ids"] for text in starts]
     sinks = [FlushCountingSink(flushes) for _ in prompts]
     for ids, sink in zip(prompts, sinks, strict=True):
-        scheduler.submit(Job(ids, 2, DecodeParams(3, 0.8, 0.95, seed=1), sink))
+        scheduler.submit(Job(ids, 2, DecodeParams(8, 0.8, 0.95, seed=1), sink))
     scheduler.start(1)
     try:
         for sink in sinks:
@@ -480,3 +484,7 @@ def test_requests_admitted_together_each_get_their_first_token_out_after_their_o
         scheduler.stop()
     firsts = [sink.seen[0] for sink in sinks]
     assert firsts[0] < firsts[1] < firsts[2], firsts
+    # Each sample goes on from its own prompt: words, not a token or two.
+    for sink in sinks:
+        assert sorted(sink.texts) == [0, 1], sink.texts
+        assert all(len(text.split()) >= 3 for text in sink.texts.values()), sink.texts

@@ -275,13 +275,15 @@ def test_a_page_slow_to_answer_gradios_own_check_is_started_again(monkeypatch: p
 
     monkeypatch.setattr(gradio.networking, "url_ok", slow_first)
     with gr.Blocks() as demo:
-        gr.Markdown("page")
+        gr.Markdown("The relaunched page answers.")
     port = free_port()
     app.launch_page(demo, server_name="127.0.0.1", server_port=port, prevent_thread_lock=True, quiet=True)
     try:
         assert len(checks) == 2 and all(f":{port}" in url for url in checks), checks
         with urllib.request.urlopen(f"http://127.0.0.1:{port}/", timeout=10) as response:
             assert response.status == 200
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/config", timeout=10) as response:
+            assert b"The relaunched page answers." in response.read()  # what the page shows
     finally:
         demo.close()
 

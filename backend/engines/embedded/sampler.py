@@ -62,8 +62,9 @@ def sample(logits: torch.Tensor, rows: list[RowSampling]) -> list[int]:
     if not random_rows:
         return logits.argmax(-1).tolist()
     tokens = torch.empty(len(rows), dtype=torch.long)
-    if len(random_rows) < len(rows):  # the greedy rows' argmax, only where there are any
-        greedy = torch.tensor([i for i, row in enumerate(rows) if row.temperature <= 0])
+    greedy_rows = [i for i, row in enumerate(rows) if row.temperature <= 0]
+    if greedy_rows:  # the argmax of the greedy rows only
+        greedy = torch.tensor(greedy_rows)
         tokens[greedy] = logits[greedy].argmax(-1)
     chosen = [rows[i] for i in random_rows]
     index = torch.tensor(random_rows)
