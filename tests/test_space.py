@@ -34,9 +34,6 @@ if chromium_path() is None:
 
 pytestmark = pytest.mark.timeout(1800)  # the first run builds the Space's environment (minutes)
 
-DOWNLOAD_DELAY_S = 12.0
-"""The stand-in holds model.safetensors back this long, so the page is up while the download runs."""
-
 
 @pytest.fixture(scope="module")
 def space_python() -> Path:
@@ -116,7 +113,8 @@ def test_a_space_works_as_pushed(
 ) -> None:
     folder = build_hub_folder(tmp_path / "hub-repo")
     log = tmp_path / "space.log"
-    with HubStandIn({REPO_ID: folder}, delays={"model.safetensors": DOWNLOAD_DELAY_S}) as hub:
+    # The stand-in holds model.safetensors back until the page has shown the download running.
+    with HubStandIn({REPO_ID: folder}, held=("model.safetensors",)) as hub:
         process, url = start_space(space_python, pushed_repo, hub.endpoint, tmp_path / "hf", log)
         try:
             page = browser.new_page(viewport={"width": 1400, "height": 1000})
@@ -125,6 +123,7 @@ def test_a_space_works_as_pushed(
             expect(engine_line).to_contain_text(
                 f"downloading {REPO_ID} from the Hugging Face Hub", timeout=30_000
             )
+            hub.release()
             expect(engine_line).to_contain_text(
                 f"model {REPO_ID} (hub)", timeout=120_000
             )  # updates by itself

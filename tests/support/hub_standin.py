@@ -10,7 +10,10 @@ same client code a Space runs. It answers what `snapshot_download` and `hf_hub_d
   the client checks (byte ranges too, for resumed downloads).
 
 Anything else is a 404 with the hub's error headers. `requests` lists the paths asked, so a test can
-see that a second start downloaded nothing. Run alone: `python -m tests.support.hub_standin REPO=FOLDER`.
+see that a second start downloaded nothing. A file named in `held` trickles (a byte every quarter
+second, so the client's read timeout never fires) until `release()`, so a test can see a download
+while it runs however slowly the machine starts the client.
+Run alone: `python -m tests.support.hub_standin REPO=FOLDER`.
 """
 
 from __future__ import annotations
@@ -64,10 +67,14 @@ class HubRepo:
 class HubStandIn:
     """The stand-in server on 127.0.0.1, on a thread; `endpoint` is the value for HF_ENDPOINT."""
 
-    def __init__(self, repos: dict[str, Path], delays: dict[str, float] | None = None) -> None:
-        """`delays`: seconds the body of each file named takes to send, in pieces (a slow download)."""
+    def __init__(
+        self, repos: dict[str, Path], held: tuple[str, ...] = (), hold_limit_s: float = 300.0
+    ) -> None:
+        """`held`: file names whose bodies trickle until `release()` (or `hold_limit_s` passes)."""
         self.repos = {repo_id: HubRepo(repo_id, folder) for repo_id, folder in repos.items()}
-        self.delays = delays or {}
+        self.held = set(held)
+        self.hold_limit_s = hold_limit_s
+        self.released = threading.Event()
         self.requests: list[str] = []
         handler = type("Handler", (_Handler,), {"hub": self})
         self._server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
@@ -83,8 +90,13 @@ class HubStandIn:
         self._thread.start()
         return self
 
+    def release(self) -> None:
+        """Let the held files' bodies go at full speed."""
+        self.released.set()
+
     def stop(self) -> None:
         """Stop serving (a second call does nothing): the port then refuses, as an unreachable hub."""
+        self.released.set()
         if self._thread.is_alive():
             self._server.shutdown()
             self._server.server_close()
@@ -153,15 +165,15 @@ class _Handler(BaseHTTPRequestHandler):
         if status == HTTPStatus.PARTIAL_CONTENT:
             self.send_header("Content-Range", f"bytes {start}-{end - 1}/{len(data)}")
         self.end_headers()
-        if body:
-            delay, pieces = self.hub.delays.get(name, 0.0), 40
-            if not delay:
-                self.wfile.write(data[start:end])
-                return
-            step = max(1, (end - start) // pieces + 1)
-            for offset in range(start, end, step):
-                time.sleep(delay / pieces)
-                self.wfile.write(data[offset : min(end, offset + step)])
+        if not body:
+            return
+        if name in self.hub.held:
+            deadline = time.monotonic() + self.hub.hold_limit_s
+            while start < end - 1 and time.monotonic() < deadline and not self.hub.released.wait(0.25):
+                self.wfile.write(data[start : start + 1])
+                self.wfile.flush()
+                start += 1
+        self.wfile.write(data[start:end])
 
     def _json(self, payload: object, body: bool) -> None:
         data = json.dumps(payload).encode()
