@@ -15,7 +15,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -488,3 +488,49 @@ def test_requests_admitted_together_each_get_their_first_token_out_after_their_o
     for sink in sinks:
         assert sorted(sink.texts) == [0, 1], sink.texts
         assert all(len(text.split()) >= 3 for text in sink.texts.values()), sink.texts
+
+
+class OrderSink:
+    """A request's sink that notes, in a list it shares, which request got chunks when."""
+
+    def __init__(self, name: str, order: list[str], on_first: Callable[[], None] | None = None) -> None:
+        self.name, self.order, self.on_first = name, order, on_first
+        self.texts: dict[int, str] = {}
+        self.done = threading.Event()
+
+    def deliver(self, chunks: list) -> None:
+        if self.on_first is not None and self.name not in self.order:
+            self.on_first()
+        self.order.append(self.name)
+        for chunk in chunks:
+            self.texts[chunk.index] = self.texts.get(chunk.index, "") + chunk.text
+        if any(chunk.finish_reason is not None for chunk in chunks):
+            self.done.set()
+
+    def set_queue_position(self, position: int) -> None:
+        """Queue positions are not under test here."""
+
+
+def test_a_request_arriving_during_a_prefill_is_prefilled_before_the_next_decode_step() -> None:
+    """B is submitted while A is admitted (from A's first chunks): B's first chunks come before A's
+    second token, because the scheduler admits what arrived before it steps the batch."""
+    from backend.engines.embedded.child import build_scheduler
+    from backend.engines.embedded.scheduler import Job
+    from backend.engines.embedded.worker import WorkerSetup
+
+    setup = WorkerSetup(str(resolve_model().path), "float32", 1, 8, 512)
+    scheduler = build_scheduler(setup, lambda: None)
+    order: list[str] = []
+    ids = {text: scheduler.tokenizer(text)["input_ids"] for text in ("Once upon a time", "The sky is")}
+    late = OrderSink("B", order)
+    params_b = DecodeParams(8, 0.8, 0.95, seed=2)
+    first = OrderSink("A", order, lambda: scheduler.submit(Job(ids["The sky is"], 1, params_b, late)))
+    scheduler.submit(Job(ids["Once upon a time"], 1, DecodeParams(8, 0.8, 0.95, seed=1), first))
+    scheduler.start(1)
+    try:
+        assert first.done.wait(60) and late.done.wait(60)
+    finally:
+        scheduler.stop()
+    assert order[:2] == ["A", "B"], order
+    for sink in (first, late):
+        assert len(sink.texts[0].split()) >= 3, sink.texts

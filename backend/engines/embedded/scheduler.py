@@ -8,7 +8,8 @@ finishes). Each pass:
 
 1. apply the inbox (new requests queue up, aborted rows leave and free their cache rows);
 2. admit queued requests first come, first served, while their n rows fit under the row cap:
-   prefill the prompt once, copy its cache into n rows, sample each row's first token;
+   prefill the prompt once, copy its cache into n rows, sample each row's first token; requests
+   that arrive meanwhile are admitted in the same pass (prefills go before the next step);
 3. decode one token for every running row, of every request, in one batch.
 
 Chunks go to each request's `Sink` from this thread; `on_pass_end`, if given, runs after each
@@ -307,6 +308,9 @@ class BatchScheduler:
             # Each request's first token goes out when its prompt is done, not after every request
             # admitted in this pass: 16 arriving at once otherwise all waited for the last prefill.
             self._pass_end()
+            # Requests that arrived during the prefill are admitted before the next decode step
+            # rather than after it: a step of many rows takes as long as a prefill or longer.
+            self._read_inbox(block=False)
         self._report_positions()
 
     def _template_head_kv(self) -> PromptKV | None:
