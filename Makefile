@@ -23,7 +23,6 @@ test: setup  ## lint, then every test (the browser ones included)
 	$(PY) -m pytest $(TEST_WORKERS) $(PYTEST_ARGS)
 
 test-engines: $(VENV)/.dev $(NATIVE)  ## the sglang/openai engines against real SGLang and vLLM servers on this CPU
-	scripts/prepare-engine-envs.sh
 	scripts/test-engines.sh $(PY) $(PYTEST_ARGS)
 
 check-gpu-install:  ## resolve requirements-gpu.txt against PyPI (dry run): SGLang's pins must hold

