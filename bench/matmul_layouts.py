@@ -8,23 +8,31 @@ shapes (random values: the time does not depend on them) and each row count, the
 - `torch.mm(x, w_t)`: the weight transposed once into a contiguous [in x out] copy;
 - oneDNN: the weight converted once by `torch.utils.mkldnn.to_mkldnn` (an `MkldnnLinear`);
 - MKL packed: the weight packed once for this row count (`torch.ops.mkl._mkl_reorder_linear_weight`,
-  the op inductor's weight prepacking uses; shown only where this build has it).
+  the op inductor's weight prepacking uses; shown only where this build has it);
+- rows kernel: the engine's own AVX2 kernel for few rows (backend/engines/embedded/linear.py), the
+  weight as stored; shown where its C part is built and the CPU has AVX2 and FMA.
 
-Each column also prints the largest difference from `F.linear`'s result. Run it on a quiet machine:
-the same shape measured minutes apart can move by more than the columns differ.
+Each column also prints the largest difference from `F.linear`'s result. Then whole decode steps of
+the bundled model (`--steps`): n rows prefilled with one prompt, then decode steps with the engine's
+linear layers on the rows kernel and on `F.linear`, in alternating rounds, each round from the same
+cache length; the median step of each and their ratio. Run it on a quiet machine: the same shape
+measured minutes apart can move by more than the columns differ.
 
-Usage: python -m bench.matmul_layouts [--rows 1,8,32] [--rounds 5]
+Usage: python -m bench.matmul_layouts [--rows 1,8,32] [--rounds 5] [--steps 1,8,32] [--step-rounds 6]
 """
 
 from __future__ import annotations
 
 import argparse
+import statistics
 import time
 from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F
 from torch.utils import mkldnn
+
+from backend.engines.embedded import linear as engine_linear
 
 SHAPES = {
     "q, k, v": (1728, 576),
@@ -63,7 +71,50 @@ def layouts(x: torch.Tensor, w: torch.Tensor) -> dict[str, Callable[[], torch.Te
     if mkl is not None and hasattr(mkl, "_mkl_reorder_linear_weight"):
         packed = mkl._mkl_reorder_linear_weight(w, x.shape[0])
         found["MKL packed"] = lambda: mkl._mkl_linear(x, packed, w, None, x.shape[0])
+    if engine_linear.kernel_status()[0] and x.shape[0] <= engine_linear.KERNEL_MAX_ROWS:
+        found["rows kernel"] = lambda: engine_linear.linear(x, w)
     return found
+
+
+def decode_steps(rows_list: list[int], rounds: int, steps: int = 8) -> None:
+    """Median decode step of the bundled model at each row count, rows kernel against F.linear."""
+    from transformers import AutoTokenizer
+
+    from backend.engines.base import template_token_ids
+    from backend.engines.embedded.model import Llama, LlamaConfig, RowCache
+    from backend.engines.embedded.weights import read_config, read_tensors, resolve_model
+
+    folder = resolve_model()
+    config = LlamaConfig.from_hf(read_config(folder.path))
+    model = Llama(config, read_tensors(folder.path), torch.float32)
+    tokenizer = AutoTokenizer.from_pretrained(folder.path)
+    text = "Name three colours and say something about each."
+    ids = template_token_ids(tokenizer, [{"role": "user", "content": text}])
+    print(
+        f"decode steps of {folder.name}, fp32, 1 thread, a {len(ids)}-token prompt; ms per step "
+        f"(median of {rounds} rounds of {steps} steps each way)"
+    )
+    for rows in rows_list:
+        cache = RowCache(config, rows, 1024, torch.float32)
+        model.prefill(ids, cache, cache.add_rows(rows))
+        tokens = torch.full((rows,), int(ids[-1]))
+        times: dict[bool, list[float]] = {True: [], False: []}
+        for round_ in range(rounds + 1):
+            for kernel in (True, False):
+                engine_linear.configure(allow=kernel)
+                cache.lengths[:rows] = len(ids)
+                start = time.perf_counter()
+                for _ in range(steps):
+                    model.decode(tokens, cache)
+                if round_:  # the first round warms up
+                    times[kernel].append(1000 * (time.perf_counter() - start) / steps)
+        kernel_ms, torch_ms = statistics.median(times[True]), statistics.median(times[False])
+        print(
+            f"n = {rows:>2}: rows kernel {kernel_ms:6.1f} ms, F.linear {torch_ms:6.1f} ms, "
+            f"{torch_ms / kernel_ms:.2f}x",
+            flush=True,
+        )
+    engine_linear.configure()
 
 
 def main() -> None:
@@ -71,9 +122,12 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=formatter)
     parser.add_argument("--rows", default="1,8,32")
     parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--steps", default="1,8,32", help="row counts of whole decode steps ('' for none)")
+    parser.add_argument("--step-rounds", type=int, default=6)
     args = parser.parse_args()
     torch.set_num_threads(1)
     torch.manual_seed(0)
+    print(f"linear layers: {engine_linear.configure()}")
     print(f"torch {torch.__version__}, 1 thread, fp32; microseconds per call (best of {args.rounds} rounds)")
     with torch.inference_mode():
         for rows in (int(r) for r in args.rows.split(",")):
@@ -88,6 +142,8 @@ def main() -> None:
                     diff = (call() - reference).abs().max().item()
                     cells.append(f"{label} {us:9.0f} (diff {diff:.0e})")
                 print(f"rows {rows:>2}  {name:<24} {out:>5} x {inner:<4}  " + "  ".join(cells), flush=True)
+        if args.steps:
+            decode_steps([int(r) for r in args.steps.split(",")], args.step_rounds)
 
 
 if __name__ == "__main__":

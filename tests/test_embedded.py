@@ -129,6 +129,18 @@ async def test_abort_one_sample_then_all(engine: EmbeddedEngine) -> None:
     assert engine.health()["running_rows"] == 0
 
 
+def test_the_engines_process_says_how_its_linear_layers_multiply(engine: EmbeddedEngine) -> None:
+    """On a CPU with AVX2 and the C part built, the engine's one-thread process uses the rows
+    kernel (tests/test_rows_linear.py checks its products); its figures say so either way."""
+    from tests.test_rows_linear import cpu_has_avx2_fma
+
+    said = engine.health()["linear_layers"]
+    if cpu_has_avx2_fma():
+        assert said.startswith("rows kernel"), said
+    else:
+        assert said.startswith("PyTorch"), said
+
+
 async def test_two_requests_share_decode_steps(engine: EmbeddedEngine) -> None:
     before = engine.health()["shared_steps"]
     results = await asyncio.gather(

@@ -106,17 +106,22 @@ def build_scheduler(setup: WorkerSetup, on_pass_end: Callable[[], None]) -> Any:
     import torch
     from transformers import AutoTokenizer
 
+    from backend.engines.embedded.linear import configure
     from backend.engines.embedded.model import Llama, LlamaConfig
     from backend.engines.embedded.scheduler import BatchScheduler, stop_token_ids
     from backend.engines.embedded.weights import choose_dtype, read_config, read_tensors
 
     torch.set_num_threads(setup.threads)
+    linear_path = configure()
+    log.info("linear layers: %s", linear_path)
     folder = Path(setup.folder)
     config = LlamaConfig.from_hf(read_config(folder))
     model = Llama(config, read_tensors(folder), choose_dtype(setup.dtype))
     tokenizer = AutoTokenizer.from_pretrained(folder)
     stops = stop_token_ids(tokenizer)
-    return BatchScheduler(model, tokenizer, stops, setup.max_rows, setup.context, on_pass_end)
+    scheduler = BatchScheduler(model, tokenizer, stops, setup.max_rows, setup.context, on_pass_end)
+    scheduler.linear_path = linear_path
+    return scheduler
 
 
 def main(argv: list[str]) -> int:

@@ -16,6 +16,8 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
+from backend.engines.embedded.linear import linear
+
 CACHE_BLOCK = 256
 """The cache grows along the sequence in steps of this many positions (each growth copies it)."""
 
@@ -211,11 +213,11 @@ class Llama:
         self.scale = config.head_dim**-0.5
 
     def _mlp(self, x: torch.Tensor, layer: LayerWeights) -> torch.Tensor:
-        gate, up = F.linear(rms_norm(x, layer.mlp_norm, self.config.rms_eps), layer.gate_up).chunk(2, dim=-1)
-        return x + F.linear(F.silu(gate) * up, layer.down)
+        gate, up = linear(rms_norm(x, layer.mlp_norm, self.config.rms_eps), layer.gate_up).chunk(2, dim=-1)
+        return x + linear(F.silu(gate) * up, layer.down)
 
     def _logits(self, x: torch.Tensor) -> torch.Tensor:
-        return F.linear(rms_norm(x, self.final_norm, self.config.rms_eps), self.lm_head).float()
+        return linear(rms_norm(x, self.final_norm, self.config.rms_eps), self.lm_head).float()
 
     @torch.inference_mode()
     def prefill(
@@ -246,7 +248,7 @@ class Llama:
         if prior is not None:
             mask = torch.arange(length)[None, :] <= torch.arange(start, length)[:, None]
         for index, layer in enumerate(self.layers):
-            qkv = F.linear(rms_norm(x, layer.attn_norm, c.rms_eps), layer.qkv)
+            qkv = linear(rms_norm(x, layer.attn_norm, c.rms_eps), layer.qkv)
             q, k, v = qkv.split([self.q_size, self.kv_size, self.kv_size], dim=-1)
             q = rotate(q.view(new, c.heads, c.head_dim), cos, sin).transpose(0, 1)
             k = rotate(k.view(new, c.kv_heads, c.head_dim), cos, sin).transpose(0, 1)
@@ -262,7 +264,7 @@ class Llama:
             attended = F.scaled_dot_product_attention(
                 q, k, v, attn_mask=mask, is_causal=mask is None, enable_gqa=True
             )
-            x = x + F.linear(attended.transpose(0, 1).reshape(new, self.q_size), layer.out)
+            x = x + linear(attended.transpose(0, 1).reshape(new, self.q_size), layer.out)
             x = self._mlp(x, layer)
         cache.lengths[rows.start : rows.stop] = length
         kept.reused = start
@@ -283,7 +285,7 @@ class Llama:
         x = self.embed[tokens]
         group = c.heads // c.kv_heads
         for index, layer in enumerate(self.layers):
-            qkv = F.linear(rms_norm(x, layer.attn_norm, c.rms_eps), layer.qkv)
+            qkv = linear(rms_norm(x, layer.attn_norm, c.rms_eps), layer.qkv)
             q, k, v = qkv.split([self.q_size, self.kv_size, self.kv_size], dim=-1)
             q = rotate(q.view(rows, c.heads, c.head_dim), cos, sin)
             k = rotate(k.view(rows, c.kv_heads, c.head_dim), cos, sin)
@@ -297,7 +299,7 @@ class Llama:
                 values[:rows, :, :longest],
                 attn_mask=visible,
             )
-            x = x + F.linear(attended.reshape(rows, self.q_size), layer.out)
+            x = x + linear(attended.reshape(rows, self.q_size), layer.out)
             x = self._mlp(x, layer)
         cache.lengths[:rows] += 1
         return self._logits(x)

@@ -168,6 +168,8 @@ class BatchScheduler:
         self._inbox: queue.SimpleQueue[tuple[str, Any, Any]] = queue.SimpleQueue()
         self._stopping = threading.Event()
         self._thread: threading.Thread | None = None
+        self.linear_path = "PyTorch"
+        """How the linear layers multiply (embedded.linear's kernel or PyTorch), for the figures."""
 
     # --- called from other threads -------------------------------------------------------------
 
@@ -213,6 +215,7 @@ class BatchScheduler:
             "shared_steps": s.shared_steps,
             "mean_step_ms": round(1000 * s.step_seconds / s.steps, 2) if s.steps else 0.0,
             "last_step_ms": round(s.last_step_ms, 2),
+            "linear_layers": self.linear_path,
         }
 
     # --- the scheduler thread ------------------------------------------------------------------

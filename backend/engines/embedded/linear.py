@@ -1,0 +1,66 @@
+"""The embedded engine's linear layers: `linear(x, weight)`, x @ weight^T like `F.linear`.
+
+A decode step multiplies a few rows (one per running sample) by every weight of the model, and
+for few rows PyTorch's CPU matrix product is far from what the machine can do (on the AVX2
+development machine it read the weights at 2-6 GB/s). Where the C part `_rows_linear`
+(rows_linear.c, built with the tracer's C parts) is built and the CPU has AVX2 and FMA, float32
+products of up to `KERNEL_MAX_ROWS` rows run there, on one thread, reading each weight once;
+everything else (bfloat16, more rows, more threads, no C part) goes to `F.linear`.
+`python -m bench.matmul_layouts` times both on the model's shapes and in whole decode steps.
+
+DASHBOARD_ROWS_LINEAR=0 turns the kernel off (for comparisons); `kernel_status()` says which path
+runs and why.
+"""
+
+from __future__ import annotations
+
+import os
+
+import torch
+import torch.nn.functional as F
+
+try:
+    from backend.engines.embedded import _rows_linear
+except ImportError:  # not built (no C compiler): PyTorch alone
+    _rows_linear = None
+
+KERNEL_MAX_ROWS = 64
+"""The most rows the kernel takes; more (a long prompt's prefill) go to PyTorch, which is faster there."""
+
+
+def kernel_status(allow: bool = True) -> tuple[bool, str]:
+    """(whether float32 products of few rows would use the kernel, a short reason)."""
+    if not allow or os.environ.get("DASHBOARD_ROWS_LINEAR", "1") == "0":
+        return False, "PyTorch (the rows kernel turned off)"
+    if _rows_linear is None:
+        return False, "PyTorch (the rows kernel's C part is not built)"
+    if not _rows_linear.available():
+        return False, "PyTorch (this CPU lacks AVX2/FMA for the rows kernel)"
+    if torch.get_num_threads() != 1:
+        return False, f"PyTorch ({torch.get_num_threads()} threads; the rows kernel uses one)"
+    return True, f"rows kernel (AVX2) up to {KERNEL_MAX_ROWS} rows, PyTorch beyond"
+
+
+_enabled = False
+
+
+def configure(allow: bool = True) -> str:
+    """Decide, once the thread count is set, whether `linear` uses the kernel (never where `allow`
+    is False); returns which path runs and why."""
+    global _enabled
+    _enabled, reason = kernel_status(allow)
+    return reason
+
+
+def linear(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    """x[..., K] @ weight[N, K]^T, as `F.linear(x, weight)`."""
+    if not _enabled or x.dtype != torch.float32 or weight.dtype != torch.float32:
+        return F.linear(x, weight)
+    n, k = weight.shape
+    rows = x.numel() // k if k else 0
+    if rows > KERNEL_MAX_ROWS or k % 8 or not weight.is_contiguous() or x.shape[-1] != k:
+        return F.linear(x, weight)
+    flat = x.reshape(rows, k).contiguous()
+    out = torch.empty(rows, n, dtype=torch.float32)
+    _rows_linear.linear(out.data_ptr(), flat.data_ptr(), weight.data_ptr(), rows, n, k)
+    return out.reshape(*x.shape[:-1], n)
