@@ -54,7 +54,7 @@ $(VENV)/.runtime: requirements.txt | $(PY)
 	touch $@
 
 $(NATIVE): backend/trace/step_recorder.c backend/trace/trace_digest.c backend/engines/embedded/rows_linear.c setup.py | $(VENV)/.runtime
-	$(PY) setup.py --quiet build_ext --inplace || echo "the tracer's C parts did not build: the dashboard serves without its loop trace"
+	$(PY) setup.py --quiet build_ext --inplace || echo "the C parts did not build: the dashboard serves without its loop trace, the embedded engine multiplies with PyTorch alone"
 
 $(VENV)/.dev: requirements-dev.txt $(VENV)/.runtime
 	$(PY) -m pip install --quiet --disable-pip-version-check -r requirements-dev.txt

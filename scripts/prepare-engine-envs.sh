@@ -137,8 +137,8 @@ mkdir -p "$CACHE/envs" "$CACHE/models"
 # Written whole and renamed: another run of this script (one part each, at once) may be reading it.
 printf "%s\n" "$TORCH" >"$CONSTRAINTS.$$" && mv "$CONSTRAINTS.$$" "$CONSTRAINTS"
 parts=("$@"); [ ${#parts[@]} -gt 0 ] || parts=(sglang sglang-app router model vllm)
+for part in "${parts[@]}"; do marker "$part"; done  # an unknown part stops it before anything is built
 for part in "${parts[@]}"; do
-  marker "$part"
   case "$part" in
     sglang) prepare_sglang ;;
     sglang-app) prepare_sglang_app ;;

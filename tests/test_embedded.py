@@ -17,6 +17,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -453,17 +454,23 @@ async def test_a_prompt_reuses_the_previous_prompts_shared_head(engine: Embedded
     assert engine.health()["reused_prompt_tokens"] - before == 2 * shared
 
 
-class FlushCountingSink:
-    """A request's sink that notes how many scheduler flushes came before each of its chunks."""
+class RecordingSink:
+    """A request's sink that keeps its texts and appends `mark()` to `seen` at each delivery (a list
+    it may share with other sinks); `on_first` runs before its first delivery is noted."""
 
-    def __init__(self, flushes: list[int]) -> None:
-        self.flushes = flushes
-        self.seen: list[int] = []
+    def __init__(
+        self, seen: list[Any], mark: Callable[[], Any], on_first: Callable[[], None] | None = None
+    ) -> None:
+        self.seen, self.mark, self.on_first = seen, mark, on_first
+        self.delivered = False
         self.texts: dict[int, str] = {}
         self.done = threading.Event()
 
     def deliver(self, chunks: list) -> None:
-        self.seen.append(len(self.flushes))
+        if not self.delivered and self.on_first is not None:
+            self.on_first()
+        self.delivered = True
+        self.seen.append(self.mark())
         for chunk in chunks:
             self.texts[chunk.index] = self.texts.get(chunk.index, "") + chunk.text
         if any(chunk.finish_reason is not None for chunk in chunks):
@@ -485,7 +492,7 @@ def test_requests_admitted_together_each_get_their_first_token_out_after_their_o
     scheduler = build_scheduler(setup, lambda: flushes.append(1))
     starts = ("The three primary colours are", "Once upon a time", "The capital of France is")
     prompts = [scheduler.tokenizer(text)["input_ids"] for text in starts]
-    sinks = [FlushCountingSink(flushes) for _ in prompts]
+    sinks = [RecordingSink([], lambda: len(flushes)) for _ in prompts]
     for ids, sink in zip(prompts, sinks, strict=True):
         scheduler.submit(Job(ids, 2, DecodeParams(8, 0.8, 0.95, seed=1), sink))
     scheduler.start(1)
@@ -502,27 +509,6 @@ def test_requests_admitted_together_each_get_their_first_token_out_after_their_o
         assert all(len(text.split()) >= 3 for text in sink.texts.values()), sink.texts
 
 
-class OrderSink:
-    """A request's sink that notes, in a list it shares, which request got chunks when."""
-
-    def __init__(self, name: str, order: list[str], on_first: Callable[[], None] | None = None) -> None:
-        self.name, self.order, self.on_first = name, order, on_first
-        self.texts: dict[int, str] = {}
-        self.done = threading.Event()
-
-    def deliver(self, chunks: list) -> None:
-        if self.on_first is not None and self.name not in self.order:
-            self.on_first()
-        self.order.append(self.name)
-        for chunk in chunks:
-            self.texts[chunk.index] = self.texts.get(chunk.index, "") + chunk.text
-        if any(chunk.finish_reason is not None for chunk in chunks):
-            self.done.set()
-
-    def set_queue_position(self, position: int) -> None:
-        """Queue positions are not under test here."""
-
-
 def test_a_request_arriving_during_a_prefill_is_prefilled_before_the_next_decode_step() -> None:
     """B is submitted while A is admitted (from A's first chunks): B's first chunks come before A's
     second token, because the scheduler admits what arrived before it steps the batch."""
@@ -534,9 +520,11 @@ def test_a_request_arriving_during_a_prefill_is_prefilled_before_the_next_decode
     scheduler = build_scheduler(setup, lambda: None)
     order: list[str] = []
     ids = {text: scheduler.tokenizer(text)["input_ids"] for text in ("Once upon a time", "The sky is")}
-    late = OrderSink("B", order)
+    late = RecordingSink(order, lambda: "B")
     params_b = DecodeParams(8, 0.8, 0.95, seed=2)
-    first = OrderSink("A", order, lambda: scheduler.submit(Job(ids["The sky is"], 1, params_b, late)))
+    first = RecordingSink(
+        order, lambda: "A", lambda: scheduler.submit(Job(ids["The sky is"], 1, params_b, late))
+    )
     scheduler.submit(Job(ids["Once upon a time"], 1, DecodeParams(8, 0.8, 0.95, seed=1), first))
     scheduler.start(1)
     try:

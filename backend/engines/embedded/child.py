@@ -119,9 +119,7 @@ def build_scheduler(setup: WorkerSetup, on_pass_end: Callable[[], None]) -> Any:
     model = Llama(config, read_tensors(folder), choose_dtype(setup.dtype))
     tokenizer = AutoTokenizer.from_pretrained(folder)
     stops = stop_token_ids(tokenizer)
-    scheduler = BatchScheduler(model, tokenizer, stops, setup.max_rows, setup.context, on_pass_end)
-    scheduler.linear_path = linear_path
-    return scheduler
+    return BatchScheduler(model, tokenizer, stops, setup.max_rows, setup.context, on_pass_end, linear_path)
 
 
 def main(argv: list[str]) -> int:

@@ -149,6 +149,7 @@ class BatchScheduler:
         max_rows: int,
         context: int,
         on_pass_end: Callable[[], None] | None = None,
+        linear_path: str = "PyTorch",
     ) -> None:
         self.model = model
         self.on_pass_end = on_pass_end
@@ -168,7 +169,7 @@ class BatchScheduler:
         self._inbox: queue.SimpleQueue[tuple[str, Any, Any]] = queue.SimpleQueue()
         self._stopping = threading.Event()
         self._thread: threading.Thread | None = None
-        self.linear_path = "PyTorch"
+        self.linear_path = linear_path
         """How the linear layers multiply (embedded.linear's kernel or PyTorch), for the figures."""
 
     # --- called from other threads -------------------------------------------------------------
