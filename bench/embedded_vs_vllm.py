@@ -264,10 +264,9 @@ def weight_bytes_per_step(engine: EmbeddedEngine, dtype: str) -> int:
     from backend.engines.embedded.weights import read_config
 
     c = LlamaConfig.from_hf(read_config(Path(engine.worker.setup.folder)))
-    q, kv = c.heads * c.head_dim, c.kv_heads * c.head_dim
-    layer = c.hidden_size * (q + 2 * kv) + q * c.hidden_size + 3 * c.hidden_size * c.intermediate_size
-    layer += 2 * c.hidden_size
-    values = c.layers * layer + c.hidden_size + c.vocab_size * c.hidden_size
+    *per_layer, output = (rows * cols for rows, cols in c.fused_matrices().values())
+    layer = sum(per_layer) + 2 * c.hidden_size  # and its two norms
+    values = c.layers * layer + c.hidden_size + output
     return values * (2 if dtype == "bfloat16" else 4)
 
 

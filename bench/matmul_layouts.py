@@ -1,8 +1,9 @@
 """The embedded engine's decode matmuls, one thread, in the weight layouts PyTorch's CPU build offers.
 
 A decode step of n rows multiplies [n x hidden] by every weight matrix of the model; on a CPU without
-native bf16 that is fp32 and most of the step (docs/benchmarks.md). For each of SmolLM2-135M's matrix
-shapes (random values: the time does not depend on them) and each row count, the best of 5 rounds of:
+native bf16 that is fp32 and most of the step (docs/benchmarks.md). For each of the bundled model's
+matrix shapes, fused as the engine fuses them (`LlamaConfig.fused_matrices`; random values: the time
+does not depend on them) and each row count, the best of 5 rounds of:
 
 - `F.linear(x, w)`: what the engine does, the weight as stored ([out x in]);
 - `torch.mm(x, w_t)`: the weight transposed once into a contiguous [in x out] copy;
@@ -33,15 +34,8 @@ import torch.nn.functional as F
 from torch.utils import mkldnn
 
 from backend.engines.embedded import linear as engine_linear
-
-SHAPES = {
-    "q, k, v": (1728, 576),
-    "out": (576, 576),
-    "gate, up": (3072, 576),
-    "down": (576, 1536),
-    "output (tied embedding)": (49152, 576),
-}
-"""SmolLM2-135M's matrices (out x in), fused as the engine fuses them."""
+from backend.engines.embedded.model import Llama, LlamaConfig, RowCache
+from backend.engines.embedded.weights import ModelFolder, read_config, read_tensors, resolve_model
 
 
 def best_us(call: Callable[[], torch.Tensor], rounds: int, calls: int) -> float:
@@ -76,16 +70,14 @@ def layouts(x: torch.Tensor, w: torch.Tensor) -> dict[str, Callable[[], torch.Te
     return found
 
 
-def decode_steps(rows_list: list[int], rounds: int, steps: int = 8) -> None:
+def decode_steps(
+    folder: ModelFolder, config: LlamaConfig, rows_list: list[int], rounds: int, steps: int = 8
+) -> None:
     """Median decode step of the bundled model at each row count, rows kernel against F.linear."""
     from transformers import AutoTokenizer
 
     from backend.engines.base import template_token_ids
-    from backend.engines.embedded.model import Llama, LlamaConfig, RowCache
-    from backend.engines.embedded.weights import read_config, read_tensors, resolve_model
 
-    folder = resolve_model()
-    config = LlamaConfig.from_hf(read_config(folder.path))
     model = Llama(config, read_tensors(folder.path), torch.float32)
     tokenizer = AutoTokenizer.from_pretrained(folder.path)
     text = "Name three colours and say something about each."
@@ -128,10 +120,12 @@ def main() -> None:
     torch.set_num_threads(1)
     torch.manual_seed(0)
     print(f"linear layers: {engine_linear.configure()}")
+    folder = resolve_model()
+    config = LlamaConfig.from_hf(read_config(folder.path))
     print(f"torch {torch.__version__}, 1 thread, fp32; microseconds per call (best of {args.rounds} rounds)")
     with torch.inference_mode():
         for rows in (int(r) for r in args.rows.split(",")):
-            for name, (out, inner) in SHAPES.items():
+            for name, (out, inner) in config.fused_matrices().items():
                 w = torch.randn(out, inner) * 0.02
                 x = torch.randn(rows, inner)
                 reference = F.linear(x, w)
@@ -143,7 +137,7 @@ def main() -> None:
                     cells.append(f"{label} {us:9.0f} (diff {diff:.0e})")
                 print(f"rows {rows:>2}  {name:<24} {out:>5} x {inner:<4}  " + "  ".join(cells), flush=True)
         if args.steps:
-            decode_steps([int(r) for r in args.steps.split(",")], args.step_rounds)
+            decode_steps(folder, config, [int(r) for r in args.steps.split(",")], args.step_rounds)
 
 
 if __name__ == "__main__":

@@ -59,6 +59,18 @@ class LlamaConfig:
             tie_embeddings=config.get("tie_word_embeddings", False),
         )
 
+    def fused_matrices(self) -> dict[str, tuple[int, int]]:
+        """(out, in) of each weight matrix a forward pass multiplies by, fused as `Llama` fuses them:
+        each layer's q, k and v in one, its gate and up in one; then the output layer."""
+        q, kv = self.heads * self.head_dim, self.kv_heads * self.head_dim
+        return {
+            "q, k, v": (q + 2 * kv, self.hidden_size),
+            "out": (self.hidden_size, q),
+            "gate, up": (2 * self.intermediate_size, self.hidden_size),
+            "down": (self.hidden_size, self.intermediate_size),
+            "output": (self.vocab_size, self.hidden_size),
+        }
+
 
 @dataclass
 class LayerWeights:
