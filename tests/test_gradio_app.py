@@ -92,6 +92,9 @@ def test_cancel_stops_every_sample_in_the_engine(app: dict[str, Any]) -> None:
         assert statuses(final)[index] == "aborted"
         assert 0 < len(texts(final)[index]) < 1000 * 4
     assert running_samples(app) == 0
+    # Generate drew the end of the run before Cancel answered: nothing of it can come after
+    # Cancel's final view and leave a column "streaming" in the page
+    assert statuses(job.outputs()[-1]) == statuses(final)
     job.result(timeout=15)
 
 

@@ -2,8 +2,9 @@
 
 Layout plus wiring, in page order; the handlers are in `ui.handlers`, what a run looks like in
 `ui.view`. Generate is an async websocket client of the backend that updates the page at a frame
-rate; Cancel stops the Generate event (`cancels=`) and tells the backend, then shows each column's
-finish reason; a column's Stop cancels that sample only. The columns are one output
+rate; Cancel tells the backend, shows each column's finish reason once the Generate event has drawn
+the end of the run, then cancels that event (`cancels=`, which also drops a Generate still waiting
+in the queue); a column's Stop cancels that sample only. The columns are one output
 (`ui.sample_grid`), so an update costs the same few outputs whatever n is. The trace panel draws
 the backend loop's measured trace; Export saves it for Perfetto.
 """
@@ -167,11 +168,10 @@ def build_demo(
         cancel_btn.click(
             handlers.cancel,
             outputs=outputs,
-            cancels=[generate_event],
             concurrency_limit=None,
             show_progress="hidden",
             api_name="cancel",
-        )
+        ).then(None, cancels=[generate_event], api_visibility="private")
         export_btn.click(handlers.export, outputs=trace_file, concurrency_limit=None, api_name="export_trace")
         demo.unload(handlers.close_session_run)
         samples.select(

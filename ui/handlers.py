@@ -10,6 +10,7 @@ engine and closed in the background.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import tempfile
 import time
@@ -73,6 +74,8 @@ class Handlers:
         """Each browser session's current run."""
         self._answers: dict[str, AnswersPanel] = {}
         """Each browser session's answers panel, for its current run."""
+        self._streaming: dict[BackendRun, asyncio.Event] = {}
+        """Each run that a Generate event streams to its page, set once that event has ended."""
         self._background: set[asyncio.Task[Any]] = set()
 
     async def generate(
@@ -122,6 +125,7 @@ class Handlers:
         if logprobs_value:
             options["logprobs"] = True
         answers = self._answers[session] = AnswersPanel(answer_pattern_value)
+        streaming = self._streaming[run] = asyncio.Event()
         try:
             try:
                 view = await run.start(prompt_text, int(n_value), params, options)
@@ -135,6 +139,8 @@ class Handlers:
                 count += 1
                 yield outputs_for(view, answers, with_trace=view.finished or count % TRACE_EVERY == 0)
         finally:
+            streaming.set()
+            self._streaming.pop(run, None)
             if not run.view.finished:
                 # Cancelled by the page (Cancel, a new Generate, a closed tab): stop the engine,
                 # and let the run collect its last frames without holding up this event.
@@ -143,13 +149,24 @@ class Handlers:
             # A finished run keeps its connection until the next Generate, for Export.
 
     async def cancel(self, request: gr.Request) -> list[Any]:
-        """Cancel this session's run; its final view once every sample has finished."""
+        """Cancel this session's run; its final view once every sample has finished.
+
+        The page's Generate event shows the end of the run itself: this returns only after that
+        event has ended (or after CLOSE_TIMEOUT_S), so an update of the Generate event still on
+        its way cannot land after the final view and leave a column "streaming". The page then
+        cancels the Generate event (`.then(cancels=...)` in `ui.app`): a no-op for an event that
+        ended, and it drops a Generate still waiting in the queue."""
         session = _session(request)
         run = self._runs.get(session)
         if run is None:
             return [gr.skip()] * OUTPUTS
         await run.cancel()
-        await run.wait_finished(CLOSE_TIMEOUT_S)
+        if await run.wait_finished(CLOSE_TIMEOUT_S):
+            streaming = self._streaming.get(run)
+            if streaming is not None:
+                with contextlib.suppress(TimeoutError):
+                    async with asyncio.timeout(CLOSE_TIMEOUT_S):
+                        await streaming.wait()
         return outputs_for(run.view, self._answers.get(session))
 
     async def export(self, request: gr.Request) -> Any:
