@@ -29,7 +29,9 @@ setup(
         Extension(
             "backend.engines.embedded._rows_linear",
             ["backend/engines/embedded/rows_linear.c"],
-            extra_compile_args=["-O3"],
+            # No contraction of a multiply and an add into one FMA: dequantized weights must be
+            # the float32 values gguf-py computes (d * q rounded, then + m rounded).
+            extra_compile_args=["-O3", "-ffp-contract=off"],
             optional=True,
         ),
     ],

@@ -138,6 +138,8 @@ def test_the_engines_process_says_how_its_linear_layers_multiply(engine: Embedde
     said = engine.health()["linear_layers"]
     if cpu_has_avx2_fma():
         assert said.startswith("rows kernel"), said
+        # fp32 (no bf16 on such a CPU) and the bundled model: every matrix from the GGUF's blocks
+        assert "from the GGUF's blocks (96 MB a step)" in said, said
     else:
         assert said.startswith("PyTorch"), said
 

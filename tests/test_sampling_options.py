@@ -93,8 +93,15 @@ async def test_the_trace_shows_what_a_cumulative_consumer_reads_grow_with_the_te
     assert sum(e[5] for e in cumulative) >= 2 * 40  # every output counted
 
 
-async def test_cancel_after_stops_each_sample_from_the_consumer_side(backend: BackendServer) -> None:
-    frames = await run(backend, n=4, max_tokens=200, cancel_after=5)
+async def test_cancel_after_stops_each_sample_from_the_consumer_side() -> None:
+    # 50 tokens/s a sample: at 400, make test's loaded machine delayed the consumer by a few ms and
+    # up to 4 tokens, made before the abort, were already waiting for it (counts 6-9).
+    backend = BackendServer(SyntheticEngine(rate=50, jitter=0.2), Limits(), port=0)
+    await backend.start()
+    try:
+        frames = await run(backend, n=4, max_tokens=200, cancel_after=5)
+    finally:
+        await backend.close()
     finishes = {f["index"]: f for f in frames if f["type"] == "finish"}
     assert {f["reason"] for f in finishes.values()} == {"abort"}
     # The engine may have a token or two in flight when the abort lands (a synthetic sample's

@@ -131,7 +131,9 @@ class EmbeddedEngine(Engine):
         config = LlamaConfig.from_hf(read_config(folder.path))
         self.context = min(self.context, config.max_positions)
         dtype = str(self.dtype).removeprefix("torch.")
-        setup = WorkerSetup(str(folder.path), dtype, self.threads, self.max_rows, self.context)
+        setup = WorkerSetup(
+            str(folder.path), dtype, self.threads, self.max_rows, self.context, str(folder.gguf or "")
+        )
         worker = WorkerProcess(setup, self._on_message)
         # The child loads while this process reads its own tokenizer (seconds each, mostly imports).
         worker.spawn()

@@ -106,17 +106,30 @@ def build_scheduler(setup: WorkerSetup, on_pass_end: Callable[[], None]) -> Any:
     import torch
     from transformers import AutoTokenizer
 
-    from backend.engines.embedded.linear import configure
+    from backend.engines.embedded.linear import configure, kernel_status
     from backend.engines.embedded.model import Llama, LlamaConfig
+    from backend.engines.embedded.quantized import blocks_allowed, load_blocks
     from backend.engines.embedded.scheduler import BatchScheduler, stop_token_ids
     from backend.engines.embedded.weights import choose_dtype, read_config, read_tensors
 
     torch.set_num_threads(setup.threads)
     linear_path = configure()
-    log.info("linear layers: %s", linear_path)
     folder = Path(setup.folder)
     config = LlamaConfig.from_hf(read_config(folder))
-    model = Llama(config, read_tensors(folder), choose_dtype(setup.dtype))
+    dtype = choose_dtype(setup.dtype)
+    tensors = read_tensors(folder)
+    blocks = {}
+    if setup.gguf and dtype == torch.float32 and kernel_status()[0] and blocks_allowed():
+        blocks = load_blocks(folder, Path(setup.gguf), tensors)
+    model = Llama(config, tensors, dtype, blocks)
+    quantized, dense = model.block_bytes()
+    if quantized:
+        linear_path += (
+            f"; from the GGUF's blocks ({quantized / 1e6:.0f} MB a step"
+            + (f", {dense / 1e6:.0f} MB float32" if dense else "")
+            + ")"
+        )
+    log.info("linear layers: %s", linear_path)
     tokenizer = AutoTokenizer.from_pretrained(folder)
     stops = stop_token_ids(tokenizer)
     return BatchScheduler(model, tokenizer, stops, setup.max_rows, setup.context, on_pass_end, linear_path)

@@ -5,7 +5,9 @@ for few rows PyTorch's CPU matrix product is far from what the machine can do (o
 development machine it read the weights at 2-6 GB/s). Where the C part `_rows_linear`
 (rows_linear.c, built with the tracer's C parts) is built and the CPU has AVX2 and FMA, float32
 products of up to `KERNEL_MAX_ROWS` rows run there, on one thread, reading each weight once;
-everything else (bfloat16, more rows, more threads, no C part) goes to `F.linear`.
+everything else (bfloat16, more rows, more threads, no C part) goes to `F.linear`. Given the same
+weights as a GGUF's quantized blocks (`quantized.py`), the kernel multiplies from those, reading a
+sixth of the bytes.
 `python -m bench.matmul_layouts` times both on the model's shapes and in whole decode steps.
 
 DASHBOARD_ROWS_LINEAR=0 turns the kernel off (for comparisons); `kernel_status()` says which path
@@ -18,6 +20,8 @@ import os
 
 import torch
 import torch.nn.functional as F
+
+from backend.engines.embedded.quantized import BlockMatrix
 
 try:
     from backend.engines.embedded import _rows_linear
@@ -52,8 +56,9 @@ def configure(allow: bool = True) -> str:
     return reason
 
 
-def linear(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
-    """x[..., K] @ weight[N, K]^T, as `F.linear(x, weight)`."""
+def linear(x: torch.Tensor, weight: torch.Tensor, blocks: BlockMatrix | None = None) -> torch.Tensor:
+    """x[..., K] @ weight[N, K]^T, as `F.linear(x, weight)`; through the kernel from `blocks` (the
+    same weights as GGUF blocks, `quantized.read_blocks`) where given."""
     if not _enabled or x.dtype != torch.float32 or weight.dtype != torch.float32:
         return F.linear(x, weight)
     n, k = weight.shape
@@ -62,5 +67,10 @@ def linear(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
         return F.linear(x, weight)
     flat = x.reshape(rows, k).contiguous()
     out = torch.empty(rows, n, dtype=torch.float32)
-    _rows_linear.linear(out.data_ptr(), flat.data_ptr(), weight.data_ptr(), rows, n, k)
+    if blocks is not None:
+        _rows_linear.linear_blocks(
+            out.data_ptr(), flat.data_ptr(), blocks.data.data_ptr(), blocks.code, rows, n, k
+        )
+    else:
+        _rows_linear.linear(out.data_ptr(), flat.data_ptr(), weight.data_ptr(), rows, n, k)
     return out.reshape(*x.shape[:-1], n)

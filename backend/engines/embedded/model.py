@@ -6,17 +6,20 @@ with its own length. `prefill` runs one prompt once and copies its keys and valu
 (positions it shares with a kept prefix, the chat template's system turn, are copied rather than
 computed); `decode` advances every row by one token in a single batch. Weights are
 fused (q, k and v in one matrix; gate and up in another) so a layer is a handful of large matmuls.
+Given the same weights as GGUF blocks (`quantized.read_blocks`), each matrix keeps them beside its
+float32 tensor, fused the same way, and `linear` multiplies few rows from those.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 import torch.nn.functional as F
 
 from backend.engines.embedded.linear import linear
+from backend.engines.embedded.quantized import BlockMatrix, concat
 
 CACHE_BLOCK = 256
 """The cache grows along the sequence in steps of this many positions (each growth copies it)."""
@@ -82,6 +85,8 @@ class LayerWeights:
     mlp_norm: torch.Tensor
     gate_up: torch.Tensor
     down: torch.Tensor
+    blocks: dict[str, BlockMatrix] = field(default_factory=dict)
+    """The same weights as GGUF blocks, where the model has them: "qkv", "out", "gate_up", "down"."""
 
 
 class RowCache:
@@ -186,9 +191,17 @@ def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tenso
 class Llama:
     """Llama weights and the two passes the scheduler needs: prefill and batched decode."""
 
-    def __init__(self, config: LlamaConfig, tensors: dict[str, torch.Tensor], dtype: torch.dtype) -> None:
+    def __init__(
+        self,
+        config: LlamaConfig,
+        tensors: dict[str, torch.Tensor],
+        dtype: torch.dtype,
+        blocks: dict[str, BlockMatrix] | None = None,
+    ) -> None:
         self.config = config
         self.dtype = dtype
+        # GGUF blocks by tensor name: only for float32, the weights they are exactly equal to.
+        blocks = blocks if dtype == torch.float32 and blocks else {}
 
         def weight(name: str) -> torch.Tensor:
             if name not in tensors:
@@ -197,6 +210,8 @@ class Llama:
 
         self.embed = weight("model.embed_tokens.weight")
         self.lm_head = self.embed if config.tie_embeddings else weight("lm_head.weight")
+        head = "model.embed_tokens.weight" if config.tie_embeddings else "lm_head.weight"
+        self.lm_head_blocks = blocks.get(head)
         self.final_norm = weight("model.norm.weight")
         self.layers = []
         for i in range(config.layers):
@@ -211,6 +226,7 @@ class Llama:
                         [weight(p + "mlp.gate_proj.weight"), weight(p + "mlp.up_proj.weight")]
                     ).contiguous(),
                     down=weight(p + "mlp.down_proj.weight"),
+                    blocks=self._layer_blocks(blocks, p),
                 )
             )
         inv_freq = 1.0 / (
@@ -224,12 +240,44 @@ class Llama:
         self.kv_size = config.kv_heads * config.head_dim
         self.scale = config.head_dim**-0.5
 
+    @staticmethod
+    def _layer_blocks(blocks: dict[str, BlockMatrix], prefix: str) -> dict[str, BlockMatrix]:
+        """A layer's matrices as blocks, fused as its tensors are; those it lacks are left out."""
+
+        def get(name: str) -> BlockMatrix | None:
+            return blocks.get(prefix + name + ".weight")
+
+        fused = {
+            "qkv": concat([get(f"self_attn.{x}_proj") for x in "qkv"]),
+            "out": get("self_attn.o_proj"),
+            "gate_up": concat([get("mlp.gate_proj"), get("mlp.up_proj")]),
+            "down": get("mlp.down_proj"),
+        }
+        return {name: matrix for name, matrix in fused.items() if matrix is not None}
+
+    def block_bytes(self) -> tuple[int, int]:
+        """(bytes a decode step reads from GGUF blocks, bytes it reads as float32 weights)."""
+        dense = quantized = 0
+        for layer in self.layers:
+            for name in ("qkv", "out", "gate_up", "down"):
+                if name in layer.blocks:
+                    quantized += layer.blocks[name].nbytes
+                else:
+                    dense += getattr(layer, name).numel() * getattr(layer, name).element_size()
+        if self.lm_head_blocks is not None:
+            quantized += self.lm_head_blocks.nbytes
+        else:
+            dense += self.lm_head.numel() * self.lm_head.element_size()
+        return quantized, dense
+
     def _mlp(self, x: torch.Tensor, layer: LayerWeights) -> torch.Tensor:
-        gate, up = linear(rms_norm(x, layer.mlp_norm, self.config.rms_eps), layer.gate_up).chunk(2, dim=-1)
-        return x + linear(F.silu(gate) * up, layer.down)
+        normed = rms_norm(x, layer.mlp_norm, self.config.rms_eps)
+        gate, up = linear(normed, layer.gate_up, layer.blocks.get("gate_up")).chunk(2, dim=-1)
+        return x + linear(F.silu(gate) * up, layer.down, layer.blocks.get("down"))
 
     def _logits(self, x: torch.Tensor) -> torch.Tensor:
-        return linear(rms_norm(x, self.final_norm, self.config.rms_eps), self.lm_head).float()
+        normed = rms_norm(x, self.final_norm, self.config.rms_eps)
+        return linear(normed, self.lm_head, self.lm_head_blocks).float()
 
     @torch.inference_mode()
     def prefill(
@@ -260,7 +308,7 @@ class Llama:
         if prior is not None:
             mask = torch.arange(length)[None, :] <= torch.arange(start, length)[:, None]
         for index, layer in enumerate(self.layers):
-            qkv = linear(rms_norm(x, layer.attn_norm, c.rms_eps), layer.qkv)
+            qkv = linear(rms_norm(x, layer.attn_norm, c.rms_eps), layer.qkv, layer.blocks.get("qkv"))
             q, k, v = qkv.split([self.q_size, self.kv_size, self.kv_size], dim=-1)
             q = rotate(q.view(new, c.heads, c.head_dim), cos, sin).transpose(0, 1)
             k = rotate(k.view(new, c.kv_heads, c.head_dim), cos, sin).transpose(0, 1)
@@ -276,7 +324,9 @@ class Llama:
             attended = F.scaled_dot_product_attention(
                 q, k, v, attn_mask=mask, is_causal=mask is None, enable_gqa=True
             )
-            x = x + linear(attended.transpose(0, 1).reshape(new, self.q_size), layer.out)
+            x = x + linear(
+                attended.transpose(0, 1).reshape(new, self.q_size), layer.out, layer.blocks.get("out")
+            )
             x = self._mlp(x, layer)
         cache.lengths[rows.start : rows.stop] = length
         kept.reused = start
@@ -297,7 +347,7 @@ class Llama:
         x = self.embed[tokens]
         group = c.heads // c.kv_heads
         for index, layer in enumerate(self.layers):
-            qkv = linear(rms_norm(x, layer.attn_norm, c.rms_eps), layer.qkv)
+            qkv = linear(rms_norm(x, layer.attn_norm, c.rms_eps), layer.qkv, layer.blocks.get("qkv"))
             q, k, v = qkv.split([self.q_size, self.kv_size, self.kv_size], dim=-1)
             q = rotate(q.view(rows, c.heads, c.head_dim), cos, sin)
             k = rotate(k.view(rows, c.kv_heads, c.head_dim), cos, sin)
@@ -311,7 +361,7 @@ class Llama:
                 values[:rows, :, :longest],
                 attn_mask=visible,
             )
-            x = x + linear(attended.reshape(rows, self.q_size), layer.out)
+            x = x + linear(attended.reshape(rows, self.q_size), layer.out, layer.blocks.get("out"))
             x = self._mlp(x, layer)
         cache.lengths[:rows] += 1
         return self._logits(x)

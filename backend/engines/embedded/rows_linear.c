@@ -9,19 +9,33 @@
  * lanes then added across, so results match `torch.nn.functional.linear` to float32 rounding
  * (the order of the additions differs), not bit for bit.
  *
- * `available()` says whether this CPU has AVX2 and FMA; `linear` is only called where it has.
+ * `linear_blocks` does the same from weights kept as a GGUF's quantized blocks (Q4_1: 32 weights in
+ * 20 bytes, a float16 scale d and minimum m and 4-bit q, each weight d * q + m; Q8_0: 32 weights in
+ * 34 bytes, d and 8-bit q, each d * q). It dequantizes four weight rows at a time into an L1 buffer
+ * and multiplies as above: a decode step then reads 0.625 (Q4_1) or 1.06 (Q8_0) bytes a weight
+ * from memory instead of 4. The dequantized values are the ones gguf-py computes (d * q rounded to
+ * float32, then + m rounded): this file is built with -ffp-contract=off, so that no compiler fuses
+ * the two into one FMA, and `dequantize` gives the same float32 weights the dense path holds.
+ *
+ * `available()` says whether this CPU has AVX2, FMA and F16C; the others are only called where it has.
  * Built without AVX2 support in the compiler (or on another architecture), `available()` is False.
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* A quantized block: 32 weights; kinds as the Python side numbers them. */
+#define BLOCK_WEIGHTS 32
+enum { KIND_Q4_1 = 1, KIND_Q8_0 = 2 };
 
 #if defined(__x86_64__) && defined(__GNUC__)
 #define ROWS_LINEAR_X86 1
 #include <immintrin.h>
 
-#define TARGET __attribute__((target("avx2,fma")))
+#define TARGET __attribute__((target("avx2,fma,f16c")))
 
 TARGET static inline float hsum(__m256 v) {
     __m128 lo = _mm256_castps256_ps128(v);
@@ -39,57 +53,121 @@ TARGET static float dot(const float *a, const float *b, Py_ssize_t K) {
     return hsum(c);
 }
 
+/* y[m, n..n+3] for every input row m: the products of x[M, K] with the four weight rows w0..w3. */
+TARGET static void rows4(const float *x, const float *w0, const float *w1, const float *w2,
+                         const float *w3, float *y, Py_ssize_t M, Py_ssize_t N, Py_ssize_t K,
+                         Py_ssize_t n) {
+    Py_ssize_t m = 0;
+    for (; m + 2 <= M; m += 2) {
+        const float *a0 = x + m * K, *a1 = a0 + K;
+        __m256 c00 = _mm256_setzero_ps(), c01 = c00, c02 = c00, c03 = c00;
+        __m256 c10 = c00, c11 = c00, c12 = c00, c13 = c00;
+        for (Py_ssize_t k = 0; k < K; k += 8) {
+            __m256 b0 = _mm256_loadu_ps(w0 + k), b1 = _mm256_loadu_ps(w1 + k);
+            __m256 b2 = _mm256_loadu_ps(w2 + k), b3 = _mm256_loadu_ps(w3 + k);
+            __m256 x0 = _mm256_loadu_ps(a0 + k), x1 = _mm256_loadu_ps(a1 + k);
+            c00 = _mm256_fmadd_ps(x0, b0, c00);
+            c01 = _mm256_fmadd_ps(x0, b1, c01);
+            c02 = _mm256_fmadd_ps(x0, b2, c02);
+            c03 = _mm256_fmadd_ps(x0, b3, c03);
+            c10 = _mm256_fmadd_ps(x1, b0, c10);
+            c11 = _mm256_fmadd_ps(x1, b1, c11);
+            c12 = _mm256_fmadd_ps(x1, b2, c12);
+            c13 = _mm256_fmadd_ps(x1, b3, c13);
+        }
+        float *y0 = y + m * N + n, *y1 = y0 + N;
+        y0[0] = hsum(c00), y0[1] = hsum(c01), y0[2] = hsum(c02), y0[3] = hsum(c03);
+        y1[0] = hsum(c10), y1[1] = hsum(c11), y1[2] = hsum(c12), y1[3] = hsum(c13);
+    }
+    for (; m < M; m++) {
+        const float *a0 = x + m * K;
+        __m256 c0 = _mm256_setzero_ps(), c1 = c0, c2 = c0, c3 = c0;
+        for (Py_ssize_t k = 0; k < K; k += 8) {
+            __m256 x0 = _mm256_loadu_ps(a0 + k);
+            c0 = _mm256_fmadd_ps(x0, _mm256_loadu_ps(w0 + k), c0);
+            c1 = _mm256_fmadd_ps(x0, _mm256_loadu_ps(w1 + k), c1);
+            c2 = _mm256_fmadd_ps(x0, _mm256_loadu_ps(w2 + k), c2);
+            c3 = _mm256_fmadd_ps(x0, _mm256_loadu_ps(w3 + k), c3);
+        }
+        float *y0 = y + m * N + n;
+        y0[0] = hsum(c0), y0[1] = hsum(c1), y0[2] = hsum(c2), y0[3] = hsum(c3);
+    }
+}
+
 TARGET static void linear_nt(const float *x, const float *w, float *y, Py_ssize_t M, Py_ssize_t N,
                              Py_ssize_t K) {
     Py_ssize_t n = 0;
     for (; n + 4 <= N; n += 4) {
-        const float *w0 = w + n * K, *w1 = w0 + K, *w2 = w1 + K, *w3 = w2 + K;
-        Py_ssize_t m = 0;
-        for (; m + 2 <= M; m += 2) {
-            const float *a0 = x + m * K, *a1 = a0 + K;
-            __m256 c00 = _mm256_setzero_ps(), c01 = c00, c02 = c00, c03 = c00;
-            __m256 c10 = c00, c11 = c00, c12 = c00, c13 = c00;
-            for (Py_ssize_t k = 0; k < K; k += 8) {
-                __m256 b0 = _mm256_loadu_ps(w0 + k), b1 = _mm256_loadu_ps(w1 + k);
-                __m256 b2 = _mm256_loadu_ps(w2 + k), b3 = _mm256_loadu_ps(w3 + k);
-                __m256 x0 = _mm256_loadu_ps(a0 + k), x1 = _mm256_loadu_ps(a1 + k);
-                c00 = _mm256_fmadd_ps(x0, b0, c00);
-                c01 = _mm256_fmadd_ps(x0, b1, c01);
-                c02 = _mm256_fmadd_ps(x0, b2, c02);
-                c03 = _mm256_fmadd_ps(x0, b3, c03);
-                c10 = _mm256_fmadd_ps(x1, b0, c10);
-                c11 = _mm256_fmadd_ps(x1, b1, c11);
-                c12 = _mm256_fmadd_ps(x1, b2, c12);
-                c13 = _mm256_fmadd_ps(x1, b3, c13);
-            }
-            float *y0 = y + m * N + n, *y1 = y0 + N;
-            y0[0] = hsum(c00), y0[1] = hsum(c01), y0[2] = hsum(c02), y0[3] = hsum(c03);
-            y1[0] = hsum(c10), y1[1] = hsum(c11), y1[2] = hsum(c12), y1[3] = hsum(c13);
-        }
-        for (; m < M; m++) {
-            const float *a0 = x + m * K;
-            __m256 c0 = _mm256_setzero_ps(), c1 = c0, c2 = c0, c3 = c0;
-            for (Py_ssize_t k = 0; k < K; k += 8) {
-                __m256 x0 = _mm256_loadu_ps(a0 + k);
-                c0 = _mm256_fmadd_ps(x0, _mm256_loadu_ps(w0 + k), c0);
-                c1 = _mm256_fmadd_ps(x0, _mm256_loadu_ps(w1 + k), c1);
-                c2 = _mm256_fmadd_ps(x0, _mm256_loadu_ps(w2 + k), c2);
-                c3 = _mm256_fmadd_ps(x0, _mm256_loadu_ps(w3 + k), c3);
-            }
-            float *y0 = y + m * N + n;
-            y0[0] = hsum(c0), y0[1] = hsum(c1), y0[2] = hsum(c2), y0[3] = hsum(c3);
-        }
+        const float *w0 = w + n * K;
+        rows4(x, w0, w0 + K, w0 + 2 * K, w0 + 3 * K, y, M, N, K, n);
     }
     for (; n < N; n++)
         for (Py_ssize_t m = 0; m < M; m++)
             y[m * N + n] = dot(x + m * K, w + n * K, K);
+}
+
+
+static Py_ssize_t block_bytes(int kind) { return kind == KIND_Q4_1 ? 20 : kind == KIND_Q8_0 ? 34 : 0; }
+
+TARGET static inline float half(const uint8_t *p) {
+    uint16_t h;
+    memcpy(&h, p, 2);
+    return _cvtsh_ss(h);
+}
+
+/* One row of K weights (K / 32 blocks at src) as float32 at dst. */
+TARGET static void dequantize_row(const uint8_t *src, int kind, float *dst, Py_ssize_t K) {
+    if (kind == KIND_Q4_1) {
+        const __m128i low = _mm_set1_epi8(0x0F);
+        for (Py_ssize_t b = 0; b < K; b += BLOCK_WEIGHTS, src += 20, dst += BLOCK_WEIGHTS) {
+            const __m256 d = _mm256_set1_ps(half(src)), m = _mm256_set1_ps(half(src + 2));
+            const __m128i raw = _mm_loadu_si128((const __m128i *)(src + 4));
+            const __m128i lo = _mm_and_si128(raw, low), hi = _mm_and_si128(_mm_srli_epi16(raw, 4), low);
+            /* Elements 0-15 are the low nibbles, 16-31 the high ones (ggml's layout). */
+            const __m128i parts[4] = {lo, _mm_srli_si128(lo, 8), hi, _mm_srli_si128(hi, 8)};
+            for (int i = 0; i < 4; i++) {
+                __m256 q = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(parts[i]));
+                _mm256_storeu_ps(dst + 8 * i, _mm256_add_ps(_mm256_mul_ps(d, q), m));
+            }
+        }
+    } else {
+        for (Py_ssize_t b = 0; b < K; b += BLOCK_WEIGHTS, src += 34, dst += BLOCK_WEIGHTS) {
+            const __m256 d = _mm256_set1_ps(half(src));
+            for (int i = 0; i < 4; i++) {
+                __m128i raw = _mm_loadl_epi64((const __m128i *)(src + 2 + 8 * i));
+                __m256 q = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(raw));
+                _mm256_storeu_ps(dst + 8 * i, _mm256_mul_ps(d, q));
+            }
+        }
+    }
+}
+
+/* y[M, N] = x[M, K] @ W^T, W's N rows as blocks of `kind`; `scratch` holds 4 * K floats. */
+TARGET static void linear_blocks_nt(const float *x, const uint8_t *w, int kind, float *y, float *scratch,
+                                    Py_ssize_t M, Py_ssize_t N, Py_ssize_t K) {
+    const Py_ssize_t row = K / BLOCK_WEIGHTS * block_bytes(kind);
+    float *s0 = scratch, *s1 = s0 + K, *s2 = s1 + K, *s3 = s2 + K;
+    Py_ssize_t n = 0;
+    for (; n + 4 <= N; n += 4) {
+        const uint8_t *r = w + n * row;
+        dequantize_row(r, kind, s0, K);
+        dequantize_row(r + row, kind, s1, K);
+        dequantize_row(r + 2 * row, kind, s2, K);
+        dequantize_row(r + 3 * row, kind, s3, K);
+        rows4(x, s0, s1, s2, s3, y, M, N, K, n);
+    }
+    for (; n < N; n++) {
+        dequantize_row(w + n * row, kind, s0, K);
+        for (Py_ssize_t m = 0; m < M; m++)
+            y[m * N + n] = dot(x + m * K, s0, K);
+    }
 }
 #endif
 
 static PyObject *available(PyObject *self, PyObject *unused) {
 #ifdef ROWS_LINEAR_X86
     __builtin_cpu_init();
-    if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma"))
+    if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c"))
         Py_RETURN_TRUE;
 #endif
     Py_RETURN_FALSE;
@@ -117,9 +195,66 @@ static PyObject *linear(PyObject *self, PyObject *args) {
 #endif
 }
 
+/* dequantize(dst, src, kind, rows, K): rows rows of K weights, each K / 32 blocks of `kind` (1: Q4_1,
+ * 2: Q8_0) at address src, as float32 at dst[rows, K]. Runs without the GIL. */
+static PyObject *dequantize(PyObject *self, PyObject *args) {
+    unsigned long long dst, src;
+    int kind;
+    Py_ssize_t rows, K;
+    if (!PyArg_ParseTuple(args, "KKinn", &dst, &src, &kind, &rows, &K))
+        return NULL;
+    if (rows < 0 || K < 0 || K % BLOCK_WEIGHTS != 0 || (kind != KIND_Q4_1 && kind != KIND_Q8_0)) {
+        PyErr_SetString(PyExc_ValueError, "rows_linear: kind must be 1 or 2 and K a multiple of 32");
+        return NULL;
+    }
+#ifdef ROWS_LINEAR_X86
+    Py_BEGIN_ALLOW_THREADS
+    const Py_ssize_t row = K / BLOCK_WEIGHTS * block_bytes(kind);
+    for (Py_ssize_t r = 0; r < rows; r++)
+        dequantize_row((const uint8_t *)(uintptr_t)src + r * row, kind, (float *)(uintptr_t)dst + r * K, K);
+    Py_END_ALLOW_THREADS
+    Py_RETURN_NONE;
+#else
+    PyErr_SetString(PyExc_RuntimeError, "rows_linear: built without AVX2 support");
+    return NULL;
+#endif
+}
+
+/* linear_blocks(y, x, w, kind, M, N, K): y[M, N] = x[M, K] @ W^T with W's N rows as blocks of `kind`
+ * at address w (K / 32 blocks a row), float32 y and x. Runs without the GIL. */
+static PyObject *linear_blocks(PyObject *self, PyObject *args) {
+    unsigned long long y, x, w;
+    int kind;
+    Py_ssize_t M, N, K;
+    if (!PyArg_ParseTuple(args, "KKKinnn", &y, &x, &w, &kind, &M, &N, &K))
+        return NULL;
+    if (M < 0 || N < 0 || K < 0 || K % BLOCK_WEIGHTS != 0 || (kind != KIND_Q4_1 && kind != KIND_Q8_0)) {
+        PyErr_SetString(PyExc_ValueError, "rows_linear: kind must be 1 or 2 and K a multiple of 32");
+        return NULL;
+    }
+#ifdef ROWS_LINEAR_X86
+    float *scratch = aligned_alloc(64, (size_t)(4 * K * sizeof(float) + 63) / 64 * 64);
+    if (scratch == NULL)
+        return PyErr_NoMemory();
+    Py_BEGIN_ALLOW_THREADS
+    linear_blocks_nt((const float *)(uintptr_t)x, (const uint8_t *)(uintptr_t)w, kind, (float *)(uintptr_t)y,
+                     scratch, M, N, K);
+    Py_END_ALLOW_THREADS
+    free(scratch);
+    Py_RETURN_NONE;
+#else
+    PyErr_SetString(PyExc_RuntimeError, "rows_linear: built without AVX2 support");
+    return NULL;
+#endif
+}
+
 static PyMethodDef methods[] = {
     {"available", available, METH_NOARGS, "Whether this CPU has AVX2 and FMA (and the build uses them)."},
     {"linear", linear, METH_VARARGS, "linear(y, x, w, M, N, K): y = x @ w^T on float32 buffers by address."},
+    {"linear_blocks", linear_blocks, METH_VARARGS,
+     "linear_blocks(y, x, w, kind, M, N, K): y = x @ W^T, W as GGUF blocks (1: Q4_1, 2: Q8_0), by address."},
+    {"dequantize", dequantize, METH_VARARGS,
+     "dequantize(dst, src, kind, rows, K): GGUF blocks (1: Q4_1, 2: Q8_0) as float32, by address."},
     {NULL, NULL, 0, NULL},
 };
 

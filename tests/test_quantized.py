@@ -1,0 +1,180 @@
+"""The bundled GGUF's quantized blocks in the rows kernel (backend/engines/embedded/quantized.py,
+rows_linear.c): dequantized bit for bit as gguf-py does, matched to the converted float32 weights
+(q and k reordered), multiplied to exactly the dense kernel's products, and used by the engine."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+from gguf import GGUFReader
+from gguf.quants import dequantize
+
+from backend.engines.embedded import linear as engine_linear
+from backend.engines.embedded.model import Llama, LlamaConfig
+from backend.engines.embedded.quantized import (
+    BLOCKS_FILE,
+    KINDS,
+    BlockMatrix,
+    load_blocks,
+    match_rows,
+    read_saved_blocks,
+)
+from backend.engines.embedded.weights import bundled_gguf, read_config, read_tensors, resolve_model
+
+LAYER_MATRICES = 7
+"""q, k, v, o, gate, up, down."""
+
+
+@pytest.fixture(scope="module")
+def kernel() -> Iterator[None]:
+    """The kernel on, on one thread, as the engine's process sets it; as it was afterwards."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    on, reason = engine_linear.kernel_status()
+    if not on:
+        torch.set_num_threads(threads)
+        pytest.skip(f"the rows kernel is not usable here: {reason}")
+    engine_linear.configure()
+    yield
+    engine_linear.configure(allow=False)
+    torch.set_num_threads(threads)
+
+
+@pytest.fixture(scope="module")
+def weights(kernel: None) -> tuple[LlamaConfig, dict[str, torch.Tensor], dict[str, BlockMatrix]]:
+    folder = resolve_model()
+    assert folder.gguf == bundled_gguf()
+    tensors = read_tensors(folder.path)
+    return (
+        LlamaConfig.from_hf(read_config(folder.path)),
+        tensors,
+        load_blocks(folder.path, bundled_gguf(), tensors),
+    )
+
+
+@pytest.fixture(scope="module")
+def reader() -> GGUFReader:
+    """The bundled GGUF, read once (gguf-py parses its metadata in Python: seconds)."""
+    return GGUFReader(bundled_gguf())
+
+
+@pytest.fixture(scope="module")
+def models(weights: tuple) -> tuple[Llama, Llama]:
+    """The model with the GGUF's blocks, and without."""
+    config, tensors, blocks = weights
+    return Llama(config, tensors, torch.float32, blocks), Llama(config, tensors, torch.float32)
+
+
+def test_blocks_dequantize_to_gguf_pys_values_bit_for_bit(kernel: None, reader: GGUFReader) -> None:
+    checked = 0
+    for tensor in reader.tensors:
+        kind = tensor.tensor_type.name
+        if kind not in KINDS:
+            continue
+        raw = np.array(tensor.data, dtype=np.uint8)
+        blocks = BlockMatrix(torch.from_numpy(raw), kind, int(tensor.shape[0]))
+        want = dequantize(raw, tensor.tensor_type).reshape(blocks.out_features, blocks.in_features)
+        assert np.array_equal(blocks.dequantize().numpy(), want.astype(np.float32)), tensor.name
+        checked += 1
+    assert checked == 30 * LAYER_MATRICES + 1  # every layer matrix (Q4_1) and the embedding (Q8_0)
+
+
+def test_every_matrix_matches_the_converted_weights_q_and_k_reordered(
+    weights: tuple, reader: GGUFReader
+) -> None:
+    config, tensors, blocks = weights
+    assert len(blocks) == config.layers * LAYER_MATRICES + 1
+    assert blocks["model.embed_tokens.weight"].kind == "Q8_0"
+    assert blocks["model.layers.0.mlp.down_proj.weight"].kind == "Q4_1"
+    for name, matrix in blocks.items():
+        assert torch.equal(matrix.dequantize(), tensors[name]), name
+    # llama.cpp's GGUFs store q and k rows permuted; the conversion put them back, and so do the blocks
+    stored_tensors = {t.name: t for t in reader.tensors}
+    stored = np.array(stored_tensors["blk.0.attn_q.weight"].data, dtype=np.uint8)
+    assert not np.array_equal(blocks["model.layers.0.self_attn.q_proj.weight"].data.numpy(), stored)
+    stored = np.array(stored_tensors["blk.0.attn_v.weight"].data, dtype=np.uint8)
+    assert np.array_equal(blocks["model.layers.0.self_attn.v_proj.weight"].data.numpy(), stored)
+
+
+def test_a_matrix_that_differs_anywhere_stays_float32(weights: tuple) -> None:
+    _, tensors, blocks = weights
+    name = "model.layers.3.mlp.up_proj.weight"
+    changed = tensors[name].clone()
+    changed[100, 7] = torch.nextafter(changed[100, 7], torch.tensor(1.0))  # one unit in the last place
+    assert match_rows(blocks[name], changed) is None
+    assert match_rows(blocks[name], tensors[name]) is blocks[name]
+
+
+@pytest.mark.parametrize("rows", [1, 2, 3, 8, 33, 64])
+def test_products_from_blocks_are_the_dense_kernels_exactly(models: tuple, rows: int) -> None:
+    model = models[0]
+    layer = model.layers[5]
+    assert set(layer.blocks) == {"qkv", "out", "gate_up", "down"}
+    torch.manual_seed(rows)
+    cases = [
+        (layer.qkv, layer.blocks["qkv"]),
+        (layer.out, layer.blocks["out"]),
+        (layer.gate_up, layer.blocks["gate_up"]),
+        (layer.down, layer.blocks["down"]),
+        (model.lm_head, model.lm_head_blocks),
+    ]
+    for dense, matrix in cases:
+        x = torch.randn(rows, dense.shape[1])
+        got = engine_linear.linear(x, dense, matrix)
+        # The same weights summed in the same order as the dense kernel: equal bit for bit.
+        assert torch.equal(got, engine_linear.linear(x, dense)), dense.shape
+        assert torch.allclose(got, F.linear(x, dense), rtol=1e-5, atol=1e-4)
+
+
+def test_a_step_reads_a_sixth_of_the_bytes(weights: tuple, models: tuple) -> None:
+    config, tensors, blocks = weights
+    quantized, dense = models[0].block_bytes()
+    assert dense == 0
+    float32_only, rest = models[1].block_bytes()
+    assert float32_only == 0
+    assert 5.5 < rest / quantized < 5.7  # 538 MB against 96 MB
+    assert Llama(config, tensors, torch.bfloat16, blocks).block_bytes()[0] == 0  # float32 only
+
+
+def test_greedy_tokens_are_the_same_with_and_without_blocks(weights: tuple, models: tuple) -> None:
+    config = weights[0]
+    from backend.engines.embedded.model import RowCache
+
+    def greedy(model: Llama) -> list[int]:
+        cache = RowCache(config, 2, 128, torch.float32)
+        logits, _ = model.prefill([1, 504, 3458, 282, 2761, 30], cache, cache.add_rows(2))
+        tokens = [int(logits.argmax())] * 2
+        out = [tokens[0]]
+        for _ in range(24):
+            step = model.decode(torch.tensor(tokens), cache)
+            tokens = step.argmax(-1).tolist()
+            assert tokens[0] == tokens[1]
+            out.append(tokens[0])
+        return out
+
+    assert greedy(models[0]) == greedy(models[1])
+
+
+def test_the_matched_blocks_are_kept_and_a_changed_file_is_rebuilt(weights: tuple, tmp_path) -> None:
+    """Read from the GGUF once (its reader is slow), then from the folder; a kept file that no
+    longer matches the weights, or is unreadable, is replaced by the GGUF's blocks again."""
+    _, tensors, blocks = weights
+    some = {name: tensors[name] for name in list(blocks)[:3]}
+    first = load_blocks(tmp_path, bundled_gguf(), some)
+    assert set(first) == set(some) and (tmp_path / BLOCKS_FILE).is_file()
+    assert list(tmp_path.glob("*.safetensors")) == []  # never read as the model's weights
+    again = read_saved_blocks(tmp_path / BLOCKS_FILE)
+    assert {n: m.data.tolist() == first[n].data.tolist() for n, m in again.items()} == dict.fromkeys(
+        some, True
+    )
+    name = next(iter(some))
+    changed = dict(some) | {name: some[name].clone()}
+    changed[name][0, 0] += 1.0
+    assert load_blocks(tmp_path, bundled_gguf(), changed).keys() == set(some) - {name}
+    (tmp_path / BLOCKS_FILE).write_bytes(b"not a safetensors file")
+    assert read_saved_blocks(tmp_path / BLOCKS_FILE) == {}
+    assert load_blocks(tmp_path, bundled_gguf(), some).keys() == set(some)
