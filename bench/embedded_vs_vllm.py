@@ -23,7 +23,8 @@ Two more figures. Many users: 16 requests of n = 4 sent at once (each a new prom
 max per side. The weight-streaming floor: one decode step reads every weight once (the tied
 embedding as the output layer), so bytes per step over the single-core read bandwidth (measured here:
 the best of 5 sums over a 512 MiB tensor, one thread) bounds a step from below; printed beside the
-engine's mean step time at n = 8 (from its own step counters).
+engine's mean step time at n = 8 (from its own step counters), for the bytes the engine reads (the
+GGUF's blocks where it multiplies from them) and for the same weights as float32 (or bf16) tensors.
 
 Threads: the engine steps with --threads torch threads; vLLM's OpenMP workers are bound to the
 same number of cores (VLLM_CPU_OMP_THREADS_BIND=0 for one, 0-(t-1) for more, OMP_NUM_THREADS=t).
@@ -257,17 +258,20 @@ def read_bandwidth() -> float:
         torch.set_num_threads(threads)
 
 
-def weight_bytes_per_step(engine: EmbeddedEngine, dtype: str) -> int:
-    """Bytes of the weights one decode step reads: every layer's matrices and norms, the final norm,
-    and the output layer (the tied embedding, read whole; the input embedding reads one row a sample)."""
+def weight_bytes_per_step(engine: EmbeddedEngine, dtype: str) -> tuple[int, int]:
+    """Bytes of the weights one decode step reads: (as the engine holds them, as float32 or bf16
+    tensors). Every layer's matrices and norms, the final norm, and the output layer (the tied
+    embedding, read whole; the input embedding reads one row a sample). Where the engine multiplies
+    from the GGUF's blocks its figures say how many bytes of them a step reads."""
     from backend.engines.embedded.model import LlamaConfig
     from backend.engines.embedded.weights import read_config
 
     c = LlamaConfig.from_hf(read_config(Path(engine.worker.setup.folder)))
-    *per_layer, output = (rows * cols for rows, cols in c.fused_matrices().values())
-    layer = sum(per_layer) + 2 * c.hidden_size  # and its two norms
-    values = c.layers * layer + c.hidden_size + output
-    return values * (2 if dtype == "bfloat16" else 4)
+    matrices = sum(rows * cols for rows, cols in c.fused_matrices().values())
+    norms = (2 * c.layers + 1) * c.hidden_size
+    size = 2 if dtype == "bfloat16" else 4
+    held = engine.health().get("step_weight_bytes") or matrices * size
+    return held + norms * size, (matrices + norms) * size
 
 
 def figures(
@@ -379,12 +383,13 @@ async def compare(args: argparse.Namespace, engine: EmbeddedEngine, url: str, pi
             )
         number = await many_users(args, engine, client, url, number)
     print("ratios: engine/vLLM for tokens/s and tokens/CPU-s, vLLM/engine for TTFT (above 1: engine better)")
-    floor_bytes, bandwidth = weight_bytes_per_step(engine, args.dtype), read_bandwidth()
-    floor = 1000 * floor_bytes / bandwidth
+    (floor_bytes, dense_bytes), bandwidth = weight_bytes_per_step(engine, args.dtype), read_bandwidth()
+    floor, dense_floor = 1000 * floor_bytes / bandwidth, 1000 * dense_bytes / bandwidth
     print(
-        f"weight-streaming floor: {floor_bytes / 1e6:.0f} MB of weights a step / {bandwidth / 1e9:.1f} GB/s "
-        f"single-core read = {floor:.1f} ms a step; the engine's mean step at n=8: {step_at_8:.1f} ms "
-        f"({step_at_8 / floor:.2f}x the floor)"
+        f"weight-streaming floor: {floor_bytes / 1e6:.0f} MB of weights a step as the engine holds them "
+        f"/ {bandwidth / 1e9:.1f} GB/s single-core read = {floor:.1f} ms a step ({dense_bytes / 1e6:.0f} MB "
+        f"as {args.dtype} tensors: {dense_floor:.1f} ms); the engine's mean step at n=8: {step_at_8:.1f} ms "
+        f"({step_at_8 / floor:.2f}x the floor, {step_at_8 / dense_floor:.2f}x the {args.dtype} one)"
     )
     print(f"the idle vLLM server used {100 * idle_cpu / idle_wall:.0f}% of a core while the engine ran")
     print(f"load average at the end: {' '.join(f'{x:.2f}' for x in os.getloadavg())}")

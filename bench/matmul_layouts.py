@@ -15,9 +15,10 @@ does not depend on them) and each row count, the best of 5 rounds of:
 
 Each column also prints the largest difference from `F.linear`'s result. Then whole decode steps of
 the bundled model (`--steps`): n rows prefilled with one prompt, then decode steps with the engine's
-linear layers on the rows kernel and on `F.linear`, in alternating rounds, each round from the same
-cache length; the median step of each and their ratio. Run it on a quiet machine: the same shape
-measured minutes apart can move by more than the columns differ.
+linear layers on the rows kernel from the GGUF's Q4_1/Q8_0 blocks (what the engine runs), on the
+rows kernel from the float32 weights, and on `F.linear`, in alternating rounds, each round from the
+same cache length; the median step of each and its speed-up over `F.linear`. Run it on a quiet
+machine: the same shape measured minutes apart can move by more than the columns differ.
 
 Usage: python -m bench.matmul_layouts [--rows 1,8,32] [--rounds 5] [--steps 1,8,32] [--step-rounds 6]
 """
@@ -35,6 +36,7 @@ from torch.utils import mkldnn
 
 from backend.engines.embedded import linear as engine_linear
 from backend.engines.embedded.model import Llama, LlamaConfig, RowCache
+from backend.engines.embedded.quantized import load_blocks
 from backend.engines.embedded.weights import ModelFolder, read_config, read_tensors, resolve_model
 
 
@@ -73,37 +75,51 @@ def layouts(x: torch.Tensor, w: torch.Tensor) -> dict[str, Callable[[], torch.Te
 def decode_steps(
     folder: ModelFolder, config: LlamaConfig, rows_list: list[int], rounds: int, steps: int = 8
 ) -> None:
-    """Median decode step of the bundled model at each row count, rows kernel against F.linear."""
+    """Median decode step of the bundled model at each row count: the rows kernel from the GGUF's
+    blocks and from float32 weights, against F.linear."""
     from transformers import AutoTokenizer
 
     from backend.engines.base import template_token_ids
 
-    model = Llama(config, read_tensors(folder.path), torch.float32)
+    tensors = read_tensors(folder.path)
+    blocks = load_blocks(folder.path, folder.gguf, tensors) if folder.gguf else {}
+    models = {
+        "GGUF blocks": Llama(config, tensors, torch.float32, blocks),
+        "rows kernel": Llama(config, tensors, torch.float32),
+        "F.linear": Llama(config, tensors, torch.float32),
+    }
+    if not blocks:
+        del models["GGUF blocks"]
     tokenizer = AutoTokenizer.from_pretrained(folder.path)
     text = "Name three colours and say something about each."
     ids = template_token_ids(tokenizer, [{"role": "user", "content": text}])
     print(
         f"decode steps of {folder.name}, fp32, 1 thread, a {len(ids)}-token prompt; ms per step "
-        f"(median of {rounds} rounds of {steps} steps each way)"
+        f"(median of {rounds} rounds of {steps} steps each way): the rows kernel from the GGUF's "
+        "blocks, from float32 weights, and F.linear"
     )
     for rows in rows_list:
-        cache = RowCache(config, rows, 1024, torch.float32)
-        model.prefill(ids, cache, cache.add_rows(rows))
+        caches = {}
+        for name, model in models.items():
+            caches[name] = RowCache(config, rows, 1024, torch.float32)
+            model.prefill(ids, caches[name], caches[name].add_rows(rows))
         tokens = torch.full((rows,), int(ids[-1]))
-        times: dict[bool, list[float]] = {True: [], False: []}
+        times: dict[str, list[float]] = {name: [] for name in models}
         for round_ in range(rounds + 1):
-            for kernel in (True, False):
-                engine_linear.configure(allow=kernel)
+            for name, model in models.items():
+                engine_linear.configure(allow=name != "F.linear")
+                cache = caches[name]
                 cache.lengths[:rows] = len(ids)
                 start = time.perf_counter()
                 for _ in range(steps):
                     model.decode(tokens, cache)
                 if round_:  # the first round warms up
-                    times[kernel].append(1000 * (time.perf_counter() - start) / steps)
-        kernel_ms, torch_ms = statistics.median(times[True]), statistics.median(times[False])
+                    times[name].append(1000 * (time.perf_counter() - start) / steps)
+        medians = {name: statistics.median(values) for name, values in times.items()}
+        base = medians["F.linear"]
         print(
-            f"n = {rows:>2}: rows kernel {kernel_ms:6.1f} ms, F.linear {torch_ms:6.1f} ms, "
-            f"{torch_ms / kernel_ms:.2f}x",
+            f"n = {rows:>2}: "
+            + ", ".join(f"{name} {ms:6.1f} ms ({base / ms:.2f}x)" for name, ms in medians.items()),
             flush=True,
         )
     engine_linear.configure()

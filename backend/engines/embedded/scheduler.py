@@ -171,6 +171,8 @@ class BatchScheduler:
         self._thread: threading.Thread | None = None
         self.linear_path = linear_path
         """How the linear layers multiply (embedded.linear's kernel or PyTorch), for the figures."""
+        self.step_weight_bytes = sum(model.block_bytes())
+        """Bytes of weight matrices a decode step reads (GGUF blocks where it has them), for the figures."""
 
     # --- called from other threads -------------------------------------------------------------
 
@@ -217,6 +219,7 @@ class BatchScheduler:
             "mean_step_ms": round(1000 * s.step_seconds / s.steps, 2) if s.steps else 0.0,
             "last_step_ms": round(s.last_step_ms, 2),
             "linear_layers": self.linear_path,
+            "step_weight_bytes": self.step_weight_bytes,
         }
 
     # --- the scheduler thread ------------------------------------------------------------------
