@@ -267,7 +267,8 @@ def weight_bytes_per_step(engine: EmbeddedEngine, dtype: str) -> tuple[int, int]
     from backend.engines.embedded.weights import read_config
 
     c = LlamaConfig.from_hf(read_config(Path(engine.worker.setup.folder)))
-    matrices = sum(rows * cols for rows, cols in c.fused_matrices().values())
+    *per_layer, output = (rows * cols for rows, cols in c.fused_matrices().values())
+    matrices = c.layers * sum(per_layer) + output
     norms = (2 * c.layers + 1) * c.hidden_size
     size = 2 if dtype == "bfloat16" else 4
     held = engine.health().get("step_weight_bytes") or matrices * size
