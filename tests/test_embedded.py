@@ -28,7 +28,13 @@ from backend.engines.base import Prompt, RequestRejected, SamplingParams
 from backend.engines.embedded import EmbeddedEngine, EmbeddedGeneration
 from backend.engines.embedded.detokenizer import TextStream
 from backend.engines.embedded.scheduler import DecodeParams
-from backend.engines.embedded.weights import ModelFileError, is_complete, read_tensors, resolve_model
+from backend.engines.embedded.weights import (
+    ModelFileError,
+    bundled_gguf,
+    is_complete,
+    read_tensors,
+    resolve_model,
+)
 from backend.serving.server import BackendServer
 from devkit.frames import recv_frame
 from devkit.local import ROOT
@@ -466,6 +472,8 @@ class RecordingSink:
         self.seen, self.mark, self.on_first = seen, mark, on_first
         self.delivered = False
         self.texts: dict[int, str] = {}
+        self.firsts: dict[int, str] = {}
+        """Each sample's first chunk's text."""
         self.done = threading.Event()
 
     def deliver(self, chunks: list) -> None:
@@ -474,6 +482,7 @@ class RecordingSink:
         self.delivered = True
         self.seen.append(self.mark())
         for chunk in chunks:
+            self.firsts.setdefault(chunk.index, chunk.text)
             self.texts[chunk.index] = self.texts.get(chunk.index, "") + chunk.text
         if any(chunk.finish_reason is not None for chunk in chunks):
             self.done.set()
@@ -482,33 +491,105 @@ class RecordingSink:
         """Queue positions are not under test here."""
 
 
-def test_requests_admitted_together_each_get_their_first_token_out_after_their_own_prefill() -> None:
-    """Three requests arriving at once are prefilled in one pass; each one's first tokens are flushed
-    (sent to the backend) before the next one's prefill, not all after the last."""
-    from backend.engines.embedded.child import build_scheduler
+def run_jobs(scheduler: Any, prompts: list[list[int]], together: bool) -> list[RecordingSink]:
+    """Each prompt as a request of n = 2 (seed 1, 8 tokens): all submitted at once before the
+    scheduler starts, or one after another, each once the one before has finished."""
     from backend.engines.embedded.scheduler import Job
-    from backend.engines.embedded.worker import WorkerSetup
 
-    flushes: list[int] = []
-    setup = WorkerSetup(str(resolve_model().path), "float32", 1, 8, 512)
-    scheduler = build_scheduler(setup, lambda: flushes.append(1))
-    starts = ("The three primary colours are", "Once upon a time", "The capital of France is")
-    prompts = [scheduler.tokenizer(text)["input_ids"] for text in starts]
-    sinks = [RecordingSink([], lambda: len(flushes)) for _ in prompts]
-    for ids, sink in zip(prompts, sinks, strict=True):
-        scheduler.submit(Job(ids, 2, DecodeParams(8, 0.8, 0.95, seed=1), sink))
+    sinks = [RecordingSink([], lambda: scheduler.stats.prefills) for _ in prompts]
+    jobs = [
+        Job(ids, 2, DecodeParams(8, 0.8, 0.95, seed=1), sink)
+        for ids, sink in zip(prompts, sinks, strict=True)
+    ]
+    if together:
+        for job in jobs:
+            scheduler.submit(job)
     scheduler.start(1)
     try:
-        for sink in sinks:
+        for job, sink in zip(jobs, sinks, strict=True):
+            if not together:
+                scheduler.submit(job)
             assert sink.done.wait(60)
     finally:
         scheduler.stop()
-    firsts = [sink.seen[0] for sink in sinks]
-    assert firsts[0] < firsts[1] < firsts[2], firsts
-    # Each sample goes on from its own prompt: words, not a token or two.
-    for sink in sinks:
+    return sinks
+
+
+def test_requests_arriving_together_are_prefilled_in_one_pass_with_the_same_samples() -> None:
+    """Three requests arriving at once: where the rows kernel multiplies, their prompts go through
+    one prefill pass (the weights read once for all three), and every seeded sample starts as it
+    does when each request runs alone; elsewhere they are prefilled one after another, each request's
+    first tokens flushed after its own prefill, not after the last."""
+    from backend.engines.embedded.child import build_scheduler
+    from backend.engines.embedded.linear import rows_independent
+    from backend.engines.embedded.worker import WorkerSetup
+
+    setup = WorkerSetup(str(resolve_model().path), "float32", 1, 8, 512, str(bundled_gguf()))
+    flushes: list[int] = []
+    together = build_scheduler(setup, lambda: flushes.append(1))
+    starts = ("The three primary colours are", "Once upon a time", "The capital of France is")
+    prompts = [together.tokenizer(text)["input_ids"] for text in starts]
+    grouped = run_jobs(together, prompts, together=True)
+    alone = run_jobs(build_scheduler(setup, lambda: None), prompts, together=False)
+    for sink in grouped:
         assert sorted(sink.texts) == [0, 1], sink.texts
+        # Each sample goes on from its own prompt: words, not a token or two.
         assert all(len(text.split()) >= 3 for text in sink.texts.values()), sink.texts
+    # The first tokens come from the prefill: the same grouped as alone. (Later tokens come from
+    # decode steps of six rows against two, which may round differently.)
+    assert [sink.firsts for sink in grouped] == [sink.firsts for sink in alone]
+    firsts = [sink.seen[0] for sink in grouped]  # prefills done when each got its first tokens
+    if rows_independent(torch.float32):
+        assert together.stats.grouped_prefills == 1 and firsts == [3, 3, 3], firsts
+    else:
+        assert together.stats.grouped_prefills == 0 and firsts == [1, 2, 3], firsts
+
+
+def test_a_grouped_prefill_gives_each_prompt_what_it_gives_alone() -> None:
+    """`prefill_many`: the same last-token logits and cache rows, bit for bit, as each prompt's own
+    prefill, where the rows kernel multiplies; the template head is copied for each."""
+    from transformers import AutoTokenizer
+
+    from backend.engines.base import template_token_ids
+    from backend.engines.embedded import linear as engine_linear
+    from backend.engines.embedded.model import Llama, LlamaConfig, RowCache
+    from backend.engines.embedded.quantized import load_blocks
+    from backend.engines.embedded.weights import read_config
+
+    folder = resolve_model()
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    engine_linear.configure()
+    try:
+        if not engine_linear.rows_independent(torch.float32):
+            pytest.skip("no rows kernel here: prompts are prefilled one at a time")
+        config = LlamaConfig.from_hf(read_config(folder.path))
+        tensors = read_tensors(folder.path)
+        model = Llama(config, tensors, torch.float32, load_blocks(folder.path, bundled_gguf(), tensors))
+        tokenizer = AutoTokenizer.from_pretrained(folder.path)
+        ids = [
+            template_token_ids(tokenizer, [{"role": "user", "content": t}]) for t in ("Hi.", "Name a bird.")
+        ]
+        head = RowCache(config, 1, 256, torch.float32)
+        _, template = model.prefill(ids[0][:20], head, range(0))
+        prompts = [ids[0], ids[1], tokenizer("Once upon a time")["input_ids"]]
+        grouped = RowCache(config, 8, 256, torch.float32)
+        slots = [grouped.add_rows(n) for n in (2, 1, 3)]
+        together = model.prefill_many(list(zip(prompts, slots, strict=True)), grouped, template)
+        for prompt, rows, (logits, kept) in zip(prompts, slots, together, strict=True):
+            alone = RowCache(config, 3, 256, torch.float32)
+            own_logits, own_kept = model.prefill(prompt, alone, alone.add_rows(len(rows)), template)
+            assert torch.equal(logits, own_logits)
+            assert kept.reused == own_kept.reused == (20 if prompt is not prompts[2] else 0)
+            length = len(prompt)
+            for mine, theirs in ((grouped.keys, alone.keys), (grouped.values, alone.values)):
+                assert torch.equal(
+                    mine[:, rows.start : rows.stop, :, :length], theirs[:, : len(rows), :, :length]
+                )
+            assert grouped.lengths[rows.start : rows.stop].tolist() == [length] * len(rows)
+    finally:
+        engine_linear.configure(allow=False)
+        torch.set_num_threads(threads)
 
 
 def test_a_request_arriving_during_a_prefill_is_prefilled_before_the_next_decode_step() -> None:

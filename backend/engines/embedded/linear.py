@@ -56,6 +56,13 @@ def configure(allow: bool = True) -> str:
     return reason
 
 
+def rows_independent(dtype: torch.dtype) -> bool:
+    """Whether a product's row gives the same values whatever other rows it is multiplied with, for
+    up to KERNEL_MAX_ROWS rows of `dtype`: true of the kernel (each output is its own dot product),
+    not promised by a general matrix product, which may block and round another way per row count."""
+    return _enabled and dtype == torch.float32
+
+
 def linear(x: torch.Tensor, weight: torch.Tensor, blocks: BlockMatrix | None = None) -> torch.Tensor:
     """x[..., K] @ weight[N, K]^T, as `F.linear(x, weight)`; through the kernel from `blocks` (the
     same weights as GGUF blocks, `quantized.read_blocks`) where given."""

@@ -279,7 +279,6 @@ class Llama:
         normed = rms_norm(x, self.final_norm, self.config.rms_eps)
         return linear(normed, self.lm_head, self.lm_head_blocks).float()
 
-    @torch.inference_mode()
     def prefill(
         self, tokens: list[int], cache: RowCache, rows: range, reuse: PromptKV | None = None
     ) -> tuple[torch.Tensor, PromptKV]:
@@ -289,48 +288,84 @@ class Llama:
         not computed: every chat-templated prompt starts with the same system turn. Also returns
         this prompt's keys and values (its first `PROMPT_KV_KEEP` positions) for the next one.
         """
+        return self.prefill_many([(tokens, rows)], cache, reuse)[0]
+
+    @torch.inference_mode()
+    def prefill_many(
+        self, prompts: list[tuple[list[int], range]], cache: RowCache, reuse: PromptKV | None = None
+    ) -> list[tuple[torch.Tensor, PromptKV]]:
+        """`prefill` for several prompts in one pass: their new tokens go through every linear layer
+        together (the weights read once for all), each attends to its own positions only. Every
+        op but the linear layers works row by row, so a prompt's results are the same whatever
+        else is in the pass wherever the linear layers are too (the rows kernel is; a matrix
+        product of another row count may round differently)."""
         c = self.config
-        length = len(tokens)
-        cache.reserve(length)
-        # At least the last token is computed: its logits are the first sample's.
-        start = reuse.shared(tokens, length - 1) if reuse is not None else 0
-        prior = reuse if start else None
-        new = length - start
-        keep = min(length, PROMPT_KV_KEEP)
-        shape = (c.layers, c.kv_heads, keep, c.head_dim)
-        kept = PromptKV(
-            tokens[:keep], torch.empty(shape, dtype=self.dtype), torch.empty(shape, dtype=self.dtype)
-        )
-        x = self.embed[torch.tensor(tokens[start:])]
-        cos, sin = self.cos[start:length, None, :], self.sin[start:length, None, :]
-        # Query i (position start + i) sees positions 0..start + i.
-        mask = None
-        if prior is not None:
-            mask = torch.arange(length)[None, :] <= torch.arange(start, length)[:, None]
+        plans = []
+        for tokens, rows in prompts:
+            length = len(tokens)
+            # At least the last token is computed: its logits are the first sample's.
+            start = reuse.shared(tokens, length - 1) if reuse is not None else 0
+            keep = min(length, PROMPT_KV_KEEP)
+            shape = (c.layers, c.kv_heads, keep, c.head_dim)
+            kept = PromptKV(
+                tokens[:keep], torch.empty(shape, dtype=self.dtype), torch.empty(shape, dtype=self.dtype)
+            )
+            # Query i (position start + i) sees positions 0..start + i.
+            mask = None
+            if start:
+                mask = torch.arange(length)[None, :] <= torch.arange(start, length)[:, None]
+            plans.append((rows, length, start, kept, mask))
+        cache.reserve(max(length for _, length, _, _, _ in plans))
+        x = self.embed[
+            torch.tensor(
+                [t for (tokens, _), plan in zip(prompts, plans, strict=True) for t in tokens[plan[2] :]]
+            )
+        ]
+        positions = torch.cat([torch.arange(start, length) for _, length, start, _, _ in plans])
+        cos, sin = self.cos[positions][:, None, :], self.sin[positions][:, None, :]
+        total = x.shape[0]
         for index, layer in enumerate(self.layers):
             qkv = linear(rms_norm(x, layer.attn_norm, c.rms_eps), layer.qkv, layer.blocks.get("qkv"))
             q, k, v = qkv.split([self.q_size, self.kv_size, self.kv_size], dim=-1)
-            q = rotate(q.view(new, c.heads, c.head_dim), cos, sin).transpose(0, 1)
-            k = rotate(k.view(new, c.kv_heads, c.head_dim), cos, sin).transpose(0, 1)
-            v = v.view(new, c.kv_heads, c.head_dim).transpose(0, 1)
-            if prior is not None:
-                k = torch.cat((prior.keys[index, :, :start], k), dim=1)
-                v = torch.cat((prior.values[index, :, :start], v), dim=1)
-            kept.keys[index] = k[:, :keep]
-            kept.values[index] = v[:, :keep]
-            # One prompt, n rows: the same keys and values are copied, never recomputed.
-            cache.keys[index, rows.start : rows.stop, :, :length] = k
-            cache.values[index, rows.start : rows.stop, :, :length] = v
-            attended = F.scaled_dot_product_attention(
-                q, k, v, attn_mask=mask, is_causal=mask is None, enable_gqa=True
-            )
-            x = x + linear(
-                attended.transpose(0, 1).reshape(new, self.q_size), layer.out, layer.blocks.get("out")
-            )
+            q = rotate(q.view(total, c.heads, c.head_dim), cos, sin)
+            k = rotate(k.view(total, c.kv_heads, c.head_dim), cos, sin)
+            v = v.view(total, c.kv_heads, c.head_dim)
+            attended = []
+            offset = 0
+            for rows, length, start, kept, mask in plans:
+                new = length - start
+                qi = q[offset : offset + new].transpose(0, 1)
+                ki = k[offset : offset + new].transpose(0, 1)
+                vi = v[offset : offset + new].transpose(0, 1)
+                offset += new
+                if start:
+                    assert reuse is not None
+                    ki = torch.cat((reuse.keys[index, :, :start], ki), dim=1)
+                    vi = torch.cat((reuse.values[index, :, :start], vi), dim=1)
+                keep = len(kept.tokens)
+                kept.keys[index] = ki[:, :keep]
+                kept.values[index] = vi[:, :keep]
+                # One prompt, n rows: the same keys and values are copied, never recomputed.
+                cache.keys[index, rows.start : rows.stop, :, :length] = ki
+                cache.values[index, rows.start : rows.stop, :, :length] = vi
+                out = F.scaled_dot_product_attention(
+                    qi, ki, vi, attn_mask=mask, is_causal=mask is None, enable_gqa=True
+                )
+                attended.append(out.transpose(0, 1).reshape(new, self.q_size))
+            joined = attended[0] if len(attended) == 1 else torch.cat(attended)
+            x = x + linear(joined, layer.out, layer.blocks.get("out"))
             x = self._mlp(x, layer)
-        cache.lengths[rows.start : rows.stop] = length
-        kept.reused = start
-        return self._logits(x[-1]), kept
+        results = []
+        last = -1
+        for rows, length, start, kept, _ in plans:
+            cache.lengths[rows.start : rows.stop] = length
+            kept.reused = start
+            last += length - start
+            results.append((last, kept))
+        if len(plans) == 1:
+            return [(self._logits(x[-1]), plans[0][3])]
+        logits = self._logits(x[torch.tensor([i for i, _ in results])])
+        return [(logits[i], kept) for i, (_, kept) in enumerate(results)]
 
     @torch.inference_mode()
     def decode(self, tokens: torch.Tensor, cache: RowCache) -> torch.Tensor:

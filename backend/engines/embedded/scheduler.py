@@ -9,11 +9,13 @@ finishes). Each pass:
 1. apply the inbox (new requests queue up, aborted rows leave and free their cache rows);
 2. admit queued requests first come, first served, while their n rows fit under the row cap:
    prefill the prompt once, copy its cache into n rows, sample each row's first token; requests
-   that arrive meanwhile are admitted in the same pass (prefills go before the next step);
+   that arrive meanwhile are admitted in the same pass (prefills go before the next step). Where
+   the rows kernel multiplies, waiting prompts whose new tokens fit in its 64 rows together are
+   prefilled in one pass (the weights read once for all of them);
 3. decode one token for every running row, of every request, in one batch.
 
 Chunks go to each request's `Sink` from this thread; `on_pass_end`, if given, runs after each
-admitted request's prefill and after the decode step of every pass, so whoever forwards the chunks
+prefill pass and after the decode step of every pass, so whoever forwards the chunks
 can send each step's output of all requests at once, and a request's first tokens leave as soon as
 its prompt is done (not after every other request admitted in the same pass).
 """
@@ -33,6 +35,7 @@ import torch
 
 from backend.engines.base import Chunk, template_token_ids
 from backend.engines.embedded.detokenizer import TextStream
+from backend.engines.embedded.linear import KERNEL_MAX_ROWS, rows_independent
 from backend.engines.embedded.model import Llama, PromptKV, RowCache
 from backend.engines.embedded.sampler import RowSampling, sample
 
@@ -101,6 +104,8 @@ class SchedulerStats:
 
     steps: int = 0
     prefills: int = 0
+    grouped_prefills: int = 0
+    """Prefill passes that ran more than one request's prompt."""
     reused_prompt_tokens: int = 0
     """Prompt positions copied from the template head's keys and values instead of computed."""
     tokens: int = 0
@@ -211,6 +216,7 @@ class BatchScheduler:
             "max_rows": self.max_rows,
             "steps": s.steps,
             "prefills": s.prefills,
+            "grouped_prefills": s.grouped_prefills,
             "reused_prompt_tokens": s.reused_prompt_tokens,
             "tokens": s.tokens,
             "mean_batch_rows": round(s.rows_stepped / s.steps, 2) if s.steps else 0.0,
@@ -307,18 +313,46 @@ class BatchScheduler:
 
     def _admit(self) -> None:
         while self.waiting and self.waiting[0].n <= self.max_rows - len(self.rows):
-            job = self.waiting.popleft()
-            if job.position:
-                job.position = 0
-                job.sink.set_queue_position(0)
-            self._prefill(job)
-            # Each request's first token goes out when its prompt is done, not after every request
+            group = self._next_group()
+            for job in group:
+                if job.position:
+                    job.position = 0
+                    job.sink.set_queue_position(0)
+            self._prefill(group)
+            # Each group's first tokens go out when its prompts are done, not after every request
             # admitted in this pass: 16 arriving at once otherwise all waited for the last prefill.
             self._pass_end()
             # Requests that arrived during the prefill are admitted before the next decode step
             # rather than after it: a step of many rows takes as long as a prefill or longer.
             self._read_inbox(block=False)
         self._report_positions()
+
+    def _next_group(self) -> list[Job]:
+        """The first waiting request, and after it those that fit beside it in one prefill: their
+        new tokens (after the template head each copies) at most KERNEL_MAX_ROWS together, their
+        rows within the cap. Only where the rows kernel multiplies (`rows_independent`): there a
+        prompt gives the same values alone or beside others, so a seed's text does not depend on
+        who else arrived."""
+        first = self.waiting.popleft()
+        group = [first]
+        if not rows_independent(self.model.dtype):
+            return group
+        budget = KERNEL_MAX_ROWS - self._new_tokens(first)
+        free = self.max_rows - len(self.rows) - first.n
+        while self.waiting and budget > 0:
+            job = self.waiting[0]
+            new = self._new_tokens(job)
+            if new > budget or job.n > free:
+                break
+            group.append(self.waiting.popleft())
+            budget -= new
+            free -= job.n
+        return group
+
+    def _new_tokens(self, job: Job) -> int:
+        """The prompt positions a prefill computes (those after the template head it copies)."""
+        ids = job.prompt_ids
+        return len(ids) - (self.prompt_kv.shared(ids, len(ids) - 1) if self.prompt_kv is not None else 0)
 
     def _template_head_kv(self) -> PromptKV | None:
         """The chat template's head (what two different user turns share), prefilled once."""
@@ -334,26 +368,45 @@ class BatchScheduler:
         _, kept = self.model.prefill(ids[0][:head], self.cache, range(0))
         return kept
 
-    def _prefill(self, job: Job) -> None:
-        params = job.params
-        slots = self.cache.add_rows(job.n)
-        logits, kept = self.model.prefill(job.prompt_ids, self.cache, slots, self.prompt_kv)
-        self.stats.prefills += 1
-        self.stats.reused_prompt_tokens += kept.reused
-        new_rows = []
-        for index in range(job.n):
-            generator = None
-            if params.temperature > 0:
-                generator = torch.Generator().manual_seed(params.seed + index)
-            sampling = RowSampling(params.temperature, params.top_p, params.top_k, generator)
-            new_rows.append(Row(job, index, sampling, TextStream(self.tokenizer, params.stop)))
+    def _prefill(self, group: list[Job]) -> None:
+        """Prefill the group's prompts in one pass and give each of their samples its first token."""
+        slots = [self.cache.add_rows(job.n) for job in group]
+        results = self.model.prefill_many(
+            [(job.prompt_ids, rows) for job, rows in zip(group, slots, strict=True)],
+            self.cache,
+            self.prompt_kv,
+        )
+        self.stats.prefills += len(group)
+        if len(group) > 1:
+            self.stats.grouped_prefills += 1
+        new_rows: list[Row] = []
+        first: list[int] = []
+        logprobs: list[float | None] = []
+        for job, (logits, kept) in zip(group, results, strict=True):
+            self.stats.reused_prompt_tokens += kept.reused
+            params = job.params
+            rows = []
+            for index in range(job.n):
+                generator = None
+                if params.temperature > 0:
+                    generator = torch.Generator().manual_seed(params.seed + index)
+                sampling = RowSampling(params.temperature, params.top_p, params.top_k, generator)
+                rows.append(Row(job, index, sampling, TextStream(self.tokenizer, params.stop)))
+            chosen = sample(logits.expand(job.n, -1), [row.sampling for row in rows])
+            logprobs.extend(token_logprobs(logits.expand(job.n, -1), chosen, rows) or [None] * job.n)
+            new_rows.extend(rows)
+            first.extend(chosen)
+        # Rows in the order of their cache rows; accepted together, since a row that finishes at
+        # once is replaced by the last row, which may be another request's.
         self.rows.extend(new_rows)
-        first = sample(logits.expand(job.n, -1), [row.sampling for row in new_rows])
-        logprobs = token_logprobs(logits.expand(job.n, -1), first, new_rows)
-        self._accept(new_rows, first, start=len(self.rows) - job.n, logprobs=logprobs)
+        wanted = any(value is not None for value in logprobs)
+        self._accept(
+            new_rows, first, start=len(self.rows) - len(new_rows), logprobs=logprobs if wanted else None
+        )
         # Samples aborted while the request waited leave before they decode.
-        if job.aborted:
-            self._drop_aborted(job)
+        for job in group:
+            if job.aborted:
+                self._drop_aborted(job)
 
     def _step(self) -> None:
         started = time.perf_counter()
