@@ -4,7 +4,9 @@ rows_linear.c): dequantized bit for bit as gguf-py does, matched to the converte
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Iterator
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -178,3 +180,23 @@ def test_the_matched_blocks_are_kept_and_a_changed_file_is_rebuilt(weights: tupl
     (tmp_path / BLOCKS_FILE).write_bytes(b"not a safetensors file")
     assert read_saved_blocks(tmp_path / BLOCKS_FILE) == {}
     assert load_blocks(tmp_path, bundled_gguf(), some).keys() == set(some)
+
+
+def test_a_gguf_that_cannot_be_read_leaves_the_engine_on_its_float32_weights(
+    kernel: None, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    from backend.engines.embedded.child import build_scheduler
+    from backend.engines.embedded.worker import WorkerSetup
+
+    folder = tmp_path / "model"
+    folder.mkdir()
+    for file in resolve_model().path.iterdir():
+        if file.is_file():
+            (folder / file.name).symlink_to(file)  # the weights without their saved blocks
+    broken = tmp_path / "broken.gguf"
+    broken.write_bytes(b"GGUF but not really")
+    with caplog.at_level(logging.WARNING, logger="backend.embedded"):
+        scheduler = build_scheduler(WorkerSetup(str(folder), "float32", 1, 2, 128, str(broken)), lambda: None)
+    assert "the GGUF's blocks could not be read" in caplog.text
+    assert "GGUF" not in scheduler.linear_path and scheduler.linear_path.startswith("rows kernel")
+    assert 5.3e8 < scheduler.step_weight_bytes < 5.4e8  # float32: 538 MB a step

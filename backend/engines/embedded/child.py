@@ -120,7 +120,10 @@ def build_scheduler(setup: WorkerSetup, on_pass_end: Callable[[], None]) -> Any:
     tensors = read_tensors(folder)
     blocks = {}
     if setup.gguf and dtype == torch.float32 and kernel_status()[0] and blocks_allowed():
-        blocks = load_blocks(folder, Path(setup.gguf), tensors)
+        try:
+            blocks = load_blocks(folder, Path(setup.gguf), tensors)
+        except Exception as exc:  # noqa: BLE001 - the float32 weights serve as well, only slower
+            log.warning("the GGUF's blocks could not be read (%s); multiplying the float32 weights", exc)
     model = Llama(config, tensors, dtype, blocks)
     quantized, dense = model.block_bytes()
     if quantized:
