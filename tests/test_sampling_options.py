@@ -94,9 +94,9 @@ async def test_the_trace_shows_what_a_cumulative_consumer_reads_grow_with_the_te
 
 
 async def test_cancel_after_stops_each_sample_from_the_consumer_side() -> None:
-    # 50 tokens/s a sample: at 400, make test's loaded machine delayed the consumer by a few ms and
-    # up to 4 tokens, made before the abort, were already waiting for it (counts 6-9).
-    backend = BackendServer(SyntheticEngine(rate=50, jitter=0.2), Limits(), port=0)
+    # 25 tokens/s a sample (40 ms a token): at 400, make test's loaded machine delayed the consumer
+    # by a few ms and up to 4 tokens, made before the abort, were already waiting for it (counts 6-9).
+    backend = BackendServer(SyntheticEngine(rate=25, jitter=0.2), Limits(), port=0)
     await backend.start()
     try:
         frames = await run(backend, n=4, max_tokens=200, cancel_after=5)
