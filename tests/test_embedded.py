@@ -551,18 +551,13 @@ def test_a_grouped_prefill_gives_each_prompt_what_it_gives_alone() -> None:
     from transformers import AutoTokenizer
 
     from backend.engines.base import template_token_ids
-    from backend.engines.embedded import linear as engine_linear
     from backend.engines.embedded.model import Llama, LlamaConfig, RowCache
     from backend.engines.embedded.quantized import load_blocks
     from backend.engines.embedded.weights import read_config
+    from tests.test_rows_linear import kernel_on
 
     folder = resolve_model()
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    engine_linear.configure()
-    try:
-        if not engine_linear.rows_independent(torch.float32):
-            pytest.skip("no rows kernel here: prompts are prefilled one at a time")
+    with kernel_on():  # skipped without it: there prompts are prefilled one at a time
         config = LlamaConfig.from_hf(read_config(folder.path))
         tensors = read_tensors(folder.path)
         model = Llama(config, tensors, torch.float32, load_blocks(folder.path, bundled_gguf(), tensors))
@@ -587,9 +582,6 @@ def test_a_grouped_prefill_gives_each_prompt_what_it_gives_alone() -> None:
                     mine[:, rows.start : rows.stop, :, :length], theirs[:, : len(rows), :, :length]
                 )
             assert grouped.lengths[rows.start : rows.stop].tolist() == [length] * len(rows)
-    finally:
-        engine_linear.configure(allow=False)
-        torch.set_num_threads(threads)
 
 
 def test_a_request_arriving_during_a_prefill_is_prefilled_before_the_next_decode_step() -> None:

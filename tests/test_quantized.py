@@ -26,6 +26,7 @@ from backend.engines.embedded.quantized import (
     read_saved_blocks,
 )
 from backend.engines.embedded.weights import bundled_gguf, read_config, read_tensors, resolve_model
+from tests.test_rows_linear import kernel_on
 
 LAYER_MATRICES = 7
 """q, k, v, o, gate, up, down."""
@@ -33,17 +34,8 @@ LAYER_MATRICES = 7
 
 @pytest.fixture(scope="module")
 def kernel() -> Iterator[None]:
-    """The kernel on, on one thread, as the engine's process sets it; as it was afterwards."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    on, reason = engine_linear.kernel_status()
-    if not on:
-        torch.set_num_threads(threads)
-        pytest.skip(f"the rows kernel is not usable here: {reason}")
-    engine_linear.configure()
-    yield
-    engine_linear.configure(allow=False)
-    torch.set_num_threads(threads)
+    with kernel_on():
+        yield
 
 
 @pytest.fixture(scope="module")
@@ -200,3 +192,20 @@ def test_a_gguf_that_cannot_be_read_leaves_the_engine_on_its_float32_weights(
     assert "the GGUF's blocks could not be read" in caplog.text
     assert "GGUF" not in scheduler.linear_path and scheduler.linear_path.startswith("rows kernel")
     assert 5.3e8 < scheduler.step_weight_bytes < 5.4e8  # float32: 538 MB a step
+
+
+def test_blocks_of_the_wrong_shape_never_reach_the_kernel() -> None:
+    """The kernel reads rows x in_features / 32 blocks from the address it is given: a matrix whose
+    bytes do not add up is refused when it is made."""
+    row = 576 // 32 * 20  # Q4_1: 20 bytes a block
+    BlockMatrix(torch.zeros(4, row, dtype=torch.uint8), "Q4_1", 576)
+    for data, kind, width in (
+        (torch.zeros(4, row - 1, dtype=torch.uint8), "Q4_1", 576),
+        (torch.zeros(4, row, dtype=torch.uint8), "Q8_0", 576),
+        (torch.zeros(4, row, dtype=torch.uint8), "Q4_1", 570),
+        (torch.zeros(4, row, dtype=torch.int16), "Q4_1", 576),
+        (torch.zeros(row, 4, dtype=torch.uint8).t(), "Q4_1", 576),
+        (torch.zeros(4, row, dtype=torch.uint8), "Q5_K", 576),
+    ):
+        with pytest.raises(ValueError):
+            BlockMatrix(data, kind, width)

@@ -4,6 +4,7 @@ hands back to PyTorch."""
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -22,9 +23,10 @@ def cpu_has_avx2_fma() -> bool:
     return "avx2" in flags and "fma" in flags
 
 
-@pytest.fixture
-def kernel() -> Iterator[None]:
-    """The kernel on, on one thread, as the engine's process sets it; as it was afterwards."""
+@contextlib.contextmanager
+def kernel_on() -> Iterator[None]:
+    """The kernel on, on one thread, as the engine's process sets it (the test skipped where it is
+    not usable); as it was afterwards."""
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     on, reason = engine_linear.kernel_status()
@@ -32,9 +34,17 @@ def kernel() -> Iterator[None]:
         torch.set_num_threads(threads)
         pytest.skip(f"the rows kernel is not usable here: {reason}")
     engine_linear.configure()
-    yield
-    engine_linear.configure(allow=False)
-    torch.set_num_threads(threads)
+    try:
+        yield
+    finally:
+        engine_linear.configure(allow=False)
+        torch.set_num_threads(threads)
+
+
+@pytest.fixture
+def kernel() -> Iterator[None]:
+    with kernel_on():
+        yield
 
 
 def test_the_kernel_is_built_and_used_where_the_cpu_has_avx2() -> None:

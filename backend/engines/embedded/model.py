@@ -176,6 +176,11 @@ class PromptKV:
             count += 1
         return count
 
+    def reusable(self, tokens: list[int]) -> int:
+        """How many of `tokens`' leading positions a prefill copies from this prompt: those it
+        shares, all but the last at most (its logits are the first sample's, so it is computed)."""
+        return self.shared(tokens, len(tokens) - 1)
+
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     """RMSNorm computed in fp32, as Llama does, then scaled in the model's dtype."""
@@ -306,8 +311,7 @@ class Llama:
         plans = []
         for tokens, rows in prompts:
             length = len(tokens)
-            # At least the last token is computed: its logits are the first sample's.
-            start = reuse.shared(tokens, length - 1) if reuse is not None else 0
+            start = reuse.reusable(tokens) if reuse is not None else 0
             keep = min(length, PROMPT_KV_KEEP)
             shape = (c.layers, c.kv_heads, keep, c.head_dim)
             kept = PromptKV(

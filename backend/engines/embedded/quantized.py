@@ -73,6 +73,21 @@ class BlockMatrix:
     kind: str
     in_features: int
 
+    def __post_init__(self) -> None:
+        # The kernel reads out_features x in_features / 32 blocks from `data`'s address: a matrix
+        # of another shape must never reach it.
+        if self.kind not in KINDS or self.in_features <= 0 or self.in_features % BLOCK_WEIGHTS:
+            raise ValueError(
+                f"not a {'/'.join(KINDS)} matrix of whole blocks: {self.kind}, {self.in_features}"
+            )
+        row = self.in_features // BLOCK_WEIGHTS * KINDS[self.kind][1]
+        if self.data.dtype != torch.uint8 or self.data.dim() != 2 or self.data.shape[1] != row:
+            raise ValueError(
+                f"{self.kind} rows of {self.in_features} weights take {row} bytes, not {self.data.shape}"
+            )
+        if not self.data.is_contiguous():
+            raise ValueError("the blocks must be contiguous")
+
     @property
     def code(self) -> int:
         """The kernel's number for `kind`."""
@@ -121,10 +136,26 @@ def hf_name(gguf_name: str) -> str | None:
     return None
 
 
+def fits(blocks: BlockMatrix, dense: torch.Tensor) -> bool:
+    """Whether `dense` is a float32 tensor of `blocks`'s shape."""
+    return dense.dtype == torch.float32 and tuple(dense.shape) == (blocks.out_features, blocks.in_features)
+
+
+def log_loaded(blocks: dict[str, BlockMatrix], how: str, started: float) -> None:
+    """Log how many matrices `blocks` holds, their size, and the seconds since `started`."""
+    log.info(
+        "GGUF blocks for %d matrices (%.0f MB) %s in %.2f s",
+        len(blocks),
+        sum(b.nbytes for b in blocks.values()) / 1e6,
+        how,
+        time.perf_counter() - started,
+    )
+
+
 def match_rows(blocks: BlockMatrix, dense: torch.Tensor) -> BlockMatrix | None:
     """`blocks` with its rows in the order of `dense`'s, each dequantizing to exactly that row; None
     if any row of `dense` is not among them."""
-    if dense.dtype != torch.float32 or tuple(dense.shape) != (blocks.out_features, blocks.in_features):
+    if not fits(blocks, dense):
         return None
     values = blocks.dequantize()
     if torch.equal(values, dense):
@@ -163,22 +194,14 @@ def read_blocks(gguf: Path, tensors: dict[str, torch.Tensor]) -> dict[str, Block
             len(differing),
             ", ".join(differing[:4]),
         )
-    log.info(
-        "GGUF blocks for %d matrices (%.0f MB), matched to the float32 weights in %.2f s",
-        len(found),
-        sum(b.nbytes for b in found.values()) / 1e6,
-        time.perf_counter() - started,
-    )
+    log_loaded(found, "matched to the float32 weights", started)
     return found
 
 
 def exact(blocks: dict[str, BlockMatrix], tensors: dict[str, torch.Tensor]) -> bool:
     """Whether every matrix dequantizes to exactly the tensor of its name."""
     return all(
-        name in tensors
-        and tensors[name].dtype == torch.float32
-        and tuple(tensors[name].shape) == (m.out_features, m.in_features)
-        and torch.equal(m.dequantize(), tensors[name])
+        name in tensors and fits(m, tensors[name]) and torch.equal(m.dequantize(), tensors[name])
         for name, m in blocks.items()
     )
 
@@ -226,12 +249,7 @@ def load_blocks(folder: Path, gguf: Path, tensors: dict[str, torch.Tensor]) -> d
     path = folder / BLOCKS_FILE
     saved = read_saved_blocks(path)
     if saved and exact(saved, tensors):
-        log.info(
-            "GGUF blocks for %d matrices (%.0f MB) read and checked against the float32 weights in %.2f s",
-            len(saved),
-            sum(b.nbytes for b in saved.values()) / 1e6,
-            time.perf_counter() - started,
-        )
+        log_loaded(saved, "read and checked against the float32 weights", started)
         return saved
     if saved:
         log.warning("the saved GGUF blocks at %s are not the model's weights; reading the GGUF again", path)

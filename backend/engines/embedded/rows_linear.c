@@ -195,6 +195,15 @@ static PyObject *linear(PyObject *self, PyObject *args) {
 #endif
 }
 
+/* Whether `kind` is a block kind and K a whole number of its blocks; sets a ValueError if not. */
+static int blocks_valid(int kind, Py_ssize_t K) {
+    if (K < 0 || K % BLOCK_WEIGHTS != 0 || (kind != KIND_Q4_1 && kind != KIND_Q8_0)) {
+        PyErr_SetString(PyExc_ValueError, "rows_linear: kind must be 1 or 2 and K a multiple of 32");
+        return 0;
+    }
+    return 1;
+}
+
 /* dequantize(dst, src, kind, rows, K): rows rows of K weights, each K / 32 blocks of `kind` (1: Q4_1,
  * 2: Q8_0) at address src, as float32 at dst[rows, K]. Runs without the GIL. */
 static PyObject *dequantize(PyObject *self, PyObject *args) {
@@ -203,10 +212,8 @@ static PyObject *dequantize(PyObject *self, PyObject *args) {
     Py_ssize_t rows, K;
     if (!PyArg_ParseTuple(args, "KKinn", &dst, &src, &kind, &rows, &K))
         return NULL;
-    if (rows < 0 || K < 0 || K % BLOCK_WEIGHTS != 0 || (kind != KIND_Q4_1 && kind != KIND_Q8_0)) {
-        PyErr_SetString(PyExc_ValueError, "rows_linear: kind must be 1 or 2 and K a multiple of 32");
+    if (rows < 0 || !blocks_valid(kind, K))
         return NULL;
-    }
 #ifdef ROWS_LINEAR_X86
     Py_BEGIN_ALLOW_THREADS
     const Py_ssize_t row = K / BLOCK_WEIGHTS * block_bytes(kind);
@@ -228,10 +235,8 @@ static PyObject *linear_blocks(PyObject *self, PyObject *args) {
     Py_ssize_t M, N, K;
     if (!PyArg_ParseTuple(args, "KKKinnn", &y, &x, &w, &kind, &M, &N, &K))
         return NULL;
-    if (M < 0 || N < 0 || K < 0 || K % BLOCK_WEIGHTS != 0 || (kind != KIND_Q4_1 && kind != KIND_Q8_0)) {
-        PyErr_SetString(PyExc_ValueError, "rows_linear: kind must be 1 or 2 and K a multiple of 32");
+    if (M < 0 || N < 0 || !blocks_valid(kind, K))
         return NULL;
-    }
 #ifdef ROWS_LINEAR_X86
     float *scratch = aligned_alloc(64, (size_t)(4 * K * sizeof(float) + 63) / 64 * 64);
     if (scratch == NULL)

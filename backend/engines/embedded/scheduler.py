@@ -352,7 +352,7 @@ class BatchScheduler:
     def _new_tokens(self, job: Job) -> int:
         """The prompt positions a prefill computes (those after the template head it copies)."""
         ids = job.prompt_ids
-        return len(ids) - (self.prompt_kv.shared(ids, len(ids) - 1) if self.prompt_kv is not None else 0)
+        return len(ids) - (self.prompt_kv.reusable(ids) if self.prompt_kv is not None else 0)
 
     def _template_head_kv(self) -> PromptKV | None:
         """The chat template's head (what two different user turns share), prefilled once."""
