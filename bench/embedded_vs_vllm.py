@@ -261,8 +261,8 @@ def read_bandwidth() -> float:
 def weight_bytes_per_step(engine: EmbeddedEngine, dtype: str) -> tuple[int, int]:
     """Bytes of the weights one decode step reads: (as the engine holds them, as float32 or bf16
     tensors). Every layer's matrices and norms, the final norm, and the output layer (the tied
-    embedding, read whole; the input embedding reads one row a sample). Where the engine multiplies
-    from the GGUF's blocks its figures say how many bytes of them a step reads."""
+    embedding, read whole; the input embedding reads one row a sample). The matrices as the engine
+    holds them come from its figures (`step_weight_bytes`: the GGUF's blocks where it has them)."""
     from backend.engines.embedded.model import LlamaConfig
     from backend.engines.embedded.weights import read_config
 
@@ -271,8 +271,7 @@ def weight_bytes_per_step(engine: EmbeddedEngine, dtype: str) -> tuple[int, int]
     matrices = c.layers * sum(per_layer) + output
     norms = (2 * c.layers + 1) * c.hidden_size
     size = 2 if dtype == "bfloat16" else 4
-    held = engine.health().get("step_weight_bytes") or matrices * size
-    return held + norms * size, (matrices + norms) * size
+    return engine.health()["step_weight_bytes"] + norms * size, (matrices + norms) * size
 
 
 def figures(
