@@ -405,5 +405,7 @@ async def test_cancel_answers_once_generate_has_drawn_the_end_of_the_run() -> No
         for outputs in (final, drawn[-1]):
             assert [s["status"] for s in outputs[0]["samples"]] == ["aborted"] * 3
             assert "finished" in outputs[1]
+            # what each column shows: the text it streamed before the Cancel, words of it
+            assert all(len(s["text"].split()) >= 2 for s in outputs[0]["samples"]), outputs[0]
     finally:
         await backend.close()
