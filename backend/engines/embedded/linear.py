@@ -66,18 +66,38 @@ def rows_independent(dtype: torch.dtype) -> bool:
 def linear(x: torch.Tensor, weight: torch.Tensor, blocks: BlockMatrix | None = None) -> torch.Tensor:
     """x[..., K] @ weight[N, K]^T, as `F.linear(x, weight)`; through the kernel from `blocks` (the
     same weights as GGUF blocks, `quantized.read_blocks`) where given."""
-    if not _enabled or x.dtype != torch.float32 or weight.dtype != torch.float32:
+    flat = _kernel_rows(x, weight)
+    if flat is None:
         return F.linear(x, weight)
-    n, k = weight.shape
+    out = torch.empty(flat.shape[0], weight.shape[0], dtype=torch.float32)
+    _product(out, flat, weight, blocks, add=False)
+    return out.reshape(*x.shape[:-1], weight.shape[0])
+
+
+def linear_add(y: torch.Tensor, x: torch.Tensor, weight: torch.Tensor, blocks: BlockMatrix | None = None) -> None:
+    """y += x @ weight^T in place (a residual connection), y[rows, N] contiguous, x[rows, K]: each
+    sum rounded as `y + linear(x, weight)` rounds it, without the intermediate tensor."""
+    flat = _kernel_rows(x, weight)
+    if flat is None or y.dtype != torch.float32 or not y.is_contiguous() or y.shape != (flat.shape[0], weight.shape[0]):
+        y += F.linear(x, weight)
+        return
+    _product(y, flat, weight, blocks, add=True)
+
+
+def _kernel_rows(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor | None:
+    """x as contiguous [rows, K] where the kernel takes the product, else None."""
+    if not _enabled or x.dtype != torch.float32 or weight.dtype != torch.float32:
+        return None
+    k = weight.shape[1]
     rows = x.numel() // k if k else 0
     if rows > KERNEL_MAX_ROWS or k % 8 or not weight.is_contiguous() or x.shape[-1] != k:
-        return F.linear(x, weight)
-    flat = x.reshape(rows, k).contiguous()
-    out = torch.empty(rows, n, dtype=torch.float32)
+        return None
+    return x.reshape(rows, k).contiguous()
+
+
+def _product(out: torch.Tensor, flat: torch.Tensor, weight: torch.Tensor, blocks: BlockMatrix | None, add: bool) -> None:
+    rows, (n, k) = flat.shape[0], weight.shape
     if blocks is not None:
-        _rows_linear.linear_blocks(
-            out.data_ptr(), flat.data_ptr(), blocks.data.data_ptr(), blocks.code, rows, n, k
-        )
+        _rows_linear.linear_blocks(out.data_ptr(), flat.data_ptr(), blocks.data.data_ptr(), blocks.code, rows, n, k, add)
     else:
-        _rows_linear.linear(out.data_ptr(), flat.data_ptr(), weight.data_ptr(), rows, n, k)
-    return out.reshape(*x.shape[:-1], n)
+        _rows_linear.linear(out.data_ptr(), flat.data_ptr(), weight.data_ptr(), rows, n, k, add)

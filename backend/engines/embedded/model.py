@@ -18,7 +18,8 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from backend.engines.embedded.linear import linear
+from backend.engines.embedded import decode_ops
+from backend.engines.embedded.linear import linear, linear_add
 from backend.engines.embedded.quantized import BlockMatrix, concat
 
 CACHE_BLOCK = 256
@@ -376,12 +377,41 @@ class Llama:
 
     @torch.inference_mode()
     def decode(self, tokens: torch.Tensor, cache: RowCache) -> torch.Tensor:
-        """Advance rows 0..R-1 by one token each (`tokens` [R]) at their own positions; logits [R, V]."""
-        c = self.config
+        """Advance rows 0..R-1 by one token each (`tokens` [R]) at their own positions; logits [R, V].
+
+        Where `decode_ops.usable` (float32 on the rows kernel), the ops between the linear layers
+        are one C call each and each row attends to its own positions only; elsewhere the same step
+        runs in PyTorch, with a mask over the longest row's positions."""
         rows = cache.rows
         positions = cache.lengths[:rows].clone()
+        cache.reserve(int(positions.max()) + 1)
+        if decode_ops.usable(self.dtype):
+            x = self._decode_rows(tokens, cache, positions)
+        else:
+            x = self._decode_masked(tokens, cache, positions)
+        cache.lengths[:rows] += 1
+        return self._logits(x)
+
+    def _decode_rows(self, tokens: torch.Tensor, cache: RowCache, positions: torch.Tensor) -> torch.Tensor:
+        """The decode step on decode_ops: every row on its own; the residual stream x [R, hidden]."""
+        c = self.config
+        lengths = positions + 1
+        x = self.embed[tokens].contiguous()
+        for index, layer in enumerate(self.layers):
+            keys, values = cache.keys[index], cache.values[index]
+            qkv = linear(decode_ops.rms_norm(x, layer.attn_norm, c.rms_eps), layer.qkv, layer.blocks.get("qkv"))
+            q = decode_ops.rope_store(qkv, self.cos, self.sin, positions, keys, values, c.heads)
+            attended = decode_ops.attention(q, keys, values, lengths, self.scale)
+            linear_add(x, attended, layer.out, layer.blocks.get("out"))
+            gate_up = linear(decode_ops.rms_norm(x, layer.mlp_norm, c.rms_eps), layer.gate_up, layer.blocks.get("gate_up"))
+            linear_add(x, decode_ops.silu_mul(gate_up), layer.down, layer.blocks.get("down"))
+        return x
+
+    def _decode_masked(self, tokens: torch.Tensor, cache: RowCache, positions: torch.Tensor) -> torch.Tensor:
+        """The decode step in PyTorch: attention masked to each row's positions; the residual stream."""
+        c = self.config
+        rows = cache.rows
         longest = int(positions.max()) + 1
-        cache.reserve(longest)
         row_index = torch.arange(rows)
         # Row r sees its own positions 0..positions[r] only.
         visible = (torch.arange(longest)[None, :] <= positions[:, None])[:, None, None, :]
@@ -405,5 +435,4 @@ class Llama:
             )
             x = x + linear(attended.reshape(rows, self.q_size), layer.out, layer.blocks.get("out"))
             x = self._mlp(x, layer)
-        cache.lengths[:rows] += 1
-        return self._logits(x)
+        return x

@@ -53,10 +53,14 @@ TARGET static float dot(const float *a, const float *b, Py_ssize_t K) {
     return hsum(c);
 }
 
-/* y[m, n..n+3] for every input row m: the products of x[M, K] with the four weight rows w0..w3. */
+/* y = v, or y += v where `add` (a residual connection summed into y, rounded as y + v). */
+static inline void put(float *y, float v, int add) { *y = add ? *y + v : v; }
+
+/* y[m, n..n+3] for every input row m: the products of x[M, K] with the four weight rows w0..w3
+ * (added to y where `add`). */
 TARGET static void rows4(const float *x, const float *w0, const float *w1, const float *w2,
                          const float *w3, float *y, Py_ssize_t M, Py_ssize_t N, Py_ssize_t K,
-                         Py_ssize_t n) {
+                         Py_ssize_t n, int add) {
     Py_ssize_t m = 0;
     for (; m + 2 <= M; m += 2) {
         const float *a0 = x + m * K, *a1 = a0 + K;
@@ -76,8 +80,9 @@ TARGET static void rows4(const float *x, const float *w0, const float *w1, const
             c13 = _mm256_fmadd_ps(x1, b3, c13);
         }
         float *y0 = y + m * N + n, *y1 = y0 + N;
-        y0[0] = hsum(c00), y0[1] = hsum(c01), y0[2] = hsum(c02), y0[3] = hsum(c03);
-        y1[0] = hsum(c10), y1[1] = hsum(c11), y1[2] = hsum(c12), y1[3] = hsum(c13);
+        put(y0, hsum(c00), add), put(y0 + 1, hsum(c01), add), put(y0 + 2, hsum(c02), add);
+        put(y0 + 3, hsum(c03), add), put(y1, hsum(c10), add), put(y1 + 1, hsum(c11), add);
+        put(y1 + 2, hsum(c12), add), put(y1 + 3, hsum(c13), add);
     }
     for (; m < M; m++) {
         const float *a0 = x + m * K;
@@ -90,20 +95,21 @@ TARGET static void rows4(const float *x, const float *w0, const float *w1, const
             c3 = _mm256_fmadd_ps(x0, _mm256_loadu_ps(w3 + k), c3);
         }
         float *y0 = y + m * N + n;
-        y0[0] = hsum(c0), y0[1] = hsum(c1), y0[2] = hsum(c2), y0[3] = hsum(c3);
+        put(y0, hsum(c0), add), put(y0 + 1, hsum(c1), add), put(y0 + 2, hsum(c2), add);
+        put(y0 + 3, hsum(c3), add);
     }
 }
 
 TARGET static void linear_nt(const float *x, const float *w, float *y, Py_ssize_t M, Py_ssize_t N,
-                             Py_ssize_t K) {
+                             Py_ssize_t K, int add) {
     Py_ssize_t n = 0;
     for (; n + 4 <= N; n += 4) {
         const float *w0 = w + n * K;
-        rows4(x, w0, w0 + K, w0 + 2 * K, w0 + 3 * K, y, M, N, K, n);
+        rows4(x, w0, w0 + K, w0 + 2 * K, w0 + 3 * K, y, M, N, K, n, add);
     }
     for (; n < N; n++)
         for (Py_ssize_t m = 0; m < M; m++)
-            y[m * N + n] = dot(x + m * K, w + n * K, K);
+            put(y + m * N + n, dot(x + m * K, w + n * K, K), add);
 }
 
 
@@ -142,9 +148,10 @@ TARGET static void dequantize_row(const uint8_t *src, int kind, float *dst, Py_s
     }
 }
 
-/* y[M, N] = x[M, K] @ W^T, W's N rows as blocks of `kind`; `scratch` holds 4 * K floats. */
+/* y[M, N] = x[M, K] @ W^T (or y +=, where `add`), W's N rows as blocks of `kind`; `scratch` holds
+ * 4 * K floats. */
 TARGET static void linear_blocks_nt(const float *x, const uint8_t *w, int kind, float *y, float *scratch,
-                                    Py_ssize_t M, Py_ssize_t N, Py_ssize_t K) {
+                                    Py_ssize_t M, Py_ssize_t N, Py_ssize_t K, int add) {
     const Py_ssize_t row = K / BLOCK_WEIGHTS * block_bytes(kind);
     float *s0 = scratch, *s1 = s0 + K, *s2 = s1 + K, *s3 = s2 + K;
     Py_ssize_t n = 0;
@@ -154,12 +161,12 @@ TARGET static void linear_blocks_nt(const float *x, const uint8_t *w, int kind, 
         dequantize_row(r + row, kind, s1, K);
         dequantize_row(r + 2 * row, kind, s2, K);
         dequantize_row(r + 3 * row, kind, s3, K);
-        rows4(x, s0, s1, s2, s3, y, M, N, K, n);
+        rows4(x, s0, s1, s2, s3, y, M, N, K, n, add);
     }
     for (; n < N; n++) {
         dequantize_row(w + n * row, kind, s0, K);
         for (Py_ssize_t m = 0; m < M; m++)
-            y[m * N + n] = dot(x + m * K, s0, K);
+            put(y + m * N + n, dot(x + m * K, s0, K), add);
     }
 }
 #endif
@@ -173,12 +180,14 @@ static PyObject *available(PyObject *self, PyObject *unused) {
     Py_RETURN_FALSE;
 }
 
-/* linear(y, x, w, M, N, K): the addresses of contiguous float32 buffers y[M, N], x[M, K], w[N, K]
- * (the caller checks shapes, types and layout), K a multiple of 8. Runs without the GIL. */
+/* linear(y, x, w, M, N, K, add=0): the addresses of contiguous float32 buffers y[M, N], x[M, K],
+ * w[N, K] (the caller checks shapes, types and layout), K a multiple of 8; y = x @ w^T, or y += it
+ * where `add`. Runs without the GIL. */
 static PyObject *linear(PyObject *self, PyObject *args) {
     unsigned long long y, x, w;
     Py_ssize_t M, N, K;
-    if (!PyArg_ParseTuple(args, "KKKnnn", &y, &x, &w, &M, &N, &K))
+    int add = 0;
+    if (!PyArg_ParseTuple(args, "KKKnnn|p", &y, &x, &w, &M, &N, &K, &add))
         return NULL;
     if (M < 0 || N < 0 || K < 0 || K % 8 != 0) {
         PyErr_SetString(PyExc_ValueError, "rows_linear: M, N, K must be >= 0 and K a multiple of 8");
@@ -186,7 +195,7 @@ static PyObject *linear(PyObject *self, PyObject *args) {
     }
 #ifdef ROWS_LINEAR_X86
     Py_BEGIN_ALLOW_THREADS
-    linear_nt((const float *)(uintptr_t)x, (const float *)(uintptr_t)w, (float *)(uintptr_t)y, M, N, K);
+    linear_nt((const float *)(uintptr_t)x, (const float *)(uintptr_t)w, (float *)(uintptr_t)y, M, N, K, add);
     Py_END_ALLOW_THREADS
     Py_RETURN_NONE;
 #else
@@ -227,13 +236,14 @@ static PyObject *dequantize(PyObject *self, PyObject *args) {
 #endif
 }
 
-/* linear_blocks(y, x, w, kind, M, N, K): y[M, N] = x[M, K] @ W^T with W's N rows as blocks of `kind`
- * at address w (K / 32 blocks a row), float32 y and x. Runs without the GIL. */
+/* linear_blocks(y, x, w, kind, M, N, K, add=0): y[M, N] = x[M, K] @ W^T (or y += it, where `add`)
+ * with W's N rows as blocks of `kind` at address w (K / 32 blocks a row), float32 y and x. Runs
+ * without the GIL. */
 static PyObject *linear_blocks(PyObject *self, PyObject *args) {
     unsigned long long y, x, w;
-    int kind;
+    int kind, add = 0;
     Py_ssize_t M, N, K;
-    if (!PyArg_ParseTuple(args, "KKKinnn", &y, &x, &w, &kind, &M, &N, &K))
+    if (!PyArg_ParseTuple(args, "KKKinnn|p", &y, &x, &w, &kind, &M, &N, &K, &add))
         return NULL;
     if (M < 0 || N < 0 || !blocks_valid(kind, K))
         return NULL;
@@ -243,7 +253,7 @@ static PyObject *linear_blocks(PyObject *self, PyObject *args) {
         return PyErr_NoMemory();
     Py_BEGIN_ALLOW_THREADS
     linear_blocks_nt((const float *)(uintptr_t)x, (const uint8_t *)(uintptr_t)w, kind, (float *)(uintptr_t)y,
-                     scratch, M, N, K);
+                     scratch, M, N, K, add);
     Py_END_ALLOW_THREADS
     free(scratch);
     Py_RETURN_NONE;
@@ -255,9 +265,10 @@ static PyObject *linear_blocks(PyObject *self, PyObject *args) {
 
 static PyMethodDef methods[] = {
     {"available", available, METH_NOARGS, "Whether this CPU has AVX2 and FMA (and the build uses them)."},
-    {"linear", linear, METH_VARARGS, "linear(y, x, w, M, N, K): y = x @ w^T on float32 buffers by address."},
+    {"linear", linear, METH_VARARGS, "linear(y, x, w, M, N, K, add=0): y = x @ w^T (y += where add), float32 buffers by address."},
     {"linear_blocks", linear_blocks, METH_VARARGS,
-     "linear_blocks(y, x, w, kind, M, N, K): y = x @ W^T, W as GGUF blocks (1: Q4_1, 2: Q8_0), by address."},
+     "linear_blocks(y, x, w, kind, M, N, K, add=0): y = x @ W^T (y += where add), W as GGUF blocks "
+     "(1: Q4_1, 2: Q8_0), by address."},
     {"dequantize", dequantize, METH_VARARGS,
      "dequantize(dst, src, kind, rows, K): GGUF blocks (1: Q4_1, 2: Q8_0) as float32, by address."},
     {NULL, NULL, 0, NULL},

@@ -1,0 +1,346 @@
+/* The embedded engine's decode step between its linear layers, float32, one call per op for all rows
+ * (AVX2, FMA): RMSNorm, rotary embedding with the write of the new keys and values into the cache,
+ * attention of each row over its own positions, and the SiLU-gated product of the MLP.
+ *
+ * In PyTorch each of these is several small ops (a decode layer about 40), each a dispatch of a few
+ * microseconds on tensors of a few kilobytes, and attention goes through a masked
+ * scaled_dot_product_attention that computes every row up to the longest one. Here every row is
+ * computed on its own (its result does not depend on the other rows) and attention reads a row's
+ * positions 0..length-1 only.
+ *
+ * The values are PyTorch's to float32 rounding: rotary embedding is bit for bit the same (this file
+ * is built with -ffp-contract=off, so x * cos - y * sin is two rounded products and a rounded
+ * difference, as in PyTorch); sums (the mean of squares, dot products, softmax) add in another
+ * order, and exp is Cephes' single-precision polynomial (within 2 ulp), as PyTorch's vectorized exp
+ * is a polynomial of its own.
+ *
+ * Every function takes the addresses of contiguous float32 buffers; the caller (decode_ops.py)
+ * checks shapes, types and layout. `available()` says whether this CPU has AVX2 and FMA.
+ */
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#include <math.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#if defined(__x86_64__) && defined(__GNUC__)
+#define DECODE_OPS_X86 1
+#include <immintrin.h>
+
+#define TARGET __attribute__((target("avx2,fma")))
+
+TARGET static inline float hsum(__m256 v) {
+    __m128 lo = _mm256_castps256_ps128(v);
+    lo = _mm_add_ps(lo, _mm256_extractf128_ps(v, 1));
+    lo = _mm_add_ps(lo, _mm_movehl_ps(lo, lo));
+    lo = _mm_add_ss(lo, _mm_shuffle_ps(lo, lo, 1));
+    return _mm_cvtss_f32(lo);
+}
+
+/* exp(x) for 8 floats (Cephes' expf): x = n ln 2 + r, |r| <= ln 2 / 2, exp(r) by a degree-6
+ * polynomial, times 2^n. Inputs are clamped to [-87, 88], where 2^n stays a normal float. */
+TARGET static inline __m256 exp8(__m256 x) {
+    x = _mm256_min_ps(_mm256_max_ps(x, _mm256_set1_ps(-87.0f)), _mm256_set1_ps(88.0f));
+    const __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f)),
+                                     _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    x = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693359375f), x);
+    x = _mm256_fnmadd_ps(n, _mm256_set1_ps(-2.12194440e-4f), x);
+    __m256 p = _mm256_set1_ps(1.9875691500e-4f);
+    p = _mm256_fmadd_ps(p, x, _mm256_set1_ps(1.3981999507e-3f));
+    p = _mm256_fmadd_ps(p, x, _mm256_set1_ps(8.3334519073e-3f));
+    p = _mm256_fmadd_ps(p, x, _mm256_set1_ps(4.1665795894e-2f));
+    p = _mm256_fmadd_ps(p, x, _mm256_set1_ps(1.6666665459e-1f));
+    p = _mm256_fmadd_ps(p, x, _mm256_set1_ps(5.0000001201e-1f));
+    p = _mm256_fmadd_ps(p, _mm256_mul_ps(x, x), _mm256_add_ps(x, _mm256_set1_ps(1.0f)));
+    const __m256i scale = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
+    return _mm256_mul_ps(p, _mm256_castsi256_ps(scale));
+}
+
+/* Lanes i < count set, the others clear: a mask for the last, partial group of 8. */
+TARGET static inline __m256 first_lanes(Py_ssize_t count) {
+    const __m256i index = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
+    return _mm256_castsi256_ps(_mm256_cmpgt_epi32(_mm256_set1_epi32((int)count), index));
+}
+
+/* out[r] = weight * (x[r] / sqrt(mean(x[r]^2) + eps)) for R rows of D floats, D a multiple of 8. */
+TARGET static void rms_norm_rows(float *out, const float *x, const float *weight, Py_ssize_t R, Py_ssize_t D,
+                                 float eps) {
+    for (Py_ssize_t r = 0; r < R; r++) {
+        const float *row = x + r * D;
+        float *dst = out + r * D;
+        __m256 s0 = _mm256_setzero_ps(), s1 = s0;
+        Py_ssize_t i = 0;
+        for (; i + 16 <= D; i += 16) {
+            __m256 a = _mm256_loadu_ps(row + i), b = _mm256_loadu_ps(row + i + 8);
+            s0 = _mm256_fmadd_ps(a, a, s0);
+            s1 = _mm256_fmadd_ps(b, b, s1);
+        }
+        for (; i < D; i += 8) {
+            __m256 a = _mm256_loadu_ps(row + i);
+            s0 = _mm256_fmadd_ps(a, a, s0);
+        }
+        const __m256 inv = _mm256_set1_ps(1.0f / sqrtf(hsum(_mm256_add_ps(s0, s1)) / (float)D + eps));
+        for (i = 0; i < D; i += 8) {
+            __m256 normed = _mm256_mul_ps(_mm256_loadu_ps(row + i), inv);
+            _mm256_storeu_ps(dst + i, _mm256_mul_ps(_mm256_loadu_ps(weight + i), normed));
+        }
+    }
+}
+
+/* dst = x * cos + rotate_half(x) * sin for one head of D floats (D / 2 a multiple of 8). */
+TARGET static void rotate_head(float *dst, const float *x, const float *cos, const float *sin, Py_ssize_t D) {
+    const Py_ssize_t half = D / 2;
+    for (Py_ssize_t i = 0; i < half; i += 8) {
+        const __m256 a = _mm256_loadu_ps(x + i), b = _mm256_loadu_ps(x + half + i);
+        _mm256_storeu_ps(dst + i, _mm256_sub_ps(_mm256_mul_ps(a, _mm256_loadu_ps(cos + i)),
+                                                _mm256_mul_ps(b, _mm256_loadu_ps(sin + i))));
+        _mm256_storeu_ps(dst + half + i, _mm256_add_ps(_mm256_mul_ps(b, _mm256_loadu_ps(cos + half + i)),
+                                                       _mm256_mul_ps(a, _mm256_loadu_ps(sin + half + i))));
+    }
+}
+
+/* The eight dot products of q with k[0..7] (each D floats, rows `stride` apart), as one vector. */
+TARGET static inline __m256 dots8(const float *q, const float *k, Py_ssize_t stride, Py_ssize_t D) {
+    __m256 c[8];
+    for (int j = 0; j < 8; j++)
+        c[j] = _mm256_setzero_ps();
+    for (Py_ssize_t i = 0; i < D; i += 8) {
+        const __m256 a = _mm256_loadu_ps(q + i);
+        for (int j = 0; j < 8; j++)
+            c[j] = _mm256_fmadd_ps(a, _mm256_loadu_ps(k + j * stride + i), c[j]);
+    }
+    /* Reduce the eight accumulators at once: lane j of the result is the sum of c[j]'s lanes. */
+    const __m256 t0 = _mm256_hadd_ps(c[0], c[1]), t1 = _mm256_hadd_ps(c[2], c[3]);
+    const __m256 t2 = _mm256_hadd_ps(c[4], c[5]), t3 = _mm256_hadd_ps(c[6], c[7]);
+    const __m256 u0 = _mm256_hadd_ps(t0, t1), u1 = _mm256_hadd_ps(t2, t3);
+    return _mm256_add_ps(_mm256_permute2f128_ps(u0, u1, 0x20), _mm256_permute2f128_ps(u0, u1, 0x31));
+}
+
+TARGET static inline float dot(const float *a, const float *b, Py_ssize_t D) {
+    __m256 c0 = _mm256_setzero_ps(), c1 = c0;
+    Py_ssize_t i = 0;
+    for (; i + 16 <= D; i += 16) {
+        c0 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), _mm256_loadu_ps(b + i), c0);
+        c1 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i + 8), _mm256_loadu_ps(b + i + 8), c1);
+    }
+    for (; i < D; i += 8)
+        c0 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), _mm256_loadu_ps(b + i), c0);
+    return hsum(_mm256_add_ps(c0, c1));
+}
+
+/* One query head over `length` positions of its kv head: out = softmax(scale * q . k_t) . v_t.
+ * `scores` holds length rounded up to 8 floats; D is a multiple of 8. */
+TARGET static void attend_head(float *out, const float *q, const float *keys, const float *values,
+                               Py_ssize_t length, Py_ssize_t D, float scale, float *scores) {
+    const __m256 vscale = _mm256_set1_ps(scale);
+    Py_ssize_t t = 0;
+    for (; t + 8 <= length; t += 8)
+        _mm256_storeu_ps(scores + t, _mm256_mul_ps(dots8(q, keys + t * D, D, D), vscale));
+    for (; t < length; t++)
+        scores[t] = dot(q, keys + t * D, D) * scale;
+    float top = scores[0];
+    for (t = 1; t < length; t++)
+        top = scores[t] > top ? scores[t] : top;
+    const __m256 vtop = _mm256_set1_ps(top);
+    __m256 total = _mm256_setzero_ps();
+    for (t = 0; t < length; t += 8) {
+        const __m256 keep = first_lanes(length - t);
+        const __m256 e = _mm256_and_ps(exp8(_mm256_sub_ps(_mm256_loadu_ps(scores + t), vtop)), keep);
+        _mm256_storeu_ps(scores + t, e);
+        total = _mm256_add_ps(total, e);
+    }
+    const float inv = 1.0f / hsum(total);
+    for (Py_ssize_t i = 0; i < D; i += 64) {
+        const Py_ssize_t width = D - i < 64 ? D - i : 64;
+        __m256 acc[8];
+        for (int j = 0; j < 8; j++)
+            acc[j] = _mm256_setzero_ps();
+        for (t = 0; t < length; t++) {
+            const __m256 p = _mm256_set1_ps(scores[t]);
+            const float *v = values + t * D + i;
+            for (int j = 0; j < 8; j++)
+                if (8 * j < width)
+                    acc[j] = _mm256_fmadd_ps(p, _mm256_loadu_ps(v + 8 * j), acc[j]);
+        }
+        for (int j = 0; j < 8; j++)
+            if (8 * j < width)
+                _mm256_storeu_ps(out + i + 8 * j, _mm256_mul_ps(acc[j], _mm256_set1_ps(inv)));
+    }
+}
+
+/* out[R, 2I] -> out[R, I]: silu(gate) * up, each row of gate_up being [gate (I), up (I)]. */
+TARGET static void silu_mul_rows(float *out, const float *gate_up, Py_ssize_t R, Py_ssize_t I) {
+    const __m256 one = _mm256_set1_ps(1.0f), zero = _mm256_setzero_ps();
+    for (Py_ssize_t r = 0; r < R; r++) {
+        const float *gate = gate_up + r * 2 * I, *up = gate + I;
+        float *dst = out + r * I;
+        for (Py_ssize_t i = 0; i < I; i += 8) {
+            const __m256 g = _mm256_loadu_ps(gate + i);
+            const __m256 silu = _mm256_div_ps(g, _mm256_add_ps(one, exp8(_mm256_sub_ps(zero, g))));
+            _mm256_storeu_ps(dst + i, _mm256_mul_ps(silu, _mm256_loadu_ps(up + i)));
+        }
+    }
+}
+#endif
+
+static PyObject *available(PyObject *self, PyObject *unused) {
+#ifdef DECODE_OPS_X86
+    __builtin_cpu_init();
+    if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma"))
+        Py_RETURN_TRUE;
+#endif
+    Py_RETURN_FALSE;
+}
+
+#define PTR(type, address) ((type *)(uintptr_t)(address))
+
+#ifndef DECODE_OPS_X86
+static PyObject *unbuilt(void) {
+    PyErr_SetString(PyExc_RuntimeError, "decode_ops: built without AVX2 support");
+    return NULL;
+}
+#endif
+
+/* rms_norm(out, x, weight, rows, D, eps): D a multiple of 8. Runs without the GIL. */
+static PyObject *rms_norm(PyObject *self, PyObject *args) {
+    unsigned long long out, x, weight;
+    Py_ssize_t R, D;
+    float eps;
+    if (!PyArg_ParseTuple(args, "KKKnnf", &out, &x, &weight, &R, &D, &eps))
+        return NULL;
+    if (R < 0 || D <= 0 || D % 8) {
+        PyErr_SetString(PyExc_ValueError, "decode_ops.rms_norm: rows >= 0, D > 0 and a multiple of 8");
+        return NULL;
+    }
+#ifdef DECODE_OPS_X86
+    Py_BEGIN_ALLOW_THREADS
+    rms_norm_rows(PTR(float, out), PTR(const float, x), PTR(const float, weight), R, D, eps);
+    Py_END_ALLOW_THREADS
+    Py_RETURN_NONE;
+#else
+    return unbuilt();
+#endif
+}
+
+/* rope_store(q, qkv, cos, sin, positions, keys, values, rows, heads, kv_heads, D, capacity):
+ * row r of qkv[rows, (heads + 2 kv_heads) D] holds q, k, v at position positions[r] (int64); q and
+ * k are rotated by cos/sin[positions[r]] (tables [*, D]); q goes to q[rows, heads, D], k and v to
+ * keys/values[r, kv, positions[r]] of caches [*, kv_heads, capacity, D]. Runs without the GIL. */
+static PyObject *rope_store(PyObject *self, PyObject *args) {
+    unsigned long long q, qkv, cos, sin, positions, keys, values;
+    Py_ssize_t R, H, KV, D, capacity;
+    if (!PyArg_ParseTuple(args, "KKKKKKKnnnnn", &q, &qkv, &cos, &sin, &positions, &keys, &values, &R, &H, &KV,
+                          &D, &capacity))
+        return NULL;
+    if (R < 0 || H <= 0 || KV <= 0 || D <= 0 || D % 16 || capacity <= 0) {
+        PyErr_SetString(PyExc_ValueError, "decode_ops.rope_store: sizes > 0 and D a multiple of 16");
+        return NULL;
+    }
+#ifdef DECODE_OPS_X86
+    const int64_t *at = PTR(const int64_t, positions);
+    for (Py_ssize_t r = 0; r < R; r++)
+        if (at[r] < 0 || at[r] >= capacity) {
+            PyErr_SetString(PyExc_ValueError, "decode_ops.rope_store: a position outside the cache");
+            return NULL;
+        }
+    Py_BEGIN_ALLOW_THREADS
+    for (Py_ssize_t r = 0; r < R; r++) {
+        const Py_ssize_t p = (Py_ssize_t)at[r];
+        const float *c = PTR(const float, cos) + p * D, *s = PTR(const float, sin) + p * D;
+        const float *row = PTR(const float, qkv) + r * (H + 2 * KV) * D;
+        for (Py_ssize_t h = 0; h < H; h++)
+            rotate_head(PTR(float, q) + (r * H + h) * D, row + h * D, c, s, D);
+        for (Py_ssize_t h = 0; h < KV; h++) {
+            const Py_ssize_t slot = ((r * KV + h) * capacity + p) * D;
+            rotate_head(PTR(float, keys) + slot, row + (H + h) * D, c, s, D);
+            memcpy(PTR(float, values) + slot, row + (H + KV + h) * D, (size_t)D * sizeof(float));
+        }
+    }
+    Py_END_ALLOW_THREADS
+    Py_RETURN_NONE;
+#else
+    return unbuilt();
+#endif
+}
+
+/* attention(out, q, keys, values, lengths, rows, kv_heads, group, D, capacity, scale): for row r
+ * and query head h = kv * group + j of q[rows, kv_heads * group, D], out[r, h] = softmax over
+ * t < lengths[r] (int64) of scale * q[r, h] . keys[r, kv, t], times values[r, kv, t]; caches
+ * [*, kv_heads, capacity, D]. Runs without the GIL. */
+static PyObject *attention(PyObject *self, PyObject *args) {
+    unsigned long long out, q, keys, values, lengths;
+    Py_ssize_t R, KV, group, D, capacity;
+    float scale;
+    if (!PyArg_ParseTuple(args, "KKKKKnnnnnf", &out, &q, &keys, &values, &lengths, &R, &KV, &group, &D, &capacity,
+                          &scale))
+        return NULL;
+    if (R < 0 || KV <= 0 || group <= 0 || D <= 0 || D % 8 || capacity <= 0) {
+        PyErr_SetString(PyExc_ValueError, "decode_ops.attention: sizes > 0 and D a multiple of 8");
+        return NULL;
+    }
+#ifdef DECODE_OPS_X86
+    const int64_t *length = PTR(const int64_t, lengths);
+    for (Py_ssize_t r = 0; r < R; r++)
+        if (length[r] < 1 || length[r] > capacity) {
+            PyErr_SetString(PyExc_ValueError, "decode_ops.attention: a length outside 1..capacity");
+            return NULL;
+        }
+    float *scores = malloc((size_t)(capacity + 8) * sizeof(float));
+    if (scores == NULL)
+        return PyErr_NoMemory();
+    Py_BEGIN_ALLOW_THREADS
+    for (Py_ssize_t r = 0; r < R; r++)
+        for (Py_ssize_t kv = 0; kv < KV; kv++) {
+            const Py_ssize_t cache = (r * KV + kv) * capacity * D;
+            for (Py_ssize_t j = 0; j < group; j++) {
+                const Py_ssize_t head = ((r * KV + kv) * group + j) * D;
+                attend_head(PTR(float, out) + head, PTR(const float, q) + head, PTR(const float, keys) + cache,
+                            PTR(const float, values) + cache, (Py_ssize_t)length[r], D, scale, scores);
+            }
+        }
+    Py_END_ALLOW_THREADS
+    free(scores);
+    Py_RETURN_NONE;
+#else
+    return unbuilt();
+#endif
+}
+
+/* silu_mul(out, gate_up, rows, I): out[rows, I] = silu(gate) * up, I a multiple of 8. Runs without
+ * the GIL. */
+static PyObject *silu_mul(PyObject *self, PyObject *args) {
+    unsigned long long out, gate_up;
+    Py_ssize_t R, I;
+    if (!PyArg_ParseTuple(args, "KKnn", &out, &gate_up, &R, &I))
+        return NULL;
+    if (R < 0 || I <= 0 || I % 8) {
+        PyErr_SetString(PyExc_ValueError, "decode_ops.silu_mul: rows >= 0, I > 0 and a multiple of 8");
+        return NULL;
+    }
+#ifdef DECODE_OPS_X86
+    Py_BEGIN_ALLOW_THREADS
+    silu_mul_rows(PTR(float, out), PTR(const float, gate_up), R, I);
+    Py_END_ALLOW_THREADS
+    Py_RETURN_NONE;
+#else
+    return unbuilt();
+#endif
+}
+
+static PyMethodDef methods[] = {
+    {"available", available, METH_NOARGS, "Whether this CPU has AVX2 and FMA (and the build uses them)."},
+    {"rms_norm", rms_norm, METH_VARARGS, "rms_norm(out, x, weight, rows, D, eps), float32 by address."},
+    {"rope_store", rope_store, METH_VARARGS,
+     "rope_store(q, qkv, cos, sin, positions, keys, values, rows, heads, kv_heads, D, capacity)."},
+    {"attention", attention, METH_VARARGS,
+     "attention(out, q, keys, values, lengths, rows, kv_heads, group, D, capacity, scale)."},
+    {"silu_mul", silu_mul, METH_VARARGS, "silu_mul(out, gate_up, rows, I), float32 by address."},
+    {NULL, NULL, 0, NULL},
+};
+
+static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_decode_ops",
+                                    "The decode step's small ops, float32, for few rows (AVX2, FMA).", -1,
+                                    methods};
+
+PyMODINIT_FUNC PyInit__decode_ops(void) { return PyModule_Create(&module); }

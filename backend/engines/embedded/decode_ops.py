@@ -1,0 +1,123 @@
+"""The decode step's ops between its linear layers, one C call each for all rows (decode_ops.c).
+
+A decode layer in PyTorch is about 40 small ops (norms, rotary embedding, cache writes, a masked
+attention computed up to the longest row, SiLU); at a few rows each costs its dispatch more than
+its arithmetic. Here RMSNorm, rotary embedding with the cache write, attention over each row's own
+positions, and the MLP's SiLU-gated product are one C call each, every row computed on its own, so
+a row's values do not depend on the rows beside it (as with the rows kernel, linear.py).
+`Llama.decode` takes this path where `usable(dtype)` (float32, the rows kernel on and this C part
+built); elsewhere it runs the same step in PyTorch. The values agree with PyTorch's to float32
+rounding (decode_ops.c says where and why they differ); `tests/test_decode_ops.py` compares them.
+`python -m bench.decode_ops` times a decode step both ways.
+
+Each function checks the shapes, types and layout the C part relies on, then passes addresses.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from backend.engines.embedded.linear import rows_independent
+
+try:
+    from backend.engines.embedded import _decode_ops
+except ImportError:  # not built (no C compiler): PyTorch alone
+    _decode_ops = None
+
+
+def built() -> bool:
+    """Whether the C part is built and this CPU has what it needs (AVX2, FMA)."""
+    return _decode_ops is not None and _decode_ops.available()
+
+
+_BUILT = built()
+
+
+def usable(dtype: torch.dtype) -> bool:
+    """Whether a decode step of `dtype` runs on these ops: float32 with the rows kernel on (the step
+    then computes every row on its own, linear layers included)."""
+    return _BUILT and rows_independent(dtype)
+
+
+def _check(name: str, tensor: torch.Tensor, shape: tuple[int, ...], dtype: torch.dtype = torch.float32) -> None:
+    if tensor.dtype != dtype or not tensor.is_contiguous() or tuple(tensor.shape) != shape:
+        raise ValueError(
+            f"decode_ops: {name} must be a contiguous {dtype} tensor of shape {shape}, "
+            f"not {tensor.dtype} {tuple(tensor.shape)}{'' if tensor.is_contiguous() else ' (strided)'}"
+        )
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """weight * x / sqrt(mean(x^2) + eps) for each row of x[rows, D], as `model.rms_norm`."""
+    rows, width = x.shape
+    _check("x", x, (rows, width))
+    _check("weight", weight, (width,))
+    out = torch.empty_like(x)
+    _decode_ops.rms_norm(out.data_ptr(), x.data_ptr(), weight.data_ptr(), rows, width, eps)
+    return out
+
+
+def rope_store(
+    qkv: torch.Tensor,
+    cos: torch.Tensor,
+    sin: torch.Tensor,
+    positions: torch.Tensor,
+    keys: torch.Tensor,
+    values: torch.Tensor,
+    heads: int,
+) -> torch.Tensor:
+    """Rotate the q and k heads of qkv[rows, (heads + 2 kv_heads) x D] to each row's position
+    (positions[rows], int64; cos/sin tables [positions, D]), write k and v into keys/values[r, kv,
+    positions[r]] (one layer's cache, [max_rows, kv_heads, capacity, D]); returns q [rows, heads x D]."""
+    rows = qkv.shape[0]
+    _, kv_heads, capacity, dim = keys.shape
+    if keys.shape[0] < rows:
+        raise ValueError(f"decode_ops: a cache of {keys.shape[0]} rows for {rows} rows")
+    _check("qkv", qkv, (rows, (heads + 2 * kv_heads) * dim))
+    _check("cos", cos, (cos.shape[0], dim))
+    _check("sin", sin, tuple(cos.shape))
+    _check("positions", positions, (rows,), torch.long)
+    _check("keys", keys, tuple(keys.shape))
+    _check("values", values, tuple(keys.shape))
+    if rows and int(positions.max()) >= cos.shape[0]:
+        raise ValueError(f"decode_ops: a position beyond the {cos.shape[0]} the rotary tables hold")
+    q = torch.empty(rows, heads * dim, dtype=torch.float32)
+    _decode_ops.rope_store(
+        q.data_ptr(), qkv.data_ptr(), cos.data_ptr(), sin.data_ptr(), positions.data_ptr(),
+        keys.data_ptr(), values.data_ptr(), rows, heads, kv_heads, dim, capacity,
+    )  # fmt: skip
+    return q
+
+
+def attention(
+    q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, lengths: torch.Tensor, scale: float
+) -> torch.Tensor:
+    """Each row's attention over its own first lengths[r] positions: q [rows, heads x D], keys and
+    values one layer's cache [max_rows, kv_heads, capacity, D], query head h reading kv head
+    h // (heads / kv_heads); returns [rows, heads x D]."""
+    rows = q.shape[0]
+    _, kv_heads, capacity, dim = keys.shape
+    heads = q.shape[1] // dim if dim else 0
+    if heads % kv_heads or keys.shape[0] < rows:
+        raise ValueError(f"decode_ops: {heads} query heads, {kv_heads} kv heads, {keys.shape[0]} cache rows")
+    _check("q", q, (rows, heads * dim))
+    _check("keys", keys, tuple(keys.shape))
+    _check("values", values, tuple(keys.shape))
+    _check("lengths", lengths, (rows,), torch.long)
+    out = torch.empty_like(q)
+    _decode_ops.attention(
+        out.data_ptr(), q.data_ptr(), keys.data_ptr(), values.data_ptr(), lengths.data_ptr(),
+        rows, kv_heads, heads // kv_heads, dim, capacity, scale,
+    )  # fmt: skip
+    return out
+
+
+def silu_mul(gate_up: torch.Tensor) -> torch.Tensor:
+    """silu(gate) * up for each row of gate_up[rows, 2 I] = [gate, up]; returns [rows, I]."""
+    rows, width = gate_up.shape
+    _check("gate_up", gate_up, (rows, width))
+    if width % 2:
+        raise ValueError("decode_ops: gate_up must have an even width")
+    out = torch.empty(rows, width // 2, dtype=torch.float32)
+    _decode_ops.silu_mul(out.data_ptr(), gate_up.data_ptr(), rows, width // 2)
+    return out
