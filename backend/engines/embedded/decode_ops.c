@@ -223,15 +223,16 @@ static PyObject *rms_norm(PyObject *self, PyObject *args) {
 #endif
 }
 
-/* rope_store(q, qkv, cos, sin, positions, keys, values, rows, heads, kv_heads, D, capacity):
- * row r of qkv[rows, (heads + 2 kv_heads) D] holds q, k, v at position positions[r] (int64); q and
- * k are rotated by cos/sin[positions[r]] (tables [*, D]); q goes to q[rows, heads, D], k and v to
- * keys/values[r, kv, positions[r]] of caches [*, kv_heads, capacity, D]. Runs without the GIL. */
+/* rope_store(q, qkv, cos, sin, table_rows, positions, keys, values, rows, heads, kv_heads, D,
+ * capacity): row r of qkv[rows, (heads + 2 kv_heads) D] holds q, k, v at position positions[r]
+ * (int64); q and k are rotated by cos/sin[positions[r]] (tables [table_rows, D]); q goes to
+ * q[rows, heads, D], k and v to keys/values[r, kv, positions[r]] of caches [*, kv_heads, capacity,
+ * D]. Runs without the GIL. */
 static PyObject *rope_store(PyObject *self, PyObject *args) {
     unsigned long long q, qkv, cos, sin, positions, keys, values;
-    Py_ssize_t R, H, KV, D, capacity;
-    if (!PyArg_ParseTuple(args, "KKKKKKKnnnnn", &q, &qkv, &cos, &sin, &positions, &keys, &values, &R, &H, &KV,
-                          &D, &capacity))
+    Py_ssize_t table_rows, R, H, KV, D, capacity;
+    if (!PyArg_ParseTuple(args, "KKKKnKKKnnnnn", &q, &qkv, &cos, &sin, &table_rows, &positions, &keys, &values, &R,
+                          &H, &KV, &D, &capacity))
         return NULL;
     if (R < 0 || H <= 0 || KV <= 0 || D <= 0 || D % 16 || capacity <= 0) {
         PyErr_SetString(PyExc_ValueError, "decode_ops.rope_store: sizes > 0 and D a multiple of 16");
@@ -240,8 +241,8 @@ static PyObject *rope_store(PyObject *self, PyObject *args) {
 #ifdef DECODE_OPS_X86
     const int64_t *at = PTR(const int64_t, positions);
     for (Py_ssize_t r = 0; r < R; r++)
-        if (at[r] < 0 || at[r] >= capacity) {
-            PyErr_SetString(PyExc_ValueError, "decode_ops.rope_store: a position outside the cache");
+        if (at[r] < 0 || at[r] >= capacity || at[r] >= table_rows) {
+            PyErr_SetString(PyExc_ValueError, "decode_ops.rope_store: a position outside the cache or the tables");
             return NULL;
         }
     Py_BEGIN_ALLOW_THREADS
@@ -332,7 +333,7 @@ static PyMethodDef methods[] = {
     {"available", available, METH_NOARGS, "Whether this CPU has AVX2 and FMA (and the build uses them)."},
     {"rms_norm", rms_norm, METH_VARARGS, "rms_norm(out, x, weight, rows, D, eps), float32 by address."},
     {"rope_store", rope_store, METH_VARARGS,
-     "rope_store(q, qkv, cos, sin, positions, keys, values, rows, heads, kv_heads, D, capacity)."},
+     "rope_store(q, qkv, cos, sin, table_rows, positions, keys, values, rows, heads, kv_heads, D, capacity)."},
     {"attention", attention, METH_VARARGS,
      "attention(out, q, keys, values, lengths, rows, kv_heads, group, D, capacity, scale)."},
     {"silu_mul", silu_mul, METH_VARARGS, "silu_mul(out, gate_up, rows, I), float32 by address."},

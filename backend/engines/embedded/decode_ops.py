@@ -79,11 +79,9 @@ def rope_store(
     _check("positions", positions, (rows,), torch.long)
     _check("keys", keys, tuple(keys.shape))
     _check("values", values, tuple(keys.shape))
-    if rows and int(positions.max()) >= cos.shape[0]:
-        raise ValueError(f"decode_ops: a position beyond the {cos.shape[0]} the rotary tables hold")
     q = torch.empty(rows, heads * dim, dtype=torch.float32)
     _decode_ops.rope_store(
-        q.data_ptr(), qkv.data_ptr(), cos.data_ptr(), sin.data_ptr(), positions.data_ptr(),
+        q.data_ptr(), qkv.data_ptr(), cos.data_ptr(), sin.data_ptr(), cos.shape[0], positions.data_ptr(),
         keys.data_ptr(), values.data_ptr(), rows, heads, kv_heads, dim, capacity,
     )  # fmt: skip
     return q

@@ -1,0 +1,170 @@
+"""The decode step's C ops (backend/engines/embedded/decode_ops.py, decode_ops.c) against the PyTorch
+step they replace: each op on random inputs, their refusals, and whole decode steps of the bundled
+model, which must pick the same greedy tokens and give every row the same values whatever rows run
+beside it."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from backend.engines.embedded import decode_ops
+from backend.engines.embedded.linear import linear, linear_add
+from backend.engines.embedded.model import rms_norm, rotate
+from tests.test_rows_linear import kernel_on
+
+
+@pytest.fixture(autouse=True)
+def ops_on() -> None:
+    with kernel_on():
+        if not decode_ops.usable(torch.float32):
+            pytest.skip("the decode ops' C part is not built or this CPU lacks AVX2/FMA")
+        yield
+
+
+def test_rms_norm_matches_pytorch() -> None:
+    torch.manual_seed(0)
+    x, weight = torch.randn(5, 576) * 3, torch.randn(576)
+    assert torch.allclose(decode_ops.rms_norm(x, weight, 1e-5), rms_norm(x, weight, 1e-5), rtol=1e-5, atol=1e-6)
+
+
+def test_silu_mul_matches_pytorch_across_the_range_of_exp() -> None:
+    torch.manual_seed(0)
+    gate_up = torch.randn(4, 2 * 1536) * 8
+    gate_up[0, :6] = torch.tensor([-200.0, -90.0, -20.0, 0.0, 20.0, 200.0])
+    gate, up = gate_up.chunk(2, dim=-1)
+    expected = F.silu(gate) * up
+    assert torch.allclose(decode_ops.silu_mul(gate_up), expected, rtol=2e-6, atol=1e-30)
+
+
+def test_rope_store_rotates_as_pytorch_does_bit_for_bit_and_writes_only_each_rows_position() -> None:
+    torch.manual_seed(0)
+    rows, heads, kv_heads, dim, capacity = 3, 9, 3, 64, 16
+    qkv = torch.randn(rows, (heads + 2 * kv_heads) * dim)
+    angles = torch.randn(40, dim)
+    cos, sin = angles.cos(), angles.sin()
+    positions = torch.tensor([0, 7, 15])
+    keys, values = torch.zeros(4, kv_heads, capacity, dim), torch.zeros(4, kv_heads, capacity, dim)
+    q = decode_ops.rope_store(qkv, cos, sin, positions, keys, values, heads)
+    c, s = cos[positions][:, None, :], sin[positions][:, None, :]
+    q_ref, k_ref, v_ref = qkv.split([heads * dim, kv_heads * dim, kv_heads * dim], dim=-1)
+    assert torch.equal(q, rotate(q_ref.view(rows, heads, dim), c, s).reshape(rows, -1))
+    expected_keys, expected_values = torch.zeros_like(keys), torch.zeros_like(values)
+    rows_index = torch.arange(rows)
+    expected_keys[rows_index, :, positions] = rotate(k_ref.view(rows, kv_heads, dim), c, s)
+    expected_values[rows_index, :, positions] = v_ref.view(rows, kv_heads, dim)
+    assert torch.equal(keys, expected_keys) and torch.equal(values, expected_values)
+
+
+def test_attention_reads_each_rows_own_positions_as_masked_sdpa_does() -> None:
+    torch.manual_seed(0)
+    kv_heads, group, dim, capacity = 3, 3, 64, 64
+    lengths = torch.tensor([1, 7, 8, 9, 50, 64])  # partial and whole groups of 8 positions
+    rows = len(lengths)
+    q = torch.randn(rows, kv_heads * group * dim)
+    keys, values = torch.randn(rows + 2, kv_heads, capacity, dim), torch.randn(rows + 2, kv_heads, capacity, dim)
+    out = decode_ops.attention(q, keys, values, lengths, dim**-0.5)
+    for r, length in enumerate(lengths.tolist()):
+        expected = F.scaled_dot_product_attention(
+            q[r].view(kv_heads, group, dim), keys[r, :, :length], values[r, :, :length]
+        )
+        assert torch.allclose(out[r], expected.reshape(-1), atol=2e-6), (r, length)
+
+
+def test_linear_add_rounds_as_the_sum_of_the_product() -> None:
+    torch.manual_seed(0)
+    x, weight, y = torch.randn(6, 576), torch.randn(1536, 576) * 0.05, torch.randn(6, 1536)
+    expected = y + linear(x, weight)
+    linear_add(y, x, weight)
+    assert torch.equal(y, expected)
+
+
+def test_bad_shapes_and_positions_are_refused_before_anything_is_written() -> None:
+    keys, values = torch.zeros(2, 3, 8, 64), torch.zeros(2, 3, 8, 64)
+    qkv, angles = torch.randn(2, 15 * 64), torch.zeros(32, 64)
+    with pytest.raises(ValueError, match="position outside"):
+        decode_ops.rope_store(qkv, angles, angles, torch.tensor([0, 8]), keys, values, 9)
+    assert not keys.any() and not values.any()
+    with pytest.raises(ValueError, match="qkv"):
+        decode_ops.rope_store(qkv[:, :-64], angles, angles, torch.tensor([0, 1]), keys, values, 9)
+    with pytest.raises(ValueError, match="positions"):
+        decode_ops.rope_store(qkv, angles, angles, torch.tensor([0, 1], dtype=torch.int32), keys, values, 9)
+    q = torch.randn(2, 9 * 64)
+    with pytest.raises(ValueError, match="length outside"):
+        decode_ops.attention(q, keys, values, torch.tensor([0, 3]), 0.125)
+    with pytest.raises(ValueError, match="cache rows"):
+        decode_ops.attention(torch.randn(3, 9 * 64), keys, values, torch.tensor([1, 1, 1]), 0.125)
+    with pytest.raises(ValueError, match="x must be"):
+        decode_ops.rms_norm(torch.randn(4, 576).t(), torch.randn(4), 1e-5)
+    with pytest.raises(ValueError, match="even width"):
+        decode_ops.silu_mul(torch.randn(2, 9))
+
+
+@pytest.fixture(scope="module")
+def bundled() -> tuple:
+    from transformers import AutoTokenizer
+
+    from backend.engines.embedded.model import Llama, LlamaConfig
+    from backend.engines.embedded.quantized import load_blocks
+    from backend.engines.embedded.weights import read_config, read_tensors, resolve_model
+
+    folder = resolve_model()
+    config = LlamaConfig.from_hf(read_config(folder.path))
+    tensors = read_tensors(folder.path)
+    blocks = load_blocks(folder.path, folder.gguf, tensors) if folder.gguf else {}
+    return config, Llama(config, tensors, torch.float32, blocks), AutoTokenizer.from_pretrained(folder.path)
+
+
+def prompts_in(cache, model, tokenizer, texts: list[str], copies: int) -> list[int]:
+    """Prefill each text into `copies` rows; the greedy first token of each row."""
+    from backend.engines.base import template_token_ids
+
+    firsts = []
+    for text in texts:
+        ids = template_token_ids(tokenizer, [{"role": "user", "content": text}])
+        logits, _ = model.prefill(ids, cache, cache.add_rows(copies))
+        firsts += [int(logits.argmax())] * copies
+    return firsts
+
+
+TEXTS = ["Name three colours.", "Why is the sky blue?", "Write a haiku about rain."]
+
+
+def test_decode_on_the_ops_picks_the_pytorch_steps_greedy_tokens(bundled, monkeypatch) -> None:
+    """Rows of three prompts at different lengths, 40 greedy steps each way: the same tokens at
+    every step, logits within 1e-4 (the sums add in another order)."""
+    from backend.engines.embedded.model import RowCache
+
+    config, model, tokenizer = bundled
+    caches, tokens = {}, {}
+    for way in ("ops", "pytorch"):
+        caches[way] = RowCache(config, 6, 512, torch.float32)
+        tokens[way] = torch.tensor(prompts_in(caches[way], model, tokenizer, TEXTS, 2))
+    words = [int(tokens["ops"][2])]
+    for _ in range(40):
+        logits = {}
+        for way, cache in caches.items():
+            monkeypatch.setattr(decode_ops, "_BUILT", way == "ops")
+            logits[way] = model.decode(tokens[way], cache)
+        assert (logits["ops"] - logits["pytorch"]).abs().max() < 1e-4
+        tokens = {way: values.argmax(-1) for way, values in logits.items()}
+        assert torch.equal(tokens["ops"], tokens["pytorch"])
+        words.append(int(tokens["ops"][2]))
+    answer = tokenizer.decode(words).lower()  # the second prompt's: why the sky is blue
+    assert any(word in answer for word in ("scatter", "light", "atmosphere", "sky")), answer
+
+
+def test_a_rows_values_do_not_depend_on_the_rows_beside_it(bundled) -> None:
+    """One prompt decoded alone and beside rows of other prompts: its logits bit for bit the same."""
+    from backend.engines.embedded.model import RowCache
+
+    config, model, tokenizer = bundled
+    alone, crowded = RowCache(config, 1, 512, torch.float32), RowCache(config, 7, 512, torch.float32)
+    mine = torch.tensor(prompts_in(alone, model, tokenizer, TEXTS[1:2], 1))
+    theirs = prompts_in(crowded, model, tokenizer, TEXTS[1:2] + TEXTS[:1] + TEXTS[2:], 1)
+    theirs = torch.tensor(theirs + prompts_in(crowded, model, tokenizer, TEXTS[:1], 4))
+    for _ in range(8):
+        own, shared = model.decode(mine, alone), model.decode(theirs, crowded)
+        assert torch.equal(own[0], shared[0])
+        mine, theirs = own.argmax(-1), shared.argmax(-1)
