@@ -1,7 +1,8 @@
 """The package's build: the `backend` and `ui` packages, the event-loop tracer's C parts, the
 step recorder (backend/trace/step_recorder.c) and the live trace's digest
 (backend/trace/trace_digest.c), and the embedded engine's linear layer for a few rows
-(backend/engines/embedded/rows_linear.c) and the other ops of its decode step (decode_ops.c). Metadata and dependencies are in pyproject.toml.
+(backend/engines/embedded/rows_linear.c) and the other ops of its decode step (decode_ops.c).
+Metadata and dependencies are in pyproject.toml.
 
 `make run` and `make test` build the C parts in place (`python setup.py build_ext --inplace`);
 `pip install .` builds them into the installed package. Without a C compiler the build is skipped

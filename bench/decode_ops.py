@@ -6,8 +6,8 @@ the engine's step (`Llama._decode_rows`: RMSNorm, rotary embedding with the cach
 over each row's own positions and the SiLU-gated product as one C call each) and the PyTorch step
 (`Llama._decode_masked`: the same ops as PyTorch ops, attention masked to the longest row). Both
 multiply on the rows kernel from the GGUF's blocks, fp32, one thread. Prints the median step each
-way, the speed-up, and the time the step spends outside the linear layers each way (the step minus
-the same linear layers timed alone on the step's shapes). Run it on a quiet machine.
+way, the speed-up, and the time each step spends outside its linear layers (the step's wall time
+minus the calls to `linear` and `linear_add` within it). Run it on a quiet machine.
 
 Usage: python -m bench.decode_ops [--ns 1,8,32] [--rounds 6] [--steps 8] [--context 100]
 """
@@ -17,11 +17,14 @@ from __future__ import annotations
 import argparse
 import statistics
 import time
+from collections.abc import Callable
+from typing import Any
 
 import torch
 
 from backend.engines.embedded import decode_ops
 from backend.engines.embedded import linear as engine_linear
+from backend.engines.embedded import model as model_module
 from backend.engines.embedded.model import Llama, LlamaConfig, RowCache
 from backend.engines.embedded.quantized import load_blocks
 from backend.engines.embedded.weights import read_config, read_tensors, resolve_model
@@ -29,22 +32,30 @@ from backend.engines.embedded.weights import read_config, read_tensors, resolve_
 TEXTS = ["Name three colours.", "Why is the sky blue?", "Write a haiku about rain."]
 
 
-def linear_only_ms(model: Llama, rows: int, rounds: int) -> float:
-    """Milliseconds a step's linear layers take alone at `rows` rows (best of `rounds`)."""
-    c = model.config
-    x = torch.randn(rows, c.hidden_size)
-    wide = torch.randn(rows, c.intermediate_size)
-    best = float("inf")
-    for _ in range(rounds):
-        start = time.perf_counter()
-        for layer in model.layers:
-            engine_linear.linear(x, layer.qkv, layer.blocks.get("qkv"))
-            engine_linear.linear(x, layer.out, layer.blocks.get("out"))
-            engine_linear.linear(x, layer.gate_up, layer.blocks.get("gate_up"))
-            engine_linear.linear(wide, layer.down, layer.blocks.get("down"))
-        engine_linear.linear(x, model.lm_head, model.lm_head_blocks)
-        best = min(best, time.perf_counter() - start)
-    return 1000 * best
+class LinearClock:
+    """Time spent in the step's linear layers: wraps the model module's `linear` and `linear_add`
+    (restored on exit) and adds up their wall time."""
+
+    def __init__(self) -> None:
+        self.seconds = 0.0
+
+    def __enter__(self) -> LinearClock:
+        self.saved = model_module.linear, model_module.linear_add
+        model_module.linear, model_module.linear_add = self._timed(self.saved[0]), self._timed(self.saved[1])
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        model_module.linear, model_module.linear_add = self.saved
+
+    def _timed(self, call: Callable[..., Any]) -> Callable[..., Any]:
+        def timed(*args: Any) -> Any:
+            start = time.perf_counter()
+            try:
+                return call(*args)
+            finally:
+                self.seconds += time.perf_counter() - start
+
+        return timed
 
 
 def main() -> None:
@@ -85,26 +96,27 @@ def main() -> None:
             tokens = model.decode(tokens, cache).argmax(-1)
         start_lengths = cache.lengths.clone()
         times: dict[str, list[float]] = {way: [] for way in ways}
+        inside: dict[str, list[float]] = {way: [] for way in ways}
         for round_ in range(args.rounds + 1):
             for way, on in ways.items():
                 decode_ops._BUILT = on
                 cache.lengths.copy_(start_lengths)
-                start = time.perf_counter()
-                for _ in range(args.steps):
-                    model.decode(tokens, cache)
+                with LinearClock() as clock:
+                    start = time.perf_counter()
+                    for _ in range(args.steps):
+                        model.decode(tokens, cache)
+                    elapsed = time.perf_counter() - start
                 if round_:  # the first round warms up
-                    times[way].append(1000 * (time.perf_counter() - start) / args.steps)
+                    times[way].append(1000 * elapsed / args.steps)
+                    inside[way].append(1000 * (elapsed - clock.seconds) / args.steps)
         decode_ops._BUILT = decode_ops.built()
-        medians = {way: statistics.median(values) for way, values in times.items()}
-        linear_ms = linear_only_ms(model, rows, args.rounds)
-        ours, theirs = medians["decode ops"], medians["PyTorch step"]
+        ours, theirs = (statistics.median(times[way]) for way in ways)
+        rest_ours, rest_theirs = (statistics.median(inside[way]) for way in ways)
         print(
-            f"n = {rows:>2}: decode ops {ours:6.1f} ms, PyTorch step {theirs:6.1f} ms ({theirs / ours:.2f}x); "
-            f"outside the linear layers ({linear_ms:.1f} ms alone): {ours - linear_ms:5.1f} against "
-            f"{theirs - linear_ms:5.1f} ms",
+            f"n = {rows:>2}: decode ops {ours:6.1f} ms, PyTorch step {theirs:6.1f} ms "
+            f"({theirs / ours:.2f}x); outside the linear layers {rest_ours:5.1f} against {rest_theirs:5.1f} ms",
             flush=True,
         )
-
 
 if __name__ == "__main__":
     main()

@@ -26,7 +26,9 @@ def ops_on() -> None:
 def test_rms_norm_matches_pytorch() -> None:
     torch.manual_seed(0)
     x, weight = torch.randn(5, 576) * 3, torch.randn(576)
-    assert torch.allclose(decode_ops.rms_norm(x, weight, 1e-5), rms_norm(x, weight, 1e-5), rtol=1e-5, atol=1e-6)
+    assert torch.allclose(
+        decode_ops.rms_norm(x, weight, 1e-5), rms_norm(x, weight, 1e-5), rtol=1e-5, atol=1e-6
+    )
 
 
 def test_silu_mul_matches_pytorch_across_the_range_of_exp() -> None:
@@ -63,7 +65,10 @@ def test_attention_reads_each_rows_own_positions_as_masked_sdpa_does() -> None:
     lengths = torch.tensor([1, 7, 8, 9, 50, 64])  # partial and whole groups of 8 positions
     rows = len(lengths)
     q = torch.randn(rows, kv_heads * group * dim)
-    keys, values = torch.randn(rows + 2, kv_heads, capacity, dim), torch.randn(rows + 2, kv_heads, capacity, dim)
+    keys, values = (
+        torch.randn(rows + 2, kv_heads, capacity, dim),
+        torch.randn(rows + 2, kv_heads, capacity, dim),
+    )
     out = decode_ops.attention(q, keys, values, lengths, dim**-0.5)
     for r, length in enumerate(lengths.tolist()):
         expected = F.scaled_dot_product_attention(

@@ -129,43 +129,84 @@ TARGET static inline float dot(const float *a, const float *b, Py_ssize_t D) {
     return hsum(_mm256_add_ps(c0, c1));
 }
 
-/* One query head over `length` positions of its kv head: out = softmax(scale * q . k_t) . v_t.
- * `scores` holds length rounded up to 8 floats; D is a multiple of 8. */
-TARGET static void attend_head(float *out, const float *q, const float *keys, const float *values,
-                               Py_ssize_t length, Py_ssize_t D, float scale, float *scores) {
-    const __m256 vscale = _mm256_set1_ps(scale);
-    Py_ssize_t t = 0;
-    for (; t + 8 <= length; t += 8)
-        _mm256_storeu_ps(scores + t, _mm256_mul_ps(dots8(q, keys + t * D, D, D), vscale));
-    for (; t < length; t++)
-        scores[t] = dot(q, keys + t * D, D) * scale;
+/* The most query heads that share one kv head (`attention` refuses more). */
+#define MAX_GROUP 64
+
+/* softmax in place over scores[0:length]; returns 1 / the sum of the exponentials. The buffer holds
+ * length rounded up to 8 floats. */
+TARGET static float softmax_unscaled(float *scores, Py_ssize_t length) {
     float top = scores[0];
-    for (t = 1; t < length; t++)
+    for (Py_ssize_t t = 1; t < length; t++)
         top = scores[t] > top ? scores[t] : top;
     const __m256 vtop = _mm256_set1_ps(top);
     __m256 total = _mm256_setzero_ps();
-    for (t = 0; t < length; t += 8) {
+    for (Py_ssize_t t = 0; t < length; t += 8) {
         const __m256 keep = first_lanes(length - t);
         const __m256 e = _mm256_and_ps(exp8(_mm256_sub_ps(_mm256_loadu_ps(scores + t), vtop)), keep);
         _mm256_storeu_ps(scores + t, e);
         total = _mm256_add_ps(total, e);
     }
-    const float inv = 1.0f / hsum(total);
-    for (Py_ssize_t i = 0; i < D; i += 64) {
-        const Py_ssize_t width = D - i < 64 ? D - i : 64;
-        __m256 acc[8];
-        for (int j = 0; j < 8; j++)
-            acc[j] = _mm256_setzero_ps();
-        for (t = 0; t < length; t++) {
-            const __m256 p = _mm256_set1_ps(scores[t]);
-            const float *v = values + t * D + i;
-            for (int j = 0; j < 8; j++)
-                if (8 * j < width)
-                    acc[j] = _mm256_fmadd_ps(p, _mm256_loadu_ps(v + 8 * j), acc[j]);
+    return 1.0f / hsum(total);
+}
+
+/* out[h, 0:8 parts] = inv[h] * sum over t < length of p[h * stride + t] * values[t * D, 0:8 parts], for
+ * `heads` <= 3 heads and `parts` <= 4 vectors of 8 floats; inlined where called with constants, so
+ * that the accumulators stay in registers. */
+TARGET static inline __attribute__((always_inline)) void weigh_values(float *out, const float *values,
+                                                                      const float *p, Py_ssize_t stride,
+                                                                      const float *inv, Py_ssize_t length,
+                                                                      Py_ssize_t D, const int heads,
+                                                                      const int parts) {
+    __m256 acc[3][4];
+    for (int h = 0; h < 3; h++)
+        for (int c = 0; c < 4; c++)
+            acc[h][c] = _mm256_setzero_ps();
+    for (Py_ssize_t t = 0; t < length; t++) {
+        const float *v = values + t * D;
+        __m256 row[4];
+        for (int c = 0; c < parts; c++)
+            row[c] = _mm256_loadu_ps(v + 8 * c);
+        for (int h = 0; h < heads; h++) {
+            const __m256 weight = _mm256_set1_ps(p[h * stride + t]);
+            for (int c = 0; c < parts; c++)
+                acc[h][c] = _mm256_fmadd_ps(weight, row[c], acc[h][c]);
         }
-        for (int j = 0; j < 8; j++)
-            if (8 * j < width)
-                _mm256_storeu_ps(out + i + 8 * j, _mm256_mul_ps(acc[j], _mm256_set1_ps(inv)));
+    }
+    for (int h = 0; h < heads; h++)
+        for (int c = 0; c < parts; c++)
+            _mm256_storeu_ps(out + h * D + 8 * c, _mm256_mul_ps(acc[h][c], _mm256_set1_ps(inv[h])));
+}
+
+/* The `group` query heads q[group, D] of one kv head over its first `length` positions:
+ * out[j] = softmax_t(scale * q[j] . keys[t]) . values[t]. Keys and values are read once for all
+ * the group's heads (a group of eight keys, 2 KB at D = 64, stays in L1 while every head's
+ * scores are taken; the values are read in slices of 32 floats, three heads summed at a time).
+ * `scores` holds group * stride floats, stride >= length rounded up to 8; D is a multiple of 8. */
+TARGET static void attend_group(float *out, const float *q, const float *keys, const float *values,
+                                Py_ssize_t length, Py_ssize_t group, Py_ssize_t D, float scale, float *scores,
+                                Py_ssize_t stride) {
+    const __m256 vscale = _mm256_set1_ps(scale);
+    Py_ssize_t t = 0;
+    for (; t + 8 <= length; t += 8)
+        for (Py_ssize_t j = 0; j < group; j++)
+            _mm256_storeu_ps(scores + j * stride + t, _mm256_mul_ps(dots8(q + j * D, keys + t * D, D, D), vscale));
+    for (; t < length; t++)
+        for (Py_ssize_t j = 0; j < group; j++)
+            scores[j * stride + t] = dot(q + j * D, keys + t * D, D) * scale;
+    float inv[MAX_GROUP];
+    for (Py_ssize_t j = 0; j < group; j++)
+        inv[j] = softmax_unscaled(scores + j * stride, length);
+    for (Py_ssize_t i = 0; i < D; i += 32) {
+        const int parts = D - i < 32 ? (int)((D - i) / 8) : 4;
+        for (Py_ssize_t first = 0; first < group; first += 3) {
+            const int heads = group - first < 3 ? (int)(group - first) : 3;
+            float *o = out + first * D + i;
+            const float *p = scores + first * stride;
+            if (heads == 3 && parts == 4)  /* the common case, with constant bounds: accumulators in registers */
+                weigh_values(o, values + i, p, stride, inv + first, length, D, 3, 4);
+            else
+                weigh_values(o, values + i, p, stride, inv + first, length, D, heads, parts);
+        }
     }
 }
 
@@ -276,8 +317,8 @@ static PyObject *attention(PyObject *self, PyObject *args) {
     if (!PyArg_ParseTuple(args, "KKKKKnnnnnf", &out, &q, &keys, &values, &lengths, &R, &KV, &group, &D, &capacity,
                           &scale))
         return NULL;
-    if (R < 0 || KV <= 0 || group <= 0 || D <= 0 || D % 8 || capacity <= 0) {
-        PyErr_SetString(PyExc_ValueError, "decode_ops.attention: sizes > 0 and D a multiple of 8");
+    if (R < 0 || KV <= 0 || group <= 0 || group > MAX_GROUP || D <= 0 || D % 8 || capacity <= 0) {
+        PyErr_SetString(PyExc_ValueError, "decode_ops.attention: sizes > 0, D a multiple of 8, group <= 64");
         return NULL;
     }
 #ifdef DECODE_OPS_X86
@@ -287,18 +328,16 @@ static PyObject *attention(PyObject *self, PyObject *args) {
             PyErr_SetString(PyExc_ValueError, "decode_ops.attention: a length outside 1..capacity");
             return NULL;
         }
-    float *scores = malloc((size_t)(capacity + 8) * sizeof(float));
+    const Py_ssize_t stride = (capacity + 7) / 8 * 8;
+    float *scores = malloc((size_t)(group * stride) * sizeof(float));
     if (scores == NULL)
         return PyErr_NoMemory();
     Py_BEGIN_ALLOW_THREADS
     for (Py_ssize_t r = 0; r < R; r++)
         for (Py_ssize_t kv = 0; kv < KV; kv++) {
-            const Py_ssize_t cache = (r * KV + kv) * capacity * D;
-            for (Py_ssize_t j = 0; j < group; j++) {
-                const Py_ssize_t head = ((r * KV + kv) * group + j) * D;
-                attend_head(PTR(float, out) + head, PTR(const float, q) + head, PTR(const float, keys) + cache,
-                            PTR(const float, values) + cache, (Py_ssize_t)length[r], D, scale, scores);
-            }
+            const Py_ssize_t cache = (r * KV + kv) * capacity * D, head = (r * KV + kv) * group * D;
+            attend_group(PTR(float, out) + head, PTR(const float, q) + head, PTR(const float, keys) + cache,
+                         PTR(const float, values) + cache, (Py_ssize_t)length[r], group, D, scale, scores, stride);
         }
     Py_END_ALLOW_THREADS
     free(scores);

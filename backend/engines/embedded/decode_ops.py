@@ -39,7 +39,9 @@ def usable(dtype: torch.dtype) -> bool:
     return _BUILT and rows_independent(dtype)
 
 
-def _check(name: str, tensor: torch.Tensor, shape: tuple[int, ...], dtype: torch.dtype = torch.float32) -> None:
+def _check(
+    name: str, tensor: torch.Tensor, shape: tuple[int, ...], dtype: torch.dtype = torch.float32
+) -> None:
     if tensor.dtype != dtype or not tensor.is_contiguous() or tuple(tensor.shape) != shape:
         raise ValueError(
             f"decode_ops: {name} must be a contiguous {dtype} tensor of shape {shape}, "

@@ -74,11 +74,18 @@ def linear(x: torch.Tensor, weight: torch.Tensor, blocks: BlockMatrix | None = N
     return out.reshape(*x.shape[:-1], weight.shape[0])
 
 
-def linear_add(y: torch.Tensor, x: torch.Tensor, weight: torch.Tensor, blocks: BlockMatrix | None = None) -> None:
+def linear_add(
+    y: torch.Tensor, x: torch.Tensor, weight: torch.Tensor, blocks: BlockMatrix | None = None
+) -> None:
     """y += x @ weight^T in place (a residual connection), y[rows, N] contiguous, x[rows, K]: each
     sum rounded as `y + linear(x, weight)` rounds it, without the intermediate tensor."""
     flat = _kernel_rows(x, weight)
-    if flat is None or y.dtype != torch.float32 or not y.is_contiguous() or y.shape != (flat.shape[0], weight.shape[0]):
+    if (
+        flat is None
+        or y.dtype != torch.float32
+        or not y.is_contiguous()
+        or y.shape != (flat.shape[0], weight.shape[0])
+    ):
         y += F.linear(x, weight)
         return
     _product(y, flat, weight, blocks, add=True)
@@ -95,9 +102,13 @@ def _kernel_rows(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor | None:
     return x.reshape(rows, k).contiguous()
 
 
-def _product(out: torch.Tensor, flat: torch.Tensor, weight: torch.Tensor, blocks: BlockMatrix | None, add: bool) -> None:
+def _product(
+    out: torch.Tensor, flat: torch.Tensor, weight: torch.Tensor, blocks: BlockMatrix | None, add: bool
+) -> None:
     rows, (n, k) = flat.shape[0], weight.shape
     if blocks is not None:
-        _rows_linear.linear_blocks(out.data_ptr(), flat.data_ptr(), blocks.data.data_ptr(), blocks.code, rows, n, k, add)
+        _rows_linear.linear_blocks(
+            out.data_ptr(), flat.data_ptr(), blocks.data.data_ptr(), blocks.code, rows, n, k, add
+        )
     else:
         _rows_linear.linear(out.data_ptr(), flat.data_ptr(), weight.data_ptr(), rows, n, k, add)

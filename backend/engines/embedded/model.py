@@ -399,11 +399,15 @@ class Llama:
         x = self.embed[tokens].contiguous()
         for index, layer in enumerate(self.layers):
             keys, values = cache.keys[index], cache.values[index]
-            qkv = linear(decode_ops.rms_norm(x, layer.attn_norm, c.rms_eps), layer.qkv, layer.blocks.get("qkv"))
+            qkv = linear(
+                decode_ops.rms_norm(x, layer.attn_norm, c.rms_eps), layer.qkv, layer.blocks.get("qkv")
+            )
             q = decode_ops.rope_store(qkv, self.cos, self.sin, positions, keys, values, c.heads)
             attended = decode_ops.attention(q, keys, values, lengths, self.scale)
             linear_add(x, attended, layer.out, layer.blocks.get("out"))
-            gate_up = linear(decode_ops.rms_norm(x, layer.mlp_norm, c.rms_eps), layer.gate_up, layer.blocks.get("gate_up"))
+            gate_up = linear(
+                decode_ops.rms_norm(x, layer.mlp_norm, c.rms_eps), layer.gate_up, layer.blocks.get("gate_up")
+            )
             linear_add(x, decode_ops.silu_mul(gate_up), layer.down, layer.blocks.get("down"))
         return x
 
