@@ -114,9 +114,11 @@ def main() -> None:
         rest_ours, rest_theirs = (statistics.median(inside[way]) for way in ways)
         print(
             f"n = {rows:>2}: decode ops {ours:6.1f} ms, PyTorch step {theirs:6.1f} ms "
-            f"({theirs / ours:.2f}x); outside the linear layers {rest_ours:5.1f} against {rest_theirs:5.1f} ms",
+            f"({theirs / ours:.2f}x); outside the linear layers {rest_ours:5.1f} "
+            f"against {rest_theirs:5.1f} ms",
             flush=True,
         )
+
 
 if __name__ == "__main__":
     main()
