@@ -173,3 +173,59 @@ def test_a_rows_values_do_not_depend_on_the_rows_beside_it(bundled) -> None:
         own, shared = model.decode(mine, alone), model.decode(theirs, crowded)
         assert torch.equal(own[0], shared[0])
         mine, theirs = own.argmax(-1), shared.argmax(-1)
+
+
+def test_rows_reading_their_prompt_from_one_row_get_what_their_own_copies_give() -> None:
+    """Attention with each row's first positions read from a source row holding the same keys
+    and values equals, bit for bit, attention over each row's own copy, wherever the shared part
+    ends (inside a block of eight positions or at its edge)."""
+    torch.manual_seed(0)
+    kv_heads, group, dim, capacity = 3, 3, 64, 64
+    rows = 5
+    keys, values = torch.randn(rows, kv_heads, capacity, dim), torch.randn(rows, kv_heads, capacity, dim)
+    sources, shared = torch.tensor([0, 0, 0, 3, 3]), torch.tensor([13, 13, 13, 16, 16])
+    for r in range(rows):  # a row holds its source's prompt, then its own tokens
+        s, p = int(sources[r]), int(shared[r])
+        keys[r, :, :p], values[r, :, :p] = keys[s, :, :p], values[s, :, :p]
+    q = torch.randn(rows, kv_heads * group * dim)
+    lengths = torch.tensor([13, 20, 30, 17, 40])
+    own = decode_ops.attention(q, keys, values, lengths, 0.125)
+    scrambled_keys, scrambled_values = keys.clone(), values.clone()
+    for r in range(rows):  # what a follower holds of the prompt must no longer matter
+        if int(sources[r]) != r:
+            scrambled_keys[r, :, : int(shared[r])] = float("nan")
+            scrambled_values[r, :, : int(shared[r])] = float("nan")
+    read_once = decode_ops.attention(q, scrambled_keys, scrambled_values, lengths, 0.125, sources, shared)
+    assert torch.equal(own, read_once)
+    with pytest.raises(ValueError, match="source row"):
+        decode_ops.attention(q, keys, values, lengths, 0.125, torch.tensor([0, 0, 0, 3, 5]), shared)
+
+
+def test_a_leaving_row_hands_its_followers_to_a_row_with_the_same_prompt(bundled) -> None:
+    """Rows of two prompts leave in an order that removes each prompt's first row and moves others:
+    every row's source is a live row holding the same shared positions, and each remaining row's
+    logits stay those of a cache where no row ever left."""
+    from backend.engines.embedded.model import RowCache
+
+    config, model, tokenizer = bundled
+    cache, fresh = RowCache(config, 8, 512, torch.float32), RowCache(config, 8, 512, torch.float32)
+    firsts = prompts_in(cache, model, tokenizer, TEXTS[:2], 4)
+    prompts_in(fresh, model, tokenizer, TEXTS[:2], 4)
+    tokens = torch.tensor(firsts)
+    logits = model.decode(tokens, cache)
+    model.decode(tokens, fresh)
+    origin = list(range(8))  # origin[r]: the row of `fresh` that row r of `cache` is
+    for leaving in (0, 4, 1, 2):
+        moved = cache.remove_row(leaving)
+        if moved is not None:
+            origin[leaving] = origin[moved]
+        origin.pop()
+        for r in range(cache.rows):
+            source, shared = int(cache.source[r]), int(cache.shared[r])
+            assert 0 <= source < cache.rows and shared > 0
+            assert torch.equal(cache.keys[:, source, :, :shared], cache.keys[:, r, :, :shared])
+            assert torch.equal(cache.values[:, source, :, :shared], cache.values[:, r, :, :shared])
+    tokens = logits.argmax(-1)
+    after = model.decode(tokens[origin], cache)
+    expected = model.decode(tokens, fresh)[origin]
+    assert torch.equal(after, expected)

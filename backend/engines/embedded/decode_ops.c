@@ -100,15 +100,15 @@ TARGET static void rotate_head(float *dst, const float *x, const float *cos, con
     }
 }
 
-/* The eight dot products of q with k[0..7] (each D floats, rows `stride` apart), as one vector. */
-TARGET static inline __m256 dots8(const float *q, const float *k, Py_ssize_t stride, Py_ssize_t D) {
+/* The eight dot products of q with k[0..7] (each D floats), as one vector. */
+TARGET static inline __m256 dots8(const float *q, const float *const k[8], Py_ssize_t D) {
     __m256 c[8];
     for (int j = 0; j < 8; j++)
         c[j] = _mm256_setzero_ps();
     for (Py_ssize_t i = 0; i < D; i += 8) {
         const __m256 a = _mm256_loadu_ps(q + i);
         for (int j = 0; j < 8; j++)
-            c[j] = _mm256_fmadd_ps(a, _mm256_loadu_ps(k + j * stride + i), c[j]);
+            c[j] = _mm256_fmadd_ps(a, _mm256_loadu_ps(k[j] + i), c[j]);
     }
     /* Reduce the eight accumulators at once: lane j of the result is the sum of c[j]'s lanes. */
     const __m256 t0 = _mm256_hadd_ps(c[0], c[1]), t1 = _mm256_hadd_ps(c[2], c[3]);
@@ -149,20 +149,22 @@ TARGET static float softmax_unscaled(float *scores, Py_ssize_t length) {
     return 1.0f / hsum(total);
 }
 
-/* out[h, 0:8 parts] = inv[h] * sum over t < length of p[h * stride + t] * values[t * D, 0:8 parts], for
- * `heads` <= 3 heads and `parts` <= 4 vectors of 8 floats; inlined where called with constants, so
- * that the accumulators stay in registers. */
+/* out[h, 0:8 parts] = inv[h] * sum over t < length of p[h * stride + t] * value t [0:8 parts], value t
+ * being values + t * D for t < shared (the prompt, read from the row that holds it for all rows of
+ * its request) and own_values + t * D after; for `heads` <= 3 heads and `parts` <= 4 vectors of 8
+ * floats. Inlined where called with constants, so that the accumulators stay in registers. */
 TARGET static inline __attribute__((always_inline)) void weigh_values(float *out, const float *values,
-                                                                      const float *p, Py_ssize_t stride,
-                                                                      const float *inv, Py_ssize_t length,
-                                                                      Py_ssize_t D, const int heads,
-                                                                      const int parts) {
+                                                                      const float *own_values,
+                                                                      Py_ssize_t shared, const float *p,
+                                                                      Py_ssize_t stride, const float *inv,
+                                                                      Py_ssize_t length, Py_ssize_t D,
+                                                                      const int heads, const int parts) {
     __m256 acc[3][4];
     for (int h = 0; h < 3; h++)
         for (int c = 0; c < 4; c++)
             acc[h][c] = _mm256_setzero_ps();
     for (Py_ssize_t t = 0; t < length; t++) {
-        const float *v = values + t * D;
+        const float *v = (t < shared ? values : own_values) + t * D;
         __m256 row[4];
         for (int c = 0; c < parts; c++)
             row[c] = _mm256_loadu_ps(v + 8 * c);
@@ -178,21 +180,29 @@ TARGET static inline __attribute__((always_inline)) void weigh_values(float *out
 }
 
 /* The `group` query heads q[group, D] of one kv head over its first `length` positions:
- * out[j] = softmax_t(scale * q[j] . keys[t]) . values[t]. Keys and values are read once for all
- * the group's heads (a group of eight keys, 2 KB at D = 64, stays in L1 while every head's
- * scores are taken; the values are read in slices of 32 floats, three heads summed at a time).
- * `scores` holds group * stride floats, stride >= length rounded up to 8; D is a multiple of 8. */
+ * out[j] = softmax_t(scale * q[j] . key t) . value t, where key and value t are keys/values + t * D
+ * for t < shared (the request's prompt, the same in each of its rows, read from one row for all of
+ * them) and own_keys/own_values + t * D after. Keys and values are read once for all the group's
+ * heads (a block of eight keys, 2 KB at D = 64, stays in L1 while every head's scores are taken;
+ * the values are read in slices of 32 floats, three heads weighed at a time). Each score is
+ * summed the same way wherever `shared` falls. `scores` holds group * stride floats, stride >=
+ * length rounded up to 8; D is a multiple of 8. */
 TARGET static void attend_group(float *out, const float *q, const float *keys, const float *values,
+                                const float *own_keys, const float *own_values, Py_ssize_t shared,
                                 Py_ssize_t length, Py_ssize_t group, Py_ssize_t D, float scale, float *scores,
                                 Py_ssize_t stride) {
     const __m256 vscale = _mm256_set1_ps(scale);
     Py_ssize_t t = 0;
-    for (; t + 8 <= length; t += 8)
+    for (; t + 8 <= length; t += 8) {
+        const float *k[8];
+        for (int j = 0; j < 8; j++)
+            k[j] = (t + j < shared ? keys : own_keys) + (t + j) * D;
         for (Py_ssize_t j = 0; j < group; j++)
-            _mm256_storeu_ps(scores + j * stride + t, _mm256_mul_ps(dots8(q + j * D, keys + t * D, D, D), vscale));
+            _mm256_storeu_ps(scores + j * stride + t, _mm256_mul_ps(dots8(q + j * D, k, D), vscale));
+    }
     for (; t < length; t++)
         for (Py_ssize_t j = 0; j < group; j++)
-            scores[j * stride + t] = dot(q + j * D, keys + t * D, D) * scale;
+            scores[j * stride + t] = dot(q + j * D, (t < shared ? keys : own_keys) + t * D, D) * scale;
     float inv[MAX_GROUP];
     for (Py_ssize_t j = 0; j < group; j++)
         inv[j] = softmax_unscaled(scores + j * stride, length);
@@ -202,10 +212,11 @@ TARGET static void attend_group(float *out, const float *q, const float *keys, c
             const int heads = group - first < 3 ? (int)(group - first) : 3;
             float *o = out + first * D + i;
             const float *p = scores + first * stride;
-            if (heads == 3 && parts == 4)  /* the common case, with constant bounds: accumulators in registers */
-                weigh_values(o, values + i, p, stride, inv + first, length, D, 3, 4);
+            if (heads == 3 && parts == 4) /* the common case, with constant bounds: accumulators in registers */
+                weigh_values(o, values + i, own_values + i, shared, p, stride, inv + first, length, D, 3, 4);
             else
-                weigh_values(o, values + i, p, stride, inv + first, length, D, heads, parts);
+                weigh_values(o, values + i, own_values + i, shared, p, stride, inv + first, length, D, heads,
+                             parts);
         }
     }
 }
@@ -306,28 +317,37 @@ static PyObject *rope_store(PyObject *self, PyObject *args) {
 #endif
 }
 
-/* attention(out, q, keys, values, lengths, rows, kv_heads, group, D, capacity, scale): for row r
- * and query head h = kv * group + j of q[rows, kv_heads * group, D], out[r, h] = softmax over
- * t < lengths[r] (int64) of scale * q[r, h] . keys[r, kv, t], times values[r, kv, t]; caches
- * [*, kv_heads, capacity, D]. Runs without the GIL. */
+/* attention(out, q, keys, values, lengths, sources, shared, rows, kv_heads, group, D, capacity,
+ * scale): for row r and query head h = kv * group + j of q[rows, kv_heads * group, D], out[r, h] =
+ * softmax over t < lengths[r] of scale * q[r, h] . keys[r, kv, t], times values[r, kv, t]; caches
+ * [*, kv_heads, capacity, D]. Positions t < shared[r] are read from row sources[r] instead, which
+ * holds the same keys and values there (the rows of one request share its prompt): rows read their
+ * prompt from one place, which stays in cache from one row to the next. int64 lengths, sources and
+ * shared. Runs without the GIL. */
 static PyObject *attention(PyObject *self, PyObject *args) {
-    unsigned long long out, q, keys, values, lengths;
+    unsigned long long out, q, keys, values, lengths, sources, shared;
     Py_ssize_t R, KV, group, D, capacity;
     float scale;
-    if (!PyArg_ParseTuple(args, "KKKKKnnnnnf", &out, &q, &keys, &values, &lengths, &R, &KV, &group, &D, &capacity,
-                          &scale))
+    if (!PyArg_ParseTuple(args, "KKKKKKKnnnnnf", &out, &q, &keys, &values, &lengths, &sources, &shared, &R, &KV,
+                          &group, &D, &capacity, &scale))
         return NULL;
     if (R < 0 || KV <= 0 || group <= 0 || group > MAX_GROUP || D <= 0 || D % 8 || capacity <= 0) {
         PyErr_SetString(PyExc_ValueError, "decode_ops.attention: sizes > 0, D a multiple of 8, group <= 64");
         return NULL;
     }
 #ifdef DECODE_OPS_X86
-    const int64_t *length = PTR(const int64_t, lengths);
-    for (Py_ssize_t r = 0; r < R; r++)
+    const int64_t *length = PTR(const int64_t, lengths), *source = PTR(const int64_t, sources);
+    const int64_t *prefix = PTR(const int64_t, shared);
+    for (Py_ssize_t r = 0; r < R; r++) {
         if (length[r] < 1 || length[r] > capacity) {
             PyErr_SetString(PyExc_ValueError, "decode_ops.attention: a length outside 1..capacity");
             return NULL;
         }
+        if (source[r] < 0 || source[r] >= R || prefix[r] < 0) {
+            PyErr_SetString(PyExc_ValueError, "decode_ops.attention: a source row outside the rows");
+            return NULL;
+        }
+    }
     const Py_ssize_t stride = (capacity + 7) / 8 * 8;
     float *scores = malloc((size_t)(group * stride) * sizeof(float));
     if (scores == NULL)
@@ -335,9 +355,11 @@ static PyObject *attention(PyObject *self, PyObject *args) {
     Py_BEGIN_ALLOW_THREADS
     for (Py_ssize_t r = 0; r < R; r++)
         for (Py_ssize_t kv = 0; kv < KV; kv++) {
-            const Py_ssize_t cache = (r * KV + kv) * capacity * D, head = (r * KV + kv) * group * D;
-            attend_group(PTR(float, out) + head, PTR(const float, q) + head, PTR(const float, keys) + cache,
-                         PTR(const float, values) + cache, (Py_ssize_t)length[r], group, D, scale, scores, stride);
+            const Py_ssize_t own = (r * KV + kv) * capacity * D, from = (source[r] * KV + kv) * capacity * D;
+            const Py_ssize_t head = (r * KV + kv) * group * D;
+            const float *k = PTR(const float, keys), *v = PTR(const float, values);
+            attend_group(PTR(float, out) + head, PTR(const float, q) + head, k + from, v + from, k + own, v + own,
+                         (Py_ssize_t)prefix[r], (Py_ssize_t)length[r], group, D, scale, scores, stride);
         }
     Py_END_ALLOW_THREADS
     free(scores);
@@ -374,7 +396,7 @@ static PyMethodDef methods[] = {
     {"rope_store", rope_store, METH_VARARGS,
      "rope_store(q, qkv, cos, sin, table_rows, positions, keys, values, rows, heads, kv_heads, D, capacity)."},
     {"attention", attention, METH_VARARGS,
-     "attention(out, q, keys, values, lengths, rows, kv_heads, group, D, capacity, scale)."},
+     "attention(out, q, keys, values, lengths, sources, shared, rows, kv_heads, group, D, capacity, scale)."},
     {"silu_mul", silu_mul, METH_VARARGS, "silu_mul(out, gate_up, rows, I), float32 by address."},
     {NULL, NULL, 0, NULL},
 };

@@ -90,11 +90,19 @@ def rope_store(
 
 
 def attention(
-    q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, lengths: torch.Tensor, scale: float
+    q: torch.Tensor,
+    keys: torch.Tensor,
+    values: torch.Tensor,
+    lengths: torch.Tensor,
+    scale: float,
+    sources: torch.Tensor | None = None,
+    shared: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Each row's attention over its own first lengths[r] positions: q [rows, heads x D], keys and
     values one layer's cache [max_rows, kv_heads, capacity, D], query head h reading kv head
-    h // (heads / kv_heads); returns [rows, heads x D]."""
+    h // (heads / kv_heads); returns [rows, heads x D]. Where given, row r reads its first
+    shared[r] positions from row sources[r] (a row holding the same keys and values there: the
+    rows of one request share its prompt, which is then read from one place for all of them)."""
     rows = q.shape[0]
     _, kv_heads, capacity, dim = keys.shape
     heads = q.shape[1] // dim if dim else 0
@@ -104,10 +112,14 @@ def attention(
     _check("keys", keys, tuple(keys.shape))
     _check("values", values, tuple(keys.shape))
     _check("lengths", lengths, (rows,), torch.long)
+    if sources is None or shared is None:
+        sources, shared = torch.arange(rows), torch.zeros(rows, dtype=torch.long)
+    _check("sources", sources, (rows,), torch.long)
+    _check("shared", shared, (rows,), torch.long)
     out = torch.empty_like(q)
     _decode_ops.attention(
         out.data_ptr(), q.data_ptr(), keys.data_ptr(), values.data_ptr(), lengths.data_ptr(),
-        rows, kv_heads, heads // kv_heads, dim, capacity, scale,
+        sources.data_ptr(), shared.data_ptr(), rows, kv_heads, heads // kv_heads, dim, capacity, scale,
     )  # fmt: skip
     return out
 

@@ -100,6 +100,11 @@ class RowCache:
     blocks (`reserve`): then only the rows in use are copied, and a row is zeroed when `add_rows`
     claims it. Every position a row may be asked for is zero or written: masked positions still
     enter attention as 0 x value, and garbage could be NaN.
+
+    Each row also names a `source` row and how many leading positions it `shared` with it: the rows
+    a prefill fills hold the same prompt, and decode attention (decode_ops) reads a row's first
+    shared[r] positions from row source[r], so one copy of the prompt is read for all of them.
+    A row that leaves hands its followers to the first of them (each still holds its own copy).
     """
 
     def __init__(self, config: LlamaConfig, max_rows: int, max_positions: int, dtype: torch.dtype) -> None:
@@ -109,6 +114,8 @@ class RowCache:
         self.dtype = dtype
         self.rows = 0
         self.lengths = torch.zeros(max_rows, dtype=torch.long)
+        self.source = torch.arange(max_rows)
+        self.shared = torch.zeros(max_rows, dtype=torch.long)
         self.capacity = min(CACHE_BLOCK, max_positions)
         shape = (config.layers, max_rows, config.kv_heads, self.capacity, config.head_dim)
         self.keys, self.values = torch.zeros(shape, dtype=dtype), torch.zeros(shape, dtype=dtype)
@@ -136,20 +143,34 @@ class RowCache:
         first = self.rows
         self.rows += count
         self.lengths[first : self.rows] = 0
+        self.source[first : self.rows] = torch.arange(first, self.rows)
+        self.shared[first : self.rows] = 0
         self.keys[:, first : self.rows] = 0
         self.values[:, first : self.rows] = 0
         return range(first, self.rows)
 
+    def share(self, rows: range, positions: int) -> None:
+        """`rows` hold the same keys and values at their first `positions` positions (one prompt)."""
+        self.source[rows.start : rows.stop] = rows.start
+        self.shared[rows.start : rows.stop] = positions
+
     def remove_row(self, row: int) -> int | None:
         """Free `row` by moving the last row into it; returns the moved row's old index, if any."""
         last = self.rows - 1
+        source = self.source[: self.rows]
+        followers = [r for r in (source == row).nonzero()[:, 0].tolist() if r != row]
+        for follower in followers:  # the first follower holds the same prompt: the others read it there
+            source[follower] = followers[0]
         moved = None
         if row != last:
             length = int(self.lengths[last])
             self.keys[:, row, :, :length] = self.keys[:, last, :, :length]
             self.values[:, row, :, :length] = self.values[:, last, :, :length]
             self.lengths[row] = self.lengths[last]
+            source[source == last] = row
+            self.source[row], self.shared[row] = source[last], self.shared[last]
             moved = last
+        self.source[last], self.shared[last] = last, 0
         self.rows = last
         return moved
 
@@ -367,6 +388,7 @@ class Llama:
         last = -1
         for rows, length, start, kept, _ in plans:
             cache.lengths[rows.start : rows.stop] = length
+            cache.share(rows, length)
             kept.reused = start
             last += length - start
             results.append((last, kept))
@@ -396,6 +418,7 @@ class Llama:
         """The decode step on decode_ops: every row on its own; the residual stream x [R, hidden]."""
         c = self.config
         lengths = positions + 1
+        sources, shared = cache.source[: cache.rows], cache.shared[: cache.rows]
         x = self.embed[tokens].contiguous()
         for index, layer in enumerate(self.layers):
             keys, values = cache.keys[index], cache.values[index]
@@ -403,7 +426,7 @@ class Llama:
                 decode_ops.rms_norm(x, layer.attn_norm, c.rms_eps), layer.qkv, layer.blocks.get("qkv")
             )
             q = decode_ops.rope_store(qkv, self.cos, self.sin, positions, keys, values, c.heads)
-            attended = decode_ops.attention(q, keys, values, lengths, self.scale)
+            attended = decode_ops.attention(q, keys, values, lengths, self.scale, sources, shared)
             linear_add(x, attended, layer.out, layer.blocks.get("out"))
             gate_up = linear(
                 decode_ops.rms_norm(x, layer.mlp_norm, c.rms_eps), layer.gate_up, layer.blocks.get("gate_up")
