@@ -13,9 +13,10 @@
  * 20 bytes, a float16 scale d and minimum m and 4-bit q, each weight d * q + m; Q8_0: 32 weights in
  * 34 bytes, d and 8-bit q, each d * q). It dequantizes six weight rows at a time into a buffer
  * (L1 at K = 576) and multiplies them by every input row, two at a time with 12 accumulators (each
- * input row read from L2 once per six weight rows, not four; 3-5% faster a step than four here,
- * `python -m bench.matmul_layouts --steps`, with the same sums): a decode step then reads 0.625
- * (Q4_1) or 1.06 (Q8_0) bytes a weight from memory instead of 4. The dequantized values are the ones gguf-py computes (d * q rounded to
+ * input row read from L2 once per six weight rows, not four: the linear layers of a decode step
+ * took 3-5% less time at n = 1 / 8 / 32 than with four, timed against each other in one process
+ * on the AVX2 development machine, with the same sums). A decode step then reads 0.625 (Q4_1) or
+ * 1.06 (Q8_0) bytes a weight from memory instead of 4. The dequantized values are the ones gguf-py computes (d * q rounded to
  * float32, then + m rounded): this file is built with -ffp-contract=off, so that no compiler fuses
  * the two into one FMA, and `dequantize` gives the same float32 weights the dense path holds.
  *
