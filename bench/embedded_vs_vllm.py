@@ -25,6 +25,8 @@ embedding as the output layer), so bytes per step over the single-core read band
 the best of 5 sums over a 512 MiB tensor, one thread) bounds a step from below; printed beside the
 engine's mean step time at n = 8 (from its own step counters), for the bytes the engine reads (the
 GGUF's blocks where it multiplies from them) and for the same weights as float32 (or bf16) tensors.
+And the compute floor beside it: the multiply-adds of a step at n = 8 (2 x 8 x the weights) over the
+single-core rate of a one-thread `torch.mm` of 1024 x 1024 matrices of the same dtype.
 
 Threads: the engine steps with --threads torch threads; vLLM's OpenMP workers are bound to the
 same number of cores (VLLM_CPU_OMP_THREADS_BIND=0 for one, 0-(t-1) for more, OMP_NUM_THREADS=t).
@@ -258,6 +260,26 @@ def read_bandwidth() -> float:
         torch.set_num_threads(threads)
 
 
+def matmul_rate(dtype: str) -> float:
+    """Single-core multiply-add rate in FLOP/s: the best of 5 `torch.mm` of two 1024 x 1024 matrices
+    of `dtype`, one thread (MKL's or oneDNN's GEMM, close to the core's peak)."""
+    import torch
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        a = torch.randn(1024, 1024).to(getattr(torch, dtype))
+        torch.mm(a, a)
+        best = float("inf")
+        for _ in range(5):
+            start = time.perf_counter()
+            torch.mm(a, a)
+            best = min(best, time.perf_counter() - start)
+        return 2 * 1024**3 / best
+    finally:
+        torch.set_num_threads(threads)
+
+
 def weight_bytes_per_step(engine: EmbeddedEngine, dtype: str) -> tuple[int, int]:
     """Bytes of the weights one decode step reads: (as the engine holds them, as float32 or bf16
     tensors). Every layer's matrices and norms, the final norm, and the output layer (the tied
@@ -390,6 +412,14 @@ async def compare(args: argparse.Namespace, engine: EmbeddedEngine, url: str, pi
         f"/ {bandwidth / 1e9:.1f} GB/s single-core read = {floor:.1f} ms a step ({dense_bytes / 1e6:.0f} MB "
         f"as {args.dtype} tensors: {dense_floor:.1f} ms); the engine's mean step at n=8: {step_at_8:.1f} ms "
         f"({step_at_8 / floor:.2f}x the floor, {step_at_8 / dense_floor:.2f}x the {args.dtype} one)"
+    )
+    weights = dense_bytes // (4 if args.dtype == "float32" else 2)
+    rate = matmul_rate(args.dtype)
+    compute = 1000 * 2 * 8 * weights / rate
+    print(
+        f"compute floor: 2 x 8 rows x {weights / 1e6:.0f} M weights = {2 * 8 * weights / 1e9:.2f} GFLOP "
+        f"a step / {rate / 1e9:.0f} GFLOP/s (one-thread torch.mm, 1024^3 {args.dtype}) = {compute:.1f} ms; the "
+        f"engine's mean step at n=8 is {step_at_8 / compute:.2f}x it"
     )
     print(f"the idle vLLM server used {100 * idle_cpu / idle_wall:.0f}% of a core while the engine ran")
     print(f"load average at the end: {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
