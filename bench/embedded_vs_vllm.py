@@ -418,8 +418,8 @@ async def compare(args: argparse.Namespace, engine: EmbeddedEngine, url: str, pi
     compute = 1000 * 2 * 8 * weights / rate
     print(
         f"compute floor: 2 x 8 rows x {weights / 1e6:.0f} M weights = {2 * 8 * weights / 1e9:.2f} GFLOP "
-        f"a step / {rate / 1e9:.0f} GFLOP/s (one-thread torch.mm, 1024^3 {args.dtype}) = {compute:.1f} ms; the "
-        f"engine's mean step at n=8 is {step_at_8 / compute:.2f}x it"
+        f"a step / {rate / 1e9:.0f} GFLOP/s (one-thread torch.mm, 1024^3 {args.dtype}) = {compute:.1f} ms; "
+        f"the engine's mean step at n=8 is {step_at_8 / compute:.2f}x it"
     )
     print(f"the idle vLLM server used {100 * idle_cpu / idle_wall:.0f}% of a core while the engine ran")
     print(f"load average at the end: {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
