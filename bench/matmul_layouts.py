@@ -17,8 +17,10 @@ Each column also prints the largest difference from `F.linear`'s result. Then wh
 the bundled model (`--steps`): n rows prefilled with one prompt, then decode steps with the engine's
 linear layers on the rows kernel from the GGUF's Q4_1/Q8_0 blocks (what the engine runs), on the
 rows kernel from the float32 weights, and on `F.linear`, in alternating rounds, each round from the
-same cache length; the median step of each and its speed-up over `F.linear`. Run it on a quiet
-machine: the same shape measured minutes apart can move by more than the columns differ.
+same cache length; the median step of each and its speed-up over `F.linear`. The ops between the
+linear layers run as PyTorch ops in all three (`python -m bench.decode_ops` times the engine's C
+ops for them against those). Run it on a quiet machine: the same shape measured minutes apart can
+move by more than the columns differ.
 
 Usage: python -m bench.matmul_layouts [--rows 1,8,32] [--rounds 5] [--steps 1,8,32] [--step-rounds 6]
 """
@@ -34,6 +36,7 @@ import torch
 import torch.nn.functional as F
 from torch.utils import mkldnn
 
+from backend.engines.embedded import decode_ops
 from backend.engines.embedded import linear as engine_linear
 from backend.engines.embedded.model import Llama, LlamaConfig, RowCache
 from backend.engines.embedded.quantized import load_blocks
@@ -90,6 +93,8 @@ def decode_steps(
     }
     if not blocks:
         del models["GGUF blocks"]
+    # The ops between the linear layers as PyTorch ops in all three: they differ only in how they multiply.
+    decode_ops._BUILT = False
     tokenizer = AutoTokenizer.from_pretrained(folder.path)
     text = "Name three colours and say something about each."
     ids = template_token_ids(tokenizer, [{"role": "user", "content": text}])
@@ -123,6 +128,7 @@ def decode_steps(
             flush=True,
         )
     engine_linear.configure()
+    decode_ops._BUILT = decode_ops.built()
 
 
 def main() -> None:
