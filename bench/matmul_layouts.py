@@ -134,7 +134,7 @@ def decode_steps(
 def main() -> None:
     formatter = argparse.RawDescriptionHelpFormatter
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=formatter)
-    parser.add_argument("--rows", default="1,8,32")
+    parser.add_argument("--rows", default="1,8,32", help="row counts of the per-matrix table ('' for none)")
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--steps", default="1,8,32", help="row counts of whole decode steps ('' for none)")
     parser.add_argument("--step-rounds", type=int, default=6)
@@ -146,7 +146,7 @@ def main() -> None:
     config = LlamaConfig.from_hf(read_config(folder.path))
     print(f"torch {torch.__version__}, 1 thread, fp32; microseconds per call (best of {args.rounds} rounds)")
     with torch.inference_mode():
-        for rows in (int(r) for r in args.rows.split(",")):
+        for rows in (int(r) for r in args.rows.split(",") if r):
             for name, (out, inner) in config.fused_matrices().items():
                 w = torch.randn(out, inner) * 0.02
                 x = torch.randn(rows, inner)
