@@ -150,6 +150,17 @@ def test_the_engines_process_says_how_its_linear_layers_multiply(engine: Embedde
         assert said.startswith("PyTorch"), said
 
 
+def test_the_engines_process_keeps_freed_memory_for_its_next_step(engine: EmbeddedEngine) -> None:
+    """The child starts with glibc's allocator told to keep blocks of up to 32 MiB on its heap
+    (worker.CHILD_MALLOC): a step's [rows, vocabulary] tensors are not faulted in afresh each step."""
+    from backend.engines.embedded.worker import CHILD_MALLOC
+
+    environ = Path(f"/proc/{engine.worker_pid}/environ").read_bytes().split(b"\0")
+    for name, value in CHILD_MALLOC.items():
+        if name not in os.environ:  # a caller's own setting wins
+            assert f"{name}={value}".encode() in environ
+
+
 async def test_two_requests_share_decode_steps(engine: EmbeddedEngine) -> None:
     before = engine.health()["shared_steps"]
     results = await asyncio.gather(

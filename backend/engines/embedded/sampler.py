@@ -56,6 +56,14 @@ def _truncated(probs: torch.Tensor, rows: list[RowSampling], uniforms: torch.Ten
     return token_ids.gather(-1, _inverse_cdf(kept, uniforms)[:, None])[:, 0]
 
 
+def _rows(values: torch.Tensor, index: list[int]) -> torch.Tensor:
+    """The rows `index` of values [R, ...]: values itself where that is every row in order (no copy:
+    at 32 rows x 49,152 logits a copy costs milliseconds a step), else one `index_select`."""
+    if len(index) == values.shape[0] and index == list(range(len(index))):
+        return values
+    return values.index_select(0, torch.tensor(index, dtype=torch.long))
+
+
 def sample(logits: torch.Tensor, rows: list[RowSampling]) -> list[int]:
     """The next token of every row of `logits` [R, V] (float32)."""
     random_rows = [i for i, row in enumerate(rows) if row.temperature > 0]
@@ -64,20 +72,21 @@ def sample(logits: torch.Tensor, rows: list[RowSampling]) -> list[int]:
     tokens = torch.empty(len(rows), dtype=torch.long)
     greedy_rows = [i for i, row in enumerate(rows) if row.temperature <= 0]
     if greedy_rows:  # the argmax of the greedy rows only
-        greedy = torch.tensor(greedy_rows)
-        tokens[greedy] = logits[greedy].argmax(-1)
+        tokens[torch.tensor(greedy_rows)] = _rows(logits, greedy_rows).argmax(-1)
     chosen = [rows[i] for i in random_rows]
-    index = torch.tensor(random_rows)
-    temperatures = torch.tensor([row.temperature for row in chosen], dtype=logits.dtype)
-    probs = torch.softmax(logits[index] / temperatures[:, None], dim=-1)
+    scaled = _rows(logits, random_rows)
+    if any(row.temperature != 1.0 for row in chosen):  # x / 1 is x: no pass over the logits for it
+        scaled = scaled / torch.tensor([row.temperature for row in chosen], dtype=logits.dtype)[:, None]
+    probs = torch.softmax(scaled, dim=-1)
     uniforms = _draw(chosen)
-    plain = torch.tensor([row.top_k <= 0 and row.top_p >= 1.0 for row in chosen])
+    plain = [i for i, row in enumerate(chosen) if row.top_k <= 0 and row.top_p >= 1.0]
+    rest = [i for i, row in enumerate(chosen) if not (row.top_k <= 0 and row.top_p >= 1.0)]
     picked = torch.empty(len(chosen), dtype=torch.long)
-    if bool(plain.any()):
-        picked[plain] = _inverse_cdf(probs[plain], uniforms[plain])
-    if not bool(plain.all()):
-        rest = ~plain
-        subset = [row for row, is_plain in zip(chosen, plain.tolist(), strict=True) if not is_plain]
-        picked[rest] = _truncated(probs[rest], subset, uniforms[rest])
-    tokens[index] = picked
+    if plain:
+        at = torch.tensor(plain)
+        picked[at] = _inverse_cdf(_rows(probs, plain), uniforms[at])
+    if rest:
+        at = torch.tensor(rest)
+        picked[at] = _truncated(_rows(probs, rest), [chosen[i] for i in rest], uniforms[at])
+    tokens[torch.tensor(random_rows)] = picked
     return tokens.tolist()
