@@ -30,6 +30,7 @@ setup(
         Extension(
             "backend.engines.embedded._rows_linear",
             ["backend/engines/embedded/rows_linear.c"],
+            depends=["backend/engines/embedded/lane_sum.h"],
             # No contraction of a multiply and an add into one FMA: dequantized weights must be
             # the float32 values gguf-py computes (d * q rounded, then + m rounded).
             extra_compile_args=["-O3", "-ffp-contract=off"],
@@ -38,6 +39,7 @@ setup(
         Extension(
             "backend.engines.embedded._decode_ops",
             ["backend/engines/embedded/decode_ops.c"],
+            depends=["backend/engines/embedded/lane_sum.h"],
             # Rotary embedding as PyTorch rounds it: two rounded products, then a rounded sum.
             extra_compile_args=["-O3", "-ffp-contract=off"],
             optional=True,

@@ -28,15 +28,9 @@
 #define DECODE_OPS_X86 1
 #include <immintrin.h>
 
-#define TARGET __attribute__((target("avx2,fma")))
+#include "lane_sum.h"
 
-TARGET static inline float hsum(__m256 v) {
-    __m128 lo = _mm256_castps256_ps128(v);
-    lo = _mm_add_ps(lo, _mm256_extractf128_ps(v, 1));
-    lo = _mm_add_ps(lo, _mm_movehl_ps(lo, lo));
-    lo = _mm_add_ss(lo, _mm_shuffle_ps(lo, lo, 1));
-    return _mm_cvtss_f32(lo);
-}
+#define TARGET __attribute__((target("avx2,fma")))
 
 /* exp(x) for 8 floats (Cephes' expf): x = n ln 2 + r, |r| <= ln 2 / 2, exp(r) by a degree-6
  * polynomial, times 2^n. Inputs are clamped to [-87, 88], where 2^n stays a normal float. */

@@ -38,15 +38,9 @@ enum { KIND_Q4_1 = 1, KIND_Q8_0 = 2 };
 #define ROWS_LINEAR_X86 1
 #include <immintrin.h>
 
-#define TARGET __attribute__((target("avx2,fma,f16c")))
+#include "lane_sum.h"
 
-TARGET static inline float hsum(__m256 v) {
-    __m128 lo = _mm256_castps256_ps128(v);
-    lo = _mm_add_ps(lo, _mm256_extractf128_ps(v, 1));
-    lo = _mm_add_ps(lo, _mm_movehl_ps(lo, lo));
-    lo = _mm_add_ss(lo, _mm_shuffle_ps(lo, lo, 1));
-    return _mm_cvtss_f32(lo);
-}
+#define TARGET __attribute__((target("avx2,fma,f16c")))
 
 /* The dot product of a[0:K] and b[0:K], K a multiple of 8. */
 TARGET static float dot(const float *a, const float *b, Py_ssize_t K) {
@@ -59,84 +53,43 @@ TARGET static float dot(const float *a, const float *b, Py_ssize_t K) {
 /* y = v, or y += v where `add` (a residual connection summed into y, rounded as y + v). */
 static inline void put(float *y, float v, int add) { *y = add ? *y + v : v; }
 
-/* y[m, n..n+3] for every input row m: the products of x[M, K] with the four weight rows w0..w3
- * (added to y where `add`). */
-TARGET static void rows4(const float *x, const float *w0, const float *w1, const float *w2,
-                         const float *w3, float *y, Py_ssize_t M, Py_ssize_t N, Py_ssize_t K,
-                         Py_ssize_t n, int add) {
-    Py_ssize_t m = 0;
-    for (; m + 2 <= M; m += 2) {
-        const float *a0 = x + m * K, *a1 = a0 + K;
-        __m256 c00 = _mm256_setzero_ps(), c01 = c00, c02 = c00, c03 = c00;
-        __m256 c10 = c00, c11 = c00, c12 = c00, c13 = c00;
-        for (Py_ssize_t k = 0; k < K; k += 8) {
-            __m256 b0 = _mm256_loadu_ps(w0 + k), b1 = _mm256_loadu_ps(w1 + k);
-            __m256 b2 = _mm256_loadu_ps(w2 + k), b3 = _mm256_loadu_ps(w3 + k);
-            __m256 x0 = _mm256_loadu_ps(a0 + k), x1 = _mm256_loadu_ps(a1 + k);
-            c00 = _mm256_fmadd_ps(x0, b0, c00);
-            c01 = _mm256_fmadd_ps(x0, b1, c01);
-            c02 = _mm256_fmadd_ps(x0, b2, c02);
-            c03 = _mm256_fmadd_ps(x0, b3, c03);
-            c10 = _mm256_fmadd_ps(x1, b0, c10);
-            c11 = _mm256_fmadd_ps(x1, b1, c11);
-            c12 = _mm256_fmadd_ps(x1, b2, c12);
-            c13 = _mm256_fmadd_ps(x1, b3, c13);
-        }
-        float *y0 = y + m * N + n, *y1 = y0 + N;
-        put(y0, hsum(c00), add), put(y0 + 1, hsum(c01), add), put(y0 + 2, hsum(c02), add);
-        put(y0 + 3, hsum(c03), add), put(y1, hsum(c10), add), put(y1 + 1, hsum(c11), add);
-        put(y1 + 2, hsum(c12), add), put(y1 + 3, hsum(c13), add);
-    }
-    for (; m < M; m++) {
-        const float *a0 = x + m * K;
-        __m256 c0 = _mm256_setzero_ps(), c1 = c0, c2 = c0, c3 = c0;
-        for (Py_ssize_t k = 0; k < K; k += 8) {
-            __m256 x0 = _mm256_loadu_ps(a0 + k);
-            c0 = _mm256_fmadd_ps(x0, _mm256_loadu_ps(w0 + k), c0);
-            c1 = _mm256_fmadd_ps(x0, _mm256_loadu_ps(w1 + k), c1);
-            c2 = _mm256_fmadd_ps(x0, _mm256_loadu_ps(w2 + k), c2);
-            c3 = _mm256_fmadd_ps(x0, _mm256_loadu_ps(w3 + k), c3);
-        }
-        float *y0 = y + m * N + n;
-        put(y0, hsum(c0), add), put(y0 + 1, hsum(c1), add), put(y0 + 2, hsum(c2), add);
-        put(y0 + 3, hsum(c3), add);
-    }
-}
-
-/* y[m, n..n+5] for every input row m: the products of x[M, K] with six weight rows at w (K apart),
- * two input rows at a time (12 accumulators); each output summed as `rows4` sums it. */
-TARGET static void rows6(const float *x, const float *w, float *y, Py_ssize_t M, Py_ssize_t N, Py_ssize_t K,
-                         Py_ssize_t n, int add) {
+/* y[m, n..n+count-1] for every input row m (added to y where `add`): the products of x[M, K] with
+ * `count` weight rows at w, K apart, two input rows at a time (2 x count accumulators). Each output
+ * is summed over k in eight lanes, then across: the same sums whatever `count`. Inlined where called
+ * with a constant count (4 or 6), so that the accumulators stay in registers. */
+TARGET static inline __attribute__((always_inline)) void rows_of(const float *x, const float *w, float *y,
+                                                                 Py_ssize_t M, Py_ssize_t N, Py_ssize_t K,
+                                                                 Py_ssize_t n, int add, const int count) {
     Py_ssize_t m = 0;
     for (; m + 2 <= M; m += 2) {
         const float *a0 = x + m * K, *a1 = a0 + K;
         __m256 c0[6], c1[6];
-        for (int j = 0; j < 6; j++)
+        for (int j = 0; j < count; j++)
             c0[j] = c1[j] = _mm256_setzero_ps();
         for (Py_ssize_t k = 0; k < K; k += 8) {
             const __m256 x0 = _mm256_loadu_ps(a0 + k), x1 = _mm256_loadu_ps(a1 + k);
-            for (int j = 0; j < 6; j++) {
+            for (int j = 0; j < count; j++) {
                 const __m256 b = _mm256_loadu_ps(w + j * K + k);
                 c0[j] = _mm256_fmadd_ps(x0, b, c0[j]);
                 c1[j] = _mm256_fmadd_ps(x1, b, c1[j]);
             }
         }
         float *y0 = y + m * N + n, *y1 = y0 + N;
-        for (int j = 0; j < 6; j++)
+        for (int j = 0; j < count; j++)
             put(y0 + j, hsum(c0[j]), add), put(y1 + j, hsum(c1[j]), add);
     }
     for (; m < M; m++) {
         const float *a0 = x + m * K;
         __m256 c0[6];
-        for (int j = 0; j < 6; j++)
+        for (int j = 0; j < count; j++)
             c0[j] = _mm256_setzero_ps();
         for (Py_ssize_t k = 0; k < K; k += 8) {
             const __m256 x0 = _mm256_loadu_ps(a0 + k);
-            for (int j = 0; j < 6; j++)
+            for (int j = 0; j < count; j++)
                 c0[j] = _mm256_fmadd_ps(x0, _mm256_loadu_ps(w + j * K + k), c0[j]);
         }
         float *y0 = y + m * N + n;
-        for (int j = 0; j < 6; j++)
+        for (int j = 0; j < count; j++)
             put(y0 + j, hsum(c0[j]), add);
     }
 }
@@ -145,8 +98,7 @@ TARGET static void linear_nt(const float *x, const float *w, float *y, Py_ssize_
                              Py_ssize_t K, int add) {
     Py_ssize_t n = 0;
     for (; n + 4 <= N; n += 4) {
-        const float *w0 = w + n * K;
-        rows4(x, w0, w0 + K, w0 + 2 * K, w0 + 3 * K, y, M, N, K, n, add);
+        rows_of(x, w + n * K, y, M, N, K, n, add, 4);
     }
     for (; n < N; n++)
         for (Py_ssize_t m = 0; m < M; m++)
@@ -198,13 +150,13 @@ TARGET static void linear_blocks_nt(const float *x, const uint8_t *w, int kind, 
     for (; n + 6 <= N; n += 6) {
         for (int j = 0; j < 6; j++)
             dequantize_row(w + (n + j) * row, kind, scratch + j * K, K);
-        rows6(x, scratch, y, M, N, K, n, add);
+        rows_of(x, scratch, y, M, N, K, n, add, 6);
     }
     for (; n + 4 <= N; n += 4) {
         const uint8_t *r = w + n * row;
         for (int j = 0; j < 4; j++)
             dequantize_row(r + j * row, kind, scratch + j * K, K);
-        rows4(x, scratch, scratch + K, scratch + 2 * K, scratch + 3 * K, y, M, N, K, n, add);
+        rows_of(x, scratch, y, M, N, K, n, add, 4);
     }
     for (; n < N; n++) {
         dequantize_row(w + n * row, kind, scratch, K);
