@@ -94,7 +94,7 @@ def decode_steps(
     if not blocks:
         del models["GGUF blocks"]
     # The ops between the linear layers as PyTorch ops in all three: they differ only in how they multiply.
-    decode_ops._BUILT = False
+    decode_ops.configure(allow=False)
     tokenizer = AutoTokenizer.from_pretrained(folder.path)
     text = "Name three colours and say something about each."
     ids = template_token_ids(tokenizer, [{"role": "user", "content": text}])
@@ -128,7 +128,7 @@ def decode_steps(
             flush=True,
         )
     engine_linear.configure()
-    decode_ops._BUILT = decode_ops.built()
+    decode_ops.configure()
 
 
 def main() -> None:

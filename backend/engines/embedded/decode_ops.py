@@ -30,13 +30,20 @@ def built() -> bool:
     return _decode_ops is not None and _decode_ops.available()
 
 
-_BUILT = built()
+_on = built()
+
+
+def configure(allow: bool = True) -> None:
+    """Let decode steps use these ops where they can (the default), or keep them to the PyTorch step
+    (`allow=False`, for comparisons), as `linear.configure` does for the rows kernel."""
+    global _on
+    _on = allow and built()
 
 
 def usable(dtype: torch.dtype) -> bool:
     """Whether a decode step of `dtype` runs on these ops: float32 with the rows kernel on (the step
     then computes every row on its own, linear layers included)."""
-    return _BUILT and rows_independent(dtype)
+    return _on and rows_independent(dtype)
 
 
 def _check(

@@ -406,11 +406,12 @@ class Llama:
         runs in PyTorch, with a mask over the longest row's positions."""
         rows = cache.rows
         positions = cache.lengths[:rows].clone()
-        cache.reserve(int(positions.max()) + 1)
+        longest = int(positions.max()) + 1
+        cache.reserve(longest)
         if decode_ops.usable(self.dtype):
             x = self._decode_rows(tokens, cache, positions)
         else:
-            x = self._decode_masked(tokens, cache, positions)
+            x = self._decode_masked(tokens, cache, positions, longest)
         cache.lengths[:rows] += 1
         return self._logits(x)
 
@@ -434,11 +435,13 @@ class Llama:
             linear_add(x, decode_ops.silu_mul(gate_up), layer.down, layer.blocks.get("down"))
         return x
 
-    def _decode_masked(self, tokens: torch.Tensor, cache: RowCache, positions: torch.Tensor) -> torch.Tensor:
-        """The decode step in PyTorch: attention masked to each row's positions; the residual stream."""
+    def _decode_masked(
+        self, tokens: torch.Tensor, cache: RowCache, positions: torch.Tensor, longest: int
+    ) -> torch.Tensor:
+        """The decode step in PyTorch: attention masked to each row's positions (the longest row's
+        `longest` of them); the residual stream."""
         c = self.config
         rows = cache.rows
-        longest = int(positions.max()) + 1
         row_index = torch.arange(rows)
         # Row r sees its own positions 0..positions[r] only.
         visible = (torch.arange(longest)[None, :] <= positions[:, None])[:, None, None, :]

@@ -79,8 +79,9 @@ def sample(logits: torch.Tensor, rows: list[RowSampling]) -> list[int]:
         scaled = scaled / torch.tensor([row.temperature for row in chosen], dtype=logits.dtype)[:, None]
     probs = torch.softmax(scaled, dim=-1)
     uniforms = _draw(chosen)
-    plain = [i for i, row in enumerate(chosen) if row.top_k <= 0 and row.top_p >= 1.0]
-    rest = [i for i, row in enumerate(chosen) if not (row.top_k <= 0 and row.top_p >= 1.0)]
+    untruncated = [row.top_k <= 0 and row.top_p >= 1.0 for row in chosen]
+    plain = [i for i, whole in enumerate(untruncated) if whole]
+    rest = [i for i, whole in enumerate(untruncated) if not whole]
     picked = torch.empty(len(chosen), dtype=torch.long)
     if plain:
         at = torch.tensor(plain)
