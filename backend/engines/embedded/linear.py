@@ -21,7 +21,7 @@ import os
 import torch
 import torch.nn.functional as F
 
-from backend.engines.embedded.quantized import BlockMatrix
+from backend.engines.embedded.quantized import PackedMatrix
 
 try:
     from backend.engines.embedded import _rows_linear
@@ -63,9 +63,9 @@ def rows_independent(dtype: torch.dtype) -> bool:
     return _enabled and dtype == torch.float32
 
 
-def linear(x: torch.Tensor, weight: torch.Tensor, blocks: BlockMatrix | None = None) -> torch.Tensor:
+def linear(x: torch.Tensor, weight: torch.Tensor, blocks: PackedMatrix | None = None) -> torch.Tensor:
     """x[..., K] @ weight[N, K]^T, as `F.linear(x, weight)`; through the kernel from `blocks` (the
-    same weights as GGUF blocks, `quantized.read_blocks`) where given."""
+    same weights as GGUF blocks, `quantized.read_blocks`, packed) where given."""
     flat = _kernel_rows(x, weight)
     if flat is None:
         return F.linear(x, weight)
@@ -75,7 +75,7 @@ def linear(x: torch.Tensor, weight: torch.Tensor, blocks: BlockMatrix | None = N
 
 
 def linear_add(
-    y: torch.Tensor, x: torch.Tensor, weight: torch.Tensor, blocks: BlockMatrix | None = None
+    y: torch.Tensor, x: torch.Tensor, weight: torch.Tensor, blocks: PackedMatrix | None = None
 ) -> None:
     """y += x @ weight^T in place (a residual connection), y[rows, N] contiguous, x[rows, K]: each
     sum rounded as `y + linear(x, weight)` rounds it, without the intermediate tensor."""
@@ -103,11 +103,14 @@ def _kernel_rows(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor | None:
 
 
 def _product(
-    out: torch.Tensor, flat: torch.Tensor, weight: torch.Tensor, blocks: BlockMatrix | None, add: bool
+    out: torch.Tensor, flat: torch.Tensor, weight: torch.Tensor, blocks: PackedMatrix | None, add: bool
 ) -> None:
     rows, (n, k) = flat.shape[0], weight.shape
     if blocks is not None:
-        _rows_linear.linear_blocks(
+        if (blocks.out_features, blocks.in_features) != (n, k):
+            shape = f"{blocks.out_features} x {blocks.in_features}"
+            raise ValueError(f"blocks of {shape} for a weight of {n} x {k}")
+        _rows_linear.linear_packed(
             out.data_ptr(), flat.data_ptr(), blocks.data.data_ptr(), blocks.code, rows, n, k, add
         )
     else:

@@ -18,9 +18,9 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from backend.engines.embedded import decode_ops
+from backend.engines.embedded import decode_ops, pages
 from backend.engines.embedded.linear import linear, linear_add
-from backend.engines.embedded.quantized import BlockMatrix, concat
+from backend.engines.embedded.quantized import BlockMatrix, PackedMatrix, concat
 
 CACHE_BLOCK = 256
 """The cache grows along the sequence in steps of this many positions (each growth copies it)."""
@@ -86,8 +86,9 @@ class LayerWeights:
     mlp_norm: torch.Tensor
     gate_up: torch.Tensor
     down: torch.Tensor
-    blocks: dict[str, BlockMatrix] = field(default_factory=dict)
-    """The same weights as GGUF blocks, where the model has them: "qkv", "out", "gate_up", "down"."""
+    blocks: dict[str, PackedMatrix] = field(default_factory=dict)
+    """The same weights as GGUF blocks (packed for the kernel), where the model has them: "qkv",
+    "out", "gate_up", "down"."""
 
 
 class RowCache:
@@ -118,7 +119,7 @@ class RowCache:
         self.shared = torch.zeros(max_rows, dtype=torch.long)
         self.capacity = min(CACHE_BLOCK, max_positions)
         shape = (config.layers, max_rows, config.kv_heads, self.capacity, config.head_dim)
-        self.keys, self.values = torch.zeros(shape, dtype=dtype), torch.zeros(shape, dtype=dtype)
+        self.keys, self.values = pages.zeros(shape, dtype), pages.zeros(shape, dtype)
 
     def reserve(self, positions: int) -> None:
         """Make room for `positions` positions per row (grows by blocks, at least doubling)."""
@@ -129,7 +130,7 @@ class RowCache:
         blocks = min(-(-max(positions, 2 * self.capacity) // CACHE_BLOCK) * CACHE_BLOCK, self.max_positions)
         c = self.config
         shape = (c.layers, self.max_rows, c.kv_heads, blocks, c.head_dim)
-        keys, values = torch.empty(shape, dtype=self.dtype), torch.empty(shape, dtype=self.dtype)
+        keys, values = pages.empty(shape, self.dtype), pages.empty(shape, self.dtype)
         live, old = self.rows, self.capacity
         for new, current in ((keys, self.keys), (values, self.values)):
             new[:, :live, :, :old] = current[:, :live]
@@ -241,7 +242,8 @@ class Llama:
         self.embed = weight("model.embed_tokens.weight")
         self.lm_head = self.embed if config.tie_embeddings else weight("lm_head.weight")
         head = "model.embed_tokens.weight" if config.tie_embeddings else "lm_head.weight"
-        self.lm_head_blocks = blocks.get(head)
+        head_blocks = blocks.get(head)
+        self.lm_head_blocks = head_blocks.packed() if head_blocks is not None else None
         self.final_norm = weight("model.norm.weight")
         self.layers = []
         for i in range(config.layers):
@@ -271,8 +273,8 @@ class Llama:
         self.scale = config.head_dim**-0.5
 
     @staticmethod
-    def _layer_blocks(blocks: dict[str, BlockMatrix], prefix: str) -> dict[str, BlockMatrix]:
-        """A layer's matrices as blocks, fused as its tensors are; those it lacks are left out."""
+    def _layer_blocks(blocks: dict[str, BlockMatrix], prefix: str) -> dict[str, PackedMatrix]:
+        """A layer's matrices as packed blocks, fused as its tensors are; those it lacks are left out."""
 
         def get(name: str) -> BlockMatrix | None:
             return blocks.get(prefix + name + ".weight")
@@ -283,7 +285,7 @@ class Llama:
             "gate_up": concat([get("mlp.gate_proj"), get("mlp.up_proj")]),
             "down": get("mlp.down_proj"),
         }
-        return {name: matrix for name, matrix in fused.items() if matrix is not None}
+        return {name: matrix.packed() for name, matrix in fused.items() if matrix is not None}
 
     def block_bytes(self) -> tuple[int, int]:
         """(bytes a decode step reads from GGUF blocks, bytes it reads as float32 weights)."""

@@ -42,6 +42,9 @@ are every *.safetensors file at the top, weights.read_tensors)."""
 BLOCK_WEIGHTS = 32
 """Weights per block, in every kind used here."""
 
+PANEL_ROWS = 24
+"""Weight rows the kernel multiplies together, a packed group (rows_linear.c's PANEL)."""
+
 KINDS = {"Q4_1": (1, 20), "Q8_0": (2, 34)}
 """GGUF block kind -> (the kernel's number for it, bytes per block of 32 weights)."""
 
@@ -102,12 +105,62 @@ class BlockMatrix:
         return self.data.numel()
 
     def dequantize(self) -> torch.Tensor:
-        """The float32 weights [out_features, in_features], as gguf-py computes them."""
+        """The float32 weights [out_features, in_features], as gguf-py computes them (by the code the
+        kernel multiplies with)."""
         from backend.engines.embedded import _rows_linear
 
         out = torch.empty(self.out_features, self.in_features, dtype=torch.float32)
         _rows_linear.dequantize(out.data_ptr(), self.data.data_ptr(), self.code, *out.shape)
         return out
+
+    def packed(self) -> PackedMatrix:
+        """The blocks regrouped as the kernel multiplies them (`PackedMatrix`)."""
+        from backend.engines.embedded import _rows_linear
+
+        if _rows_linear.PANEL_ROWS != PANEL_ROWS:
+            raise RuntimeError(f"the kernel packs {_rows_linear.PANEL_ROWS} rows a group, not {PANEL_ROWS}")
+        rows, width = self.out_features, self.in_features
+        data = torch.empty(-(-rows // PANEL_ROWS), PANEL_ROWS * self.data.shape[1], dtype=torch.uint8)
+        _rows_linear.pack(data.data_ptr(), self.data.data_ptr(), self.code, rows, width)
+        return PackedMatrix(data, self.kind, rows, width)
+
+
+@dataclass(frozen=True)
+class PackedMatrix:
+    """A `BlockMatrix`'s blocks as the rows kernel reads them: the rows in groups of `PANEL_ROWS`
+    (24), each group's blocks of the same 32 columns side by side, scales first, then each column's
+    quantized weights for the group's rows together (rows_linear.c, `pack_nt`). The kernel
+    dequantizes a group's column of 24 weights with a few vector operations, into the layout its
+    tiles multiply by (each input row's value of a column broadcast against 24 weights)."""
+
+    data: torch.Tensor
+    """uint8 [groups, in_features / 32 * PANEL_ROWS * block bytes], contiguous."""
+    kind: str
+    out_features: int
+    in_features: int
+
+    def __post_init__(self) -> None:
+        # As for BlockMatrix: the kernel reads every group's bytes from `data`'s address.
+        if self.kind not in KINDS or self.in_features <= 0 or self.in_features % BLOCK_WEIGHTS:
+            kinds = "/".join(KINDS)
+            raise ValueError(f"not a {kinds} matrix of whole blocks: {self.kind}, {self.in_features}")
+        shape = (
+            -(-self.out_features // PANEL_ROWS),
+            self.in_features // BLOCK_WEIGHTS * KINDS[self.kind][1] * PANEL_ROWS,
+        )
+        if self.data.dtype != torch.uint8 or tuple(self.data.shape) != shape or not self.data.is_contiguous():
+            rows = self.out_features
+            raise ValueError(f"packed {self.kind} groups of {rows} rows take {shape}, not {self.data.shape}")
+
+    @property
+    def code(self) -> int:
+        """The kernel's number for `kind`."""
+        return KINDS[self.kind][0]
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes a product reads (the last group's rows past out_features included)."""
+        return self.data.numel()
 
 
 def concat(parts: list[BlockMatrix | None]) -> BlockMatrix | None:
