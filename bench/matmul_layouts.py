@@ -13,7 +13,11 @@ does not depend on them) and each row count, the best of 5 rounds of:
 - rows kernel: the engine's own AVX2 kernel for few rows (backend/engines/embedded/linear.py), the
   weight as stored; shown where its C part is built and the CPU has AVX2 and FMA.
 
-Each column also prints the largest difference from `F.linear`'s result. Then whole decode steps of
+Each column also prints the largest difference from `F.linear`'s result. With `--blocks`, the rows
+kernel on the bundled model's own GGUF blocks (packed as the engine packs them: layer 0's fused
+matrices and the output layer) at each row count, in microseconds and GFLOP/s (2 x rows x weights
+per call), beside what a one-thread `torch.mm` of 1024 x 1024 float32 matrices reaches just before
+and after (this machine's speed moves within minutes). Then whole decode steps of
 the bundled model (`--steps`): n rows prefilled with one prompt, then decode steps with the engine's
 linear layers on the rows kernel from the GGUF's Q4_1/Q8_0 blocks (what the engine runs), on the
 rows kernel from the float32 weights, and on `F.linear`, in alternating rounds, each round from the
@@ -22,7 +26,8 @@ linear layers run as PyTorch ops in all three (`python -m bench.decode_ops` time
 ops for them against those). Run it on a quiet machine: the same shape measured minutes apart can
 move by more than the columns differ.
 
-Usage: python -m bench.matmul_layouts [--rows 1,8,32] [--rounds 5] [--steps 1,8,32] [--step-rounds 6]
+Usage: python -m bench.matmul_layouts [--rows 1,8,32] [--rounds 5] [--blocks 1,8,32] [--steps 1,8,32]
+                                      [--step-rounds 6]
 """
 
 from __future__ import annotations
@@ -73,6 +78,34 @@ def layouts(x: torch.Tensor, w: torch.Tensor) -> dict[str, Callable[[], torch.Te
     if engine_linear.kernel_status()[0] and x.shape[0] <= engine_linear.KERNEL_MAX_ROWS:
         found["rows kernel"] = lambda: engine_linear.linear(x, w)
     return found
+
+
+def mm_rate(rounds: int) -> float:
+    """GFLOP/s of a one-thread float32 `torch.mm` of two 1024 x 1024 matrices (best of `rounds`)."""
+    a, b = torch.randn(1024, 1024), torch.randn(1024, 1024)
+    return 2 * 1024**3 / best_us(lambda: torch.mm(a, b), rounds, 1) / 1e3
+
+
+def block_rates(folder: ModelFolder, config: LlamaConfig, rows_list: list[int], rounds: int) -> None:
+    """The rows kernel on the bundled model's packed GGUF blocks: microseconds and GFLOP/s per
+    matrix and row count, beside torch.mm's rate."""
+    tensors = read_tensors(folder.path)
+    model = Llama(config, tensors, torch.float32, load_blocks(folder.path, folder.gguf, tensors))
+    layer = model.layers[0]
+    matrices = {name: (getattr(layer, name), layer.blocks[name]) for name in layer.blocks}
+    if model.lm_head_blocks is not None:
+        matrices["output"] = (model.lm_head, model.lm_head_blocks)
+    print(f"GGUF blocks in the rows kernel; torch.mm 1024^3 before: {mm_rate(rounds):.0f} GFLOP/s")
+    for rows in rows_list:
+        cells = []
+        for name, (dense, packed) in matrices.items():
+            x = torch.randn(rows, dense.shape[1])
+            calls = max(2, int(3e6 // dense.numel()))
+            us = best_us(lambda: engine_linear.linear(x, dense, packed), rounds, calls)  # noqa: B023
+            gflops = 2 * rows * dense.numel() / us / 1e3
+            cells.append(f"{name} {dense.shape[0]}x{dense.shape[1]} {packed.kind} {us:7.0f} us {gflops:4.1f}")
+        print(f"rows {rows:>2}  " + "  ".join(cells) + "  (us per call, GFLOP/s)", flush=True)
+    print(f"torch.mm 1024^3 after: {mm_rate(rounds):.0f} GFLOP/s")
 
 
 def decode_steps(
@@ -136,6 +169,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=formatter)
     parser.add_argument("--rows", default="1,8,32", help="row counts of the per-matrix table ('' for none)")
     parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--blocks", default="1,8,32", help="row counts of the blocks' table ('' for none)")
     parser.add_argument("--steps", default="1,8,32", help="row counts of whole decode steps ('' for none)")
     parser.add_argument("--step-rounds", type=int, default=6)
     args = parser.parse_args()
@@ -158,6 +192,8 @@ def main() -> None:
                     diff = (call() - reference).abs().max().item()
                     cells.append(f"{label} {us:9.0f} (diff {diff:.0e})")
                 print(f"rows {rows:>2}  {name:<24} {out:>5} x {inner:<4}  " + "  ".join(cells), flush=True)
+        if args.blocks and folder.gguf:
+            block_rates(folder, config, [int(r) for r in args.blocks.split(",")], args.rounds)
         if args.steps:
             decode_steps(folder, config, [int(r) for r in args.steps.split(",")], args.step_rounds)
 

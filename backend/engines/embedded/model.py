@@ -12,6 +12,8 @@ float32 tensor, fused the same way, and `linear` multiplies few rows from those.
 
 from __future__ import annotations
 
+import logging
+import time
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -21,6 +23,8 @@ import torch.nn.functional as F
 from backend.engines.embedded import decode_ops, pages
 from backend.engines.embedded.linear import linear, linear_add
 from backend.engines.embedded.quantized import BlockMatrix, PackedMatrix, concat
+
+log = logging.getLogger("backend.embedded")
 
 CACHE_BLOCK = 256
 """The cache grows along the sequence in steps of this many positions (each growth copies it)."""
@@ -242,6 +246,7 @@ class Llama:
         self.embed = weight("model.embed_tokens.weight")
         self.lm_head = self.embed if config.tie_embeddings else weight("lm_head.weight")
         head = "model.embed_tokens.weight" if config.tie_embeddings else "lm_head.weight"
+        started = time.perf_counter()
         head_blocks = blocks.get(head)
         self.lm_head_blocks = head_blocks.packed() if head_blocks is not None else None
         self.final_norm = weight("model.norm.weight")
@@ -261,6 +266,9 @@ class Llama:
                     blocks=self._layer_blocks(blocks, p),
                 )
             )
+        if blocks:
+            took = time.perf_counter() - started
+            log.info("layers fused and GGUF blocks packed for the rows kernel in %.2f s", took)
         inv_freq = 1.0 / (
             config.rope_theta ** (torch.arange(0, config.head_dim, 2, dtype=torch.float32) / config.head_dim)
         )
