@@ -7,7 +7,8 @@ with its own length. `prefill` runs one prompt once and copies its keys and valu
 computed); `decode` advances every row by one token in a single batch. Weights are
 fused (q, k and v in one matrix; gate and up in another) so a layer is a handful of large matmuls.
 Given the same weights as GGUF blocks (`quantized.read_blocks`), each matrix keeps them beside its
-float32 tensor, fused the same way, and `linear` multiplies few rows from those.
+float32 tensor, fused the same way and packed for the rows kernel (`BlockMatrix.packed`), and
+`linear` multiplies few rows from those.
 """
 
 from __future__ import annotations

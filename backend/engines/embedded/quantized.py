@@ -3,8 +3,8 @@
 SmolLM2-135M ships as a GGUF whose layers are Q4_1 blocks and whose embedding (also the output
 layer) is Q8_0: 96 MB, against 538 MB for the same weights as float32. The engine holds the float32
 weights the conversion wrote (weights.py), and beside them, for the matrices a decode step
-multiplies, the GGUF's blocks: the rows kernel then dequantizes each block as it multiplies, and a
-step reads a sixth of the bytes from memory.
+multiplies, the GGUF's blocks, regrouped once for the kernel (`PackedMatrix`): the rows kernel
+dequantizes each group as it multiplies, and a step reads a sixth of the bytes from memory.
 
 The blocks are used only where they are exactly the weights the engine holds. `read_blocks`
 dequantizes every matrix of the GGUF (with the kernel's own code, which gives gguf-py's values bit
