@@ -61,6 +61,7 @@ from backend.engines.base import Prompt
 from backend.engines.embedded import EmbeddedEngine
 from backend.engines.embedded.scheduler import DecodeParams
 from bench.embedded import PeakMemory
+from bench.matmul_layouts import matmul_rate
 from devkit.local import CONVERTED_MODEL as MODEL
 from devkit.local import ENGINE_CACHE as CACHE
 from devkit.local import SERVED_NAME, SERVER_START_S, free_port, stop_process_group, wait_for_http
@@ -256,26 +257,6 @@ def read_bandwidth() -> float:
             data.sum()
             best = min(best, time.perf_counter() - start)
         return data.numel() * data.element_size() / best
-    finally:
-        torch.set_num_threads(threads)
-
-
-def matmul_rate(dtype: str) -> float:
-    """Single-core multiply-add rate in FLOP/s: the best of 5 `torch.mm` of two 1024 x 1024 matrices
-    of `dtype`, one thread (MKL's or oneDNN's GEMM, close to the core's peak)."""
-    import torch
-
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        a = torch.randn(1024, 1024).to(getattr(torch, dtype))
-        torch.mm(a, a)
-        best = float("inf")
-        for _ in range(5):
-            start = time.perf_counter()
-            torch.mm(a, a)
-            best = min(best, time.perf_counter() - start)
-        return 2 * 1024**3 / best
     finally:
         torch.set_num_threads(threads)
 

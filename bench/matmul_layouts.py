@@ -80,10 +80,16 @@ def layouts(x: torch.Tensor, w: torch.Tensor) -> dict[str, Callable[[], torch.Te
     return found
 
 
-def mm_rate(rounds: int) -> float:
-    """GFLOP/s of a one-thread float32 `torch.mm` of two 1024 x 1024 matrices (best of `rounds`)."""
-    a, b = torch.randn(1024, 1024), torch.randn(1024, 1024)
-    return 2 * 1024**3 / best_us(lambda: torch.mm(a, b), rounds, 1) / 1e3
+def matmul_rate(dtype: str = "float32", rounds: int = 5) -> float:
+    """Single-core multiply-add rate in FLOP/s: the best of `rounds` `torch.mm` of two 1024 x 1024
+    matrices of `dtype`, one thread (MKL's or oneDNN's GEMM, close to the core's peak)."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        a = torch.randn(1024, 1024).to(getattr(torch, dtype))
+        return 2 * 1024**3 / (best_us(lambda: torch.mm(a, a), rounds, 1) / 1e6)
+    finally:
+        torch.set_num_threads(threads)
 
 
 def block_rates(folder: ModelFolder, config: LlamaConfig, rows_list: list[int], rounds: int) -> None:
@@ -95,7 +101,8 @@ def block_rates(folder: ModelFolder, config: LlamaConfig, rows_list: list[int], 
     matrices = {name: (getattr(layer, name), layer.blocks[name]) for name in layer.blocks}
     if model.lm_head_blocks is not None:
         matrices["output"] = (model.lm_head, model.lm_head_blocks)
-    print(f"GGUF blocks in the rows kernel; torch.mm 1024^3 before: {mm_rate(rounds):.0f} GFLOP/s")
+    before = matmul_rate(rounds=rounds) / 1e9
+    print(f"GGUF blocks in the rows kernel; torch.mm 1024^3 before: {before:.0f} GFLOP/s")
     for rows in rows_list:
         cells = []
         for name, (dense, packed) in matrices.items():
@@ -105,7 +112,7 @@ def block_rates(folder: ModelFolder, config: LlamaConfig, rows_list: list[int], 
             gflops = 2 * rows * dense.numel() / us / 1e3
             cells.append(f"{name} {dense.shape[0]}x{dense.shape[1]} {packed.kind} {us:7.0f} us {gflops:4.1f}")
         print(f"rows {rows:>2}  " + "  ".join(cells) + "  (us per call, GFLOP/s)", flush=True)
-    print(f"torch.mm 1024^3 after: {mm_rate(rounds):.0f} GFLOP/s")
+    print(f"torch.mm 1024^3 after: {matmul_rate(rounds=rounds) / 1e9:.0f} GFLOP/s")
 
 
 def decode_steps(

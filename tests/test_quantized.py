@@ -265,3 +265,18 @@ def test_packed_blocks_of_another_matrix_are_refused(kernel: None, weights: tupl
     packed = blocks["model.layers.0.self_attn.o_proj.weight"].packed()
     with pytest.raises(ValueError, match="blocks of 576 x 576 for a weight of 1536 x 576"):
         engine_linear.linear(torch.randn(2, 576), tensors["model.layers.0.mlp.up_proj.weight"], packed)
+
+
+def test_the_kernels_calls_refuse_negative_sizes_with_a_value_error(kernel: None) -> None:
+    """The C part checks what it is given before it reads an address (a negative count is an error
+    that says so, not a crash)."""
+    from backend.engines.embedded import _rows_linear
+
+    with pytest.raises(ValueError, match="N must be >= 0"):
+        _rows_linear.pack(0, 0, 1, -1, 32)
+    with pytest.raises(ValueError, match="N must be >= 0"):
+        _rows_linear.dequantize(0, 0, 1, -1, 32)
+    with pytest.raises(ValueError, match="M and N must be >= 0"):
+        _rows_linear.linear_packed(0, 0, 0, 1, -1, 24, 32)
+    with pytest.raises(ValueError, match="K a multiple of 32"):
+        _rows_linear.pack(0, 0, 1, 24, 31)

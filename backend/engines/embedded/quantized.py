@@ -66,6 +66,14 @@ def blocks_allowed() -> bool:
     return os.environ.get("DASHBOARD_GGUF_BLOCKS", "1") != "0"
 
 
+def row_bytes(kind: str, in_features: int) -> int:
+    """Bytes of a row of `in_features` weights as blocks of `kind`; a ValueError unless `kind` is
+    one of KINDS and the row whole blocks."""
+    if kind not in KINDS or in_features <= 0 or in_features % BLOCK_WEIGHTS:
+        raise ValueError(f"not a {'/'.join(KINDS)} matrix of whole blocks: {kind}, {in_features}")
+    return in_features // BLOCK_WEIGHTS * KINDS[kind][1]
+
+
 @dataclass(frozen=True)
 class BlockMatrix:
     """A weight matrix [out_features, in_features] as quantized blocks: row r is `data[r]`,
@@ -79,11 +87,7 @@ class BlockMatrix:
     def __post_init__(self) -> None:
         # The kernel reads out_features x in_features / 32 blocks from `data`'s address: a matrix
         # of another shape must never reach it.
-        if self.kind not in KINDS or self.in_features <= 0 or self.in_features % BLOCK_WEIGHTS:
-            raise ValueError(
-                f"not a {'/'.join(KINDS)} matrix of whole blocks: {self.kind}, {self.in_features}"
-            )
-        row = self.in_features // BLOCK_WEIGHTS * KINDS[self.kind][1]
+        row = row_bytes(self.kind, self.in_features)
         if self.data.dtype != torch.uint8 or self.data.dim() != 2 or self.data.shape[1] != row:
             raise ValueError(
                 f"{self.kind} rows of {self.in_features} weights take {row} bytes, not {self.data.shape}"
@@ -141,13 +145,7 @@ class PackedMatrix:
 
     def __post_init__(self) -> None:
         # As for BlockMatrix: the kernel reads every group's bytes from `data`'s address.
-        if self.kind not in KINDS or self.in_features <= 0 or self.in_features % BLOCK_WEIGHTS:
-            kinds = "/".join(KINDS)
-            raise ValueError(f"not a {kinds} matrix of whole blocks: {self.kind}, {self.in_features}")
-        shape = (
-            -(-self.out_features // PANEL_ROWS),
-            self.in_features // BLOCK_WEIGHTS * KINDS[self.kind][1] * PANEL_ROWS,
-        )
+        shape = (-(-self.out_features // PANEL_ROWS), row_bytes(self.kind, self.in_features) * PANEL_ROWS)
         if self.data.dtype != torch.uint8 or tuple(self.data.shape) != shape or not self.data.is_contiguous():
             rows = self.out_features
             raise ValueError(f"packed {self.kind} groups of {rows} rows take {shape}, not {self.data.shape}")

@@ -394,6 +394,19 @@ static int blocks_valid(int kind, Py_ssize_t K) {
     return 1;
 }
 
+/* The arguments (dst, src, kind, N, K) of `pack` and `dequantize`: two addresses, N >= 0 rows of K
+ * weights as blocks of `kind`. 1 if they parse and are valid, else 0 with an exception set. */
+static int parse_rows_of_blocks(PyObject *args, unsigned long long *dst, unsigned long long *src, int *kind,
+                                Py_ssize_t *N, Py_ssize_t *K) {
+    if (!PyArg_ParseTuple(args, "KKinn", dst, src, kind, N, K))
+        return 0;
+    if (*N < 0) {
+        PyErr_SetString(PyExc_ValueError, "rows_linear: N must be >= 0");
+        return 0;
+    }
+    return blocks_valid(*kind, *K);
+}
+
 /* pack(dst, src, kind, N, K): N rows of K / 32 GGUF blocks of `kind` (1: Q4_1, 2: Q8_0) at src,
  * regrouped at dst as `linear_packed` reads them: ceil(N / PANEL_ROWS) groups of K / 32 *
  * PANEL_ROWS blocks' bytes (the rows past N zero). Runs without the GIL. */
@@ -401,9 +414,7 @@ static PyObject *pack(PyObject *self, PyObject *args) {
     unsigned long long dst, src;
     int kind;
     Py_ssize_t N, K;
-    if (!PyArg_ParseTuple(args, "KKinn", &dst, &src, &kind, &N, &K))
-        return NULL;
-    if (N < 0 || !blocks_valid(kind, K))
+    if (!parse_rows_of_blocks(args, &dst, &src, &kind, &N, &K))
         return NULL;
 #ifdef ROWS_LINEAR_X86
     Py_BEGIN_ALLOW_THREADS
@@ -422,9 +433,7 @@ static PyObject *dequantize(PyObject *self, PyObject *args) {
     unsigned long long dst, src;
     int kind;
     Py_ssize_t N, K;
-    if (!PyArg_ParseTuple(args, "KKinn", &dst, &src, &kind, &N, &K))
-        return NULL;
-    if (N < 0 || !blocks_valid(kind, K))
+    if (!parse_rows_of_blocks(args, &dst, &src, &kind, &N, &K))
         return NULL;
 #ifdef ROWS_LINEAR_X86
     const Py_ssize_t row = K / BLOCK_WEIGHTS * block_bytes(kind);
@@ -459,7 +468,11 @@ static PyObject *linear_packed(PyObject *self, PyObject *args) {
     Py_ssize_t M, N, K;
     if (!PyArg_ParseTuple(args, "KKKinnn|p", &y, &x, &w, &kind, &M, &N, &K, &add))
         return NULL;
-    if (M < 0 || N < 0 || !blocks_valid(kind, K))
+    if (M < 0 || N < 0) {
+        PyErr_SetString(PyExc_ValueError, "rows_linear: M and N must be >= 0");
+        return NULL;
+    }
+    if (!blocks_valid(kind, K))
         return NULL;
 #ifdef ROWS_LINEAR_X86
     float *panel = new_panel(K);
