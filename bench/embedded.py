@@ -23,7 +23,7 @@ import psutil
 import torch
 
 from backend.engines.base import Prompt
-from backend.engines.embedded import EmbeddedEngine
+from backend.engines.embedded.engine import EmbeddedEngine
 from backend.engines.embedded.scheduler import DecodeParams
 from backend.engines.embedded.weights import resolve_model
 

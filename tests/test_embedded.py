@@ -25,8 +25,8 @@ from websockets.asyncio.client import connect
 
 from backend.config.settings import Limits
 from backend.engines.base import Prompt, RequestRejected, SamplingParams
-from backend.engines.embedded import EmbeddedEngine, EmbeddedGeneration
 from backend.engines.embedded.detokenizer import TextStream
+from backend.engines.embedded.engine import EmbeddedEngine
 from backend.engines.embedded.scheduler import DecodeParams
 from backend.engines.embedded.weights import (
     ModelFileError,
@@ -38,8 +38,7 @@ from backend.engines.embedded.weights import (
 from backend.serving.server import BackendServer
 from devkit.frames import recv_frame
 from devkit.local import ROOT
-
-PROMPT = "Name three colors."
+from tests.support.embedded import PROMPT, collect, params
 
 
 @pytest.fixture(scope="module")
@@ -48,72 +47,6 @@ def engine() -> Iterator[EmbeddedEngine]:
     engine.load()
     yield engine
     engine.shutdown()
-
-
-async def collect(generation: EmbeddedGeneration | object, n: int) -> tuple[list[str], list, list]:
-    texts, reasons, finals = [""] * n, [None] * n, [None] * n
-    async for chunk in generation:  # type: ignore[attr-defined]
-        texts[chunk.index] += chunk.text
-        if chunk.finish_reason is not None:
-            reasons[chunk.index] = chunk.finish_reason
-            finals[chunk.index] = chunk
-    return texts, reasons, finals
-
-
-def params(max_tokens: int = 12, temperature: float = 0.8, seed: int = 5, **extra: object) -> SamplingParams:
-    return SamplingParams(max_tokens=max_tokens, temperature=temperature, top_p=0.95, seed=seed, **extra)
-
-
-async def test_a_seed_reproduces_every_sample_and_indices_differ(engine: EmbeddedEngine) -> None:
-    first, reasons, _ = await collect(engine.generate(Prompt(PROMPT), 4, params()), 4)
-    second, _, _ = await collect(engine.generate(Prompt(PROMPT), 4, params()), 4)
-    assert first == second
-    assert all(reason in ("stop", "length") for reason in reasons)
-    assert len(set(first)) > 1
-
-
-async def test_greedy_equals_transformers_greedy(engine: EmbeddedEngine) -> None:
-    from transformers import AutoModelForCausalLM
-
-    folder = resolve_model().path
-    reference = AutoModelForCausalLM.from_pretrained(folder, dtype=engine.dtype)
-    ids = engine.prompt_ids(Prompt(PROMPT))
-    with torch.inference_mode():
-        out = reference.generate(torch.tensor([ids]), max_new_tokens=16, do_sample=False)
-    expected = engine.tokenizer.decode(out[0, len(ids) :], skip_special_tokens=True)
-    texts, _, _ = await collect(engine.generate(Prompt(PROMPT), 2, params(max_tokens=16, temperature=0.0)), 2)
-    assert texts == [expected, expected]
-
-
-async def test_logprobs_are_the_models_own_for_each_token(engine: EmbeddedEngine) -> None:
-    from transformers import AutoModelForCausalLM
-
-    reference = AutoModelForCausalLM.from_pretrained(resolve_model().path, dtype=engine.dtype)
-    ids = engine.prompt_ids(Prompt(PROMPT))
-    generation = engine.generate(Prompt(PROMPT), 3, params(max_tokens=10, temperature=0.9, logprobs=True))
-    logprobs: list[list[float]] = [[], [], []]
-    async for chunk in generation:
-        assert chunk.logprobs is not None and len(chunk.logprobs) == chunk.tokens
-        logprobs[chunk.index].extend(chunk.logprobs)
-    for sample in logprobs:
-        assert len(sample) == 10 and all(lp <= 0 for lp in sample)
-    assert len({tuple(sample) for sample in logprobs}) == 3  # each sample its own draws
-    # A greedy sample's tokens are each the most likely: their logprobs are the reference model's
-    # log-softmax maxima along the greedy continuation.
-    greedy = engine.generate(Prompt(PROMPT), 1, params(max_tokens=8, temperature=0.0, logprobs=True))
-    got = [lp async for chunk in greedy for lp in (chunk.logprobs or ())]
-    with torch.inference_mode():
-        out = reference.generate(
-            torch.tensor([ids]),
-            max_new_tokens=8,
-            do_sample=False,
-            output_scores=True,
-            return_dict_in_generate=True,
-        )
-    expected = [torch.log_softmax(score[0].float(), -1).max().item() for score in out.scores]
-    assert got == pytest.approx(expected, abs=0.02)
-    plain = engine.generate(Prompt(PROMPT), 1, params(max_tokens=4))
-    assert [chunk.logprobs async for chunk in plain] == [None] * 4
 
 
 async def test_abort_one_sample_then_all(engine: EmbeddedEngine) -> None:
@@ -136,18 +69,28 @@ async def test_abort_one_sample_then_all(engine: EmbeddedEngine) -> None:
     assert engine.health()["running_rows"] == 0
 
 
-def test_the_engines_process_says_how_its_linear_layers_multiply(engine: EmbeddedEngine) -> None:
-    """On a CPU with AVX2 and the C part built, the engine's one-thread process uses the rows
-    kernel (tests/test_rows_linear.py checks its products); its figures say so either way."""
-    from tests.test_rows_linear import cpu_has_avx2_fma
+def test_the_engines_process_says_which_path_runs_and_why(engine: EmbeddedEngine) -> None:
+    """`auto` runs a batch-invariant path wherever the rows kernel can run (where it cannot, PyTorch,
+    said to vary with load), timed at start against the other where there are two; the figures say
+    which kernel multiplies, as the path has it. Read from what the engine says, not from CPU flags."""
+    from backend.engines.embedded.compute import PATHS
+    from tests.test_compute_paths import kernel_status_on_one_thread
 
-    said = engine.health()["linear_layers"]
-    if cpu_has_avx2_fma():
+    health = engine.health()
+    path = PATHS[health["compute_path"]]
+    assert engine.path is path and health["batch_invariant"] is path.batch_invariant
+    said = health["linear_layers"]
+    if kernel_status_on_one_thread()[0]:
+        assert path.name == "fp32-blocks" or path.name == "fp32-rows", health
+        assert "timed at start" in health["compute_why"], health
         assert said.startswith("rows kernel"), said
-        # fp32 (no bf16 on such a CPU) and the bundled model: every matrix from the GGUF's blocks
+    else:
+        assert path.name == "fp32-torch" and "no batch-invariant path" in health["compute_why"], health
+        assert said.startswith("PyTorch"), said
+    if path.gguf_blocks:  # the bundled model: every matrix from the GGUF's blocks
         assert "from the GGUF's blocks (96 MB a step)" in said, said
     else:
-        assert said.startswith("PyTorch"), said
+        assert "GGUF" not in said, said
 
 
 def test_the_engines_process_keeps_freed_memory_for_its_next_step(engine: EmbeddedEngine) -> None:
@@ -179,20 +122,6 @@ async def test_requests_beyond_the_row_cap_queue_first_come_first_served(engine:
     second.watch_queue(positions.append)
     await asyncio.gather(collect(first, 6), collect(second, 6))
     assert positions == [1, 0]
-
-
-async def test_stop_strings_and_top_k(engine: EmbeddedEngine) -> None:
-    greedy, _, _ = await collect(
-        engine.generate(Prompt(PROMPT), 1, params(max_tokens=16, temperature=0.0)), 1
-    )
-    stop = greedy[0][5:8]
-    texts, reasons, _ = await collect(
-        engine.generate(Prompt(PROMPT), 1, params(max_tokens=16, temperature=0.0, stop=(stop,))), 1
-    )
-    assert reasons == ["stop"]
-    assert texts[0] == greedy[0][: greedy[0].index(stop)]
-    top1, _, _ = await collect(engine.generate(Prompt(PROMPT), 2, params(max_tokens=8, seed=9, top_k=1)), 2)
-    assert top1[0] == top1[1] == greedy[0][: len(top1[0])]
 
 
 def test_text_stream_holds_back_a_possible_stop_string(engine: EmbeddedEngine) -> None:
@@ -335,7 +264,7 @@ def test_the_model_loads_with_no_network_and_its_process_dies_with_the_backend()
         "def refuse(*a, **k): raise OSError('network used')\n"
         "socket.socket.connect = refuse\n"
         "socket.create_connection = refuse\n"
-        "from backend.engines.embedded import EmbeddedEngine\n"
+        "from backend.engines.embedded.engine import EmbeddedEngine\n"
         "e = EmbeddedEngine(); e.load(); print('loaded', e.worker_pid, e.model, flush=True)\n"
         "sys.stdin.read()\n"
     )
@@ -423,7 +352,7 @@ def _prefill_cold_and_warm(model, config, first: list[int], second: list[int]) -
 async def test_a_prompt_reuses_the_previous_prompts_shared_head(engine: EmbeddedEngine) -> None:
     """Positions shared with the last prompt are copied: the same logits and cache as computing them.
 
-    Checked to 1e-4 in fp32. In bf16 (the engine's dtype where the CPU has avx512_bf16 or AMX) the
+    Checked to 1e-4 in fp32, and in bf16 (`--compute bf16-torch`) too, on every machine: there the
     matmuls round differently for a prompt computed whole and one computed after a copied head, so
     there the copy is checked to be exact and the logits to be as close to fp32's as the cold ones.
     """
@@ -451,20 +380,20 @@ async def test_a_prompt_reuses_the_previous_prompts_shared_head(engine: Embedded
     again_logits, again_kv = model.prefill(second, warm, warm.add_rows(1), warm_kv)
     assert again_kv.reused == length - 1
     assert torch.allclose(again_logits, cold_logits, atol=1e-4)
-    if engine.dtype != torch.float32:
-        low = Llama(config, tensors, engine.dtype)
-        _, low_cold_logits, _, low_warm, low_warm_logits, low_kv = _prefill_cold_and_warm(
-            low, config, first, second
+    # bf16, which PyTorch computes on any x86 CPU
+    low = Llama(config, tensors, torch.bfloat16)
+    _, low_cold_logits, _, low_warm, low_warm_logits, low_kv = _prefill_cold_and_warm(
+        low, config, first, second
+    )
+    assert low_kv.reused == shared
+    for cache in (low_warm.keys, low_warm.values):  # rows 1-2 copied row 0's head, bit for bit
+        assert torch.equal(
+            cache[:, 1:3, :, :shared], cache[:, 0:1, :, :shared].expand_as(cache[:, 1:3, :, :shared])
         )
-        assert low_kv.reused == shared
-        for cache in (low_warm.keys, low_warm.values):  # rows 1-2 copied row 0's head, bit for bit
-            assert torch.equal(
-                cache[:, 1:3, :, :shared], cache[:, 0:1, :, :shared].expand_as(cache[:, 1:3, :, :shared])
-            )
-        cold_error = (low_cold_logits.float() - cold_logits).abs().max()
-        warm_error = (low_warm_logits.float() - cold_logits).abs().max()
-        assert warm_error <= 2 * cold_error
-        assert low_warm_logits.argmax() == low_cold_logits.argmax() == cold_logits.argmax()
+    cold_error = (low_cold_logits.float() - cold_logits).abs().max()
+    warm_error = (low_warm_logits.float() - cold_logits).abs().max()
+    assert warm_error <= 2 * cold_error
+    assert low_warm_logits.argmax() == low_cold_logits.argmax() == cold_logits.argmax()
     # Through the engine: every request copies the template head, prefilled when the engine started,
     # and never more: the same prompt is computed the same way whatever ran before it.
     before = engine.health()["reused_prompt_tokens"]
@@ -535,7 +464,7 @@ def test_requests_arriving_together_are_prefilled_in_one_pass_with_the_same_samp
     from backend.engines.embedded.linear import rows_independent
     from backend.engines.embedded.worker import WorkerSetup
 
-    setup = WorkerSetup(str(resolve_model().path), "float32", 1, 8, 512, str(bundled_gguf()))
+    setup = WorkerSetup(str(resolve_model().path), "auto", 1, 8, 512, str(bundled_gguf()))
     flushes: list[int] = []
     together = build_scheduler(setup, lambda: flushes.append(1))
     starts = ("The three primary colours are", "Once upon a time", "The capital of France is")
@@ -602,7 +531,7 @@ def test_a_request_arriving_during_a_prefill_is_prefilled_before_the_next_decode
     from backend.engines.embedded.scheduler import Job
     from backend.engines.embedded.worker import WorkerSetup
 
-    setup = WorkerSetup(str(resolve_model().path), "float32", 1, 8, 512)
+    setup = WorkerSetup(str(resolve_model().path), "auto", 1, 8, 512)
     scheduler = build_scheduler(setup, lambda: None)
     order: list[str] = []
     ids = {text: scheduler.tokenizer(text)["input_ids"] for text in ("Once upon a time", "The sky is")}

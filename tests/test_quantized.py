@@ -227,9 +227,10 @@ def test_a_gguf_that_cannot_be_read_leaves_the_engine_on_its_float32_weights(
     broken = tmp_path / "broken.gguf"
     broken.write_bytes(b"GGUF but not really")
     with caplog.at_level(logging.WARNING, logger="backend.embedded"):
-        scheduler = build_scheduler(WorkerSetup(str(folder), "float32", 1, 2, 128, str(broken)), lambda: None)
+        scheduler = build_scheduler(WorkerSetup(str(folder), "auto", 1, 2, 128, str(broken)), lambda: None)
     assert "the GGUF's blocks could not be read" in caplog.text
     assert "GGUF" not in scheduler.linear_path and scheduler.linear_path.startswith("rows kernel")
+    assert scheduler.compute["path"] == "fp32-rows" and scheduler.compute["batch_invariant"]
     assert 5.3e8 < scheduler.step_weight_bytes < 5.4e8  # float32: 538 MB a step
 
 

@@ -100,6 +100,20 @@ def test_what_the_kernel_does_not_take_goes_to_pytorch_unchanged(kernel: None) -
     assert torch.equal(engine_linear.linear(many[:4], strided), F.linear(many[:4], strided))
 
 
+def test_a_decode_step_of_more_rows_than_a_prefill_takes_stays_on_the_kernel(kernel: None) -> None:
+    """`any_rows` (a decode step): past KERNEL_MAX_ROWS the kernel still multiplies, so each row's
+    products are what it gets alone, bit for bit."""
+    w = torch.randn(960, 576)
+    many = torch.randn(engine_linear.KERNEL_MAX_ROWS + 6, 576)
+    together = engine_linear.linear(many, w, any_rows=True)
+    alone = torch.cat([engine_linear.linear(many[i : i + 1], w) for i in range(many.shape[0])])
+    assert torch.equal(together, alone)
+    y = torch.randn(many.shape[0], 960)
+    added = y.clone()
+    engine_linear.linear_add(added, many, w, any_rows=True)
+    assert torch.equal(added, y + alone)
+
+
 def test_turned_off_it_is_pytorch_and_says_so() -> None:
     reason = engine_linear.configure(allow=False)
     assert "turned off" in reason

@@ -14,6 +14,8 @@ import urllib.request
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
+from backend.engines.embedded.compute import VARIES_WITH_LOAD
+
 HEALTH_TIMEOUT_S = 5.0
 """Limit of the page-load /health call: a stuck backend must not hold the page's first render."""
 
@@ -51,7 +53,19 @@ def engine_line(health: dict[str, Any]) -> str:
         )
     workers = health.get("router_workers")
     through = f" · through a router to {len(workers)} workers" if workers else ""
-    return f"Engine **{engine}** · model **{model}**{through}"
+    return f"Engine **{engine}** · model **{model}**{through}{compute_words(health)}"
+
+
+def compute_words(health: dict[str, Any]) -> str:
+    """The embedded engine's compute path and why it runs, and a warning where a seed's samples may
+    change with load (a path that is not batch-invariant); nothing for other engines."""
+    path = health.get("compute_path")
+    if not path:
+        return ""
+    words = f" · compute **{path}** ({health.get('compute_why', '')})"
+    if not health.get("batch_invariant"):
+        words += f" · ⚠️ {VARIES_WITH_LOAD}"
+    return words
 
 
 def fetch_engine_line(backend_url: str) -> tuple[str, bool]:

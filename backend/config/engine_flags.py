@@ -8,6 +8,7 @@ import os
 from backend.engines import ENGINES, EngineOptions, create_engine
 from backend.engines.auto import AUTO, auto_engine
 from backend.engines.base import Engine
+from backend.engines.embedded.compute import COMPUTE_CHOICES
 from backend.engines.synthetic import DEFAULT_JITTER, DEFAULT_RATE
 
 DEFAULT_ENGINE = AUTO
@@ -105,11 +106,12 @@ def add_engine_arguments(parser: argparse.ArgumentParser) -> None:
         help="embedded engine: torch threads per step (env EMBEDDED_THREADS; default %(default)s)",
     )
     parser.add_argument(
-        "--dtype",
-        default=env("EMBEDDED_DTYPE", EngineOptions.dtype),
-        choices=["auto", "float32", "bfloat16"],
-        help="embedded engine: auto is bf16 where the CPU has avx512_bf16 or amx_bf16, else fp32 "
-        "(env EMBEDDED_DTYPE; default %(default)s)",
+        "--compute",
+        default=env("EMBEDDED_COMPUTE", EngineOptions.compute),
+        choices=list(COMPUTE_CHOICES),
+        help="embedded engine: the compute path; auto is the fastest batch-invariant one this machine "
+        "runs, timed at start (a seed's samples do not change with load); fp32-torch and bf16-torch "
+        "are not batch-invariant (env EMBEDDED_COMPUTE; default %(default)s)",
     )
     parser.add_argument(
         "--max-rows",
@@ -132,7 +134,7 @@ def engine_from_args(args: argparse.Namespace) -> Engine:
         rate=args.rate,
         jitter=args.jitter,
         threads=args.threads,
-        dtype=args.dtype,
+        compute=args.compute,
         max_rows=args.max_rows,
         context=args.context,
         sglang_url=args.sglang_url,

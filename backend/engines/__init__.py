@@ -11,7 +11,7 @@ from backend.engines.synthetic import DEFAULT_JITTER, DEFAULT_RATE
 
 ENGINES: dict[str, str] = {
     "synthetic": "backend.engines.synthetic:SyntheticEngine",
-    "embedded": "backend.engines.embedded:EmbeddedEngine",
+    "embedded": "backend.engines.embedded.engine:EmbeddedEngine",
     "sglang": "backend.engines.http.sglang:SGLangEngine",
     "sglang-engine": "backend.engines.sglang_inprocess:SGLangInProcessEngine",
     "openai": "backend.engines.http.openai:OpenAIEngine",
@@ -27,8 +27,8 @@ class EngineOptions:
     jitter: float = DEFAULT_JITTER
     threads: int = 1
     """Torch threads inside one embedded-engine step."""
-    dtype: str = "auto"
-    """Embedded engine: auto (bf16 where the CPU has it natively, else fp32), float32 or bfloat16."""
+    compute: str = "auto"
+    """Embedded engine: the compute path (embedded/compute.py), auto or one of its PATHS."""
     max_rows: int = 64
     """Embedded engine: samples decoding at once across requests; beyond it requests queue."""
     context: int = 4096

@@ -102,29 +102,44 @@ def read_commands(commands: Connection, outbox: StepOutbox) -> None:
 
 
 def build_scheduler(setup: WorkerSetup, on_pass_end: Callable[[], None]) -> Any:
-    """Load the weights and tokenizer and make the scheduler (in the child)."""
+    """Load the weights and tokenizer, choose the compute path (compute.py) and make the scheduler
+    (in the child)."""
     import torch
     from transformers import AutoTokenizer
 
+    from backend.engines.embedded import compute, decode_ops
     from backend.engines.embedded.linear import configure, kernel_status
     from backend.engines.embedded.model import Llama, LlamaConfig
-    from backend.engines.embedded.quantized import blocks_allowed, load_blocks
+    from backend.engines.embedded.quantized import load_blocks
     from backend.engines.embedded.scheduler import BatchScheduler, stop_token_ids
-    from backend.engines.embedded.weights import choose_dtype, read_config, read_tensors
+    from backend.engines.embedded.weights import read_config, read_tensors
 
     torch.set_num_threads(setup.threads)
-    linear_path = configure()
+    decision = compute.decide(setup.compute, kernel_status(), bool(setup.gguf))
+    wanted = decision.candidates or (decision.path,)
     folder = Path(setup.folder)
     config = LlamaConfig.from_hf(read_config(folder))
-    dtype = choose_dtype(setup.dtype)
     tensors = read_tensors(folder)
     blocks = {}
-    if setup.gguf and dtype == torch.float32 and kernel_status()[0] and blocks_allowed():
+    if any(path.gguf_blocks for path in wanted):
         try:
             blocks = load_blocks(folder, Path(setup.gguf), tensors)
         except Exception as exc:  # noqa: BLE001 - the float32 weights serve as well, only slower
             log.warning("the GGUF's blocks could not be read (%s); multiplying the float32 weights", exc)
-    model = Llama(config, tensors, dtype, blocks)
+            if setup.compute == "fp32-blocks":
+                raise ValueError(
+                    f"--compute fp32-blocks cannot run: the GGUF's blocks could not be read ({exc})"
+                ) from None
+            decision = compute.decide(setup.compute, kernel_status(), has_gguf=False)
+    linear_path = configure(allow=decision.path.rows_kernel)
+    decode_ops.configure(allow=decision.path.rows_kernel)
+    model = Llama(config, tensors, getattr(torch, decision.path.dtype), blocks)
+    path, reason = decision.path, decision.reason
+    if decision.candidates:
+        path, times = compute.probe(decision.candidates, model.probe_step)
+        reason = compute.probe_reason(path, times)
+    if not path.gguf_blocks:
+        model.drop_blocks()
     quantized, dense = model.block_bytes()
     if quantized:
         linear_path += (
@@ -132,10 +147,13 @@ def build_scheduler(setup: WorkerSetup, on_pass_end: Callable[[], None]) -> Any:
             + (f", {dense / 1e6:.0f} MB float32" if dense else "")
             + ")"
         )
-    log.info("linear layers: %s", linear_path)
+    log.info("compute path %s (%s); linear layers: %s", path.name, reason, linear_path)
     tokenizer = AutoTokenizer.from_pretrained(folder)
     stops = stop_token_ids(tokenizer)
-    return BatchScheduler(model, tokenizer, stops, setup.max_rows, setup.context, on_pass_end, linear_path)
+    chosen = {"path": path.name, "batch_invariant": path.batch_invariant, "why": reason}
+    return BatchScheduler(
+        model, tokenizer, stops, setup.max_rows, setup.context, on_pass_end, linear_path, chosen
+    )
 
 
 def main(argv: list[str]) -> int:

@@ -10,13 +10,11 @@ weights as a GGUF's quantized blocks (`quantized.py`), the kernel multiplies fro
 sixth of the bytes.
 `python -m bench.matmul_layouts` times both on the model's shapes and in whole decode steps.
 
-DASHBOARD_ROWS_LINEAR=0 turns the kernel off (for comparisons); `kernel_status()` says which path
-runs and why.
+The compute path (compute.py) decides whether the kernel runs (`configure`); `kernel_status()` says
+whether it can and why not.
 """
 
 from __future__ import annotations
-
-import os
 
 import torch
 import torch.nn.functional as F
@@ -34,7 +32,7 @@ KERNEL_MAX_ROWS = 64
 
 def kernel_status(allow: bool = True) -> tuple[bool, str]:
     """(whether float32 products of few rows would use the kernel, a short reason)."""
-    if not allow or os.environ.get("DASHBOARD_ROWS_LINEAR", "1") == "0":
+    if not allow:
         return False, "PyTorch (the rows kernel turned off)"
     if _rows_linear is None:
         return False, "PyTorch (the rows kernel's C part is not built)"
@@ -63,10 +61,14 @@ def rows_independent(dtype: torch.dtype) -> bool:
     return _enabled and dtype == torch.float32
 
 
-def linear(x: torch.Tensor, weight: torch.Tensor, blocks: PackedMatrix | None = None) -> torch.Tensor:
+def linear(
+    x: torch.Tensor, weight: torch.Tensor, blocks: PackedMatrix | None = None, any_rows: bool = False
+) -> torch.Tensor:
     """x[..., K] @ weight[N, K]^T, as `F.linear(x, weight)`; through the kernel from `blocks` (the
-    same weights as GGUF blocks, `quantized.read_blocks`, packed) where given."""
-    flat = _kernel_rows(x, weight)
+    same weights as GGUF blocks, `quantized.read_blocks`, packed) where given. With `any_rows` (a
+    decode step) the kernel takes more than KERNEL_MAX_ROWS rows too, so that a row's values never
+    depend on how many rows share the step."""
+    flat = _kernel_rows(x, weight, any_rows)
     if flat is None:
         return F.linear(x, weight)
     out = torch.empty(flat.shape[0], weight.shape[0], dtype=torch.float32)
@@ -75,11 +77,15 @@ def linear(x: torch.Tensor, weight: torch.Tensor, blocks: PackedMatrix | None = 
 
 
 def linear_add(
-    y: torch.Tensor, x: torch.Tensor, weight: torch.Tensor, blocks: PackedMatrix | None = None
+    y: torch.Tensor,
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    blocks: PackedMatrix | None = None,
+    any_rows: bool = False,
 ) -> None:
     """y += x @ weight^T in place (a residual connection), y[rows, N] contiguous, x[rows, K]: each
     sum rounded as `y + linear(x, weight)` rounds it, without the intermediate tensor."""
-    flat = _kernel_rows(x, weight)
+    flat = _kernel_rows(x, weight, any_rows)
     if (
         flat is None
         or y.dtype != torch.float32
@@ -91,13 +97,13 @@ def linear_add(
     _product(y, flat, weight, blocks, add=True)
 
 
-def _kernel_rows(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor | None:
+def _kernel_rows(x: torch.Tensor, weight: torch.Tensor, any_rows: bool) -> torch.Tensor | None:
     """x as contiguous [rows, K] where the kernel takes the product, else None."""
     if not _enabled or x.dtype != torch.float32 or weight.dtype != torch.float32:
         return None
     k = weight.shape[1]
     rows = x.numel() // k if k else 0
-    if rows > KERNEL_MAX_ROWS or k % 8 or not weight.is_contiguous() or x.shape[-1] != k:
+    if (rows > KERNEL_MAX_ROWS and not any_rows) or k % 8 or not weight.is_contiguous() or x.shape[-1] != k:
         return None
     return x.reshape(rows, k).contiguous()
 

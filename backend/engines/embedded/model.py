@@ -296,6 +296,32 @@ class Llama:
         }
         return {name: matrix.packed() for name, matrix in fused.items() if matrix is not None}
 
+    def drop_blocks(self) -> None:
+        """Multiply the float32 weights from now on (the GGUF's blocks are freed)."""
+        for layer in self.layers:
+            layer.blocks = {}
+        self.lm_head_blocks = None
+
+    PROBE_LAYERS = 8
+    """Layers whose products `probe_step` runs (with the output layer: about half a step's weights)."""
+
+    @torch.inference_mode()
+    def probe_step(self, path: Any, rows: int) -> None:
+        """A sample of a decode step's linear layers for `rows` rows, on the weights `path` multiplies
+        (compute.ComputePath: the GGUF's blocks or the float32 weights), for `compute.probe`: the
+        products of the first PROBE_LAYERS layers and the output layer."""
+        c = self.config
+        hidden = torch.ones(rows, c.hidden_size, dtype=self.dtype)
+        inner = torch.ones(rows, c.intermediate_size, dtype=self.dtype)
+        attended = torch.ones(rows, self.q_size, dtype=self.dtype)
+        for layer in self.layers[: self.PROBE_LAYERS]:
+            blocks = layer.blocks if path.gguf_blocks else {}
+            linear(hidden, layer.qkv, blocks.get("qkv"))
+            linear(attended, layer.out, blocks.get("out"))
+            linear(hidden, layer.gate_up, blocks.get("gate_up"))
+            linear(inner, layer.down, blocks.get("down"))
+        linear(hidden, self.lm_head, self.lm_head_blocks if path.gguf_blocks else None)
+
     def block_bytes(self) -> tuple[int, int]:
         """(bytes a decode step reads from GGUF blocks, bytes it reads as float32 weights)."""
         dense = quantized = 0
@@ -318,7 +344,8 @@ class Llama:
 
     def _logits(self, x: torch.Tensor) -> torch.Tensor:
         normed = rms_norm(x, self.final_norm, self.config.rms_eps)
-        return linear(normed, self.lm_head, self.lm_head_blocks).float()
+        # Any number of rows on the kernel (where it runs): a step's logits, a prefill's last positions.
+        return linear(normed, self.lm_head, self.lm_head_blocks, any_rows=True).float()
 
     def prefill(
         self, tokens: list[int], cache: RowCache, rows: range, reuse: PromptKV | None = None
@@ -435,15 +462,18 @@ class Llama:
         for index, layer in enumerate(self.layers):
             keys, values = cache.keys[index], cache.values[index]
             qkv = linear(
-                decode_ops.rms_norm(x, layer.attn_norm, c.rms_eps), layer.qkv, layer.blocks.get("qkv")
+                decode_ops.rms_norm(x, layer.attn_norm, c.rms_eps), layer.qkv, layer.blocks.get("qkv"), True
             )
             q = decode_ops.rope_store(qkv, self.cos, self.sin, positions, keys, values, c.heads)
             attended = decode_ops.attention(q, keys, values, lengths, self.scale, sources, shared)
-            linear_add(x, attended, layer.out, layer.blocks.get("out"))
+            linear_add(x, attended, layer.out, layer.blocks.get("out"), True)
             gate_up = linear(
-                decode_ops.rms_norm(x, layer.mlp_norm, c.rms_eps), layer.gate_up, layer.blocks.get("gate_up")
+                decode_ops.rms_norm(x, layer.mlp_norm, c.rms_eps),
+                layer.gate_up,
+                layer.blocks.get("gate_up"),
+                True,
             )
-            linear_add(x, decode_ops.silu_mul(gate_up), layer.down, layer.blocks.get("down"))
+            linear_add(x, decode_ops.silu_mul(gate_up), layer.down, layer.blocks.get("down"), True)
         return x
 
     def _decode_masked(

@@ -3,8 +3,9 @@
 Exact inverse-CDF sampling: one uniform number per row from that row's generator, located in the
 cumulative distribution with `searchsorted`. That replaces a full-vocabulary `multinomial` per row
 (~0.85 ms each here) with a few batched operations. Top-k and top-p look at the `CANDIDATES` most
-likely tokens (one `topk`); a row whose nucleus is wider than that falls back to a full sort, so
-the result is always exact.
+likely tokens (one `topk`); a row whose nucleus is wider than that falls back to a full sort of its
+own, so the result is always exact. Every row is drawn on its own: a row's token depends on its
+logits, settings and generator only, never on the rows sampled beside it (batch invariance).
 """
 
 from __future__ import annotations
@@ -39,14 +40,40 @@ def _inverse_cdf(weights: torch.Tensor, uniforms: torch.Tensor) -> torch.Tensor:
 
 
 def _truncated(probs: torch.Tensor, rows: list[RowSampling], uniforms: torch.Tensor) -> torch.Tensor:
-    """Sample from sorted candidate lists with top-k and top-p applied (HF order: k, then p)."""
+    """Sample with top-k and top-p applied (HF order: k, then p). A row whose kept tokens are all
+    among its CANDIDATES most likely draws from those; a row whose nucleus is wider, from its whole
+    sorted vocabulary. Each row's choice is made on its own: what it draws does not depend on the
+    rows beside it (a wide row never sends the others to the full sort, which sums another list)."""
     count = probs.shape[-1]
     sorted_probs, token_ids = probs.topk(min(CANDIDATES, count), dim=-1)
     top_k = torch.tensor([row.top_k if 0 < row.top_k <= count else count for row in rows])
     top_p = torch.tensor([row.top_p for row in rows], dtype=probs.dtype)
-    covered = (top_k <= sorted_probs.shape[-1]) | (sorted_probs.sum(-1) >= top_p)
-    if not bool(covered.all()):
-        sorted_probs, token_ids = probs.sort(dim=-1, descending=True)
+    covered = ((top_k <= sorted_probs.shape[-1]) | (sorted_probs.sum(-1) >= top_p)).tolist()
+    if all(covered):
+        return _nucleus(sorted_probs, token_ids, top_k, top_p, uniforms)
+    picked = torch.empty(len(rows), dtype=torch.long)
+    for within in (True, False):
+        index = [i for i, ok in enumerate(covered) if ok == within]
+        if not index:
+            continue
+        at = torch.tensor(index)
+        if within:
+            candidates, ids = sorted_probs[at], token_ids[at]
+        else:
+            candidates, ids = probs[at].sort(dim=-1, descending=True)
+        picked[at] = _nucleus(candidates, ids, top_k[at], top_p[at], uniforms[at])
+    return picked
+
+
+def _nucleus(
+    sorted_probs: torch.Tensor,
+    token_ids: torch.Tensor,
+    top_k: torch.Tensor,
+    top_p: torch.Tensor,
+    uniforms: torch.Tensor,
+) -> torch.Tensor:
+    """The draw of each row from its candidates `sorted_probs` [R, K] (descending; their tokens
+    `token_ids`), keeping its top_k, then the smallest prefix whose mass reaches its top_p."""
     positions = torch.arange(sorted_probs.shape[-1])[None, :]
     kept = sorted_probs * (positions < top_k[:, None])
     kept = kept / kept.sum(-1, keepdim=True)

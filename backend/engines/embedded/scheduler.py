@@ -155,6 +155,7 @@ class BatchScheduler:
         context: int,
         on_pass_end: Callable[[], None] | None = None,
         linear_path: str = "PyTorch",
+        compute: dict[str, Any] | None = None,
     ) -> None:
         self.model = model
         self.on_pass_end = on_pass_end
@@ -176,6 +177,8 @@ class BatchScheduler:
         self._thread: threading.Thread | None = None
         self.linear_path = linear_path
         """How the linear layers multiply (embedded.linear's kernel or PyTorch), for the figures."""
+        self.compute = compute or {}
+        """The compute path (compute.py): its name, whether it is batch-invariant and why it runs."""
         self.step_weight_bytes = sum(model.block_bytes())
         """Bytes of weight matrices a decode step reads (GGUF blocks where it has them), for the figures."""
 
@@ -225,6 +228,9 @@ class BatchScheduler:
             "mean_step_ms": round(1000 * s.step_seconds / s.steps, 2) if s.steps else 0.0,
             "last_step_ms": round(s.last_step_ms, 2),
             "linear_layers": self.linear_path,
+            "compute_path": self.compute.get("path", ""),
+            "batch_invariant": self.compute.get("batch_invariant", False),
+            "compute_why": self.compute.get("why", ""),
             "step_weight_bytes": self.step_weight_bytes,
         }
 

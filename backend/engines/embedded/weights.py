@@ -247,22 +247,3 @@ def read_tensors(folder: Path) -> dict[str, torch.Tensor]:
         except (SafetensorError, OSError) as exc:
             raise ModelFileError(f"{file} is corrupt ({exc}); delete it to rebuild, or reinstall") from None
     return tensors
-
-
-def cpu_supports_bf16() -> bool:
-    """Whether the CPU has native bf16 arithmetic (avx512_bf16 or amx_bf16), where bf16 pays off."""
-    try:
-        flags = Path("/proc/cpuinfo").read_text()
-    except OSError:
-        return False
-    return "avx512_bf16" in flags or "amx_bf16" in flags
-
-
-def choose_dtype(name: str) -> torch.dtype:
-    """`auto` is bf16 where the CPU computes it natively, else fp32; or the dtype named."""
-    choices = {"float32": torch.float32, "bfloat16": torch.bfloat16}
-    if name == "auto":
-        return torch.bfloat16 if cpu_supports_bf16() else torch.float32
-    if name not in choices:
-        raise ValueError(f"--dtype must be auto, float32 or bfloat16, got {name!r}")
-    return choices[name]

@@ -55,7 +55,8 @@ class WorkerSetup:
     """What the child loads: an HF-format folder (already resolved and converted by the parent)."""
 
     folder: str
-    dtype: str
+    compute: str
+    """A `--compute` choice (compute.py)."""
     threads: int
     max_rows: int
     context: int

@@ -1,0 +1,232 @@
+"""The embedded engine's numbers and sampling on every compute path this machine runs (compute.py),
+each forced by `--compute`: fp32 on the rows kernel from the GGUF's blocks and from float32 weights,
+fp32 through PyTorch (what runs without the C parts), bf16 through PyTorch.
+
+What must hold on every path is asserted on every path; what depends on the path (the tolerance
+against transformers' logprobs, batch invariance) is read from the path the engine says it runs.
+A path this machine cannot run is skipped with the engine's own reason.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import Iterator
+
+import pytest
+import torch
+from websockets.asyncio.client import connect
+
+from backend.config.settings import Limits
+from backend.engines.base import Prompt
+from backend.engines.embedded import compute
+from backend.engines.embedded.engine import EmbeddedEngine
+from backend.engines.embedded.linear import kernel_status
+from backend.engines.embedded.weights import resolve_model
+from backend.serving.server import BackendServer
+from devkit.frames import recv_frame
+from tests.support.embedded import PROMPT, collect, params
+
+LOGPROB_TOLERANCE = {"float32": 0.02, "bfloat16": 0.3}
+"""Greedy logprobs against transformers' in float32, by the dtype of the engine's path: bf16 keeps
+8 bits of mantissa, and logits of about 20 are rounded by up to 0.06 each."""
+
+
+def kernel_status_on_one_thread() -> tuple[bool, str]:
+    """linear.kernel_status() as the engine's one-thread process sees it."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # as the engine's process runs
+    try:
+        return kernel_status()
+    finally:
+        torch.set_num_threads(threads)
+
+
+@pytest.fixture(scope="module", params=list(compute.PATHS))
+def engine(request: pytest.FixtureRequest) -> Iterator[EmbeddedEngine]:
+    path = compute.PATHS[request.param]
+    why = compute.unavailable(path, kernel_status_on_one_thread(), has_gguf=True)
+    if why is not None:
+        pytest.skip(f"{path.name} does not run here: {why}")
+    engine = EmbeddedEngine(compute=path.name, max_rows=16, context=512)
+    engine.load()
+    health = engine.health()
+    assert health["compute_path"] == path.name and health["compute_why"] == "set by --compute"
+    assert health["batch_invariant"] is path.batch_invariant
+    yield engine
+    engine.shutdown()
+
+
+def _path(engine: EmbeddedEngine) -> compute.ComputePath:
+    assert engine.path is not None
+    return engine.path
+
+
+def _invariant(engine: EmbeddedEngine) -> None:
+    path = _path(engine)
+    if not path.batch_invariant:
+        pytest.skip(f"{path.name} is not batch-invariant (the engine line says so)")
+
+
+async def test_a_seed_reproduces_every_sample_and_indices_differ(engine: EmbeddedEngine) -> None:
+    first, reasons, _ = await collect(engine.generate(Prompt(PROMPT), 4, params()), 4)
+    second, _, _ = await collect(engine.generate(Prompt(PROMPT), 4, params()), 4)
+    assert first == second
+    assert all(reason in ("stop", "length") for reason in reasons)
+    assert len(set(first)) > 1
+    assert all(len(text.split()) >= 3 for text in first), first  # words, not a token or two
+
+
+async def test_greedy_follows_transformers_greedy(engine: EmbeddedEngine) -> None:
+    """fp32: the same 16 tokens as transformers' greedy decoding in fp32. bf16 rounds each logit
+    to 8 bits, so near-ties may go the other way: there the first tokens agree."""
+    from transformers import AutoModelForCausalLM
+
+    folder = resolve_model().path
+    reference = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32)
+    ids = engine.prompt_ids(Prompt(PROMPT))
+    with torch.inference_mode():
+        out = reference.generate(torch.tensor([ids]), max_new_tokens=16, do_sample=False)
+    expected = engine.tokenizer.decode(out[0, len(ids) :], skip_special_tokens=True)
+    texts, _, _ = await collect(engine.generate(Prompt(PROMPT), 2, params(max_tokens=16, temperature=0.0)), 2)
+    assert texts[0] == texts[1]
+    if _path(engine).dtype == "float32":
+        assert texts[0] == expected
+    else:
+        assert texts[0][:8] == expected[:8], (texts[0], expected)
+
+
+async def test_logprobs_are_the_models_own_for_each_token(engine: EmbeddedEngine) -> None:
+    from transformers import AutoModelForCausalLM
+
+    reference = AutoModelForCausalLM.from_pretrained(resolve_model().path, dtype=torch.float32)
+    ids = engine.prompt_ids(Prompt(PROMPT))
+    generation = engine.generate(Prompt(PROMPT), 3, params(max_tokens=10, temperature=0.9, logprobs=True))
+    logprobs: list[list[float]] = [[], [], []]
+    async for chunk in generation:
+        assert chunk.logprobs is not None and len(chunk.logprobs) == chunk.tokens
+        logprobs[chunk.index].extend(chunk.logprobs)
+    for sample in logprobs:
+        assert len(sample) == 10 and all(lp <= 0 for lp in sample)
+    assert len({tuple(sample) for sample in logprobs}) == 3  # each sample its own draws
+    # A greedy sample's tokens are each the most likely: their logprobs are the reference model's
+    # log-softmax maxima along its greedy continuation (the first 4, where bf16 and fp32 agree).
+    greedy = engine.generate(Prompt(PROMPT), 1, params(max_tokens=4, temperature=0.0, logprobs=True))
+    got = [lp async for chunk in greedy for lp in (chunk.logprobs or ())]
+    with torch.inference_mode():
+        out = reference.generate(
+            torch.tensor([ids]),
+            max_new_tokens=4,
+            do_sample=False,
+            output_scores=True,
+            return_dict_in_generate=True,
+        )
+    expected = [torch.log_softmax(score[0].float(), -1).max().item() for score in out.scores]
+    assert got == pytest.approx(expected, abs=LOGPROB_TOLERANCE[_path(engine).dtype])
+    plain = engine.generate(Prompt(PROMPT), 1, params(max_tokens=4))
+    assert [chunk.logprobs async for chunk in plain] == [None] * 4
+
+
+async def test_stop_strings_end_a_sample_where_the_text_has_them(engine: EmbeddedEngine) -> None:
+    greedy, _, _ = await collect(
+        engine.generate(Prompt(PROMPT), 1, params(max_tokens=16, temperature=0.0)), 1
+    )
+    stop = greedy[0][5:8]
+    texts, reasons, _ = await collect(
+        engine.generate(Prompt(PROMPT), 1, params(max_tokens=16, temperature=0.0, stop=(stop,))), 1
+    )
+    assert reasons == ["stop"]
+    assert texts[0] == greedy[0][: greedy[0].index(stop)]
+
+
+async def test_greedy_at_n_1_is_top_k_1_at_any_n(engine: EmbeddedEngine) -> None:
+    _invariant(engine)
+    greedy, _, _ = await collect(
+        engine.generate(Prompt(PROMPT), 1, params(max_tokens=16, temperature=0.0)), 1
+    )
+    for n in (2, 8):
+        top1, _, _ = await collect(
+            engine.generate(Prompt(PROMPT), n, params(max_tokens=16, seed=9, top_k=1)), n
+        )
+        assert top1 == greedy * n, (n, top1, greedy)
+
+
+async def test_a_seeded_sample_is_the_same_alone_and_among_n(engine: EmbeddedEngine) -> None:
+    """Sample i of a request of seed s draws from seed s + i: at n = 8 it is what a request of
+    n = 1 and seed s + i gives alone."""
+    _invariant(engine)
+    many, _, _ = await collect(engine.generate(Prompt(PROMPT), 8, params(max_tokens=24, seed=40)), 8)
+    for index in (0, 3, 7):
+        alone, _, _ = await collect(
+            engine.generate(Prompt(PROMPT), 1, params(max_tokens=24, seed=40 + index)), 1
+        )
+        assert alone[0] == many[index], index
+
+
+async def test_a_seeded_request_is_the_same_while_others_come_and_go(engine: EmbeddedEngine) -> None:
+    """Continuous batching: a seeded request gives the same samples alone and while a long request
+    runs beside it, another arrives during it and a third finishes in its middle."""
+    _invariant(engine)
+    seeded = (Prompt("Write a short poem about the sea."), 3, params(max_tokens=32, seed=11))
+    alone, _, _ = await collect(engine.generate(*seeded), 3)
+    background = asyncio.ensure_future(
+        collect(engine.generate(Prompt("Tell me a story."), 4, params(max_tokens=60, seed=3)), 4)
+    )
+    await asyncio.sleep(0.3)  # the long request decodes
+    target = asyncio.ensure_future(collect(engine.generate(*seeded), 3))
+    await asyncio.sleep(0.2)
+    short = await collect(engine.generate(Prompt("Say hi."), 2, params(max_tokens=5, seed=8)), 2)
+    busy, _, _ = await target
+    await background
+    assert short[1] == ["length", "length"] or "stop" in short[1]
+    assert engine.health()["max_batch_rows"] >= 7
+    assert busy == alone
+
+
+async def test_a_users_seeded_run_shows_the_same_columns_while_another_client_generates(
+    engine: EmbeddedEngine,
+) -> None:
+    """Through the websocket, as the page sends it: a seeded n = 4 run, then the same run again
+    while a second client streams its own request."""
+    _invariant(engine)
+    server = BackendServer(engine, Limits(), port=0)
+    await server.start()
+    frame = {
+        "type": "generate",
+        "prompt": "Name a famous scientist and say why.",
+        "n": 4,
+        "params": {"max_tokens": 40, "temperature": 0.9, "top_p": 0.95, "seed": 21},
+    }
+
+    async def run(ws: object, request_id: str, request: dict) -> list[str]:
+        await ws.send(json.dumps({**request, "id": request_id}))  # type: ignore[attr-defined]
+        texts = [""] * request["n"]
+        while True:
+            reply = await recv_frame(ws)
+            if reply.get("id") != request_id:
+                continue
+            if reply["type"] == "chunk":
+                texts[reply["index"]] += reply["text"]
+            elif reply["type"] in ("done", "error"):
+                assert reply["type"] == "done", reply
+                return texts
+
+    try:
+        async with connect(server.url) as user, connect(server.url) as other:
+            first = await run(user, "a", frame)
+            noise = {
+                **frame,
+                "prompt": "Describe a forest at night.",
+                "n": 6,
+                "params": {"max_tokens": 80, "seed": 2},
+            }
+            busy = asyncio.ensure_future(run(other, "b", noise))
+            await asyncio.sleep(0.3)
+            again = await run(user, "a2", frame)
+            others = await busy
+    finally:
+        server._server.close()  # the module's engine stays up for the other tests
+        await server._server.wait_closed()
+    assert all(len(text.split()) >= 5 for text in first), first
+    assert all(len(text.split()) >= 5 for text in others), others
+    assert again == first
