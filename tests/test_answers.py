@@ -2,13 +2,17 @@
 
 from __future__ import annotations
 
-import re
+import time
 
 import pytest
+import regex
 
 from ui.answers import (
     MAX_PATTERN_CHARS,
+    PATTERN_BUDGET_S,
     AnswerPatternError,
+    AnswerPatternTimeout,
+    PatternClock,
     Vote,
     chart_rows,
     compile_answer_pattern,
@@ -227,15 +231,68 @@ def test_an_empty_pattern_means_the_default_rule(text: str) -> None:
 def test_a_pattern_that_does_not_compile_says_why() -> None:
     with pytest.raises(AnswerPatternError) as caught:
         compile_answer_pattern(r"(\d+")
-    assert str(caught.value) == (
-        'the answer pattern "(\\d+" does not compile: missing ), unterminated subpattern at position 0'
-    )
+    assert str(caught.value) == 'the answer pattern "(\\d+" does not compile: missing ) at position 4'
     assert isinstance(caught.value, ValueError)
-    assert isinstance(caught.value.__cause__, re.error)
+    assert isinstance(caught.value.__cause__, regex.error)
+
+
+STORY = (
+    "Once upon a time there was a little fox who lived at the edge of a quiet forest and every "
+    "morning she walked down to the river to drink and to watch the light move over the water "
+    "while the birds sang in the tall trees and the wind carried the smell of pine and rain over "
+    "the hills and far away into the valley where the old miller kept his sleepy grey cat"
+)
+"""Ordinary English text of 300-odd characters, no "!" in it."""
+
+POLYNOMIAL = [
+    r"(.*)(.*)(.*)(.*)(.*)(.*)(.*)(.*)\d",
+    r"(.+)+(.+)+\1\2\d",
+    r"(.*)(.*)(.*)(.*)(.*)(.*)(.*)(.*)(.*)(.*)(?:\d|\?)",
+]
+"""Patterns whose search of STORY takes the `regex` package from about a second to without end."""
+
+
+@pytest.mark.parametrize("pattern", POLYNOMIAL)
+def test_a_pattern_that_backtracks_without_end_is_stopped_within_its_budget(pattern: str) -> None:
+    compiled = compile_answer_pattern(pattern)
+    assert compiled is not None
+    started = time.perf_counter()
+    with pytest.raises(AnswerPatternTimeout):
+        final_answer("! " + STORY, compiled)
+    assert time.perf_counter() - started < PATTERN_BUDGET_S + 0.2
+
+
+@pytest.mark.parametrize("pattern", [r"(\w+\s?)*!", r"(a|a)*b", r"((\w+)*)+$!", r"(x+x+)+y", r"(\w|\w\w)*!"])
+def test_patterns_that_backtrack_exponentially_in_re_read_at_once(pattern: str) -> None:
+    """The patterns that stall Python's `re` on ordinary text are answered at once by `regex`."""
+    started = time.perf_counter()
+    assert final_answer("! " + STORY, compile_answer_pattern(pattern)) in (None, "!")
+    assert time.perf_counter() - started < PATTERN_BUDGET_S / 4
+
+
+def test_one_runs_budget_is_shared_by_its_samples() -> None:
+    """A pattern that takes a little on each sample runs out on a later one: the budget is the
+    run's, so n samples cannot take n budgets."""
+    slow = compile_answer_pattern(r"(\w+\s?)+\d")  # about 15 ms on STORY
+    assert slow is not None
+    clock = PatternClock()
+    took = 0
+    with pytest.raises(AnswerPatternTimeout):
+        for _ in range(1000):
+            final_answer("! " + STORY, slow, clock)
+            took += 1
+    assert clock.left == 0.0 and took >= 5
+    with pytest.raises(AnswerPatternTimeout):  # and stays spent
+        final_answer("42", compile_answer_pattern(r"\d+"), clock)
+
+
+def test_patterns_with_look_behinds_and_backreferences_still_read_answers() -> None:
+    assert final_answer("x=3, y=3, z=4", compile_answer_pattern(r"(?<=z=)\d")) == "4"
+    assert final_answer("the cat cat sat", compile_answer_pattern(r"\b(\w+) \1\b")) == "cat"
 
 
 def test_a_pattern_with_a_huge_repeat_is_refused_too() -> None:
-    with pytest.raises(AnswerPatternError, match="does not compile: the repetition number is too large"):
+    with pytest.raises(AnswerPatternError, match="does not compile: repeat count too big"):
         compile_answer_pattern("a{99999999999}")
 
 

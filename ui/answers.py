@@ -10,11 +10,20 @@ and `summary_line` turn a vote into the bar chart's rows and the one line of wor
 from __future__ import annotations
 
 import re
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+import regex
+
 MAX_PATTERN_CHARS = 200
 """The longest answer pattern `compile_answer_pattern` accepts."""
+
+PATTERN_BUDGET_S = 0.2
+"""Time a user's answer pattern may take over all the samples of one run (`PatternClock`). A
+pattern runs in the page's process, which serves every visitor: one that backtracks without end
+(`(\\w+\\s?)*!` on ordinary text) is stopped here, not left to take a core. User patterns run on the
+`regex` package, whose matching takes a timeout; the page's own patterns below are linear."""
 
 SUMMARY_ANSWER_CHARS = 40
 """Answers longer than this are cut short (with an ellipsis) in `summary_line`."""
@@ -46,7 +55,31 @@ class AnswerPatternError(ValueError):
     """An answer pattern that cannot be used; the message says why, quoting the pattern."""
 
 
-def compile_answer_pattern(text: str) -> re.Pattern[str] | None:
+class AnswerPatternTimeout(AnswerPatternError):
+    """A pattern ran out of its time (`PatternClock`) on a sample."""
+
+
+class PatternClock:
+    """What is left of one run's PATTERN_BUDGET_S: each search gets the rest as its timeout."""
+
+    def __init__(self, budget_s: float = PATTERN_BUDGET_S) -> None:
+        self.left = budget_s
+
+    def search(self, pattern: regex.Pattern[str], text: str) -> list[regex.Match[str]]:
+        """Every match of `pattern` in `text`; AnswerPatternTimeout where the budget runs out."""
+        if self.left <= 0:
+            raise AnswerPatternTimeout(f"the answer pattern took longer than {PATTERN_BUDGET_S} s")
+        started = time.perf_counter()
+        try:
+            return list(pattern.finditer(text, timeout=self.left))
+        except TimeoutError:
+            self.left = 0.0
+            raise AnswerPatternTimeout(f"the answer pattern took longer than {PATTERN_BUDGET_S} s") from None
+        finally:
+            self.left = max(0.0, self.left - (time.perf_counter() - started))
+
+
+def compile_answer_pattern(text: str) -> regex.Pattern[str] | None:
     """Compile the answer pattern typed by the user; None (the default rule) for empty text.
 
     Empty or whitespace-only text means "use the default rule" of `final_answer` and gives None.
@@ -63,13 +96,18 @@ def compile_answer_pattern(text: str) -> re.Pattern[str] | None:
             f"the limit is {MAX_PATTERN_CHARS}"
         )
     try:
-        return re.compile(text)
-    except (re.error, OverflowError) as exc:
+        return regex.compile(text, flags=regex.VERSION0)
+    except (regex.error, OverflowError, RecursionError, MemoryError) as exc:
         raise AnswerPatternError(f'the answer pattern "{text}" does not compile: {exc}') from exc
 
 
-def final_answer(text: str, pattern: re.Pattern[str] | None = None) -> str | None:
+def final_answer(
+    text: str, pattern: regex.Pattern[str] | None = None, clock: PatternClock | None = None
+) -> str | None:
     """A sample's final answer, or None when the text has none.
+
+    A pattern runs on `clock`'s time (a fresh PATTERN_BUDGET_S where none is given), and raises
+    AnswerPatternTimeout when that runs out.
 
     With a pattern: the last non-empty answer among the pattern's matches in the text, where a
     match's answer is its group 1 when the pattern has a capture group (a match whose group 1 did
@@ -101,7 +139,7 @@ def final_answer(text: str, pattern: re.Pattern[str] | None = None) -> str | Non
     (also `\\dfrac`, `\\tfrac`) becomes `3/4` and the LaTeX thousands separator `{,}` becomes `,`.
     """
     if pattern is not None:
-        return _pattern_answer(text, pattern)
+        return _pattern_answer(text, pattern, clock or PatternClock())
     text = _TEX_FRACTION.sub(r"\1/\2", text.replace(_TEX_THOUSANDS, ","))
     boxed = _last_boxed(text)
     if boxed is not None:
@@ -116,10 +154,10 @@ def final_answer(text: str, pattern: re.Pattern[str] | None = None) -> str | Non
     return _normalise(numbers[-1]) if numbers else None
 
 
-def _pattern_answer(text: str, pattern: re.Pattern[str]) -> str | None:
+def _pattern_answer(text: str, pattern: regex.Pattern[str], clock: PatternClock) -> str | None:
     """The last non-empty answer the pattern matches in the text (group 1 when it has groups)."""
     answer = None
-    for match in pattern.finditer(text):
+    for match in clock.search(pattern, text):
         found = match.group(1) if pattern.groups else match.group(0)
         if found is not None and found.strip():
             answer = found.strip()

@@ -1,7 +1,8 @@
 """The answers panel of one run: each finished sample's final answer and the vote, for the page.
 
 The page's pattern (empty: the last number, see `ui.answers.final_answer`) is compiled once per
-run; a pattern that does not compile is said in the panel and the vote uses the default. A sample
+run; a pattern that does not compile, or runs out of its time on a sample (answers.PatternClock),
+is said in the panel and the vote uses the default. A sample
 counts once it finished on its own (`stop` or `length`); a stopped or failed one is listed but does
 not vote. Answers are read once per sample, when it finishes, in the order samples finish, so a tie
 goes to the answer reached first. The panel is redrawn only when a sample finished since.
@@ -9,14 +10,17 @@ goes to the answer reached first. The panel is redrawn only when a sample finish
 
 from __future__ import annotations
 
-import re
 from typing import Any
 
 import gradio as gr
 import pandas as pd
+import regex
 
 from ui.answers import (
+    PATTERN_BUDGET_S,
     AnswerPatternError,
+    AnswerPatternTimeout,
+    PatternClock,
     chart_rows,
     compile_answer_pattern,
     final_answer,
@@ -38,7 +42,9 @@ class AnswersPanel:
     def __init__(self, pattern_text: str) -> None:
         self.problem: str | None = None
         """Why the page's pattern is not used, if it is not."""
-        self.pattern: re.Pattern[str] | None = None
+        self.pattern: regex.Pattern[str] | None = None
+        self.clock = PatternClock()
+        """The pattern's time over this run's samples (answers.PATTERN_BUDGET_S)."""
         try:
             self.pattern = compile_answer_pattern(pattern_text or "")
         except AnswerPatternError as exc:
@@ -57,7 +63,7 @@ class AnswersPanel:
         for sample in finished:
             if sample.index not in self.answers:
                 voting = sample.status in VOTING_REASONS
-                self.answers[sample.index] = final_answer(sample.text, self.pattern) if voting else None
+                self.answers[sample.index] = self._answer(view, sample.index) if voting else None
         voters = [i for i in self.answers if view.samples[i].status in VOTING_REASONS]
         vote = tally([self.answers[i] for i in voters])
         rows = chart_rows(vote)
@@ -77,6 +83,22 @@ class AnswersPanel:
         if listed:
             lines.append(" · ".join(listed))
         return [chart, "\n\n".join(lines)]
+
+    def _answer(self, view: RunView, index: int) -> str | None:
+        """Sample `index`'s answer by the page's pattern; where the pattern runs out of its time,
+        the panel says so and every answer so far is read again by the default rule."""
+        try:
+            return final_answer(view.samples[index].text, self.pattern, self.clock)
+        except AnswerPatternTimeout:
+            self.problem = (
+                f"the pattern took too long on sample #{index} (more than {PATTERN_BUDGET_S} s for "
+                "this run's samples); the vote uses the last number instead"
+            )
+            self.pattern = None
+            for i in self.answers:
+                if view.samples[i].status in VOTING_REASONS:
+                    self.answers[i] = final_answer(view.samples[i].text)
+            return final_answer(view.samples[index].text)
 
 
 def empty_outputs() -> list[Any]:

@@ -16,6 +16,7 @@ import os
 import signal
 import sys
 import threading
+import time
 from collections.abc import Callable
 from multiprocessing.connection import Connection
 from pathlib import Path
@@ -136,8 +137,10 @@ def build_scheduler(setup: WorkerSetup, on_pass_end: Callable[[], None]) -> Any:
     model = Llama(config, tensors, getattr(torch, decision.path.dtype), blocks)
     path, reason = decision.path, decision.reason
     if decision.candidates:
+        started = time.perf_counter()
         path, times = compute.probe(decision.candidates, model.probe_step)
         reason = compute.probe_reason(path, times)
+        log.info("compute paths timed in %.2f s", time.perf_counter() - started)
     if not path.gguf_blocks:
         model.drop_blocks()
     quantized, dense = model.block_bytes()

@@ -116,8 +116,8 @@ def decide(setting: str, kernel: tuple[bool, str], has_gguf: bool) -> Decision:
 def probe(
     candidates: tuple[ComputePath, ...],
     step: Callable[[ComputePath, int], None],
-    rows: tuple[int, ...] = (1, 8, 32),
-    repeats: int = 3,
+    rows: tuple[int, ...] = (1, 16),
+    repeats: int = 2,
 ) -> tuple[ComputePath, dict[str, float]]:
     """The fastest of `candidates`: `step(path, rows)` runs a sample of a decode step's work on
     `path` for `rows` rows; each is timed at each row count (best of `repeats`) and the times summed.
