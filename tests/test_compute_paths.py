@@ -21,25 +21,14 @@ from backend.config.settings import Limits
 from backend.engines.base import Prompt
 from backend.engines.embedded import compute
 from backend.engines.embedded.engine import EmbeddedEngine
-from backend.engines.embedded.linear import kernel_status
 from backend.engines.embedded.weights import resolve_model
 from backend.serving.server import BackendServer
 from devkit.frames import recv_frame
-from tests.support.embedded import PROMPT, collect, params
+from tests.support.embedded import PROMPT, collect, kernel_status_on_one_thread, params
 
 LOGPROB_TOLERANCE = {"float32": 0.02, "bfloat16": 0.3}
 """Greedy logprobs against transformers' in float32, by the dtype of the engine's path: bf16 keeps
 8 bits of mantissa, and logits of about 20 are rounded by up to 0.06 each."""
-
-
-def kernel_status_on_one_thread() -> tuple[bool, str]:
-    """linear.kernel_status() as the engine's one-thread process sees it."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)  # as the engine's process runs
-    try:
-        return kernel_status()
-    finally:
-        torch.set_num_threads(threads)
 
 
 @pytest.fixture(scope="module", params=list(compute.PATHS))

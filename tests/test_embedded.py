@@ -74,7 +74,7 @@ def test_the_engines_process_says_which_path_runs_and_why(engine: EmbeddedEngine
     said to vary with load), timed at start against the other where there are two; the figures say
     which kernel multiplies, as the path has it. Read from what the engine says, not from CPU flags."""
     from backend.engines.embedded.compute import PATHS
-    from tests.test_compute_paths import kernel_status_on_one_thread
+    from tests.support.embedded import kernel_status_on_one_thread
 
     health = engine.health()
     path = PATHS[health["compute_path"]]

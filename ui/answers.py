@@ -63,18 +63,20 @@ class PatternClock:
     """What is left of one run's PATTERN_BUDGET_S: each search gets the rest as its timeout."""
 
     def __init__(self, budget_s: float = PATTERN_BUDGET_S) -> None:
+        self.budget_s = budget_s
         self.left = budget_s
 
     def search(self, pattern: regex.Pattern[str], text: str) -> list[regex.Match[str]]:
         """Every match of `pattern` in `text`; AnswerPatternTimeout where the budget runs out."""
+        spent = AnswerPatternTimeout(f"the answer pattern took longer than {self.budget_s} s")
         if self.left <= 0:
-            raise AnswerPatternTimeout(f"the answer pattern took longer than {PATTERN_BUDGET_S} s")
+            raise spent
         started = time.perf_counter()
         try:
             return list(pattern.finditer(text, timeout=self.left))
         except TimeoutError:
             self.left = 0.0
-            raise AnswerPatternTimeout(f"the answer pattern took longer than {PATTERN_BUDGET_S} s") from None
+            raise spent from None
         finally:
             self.left = max(0.0, self.left - (time.perf_counter() - started))
 

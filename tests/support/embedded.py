@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import torch
+
 from backend.engines.base import SamplingParams
 from backend.engines.embedded.engine import EmbeddedGeneration
+from backend.engines.embedded.linear import kernel_status
 
 PROMPT = "Name three colors."
 
@@ -22,3 +25,13 @@ async def collect(generation: EmbeddedGeneration | object, n: int) -> tuple[list
 def params(max_tokens: int = 12, temperature: float = 0.8, seed: int = 5, **extra: object) -> SamplingParams:
     """Sampling settings with top_p 0.95 and a seed."""
     return SamplingParams(max_tokens=max_tokens, temperature=temperature, top_p=0.95, seed=seed, **extra)
+
+
+def kernel_status_on_one_thread() -> tuple[bool, str]:
+    """linear.kernel_status() as the engine's one-thread process sees it."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # as the engine's process runs
+    try:
+        return kernel_status()
+    finally:
+        torch.set_num_threads(threads)

@@ -42,7 +42,6 @@ class ComputePath:
     """The linear layers go to the rows kernel (and the ops between them to decode_ops)."""
     gguf_blocks: bool
     """The rows kernel multiplies the GGUF's quantized blocks rather than float32 weights."""
-    description: str
 
     @property
     def batch_invariant(self) -> bool:
@@ -53,10 +52,10 @@ class ComputePath:
 PATHS: dict[str, ComputePath] = {
     path.name: path
     for path in (
-        ComputePath("fp32-blocks", "float32", True, True, "float32, rows kernel on the GGUF's blocks"),
-        ComputePath("fp32-rows", "float32", True, False, "float32, rows kernel on float32 weights"),
-        ComputePath("fp32-torch", "float32", False, False, "float32 through PyTorch"),
-        ComputePath("bf16-torch", "bfloat16", False, False, "bfloat16 through PyTorch"),
+        ComputePath("fp32-blocks", "float32", rows_kernel=True, gguf_blocks=True),
+        ComputePath("fp32-rows", "float32", rows_kernel=True, gguf_blocks=False),
+        ComputePath("fp32-torch", "float32", rows_kernel=False, gguf_blocks=False),
+        ComputePath("bf16-torch", "bfloat16", rows_kernel=False, gguf_blocks=False),
     )
 }
 """Every path, by its `--compute` name."""
