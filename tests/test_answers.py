@@ -254,20 +254,22 @@ POLYNOMIAL = [
 
 @pytest.mark.parametrize("pattern", POLYNOMIAL)
 def test_a_pattern_that_backtracks_without_end_is_stopped_within_its_budget(pattern: str) -> None:
+    """Stopped once its budget is spent: the CPU time this thread gave it (wall time also counts the
+    test's process waiting for a core behind other test processes)."""
     compiled = compile_answer_pattern(pattern)
     assert compiled is not None
-    started = time.perf_counter()
+    started = time.thread_time()
     with pytest.raises(AnswerPatternTimeout):
         final_answer("! " + STORY, compiled)
-    assert time.perf_counter() - started < PATTERN_BUDGET_S + 0.2
+    assert time.thread_time() - started < PATTERN_BUDGET_S + 0.2
 
 
 @pytest.mark.parametrize("pattern", [r"(\w+\s?)*!", r"(a|a)*b", r"((\w+)*)+$!", r"(x+x+)+y", r"(\w|\w\w)*!"])
 def test_patterns_that_backtrack_exponentially_in_re_read_at_once(pattern: str) -> None:
     """The patterns that stall Python's `re` on ordinary text are answered at once by `regex`."""
-    started = time.perf_counter()
+    started = time.thread_time()
     assert final_answer("! " + STORY, compile_answer_pattern(pattern)) in (None, "!")
-    assert time.perf_counter() - started < PATTERN_BUDGET_S / 4
+    assert time.thread_time() - started < PATTERN_BUDGET_S / 4
 
 
 def test_one_runs_budget_is_shared_by_its_samples() -> None:
