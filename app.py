@@ -137,6 +137,7 @@ def main(argv: list[str] | None = None) -> int:
         limits = limits_from_args(args)
         backend: BackendProcess | None = None
         backend_url = args.backend_url
+        experiment_url = None  # a backend of another's: its blocking experiments share its one loop
         if not backend_url:
             # A backend of our own gets a token of our own: other local processes cannot use it.
             args.token = args.token or secrets.token_urlsafe(24)
@@ -144,6 +145,7 @@ def main(argv: list[str] | None = None) -> int:
             # The backend listens on loopback only: the page is its one client here.
             backend = BackendProcess(args, "127.0.0.1", args.backend_port)
             backend_url = backend.start_and_wait()
+            experiment_url = backend.experiment_url
     except (ValueError, RuntimeError, TimeoutError) as exc:
         print(f"app: {exc}", file=sys.stderr)
         return 2
@@ -152,7 +154,13 @@ def main(argv: list[str] | None = None) -> int:
     os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")
     from ui.app import CSS, build_demo  # imported late: Gradio takes seconds to import
 
-    demo = build_demo(backend_url, n_max=limits.n_max, max_tokens_max=limits.max_tokens_max, token=args.token)
+    demo = build_demo(
+        backend_url,
+        n_max=limits.n_max,
+        max_tokens_max=limits.max_tokens_max,
+        token=args.token,
+        experiment_url=experiment_url,
+    )
     print(f"backend: {backend_url}", flush=True)
     # SIGTERM (a supervisor, a Space restarting) ends the process like Ctrl-C does, so the
     # `finally` below stops the backend process instead of leaving it running.

@@ -77,6 +77,11 @@ class Consumer:
     mode: str = "cooperative"
     block_ms: float = DEFAULT_BLOCK_MS
 
+    @property
+    def blocks(self) -> bool:
+        """Whether this consumer blocks the loop (the "blocking" mode with a block above 0 ms)."""
+        return self.mode == "blocking" and self.block_ms > 0
+
 
 @dataclass(frozen=True)
 class GenerateCommand:

@@ -92,10 +92,15 @@ it has one) and vote: the most common answer is the self-consistency answer.
 
 
 def build_demo(
-    backend_url: str, n_max: int = 32, max_tokens_max: int = 2048, token: str | None = None
+    backend_url: str,
+    n_max: int = 32,
+    max_tokens_max: int = 2048,
+    token: str | None = None,
+    experiment_url: str | None = None,
 ) -> gr.Blocks:
-    """The dashboard page, talking to the backend at `backend_url` (with `token`, if it needs one)."""
-    handlers = Handlers(backend_url, token)
+    """The dashboard page, talking to the backend at `backend_url` (with `token`, if it needs one),
+    and sending blocking-consumer runs to its experiment server at `experiment_url` where it has one."""
+    handlers = Handlers(backend_url, token, experiment_url)
 
     with gr.Blocks(title="Parallel sampling, live") as demo:
         gr.Markdown(

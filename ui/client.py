@@ -32,6 +32,9 @@ CONNECT_TIMEOUT_S = 5.0
 ACCEPT_TIMEOUT_S = 30.0
 """How long to wait for `accepted` (or an error) after sending `generate`."""
 
+KEEPALIVE_S = 20.0
+"""Keepalive ping interval (and timeout) of a run's connection: a backend that hangs is noticed."""
+
 CLOSE_TIMEOUT_S = 10.0
 """How long a cancelled run keeps its connection open to collect the final frames."""
 
@@ -66,8 +69,12 @@ class BackendRun:
         request_id: str | None = None,
         token: str | None = None,
         client_address: str | None = None,
+        blocks_loop: bool = False,
     ) -> None:
+        """`blocks_loop`: the run blocks the backend's loop on purpose (the blocking-consumer
+        experiment), so its connection goes without keepalive pings."""
         self.url = url
+        self.blocks_loop = blocks_loop
         self.token = token
         self.client_address = client_address
         self.request_id = request_id or f"r-{uuid.uuid4().hex[:8]}"
@@ -93,7 +100,13 @@ class BackendRun:
             headers["X-Forwarded-For"] = self.client_address
         try:
             self._ws = await connect(
-                self.url, open_timeout=CONNECT_TIMEOUT_S, max_size=MAX_FRAME_BYTES, additional_headers=headers
+                self.url,
+                open_timeout=CONNECT_TIMEOUT_S,
+                max_size=MAX_FRAME_BYTES,
+                additional_headers=headers,
+                # A run that blocks the backend's loop on purpose (an experiment) would miss the
+                # keepalive's pongs and be dropped; a backend that dies still closes the socket.
+                ping_interval=None if self.blocks_loop else KEEPALIVE_S,
             )
         except (OSError, InvalidHandshake, InvalidURI, TimeoutError) as exc:
             log.warning("cannot reach the backend at %s: %s", self.url, exc)

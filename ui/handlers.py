@@ -22,9 +22,11 @@ import gradio as gr
 from ui.answers_view import AnswersPanel
 from ui.answers_view import empty_outputs as empty_answers
 from ui.client import CLOSE_TIMEOUT_S, BackendError, BackendRun
+from ui.run_request import InputProblem, run_request
 from ui.sample_grid import empty_value
 from ui.trace_view import panel_html
 from ui.view import RunView, samples_value, status_markdown, summary_markdown
+from ui.visitor_limits import VisitorLedger, VisitorLimitReached, VisitorLimits
 
 UPDATES_PER_S = 15
 """Page updates per second while streaming: browsers keep up with 10-20 (docs/benchmarks.md, "Browser")."""
@@ -67,9 +69,19 @@ def _session(request: gr.Request | None) -> str:
 class Handlers:
     """The page's handlers for the backend at `backend_url` (with `token`, if it needs one)."""
 
-    def __init__(self, backend_url: str, token: str | None = None) -> None:
+    def __init__(
+        self,
+        backend_url: str,
+        token: str | None = None,
+        experiment_url: str | None = None,
+        visitor_limits: VisitorLimits | None = None,
+    ) -> None:
         self.backend_url = backend_url
         self.token = token
+        self.experiment_url = experiment_url
+        """The backend's experiment server, where blocking-consumer runs go (None: the main loop)."""
+        self.visitors = VisitorLedger(visitor_limits or VisitorLimits())
+        """Each visitor's running runs, against the page-side limits (`ui.visitor_limits`)."""
         self._runs: dict[str, BackendRun] = {}
         """Each browser session's current run."""
         self._answers: dict[str, AnswersPanel] = {}
@@ -100,35 +112,41 @@ class Handlers:
         """Start a run and stream its view to the page until it is done."""
         session = _session(request)
         address = request.client.host if request is not None and request.client else None
-        run = BackendRun(self.backend_url, token=self.token, client_address=address)
+        try:
+            wanted = run_request(
+                prompt_text,
+                n_value,
+                max_tokens_value,
+                temperature_value,
+                top_p_value,
+                seed_value,
+                consumer_mode,
+                block_ms_value,
+                fanout_value,
+                format_value,
+                system_value,
+                output_kind_value,
+                cancel_after_value,
+                logprobs_value,
+                answer_pattern_value,
+            )
+            ticket = self.visitors.admit(address or "unknown", wanted)
+        except (InputProblem, VisitorLimitReached) as exc:
+            yield error_outputs(str(exc))
+            return
+        # Blocking experiments go to the backend's experiment loop: they block that loop, not the
+        # one that serves everyone else's streams.
+        url = self.experiment_url if wanted.blocking and self.experiment_url else self.backend_url
+        run = BackendRun(url, token=self.token, client_address=address, blocks_loop=wanted.blocking)
         previous = self._runs.get(session)
         self._runs[session] = run
         if previous is not None:
             self._in_background(_cancel_and_close(previous))
-        params = {
-            "max_tokens": int(max_tokens_value),
-            "temperature": float(temperature_value),
-            "top_p": float(top_p_value),
-            "seed": None if seed_value is None else int(seed_value),
-        }
-        options: dict[str, Any] = {
-            "consumer": {"mode": consumer_mode or "cooperative", "block_ms": float(block_ms_value or 0)},
-            "fanout": fanout_value or "n",
-            "format": format_value or "chat",
-        }
-        if options["format"] == "chat" and (system_value or "").strip():
-            options["system"] = system_value
-        if output_kind_value and output_kind_value != "delta":
-            options["output_kind"] = output_kind_value
-        if cancel_after_value:  # 0 or empty: never; anything else goes as typed (the backend checks it)
-            options["cancel_after"] = int(cancel_after_value)
-        if logprobs_value:
-            options["logprobs"] = True
-        answers = self._answers[session] = AnswersPanel(answer_pattern_value)
+        answers = self._answers[session] = AnswersPanel(wanted.answer_pattern)
         streaming = self._streaming[run] = asyncio.Event()
         try:
             try:
-                view = await run.start(prompt_text, int(n_value), params, options)
+                view = await run.start(wanted.prompt, wanted.n, wanted.params, wanted.options)
             except BackendError as exc:
                 self._forget(session, run)
                 yield error_outputs(str(exc))
@@ -139,6 +157,7 @@ class Handlers:
                 count += 1
                 yield outputs_for(view, answers, with_trace=view.finished or count % TRACE_EVERY == 0)
         finally:
+            self.visitors.release(ticket)
             streaming.set()
             self._streaming.pop(run, None)
             if not run.view.finished:

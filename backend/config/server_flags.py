@@ -26,6 +26,11 @@ LIMIT_FLAGS = {
         "DASHBOARD_REQUESTS_PER_MINUTE",
         "requests per address a minute",
     ),
+    "max_blocking_requests": (
+        "--max-blocking-requests",
+        "DASHBOARD_MAX_BLOCKING_REQUESTS",
+        "blocking-consumer experiments at once, all clients",
+    ),
     "send_stall_s": ("--send-stall-s", "DASHBOARD_SEND_STALL_S", "seconds a non-reading client is kept"),
 }
 """Server-wide limits settable on the command line (see backend/config/settings.py for what each protects)."""
@@ -64,6 +69,14 @@ def add_server_arguments(parser: argparse.ArgumentParser) -> None:
         default=env("DASHBOARD_LOG_PROMPTS", "") == "1",
         help="log each request's prompt (off by default: prompts stay out of logs)",
     )
+    parser.add_argument(
+        "--experiment-port",
+        type=int,
+        default=int(env("DASHBOARD_EXPERIMENT_PORT", "0")),
+        help="port of the experiment server, where the page runs blocking-consumer experiments on a "
+        "loop of their own so they do not stall other users' streams; 0: any free port, -1: none "
+        "(env DASHBOARD_EXPERIMENT_PORT; default %(default)s)",
+    )
     for field, (flag, env_name, what) in LIMIT_FLAGS.items():
         default = getattr(Limits, field)
         kind = type(default)
@@ -87,6 +100,7 @@ def server_from_args(args: argparse.Namespace, host: str, port: int) -> BackendS
         allowed_origins=tuple(args.allowed_origin or ()),
         token=args.token,
         log_prompts=args.log_prompts,
+        experiment_port=args.experiment_port if args.experiment_port >= 0 else None,
     )
 
 

@@ -75,5 +75,10 @@ class Limits:
     requests_per_minute: int = 120
     """Requests one address may start in a minute: bounds a flood of short requests."""
 
+    max_blocking_requests: int = 1
+    """Requests in the "blocking" consumer mode at once, over all connections: the experiment blocks
+    the loop every client shares for up to `BLOCK_MS_MAX` per chunk, so one runs at a time and
+    other clients' streams wait at most one block between chunks (docs/trace.md, "Other clients")."""
+
     send_stall_s: float = 15.0
     """A client whose socket takes nothing for this long is dropped and its requests aborted."""

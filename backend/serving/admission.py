@@ -34,6 +34,7 @@ class Admission:
         self.limits = limits
         self.connections: dict[str, int] = defaultdict(int)
         self.running_samples = 0
+        self.blocking_requests = 0
         self._starts: dict[str, deque[float]] = defaultdict(deque)
 
     def connect(self, address: str) -> str | None:
@@ -52,8 +53,11 @@ class Admission:
         if self.connections[address] <= 0:
             del self.connections[address]
 
-    def start_request(self, address: str, n: int, now: float, request_id: str) -> None:
-        """Admit a request of n samples at time `now` (seconds), or raise ProtocolError saying why."""
+    def start_request(
+        self, address: str, n: int, now: float, request_id: str, blocking: bool = False
+    ) -> None:
+        """Admit a request of n samples at time `now` (seconds), or raise ProtocolError saying why;
+        `blocking` when its consumer blocks the loop (the "blocking" experiment)."""
         starts = self._starts[address]
         while starts and starts[0] <= now - RATE_WINDOW_S:
             starts.popleft()
@@ -72,9 +76,19 @@ class Admission:
                 f"{self.limits.max_total_samples} at once; retry when some finish or ask for fewer",
                 request_id,
             )
+        if blocking and self.blocking_requests >= self.limits.max_blocking_requests:
+            raise ProtocolError(
+                "experiment_busy",
+                "another blocking-consumer experiment is running (it blocks the loop every client "
+                f"shares, so {self.limits.max_blocking_requests} at a time); retry when it ends, or "
+                "use the cooperative or greedy consumer",
+                request_id,
+            )
         starts.append(now)
         self.running_samples += n
+        self.blocking_requests += blocking
 
-    def end_request(self, n: int) -> None:
-        """A request that `start_request` admitted has ended."""
+    def end_request(self, n: int, blocking: bool = False) -> None:
+        """A request that `start_request` admitted (with the same `blocking`) has ended."""
         self.running_samples -= n
+        self.blocking_requests -= blocking

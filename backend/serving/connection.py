@@ -262,7 +262,8 @@ class ClientSession:
         except RequestRejected as exc:
             raise ProtocolError(exc.code, str(exc), command.id) from None
         loop = asyncio.get_running_loop()
-        self.admission.start_request(self.address, command.n, loop.time(), command.id)
+        blocking = command.consumer.blocks
+        self.admission.start_request(self.address, command.n, loop.time(), command.id, blocking)
         try:
             if command.fanout == "requests":
                 label = f"{command.id} @{self.label}"
@@ -272,7 +273,7 @@ class ClientSession:
             if command.output_kind == "cumulative":
                 generation = CumulativeGeneration(generation)
         except Exception as exc:
-            self.admission.end_request(command.n)
+            self.admission.end_request(command.n, blocking)
             log.exception("engine refused request %s", command.id)
             raise ProtocolError("engine_error", f"the engine could not start: {exc}", command.id) from None
         if self.log_prompts:
@@ -366,7 +367,7 @@ class ClientSession:
                     self.feed.flush()  # the last of the trace goes before `done`
                 self.send(state.done(loop.time()), now=True)
                 del self.requests[state.request_id]
-                self.admission.end_request(state.n)
+                self.admission.end_request(state.n, command.consumer.blocks)
 
     def _cancel(self, command: CancelCommand) -> None:
         running = self.requests.get(command.id)

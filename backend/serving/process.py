@@ -55,7 +55,7 @@ def _serve(args: argparse.Namespace, host: str, port: int, ready: Connection, pa
         try:
             server = server_from_args(args, host, port)
         except Exception as exc:  # noqa: BLE001 - reported to the parent, which says it plainly
-            ready.send(("error", str(exc) or type(exc).__name__))
+            ready.send(("error", str(exc) or type(exc).__name__, None))
             return
 
         def handle_signals() -> None:
@@ -69,9 +69,9 @@ def _serve(args: argparse.Namespace, host: str, port: int, ready: Connection, pa
             # Listen at once: the page then shows what a long first start does, or why it failed.
             await server.start(engine_in_background=True)
         except Exception as exc:  # noqa: BLE001 - reported to the parent, which says it plainly
-            ready.send(("error", str(exc) or type(exc).__name__))
+            ready.send(("error", str(exc) or type(exc).__name__, None))
             return
-        ready.send(("ready", server.url))
+        ready.send(("ready", server.url, server.experiment_url))
         watcher = asyncio.create_task(_stop_when_orphaned(parent, stop), name="parent watch")
         settled = asyncio.create_task(server.engine_settled(), name="engine settled")
         # An engine may put its own handlers on the loop as it starts (in-process SGLang does): this
@@ -99,6 +99,8 @@ class BackendProcess:
         self._process = context.Process(
             target=_serve, args=(args, host, port, child, os.getpid()), name="backend", daemon=False
         )
+        self.experiment_url: str | None = None
+        """The backend's experiment server (blocking-consumer runs on a loop of their own), once it serves."""
 
     def start_and_wait(self, timeout: float = START_TIMEOUT_S) -> str:
         """Start the child; its websocket URL once it serves, or RuntimeError saying why not."""
@@ -107,7 +109,7 @@ class BackendProcess:
             self.stop()
             raise TimeoutError(f"the backend did not start within {timeout:g} s")
         try:
-            status, detail = self._parent.recv()
+            status, detail, self.experiment_url = self._parent.recv()
         except EOFError:
             raise RuntimeError(
                 f"the backend exited with status {self._process.exitcode} before serving"

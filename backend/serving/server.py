@@ -34,6 +34,7 @@ from backend.protocol import (
 )
 from backend.serving.admission import Admission, client_address
 from backend.serving.connection import ClientSession
+from backend.serving.experiments import ExperimentServer
 from backend.trace.feed import TraceFeed
 from backend.trace.recorder import NOT_BUILT as TRACER_NOT_BUILT
 from backend.trace.recorder import LoopTracer
@@ -62,9 +63,11 @@ class BackendServer:
         allowed_origins: tuple[str, ...] = (),
         token: str | None = None,
         log_prompts: bool = False,
+        experiment_port: int | None = None,
     ) -> None:
         """`trace`: trace this loop, where the tracer's C parts are built (else it serves untraced and
-        says why in `trace_off` and `/health`)."""
+        says why in `trace_off` and `/health`). `experiment_port`: also serve blocking-consumer
+        experiments on a loop of their own at this port (0: any free one), `experiments`."""
         self.engine = engine
         self.limits = limits or Limits()
         self.host = host
@@ -90,6 +93,12 @@ class BackendServer:
         """STARTING until the engine's start returned, then READY, or FAILED with `engine_error`."""
         self.engine_error: str | None = None
         self._engine_task: asyncio.Task[None] | None = None
+        self.experiments = ExperimentServer(self, experiment_port) if experiment_port is not None else None
+
+    @property
+    def experiment_url(self) -> str | None:
+        """The experiment server's websocket URL, where it runs one."""
+        return self.experiments.url if self.experiments is not None else None
 
     async def start(self, engine_in_background: bool = False) -> None:
         """Trace this loop, start the engine, then listen; `port` becomes the bound port.
@@ -102,6 +111,8 @@ class BackendServer:
             self.tracer.install(asyncio.get_running_loop())
         if self.feed is not None:
             self._feed_task = asyncio.create_task(self.feed.run(), name="trace")
+        if self.experiments is not None:  # before listening: /health then names its URL
+            await self.experiments.start()
         if engine_in_background:
             self._engine_task = asyncio.create_task(self._start_engine(), name="engine start")
         else:
@@ -178,15 +189,19 @@ class BackendServer:
         host = f"[{self.host}]" if ":" in self.host else self.host
         return f"ws://{host}:{self.port}{WS_PATH}"
 
-    async def close(self) -> None:
-        """Stop listening, close every connection (aborting its requests), stop the engine."""
+    async def close(self, stop_engine: bool = True) -> None:
+        """Stop listening, close every connection (aborting its requests), stop the engine (unless
+        not `stop_engine`: an experiment server's engine is the main server's)."""
+        if self.experiments is not None:
+            await self.experiments.close()
         if self._server is not None:
             self._server.close()
             await self._server.wait_closed()
         if self._engine_task is not None:
             self._engine_task.cancel()
             await asyncio.gather(self._engine_task, return_exceptions=True)
-        await self.engine.stop()
+        if stop_engine:
+            await self.engine.stop()
         if self._feed_task is not None:
             self._feed_task.cancel()
             await asyncio.gather(self._feed_task, return_exceptions=True)
@@ -212,6 +227,7 @@ class BackendServer:
             "active_requests": sum(len(s.requests) for s in self.sessions),
             "n_max": self.limits.n_max,
             "max_tokens_max": self.limits.max_tokens_max,
+            "experiment_url": self.experiment_url,
             "trace": {"off": self.trace_off}
             if self.tracer is None
             else {

@@ -1,0 +1,236 @@
+"""A loop of its own for experiments that block: the page's blocking-consumer runs, apart from everyone else.
+
+The "blocking" consumer holds the loop that consumes its streams for `block_ms` per chunk, on
+purpose: that is the lesson. On the loop every client shares, one person's experiment stalled
+every other person's columns for as long as it ran (32 s measured, `python -m bench.blocking_neighbour`).
+So the backend runs a second websocket server, the experiment server, on a second asyncio loop in
+a thread of the same process, traced by a tracer of its own. The page sends blocking runs there:
+the experimenter's loop is really blocked, measured and shown in their trace, while the main loop
+goes on serving everyone else's streams; one blocking experiment runs there at a time
+(`Limits.max_blocking_requests`), so two experimenters do not stall each other either.
+
+Both servers drive the one engine: the experiment server's engine is a `BridgedEngine`, which
+starts each generation on the main loop (the engine's own) and hands its chunks across with
+`call_soon_threadsafe`, as the embedded engine's reader thread hands chunks to the main loop.
+Both loops are Python threads of one process: while the experiment's loop blocks, the main loop
+gets the interpreter lock back at every switch interval (`sys.getswitchinterval()`, 5 ms), so the
+other clients' streams go on, a few milliseconds slower per step (docs/trace.md, "Other clients").
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+from collections.abc import Callable, Coroutine
+from concurrent.futures import Future
+from dataclasses import replace
+from typing import TYPE_CHECKING, Any
+
+from backend.engines.base import (
+    Chunk,
+    Engine,
+    FormatChoice,
+    Generation,
+    Prompt,
+    RequestRejected,
+    SamplingParams,
+)
+
+if TYPE_CHECKING:
+    from backend.serving.server import BackendServer
+
+log = logging.getLogger("backend")
+
+START_TIMEOUT_S = 10.0
+"""How long the main server waits for the experiment server's thread to listen."""
+
+_END = object()
+"""Put on a bridged generation's queue after the engine's last chunk."""
+
+
+class BridgedEngine(Engine):
+    """The main server's engine as seen from the experiment loop: generations run on `engine_loop`."""
+
+    def __init__(self, main: BackendServer, engine_loop: asyncio.AbstractEventLoop) -> None:
+        self.main = main
+        self.engine = main.engine
+        self.engine_loop = engine_loop
+        self.name = self.engine.name
+
+    @property
+    def model(self) -> str:
+        """The main engine's model."""
+        return self.engine.model
+
+    @property
+    def chat_template(self) -> bool | None:
+        """The main engine's answer."""
+        return self.engine.chat_template
+
+    @property
+    def template_note(self) -> str:
+        """The main engine's note."""
+        return self.engine.template_note
+
+    def choose_format(self, text: str, requested: str | None, system: str = "") -> FormatChoice:
+        """As the main engine chooses."""
+        return self.engine.choose_format(text, requested, system)
+
+    def validate(self, prompt: Prompt, n: int, params: SamplingParams) -> None:
+        """The main engine must be ready (it starts on the main loop), then its own checks."""
+        problem = self.main.engine_problem()
+        if problem is not None:
+            raise RequestRejected("engine_not_ready", problem)
+        self.engine.validate(prompt, n, params)
+
+    def generate(self, prompt: Prompt, n: int, params: SamplingParams) -> Generation:
+        """Start the request on the engine's loop; its chunks arrive on this loop."""
+        return BridgedGeneration(self, lambda: self.engine.generate(prompt, n, params))
+
+    def health(self) -> dict[str, Any]:
+        """The main engine's figures."""
+        return self.engine.health()
+
+
+class BridgedGeneration(Generation):
+    """A generation running on the engine's loop, iterated from the experiment loop."""
+
+    def __init__(self, bridge: BridgedEngine, start: Callable[[], Generation]) -> None:
+        self._engine_loop = bridge.engine_loop
+        self._here = asyncio.get_running_loop()
+        self._queue: asyncio.Queue[Any] = asyncio.Queue()
+        self._inner: Generation | None = None
+        self._listener: Callable[[int], None] | None = None
+        self._pump: Future[None] = asyncio.run_coroutine_threadsafe(self._run(start), self._engine_loop)
+
+    def _hand_over(self, item: Any) -> None:
+        self._here.call_soon_threadsafe(self._queue.put_nowait, item)
+
+    async def _run(self, start: Callable[[], Generation]) -> None:
+        """On the engine's loop: start the generation and pass each chunk (or its failure) across."""
+        try:
+            self._inner = start()
+            if self._listener is not None:
+                listener, here = self._listener, self._here
+                self._inner.watch_queue(lambda position: here.call_soon_threadsafe(listener, position))
+            async for chunk in self._inner:
+                self._hand_over(chunk)
+        except Exception as exc:  # noqa: BLE001 - raised again on the experiment loop
+            self._hand_over(exc)
+        finally:
+            self._hand_over(_END)
+
+    async def __anext__(self) -> Chunk:
+        item = await self._queue.get()
+        if item is _END:
+            self._queue.put_nowait(_END)  # stays ended
+            raise StopAsyncIteration
+        if isinstance(item, Exception):
+            raise item
+        return item
+
+    def watch_queue(self, listener: Callable[[int], None]) -> None:
+        """Queue positions, called on the experiment loop."""
+        self._listener = listener
+
+    async def _on_engine_loop(self, call: Callable[[Generation], Coroutine[Any, Any, None]]) -> None:
+        async def run() -> None:
+            if self._inner is not None:
+                await call(self._inner)
+
+        if self._engine_loop.is_closed():
+            return
+        await asyncio.wrap_future(asyncio.run_coroutine_threadsafe(run(), self._engine_loop))
+
+    async def abort(self, index: int | None = None) -> None:
+        """Abort on the engine's loop."""
+        await self._on_engine_loop(lambda inner: inner.abort(index))
+
+    async def aclose(self) -> None:
+        """Close on the engine's loop, then stop passing chunks across."""
+        await self._on_engine_loop(lambda inner: inner.aclose())
+        self._pump.cancel()
+
+
+class ExperimentServer:
+    """The experiment server: a `BackendServer` on a loop of its own, in a thread of this process."""
+
+    def __init__(self, main: BackendServer, port: int = 0) -> None:
+        self.main = main
+        self.port = port
+        self.server: BackendServer | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._stop: asyncio.Event | None = None
+        self._thread: threading.Thread | None = None
+        self._ready = threading.Event()
+        self._error: BaseException | None = None
+
+    @property
+    def url(self) -> str | None:
+        """Its websocket URL once it listens."""
+        return self.server.url if self.server is not None else None
+
+    async def start(self) -> None:
+        """Start the thread and wait (without blocking the main loop) until it listens."""
+        engine_loop = asyncio.get_running_loop()
+        self._thread = threading.Thread(
+            target=self._serve, args=(engine_loop,), name="experiment loop", daemon=True
+        )
+        self._thread.start()
+        ready = await asyncio.to_thread(self._ready.wait, START_TIMEOUT_S)
+        if self._error is not None:
+            raise RuntimeError(f"the experiment server could not start: {self._error}")
+        if not ready:
+            raise RuntimeError(f"the experiment server did not listen within {START_TIMEOUT_S:g} s")
+        log.info("blocking experiments run on their own loop at %s", self.url)
+
+    def _serve(self, engine_loop: asyncio.AbstractEventLoop) -> None:
+        from backend.serving.server import BackendServer
+
+        async def main() -> None:
+            main_server = self.main
+            # One experiment at a time, one request's worth of samples: it has this loop to itself.
+            limits = replace(
+                main_server.limits,
+                max_blocking_requests=1,
+                max_total_samples=main_server.limits.n_max,
+            )
+            self._stop = asyncio.Event()
+            self._loop = asyncio.get_running_loop()
+            server = BackendServer(
+                BridgedEngine(main_server, engine_loop),
+                limits,
+                main_server.host,
+                self.port,
+                trace=main_server.tracer is not None,
+                allowed_origins=main_server.allowed_origins,
+                token=main_server.token,
+                log_prompts=main_server.log_prompts,
+            )
+            try:
+                await server.start()
+            except BaseException as exc:
+                self._error = exc
+                self._ready.set()
+                raise
+            self.server = server
+            self._ready.set()
+            try:
+                await self._stop.wait()
+            finally:
+                await server.close(stop_engine=False)
+
+        try:
+            asyncio.run(main())
+        except Exception:  # reported through `_error`, or logged
+            if self._ready.is_set() and self._error is None:
+                log.exception("the experiment server failed")
+
+    async def close(self) -> None:
+        """Close its connections (aborting their requests) and end the thread."""
+        loop, stop = self._loop, self._stop
+        if loop is not None and stop is not None and not loop.is_closed():
+            loop.call_soon_threadsafe(stop.set)
+        if self._thread is not None:
+            await asyncio.to_thread(self._thread.join, START_TIMEOUT_S)
