@@ -385,7 +385,7 @@ async def test_cancel_answers_once_generate_has_drawn_the_end_of_the_run() -> No
     await backend.start()
     try:
         handlers = Handlers(backend.url)
-        request: Any = SimpleNamespace(session_hash="one-page", client=None)
+        request: Any = SimpleNamespace(session_hash="one-page", client=None, headers={})
         drawn: list[list[Any]] = []
         streaming = asyncio.Event()
 

@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 
 from ui.run_request import InputProblem, RunRequest, run_request
-from ui.visitor_limits import VisitorLedger, VisitorLimitReached, VisitorLimits
+from ui.visitor_limits import VisitorLedger, VisitorLimitReached, VisitorLimits, visitor_address
 
 GOOD: dict[str, Any] = {
     "prompt_text": "Tell a story.",
@@ -120,3 +120,13 @@ def test_a_visitor_is_held_to_runs_tokens_and_one_blocking_experiment() -> None:
             "a", request(consumer_mode="blocking", block_ms_value=200, n_value=4, max_tokens_value=80)
         )
     assert "a" not in ledger.runs  # every run of a ended: nothing kept for it
+
+
+def test_a_visitor_is_the_address_the_spaces_proxy_saw() -> None:
+    assert visitor_address("127.0.0.1", None, behind_proxy=False) == "127.0.0.1"
+    assert visitor_address("127.0.0.1", "203.0.113.9", behind_proxy=False) == "127.0.0.1"  # not believed
+    assert visitor_address("10.16.3.80", "203.0.113.9", behind_proxy=True) == "203.0.113.9"
+    # what the client put in front of the proxy's own entry is not believed
+    assert visitor_address("10.16.3.80", "1.2.3.4, 203.0.113.9", behind_proxy=True) == "203.0.113.9"
+    assert visitor_address("10.16.3.80", " , ", behind_proxy=True) == "10.16.3.80"
+    assert visitor_address(None, None, behind_proxy=True) == "unknown"

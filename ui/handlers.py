@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import os
 import tempfile
 import time
 from collections.abc import AsyncIterator
@@ -26,7 +27,7 @@ from ui.run_request import InputProblem, run_request
 from ui.sample_grid import empty_value
 from ui.trace_view import panel_html
 from ui.view import RunView, samples_value, status_markdown, summary_markdown
-from ui.visitor_limits import VisitorLedger, VisitorLimitReached, VisitorLimits
+from ui.visitor_limits import VisitorLedger, VisitorLimitReached, VisitorLimits, visitor_address
 
 UPDATES_PER_S = 15
 """Page updates per second while streaming: browsers keep up with 10-20 (docs/benchmarks.md, "Browser")."""
@@ -60,6 +61,19 @@ def error_outputs(message: str) -> list[Any]:
 
 OUTPUTS = 6
 """How many outputs `outputs_for` fills."""
+
+
+BEHIND_PROXY = bool(os.environ.get("SPACE_ID"))
+"""In a Space every request comes through the platform's proxy, which says who sent it in
+X-Forwarded-For (`ui.visitor_limits.visitor_address`)."""
+
+
+def _address(request: gr.Request | None) -> str:
+    """The visitor's address, for the page's limits and the backend's."""
+    if request is None:
+        return "unknown"
+    peer = request.client.host if request.client else None
+    return visitor_address(peer, request.headers.get("x-forwarded-for"), BEHIND_PROXY)
 
 
 def _session(request: gr.Request | None) -> str:
@@ -111,7 +125,7 @@ class Handlers:
     ) -> AsyncIterator[list[Any]]:
         """Start a run and stream its view to the page until it is done."""
         session = _session(request)
-        address = request.client.host if request is not None and request.client else None
+        address = _address(request)
         try:
             wanted = run_request(
                 prompt_text,
@@ -130,7 +144,7 @@ class Handlers:
                 logprobs_value,
                 answer_pattern_value,
             )
-            ticket = self.visitors.admit(address or "unknown", wanted)
+            ticket = self.visitors.admit(address, wanted)
         except (InputProblem, VisitorLimitReached) as exc:
             yield error_outputs(str(exc))
             return

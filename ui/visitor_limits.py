@@ -4,7 +4,7 @@ A public page is open to anyone, and its API to scripts: without a bound of its 
 with many tabs or a loop of API calls could fill the engine and the backend's loops, and everyone
 else would wait. The backend has its own limits per address (docs/limits.md); these are the page's,
 checked before a run opens a connection, each said to the visitor in plain words when reached. A
-visitor is the address the page sees for them (the same one the page forwards to the backend).
+visitor is their address (`visitor_address`), which the page also forwards to the backend.
 """
 
 from __future__ import annotations
@@ -35,6 +35,17 @@ BLOCKING_BUDGET_S = 30.0
 """The longest a blocking-consumer run may hold its loop, worked out as n x max tokens x block ms
 (one block per chunk, a chunk at most a token; the page's defaults make 10 s): the experiment loop
 is every experimenting visitor's, one at a time, so one run may not keep it for minutes."""
+
+
+def visitor_address(peer: str | None, forwarded_for: str | None, behind_proxy: bool) -> str:
+    """Who a request comes from: the connection's peer, or `behind_proxy` (a Space, where every peer
+    is the platform's own proxy, an internal address) the last address in `X-Forwarded-For`, the
+    one that proxy appended. Earlier entries are whatever the client sent, so they are not believed."""
+    if behind_proxy and forwarded_for:
+        last = forwarded_for.split(",")[-1].strip()
+        if last:
+            return last
+    return peer or "unknown"
 
 
 class VisitorLimitReached(Exception):
