@@ -1,10 +1,13 @@
-"""The page's event handlers: Generate, Cancel, Stop one column, Export, a closed tab.
+"""The page's event handlers: Generate, Cancel, Stop one column, Export, Download run, a replayed
+upload, a closed tab.
 
 Each browser session has at most one run (a `BackendRun`: one websocket connection to the
 backend); `Handlers` keeps them apart, so Cancel and Stop reach the right request. Generate streams
 the run's view to the page at UPDATES_PER_S, the trace panel and summary every TRACE_EVERY-th
 update; a run cut short by the page (Cancel, a new Generate, a closed tab) is cancelled in the
-engine and closed in the background.
+engine and closed in the background. Download run saves the session's finished run as a file
+(`backend.saved_run`); an uploaded saved run is checked here, then replayed by the backend (a
+`replay` request) and streamed to the page as Generate's run is.
 """
 
 from __future__ import annotations
@@ -12,13 +15,16 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import os
 import tempfile
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
 import gradio as gr
 
+from backend.engines.replay import load_saved_run
+from backend.saved_run import SavedRunError, saved_run_json
 from ui.answers_view import AnswersPanel
 from ui.answers_view import empty_outputs as empty_answers
 from ui.client import CLOSE_TIMEOUT_S, BackendError, BackendRun
@@ -98,6 +104,59 @@ class Handlers:
         request: gr.Request,
     ) -> AsyncIterator[list[Any]]:
         """Start a run and stream its view to the page until it is done."""
+        session, run = self._new_run(request)
+        params = {
+            "max_tokens": int(max_tokens_value),
+            "temperature": float(temperature_value),
+            "top_p": float(top_p_value),
+            "seed": None if seed_value is None else int(seed_value),
+        }
+        options = _experiment_options(
+            consumer_mode, block_ms_value, fanout_value, output_kind_value, cancel_after_value
+        )
+        options["format"] = format_value or "chat"
+        if options["format"] == "chat" and (system_value or "").strip():
+            options["system"] = system_value
+        if logprobs_value:
+            options["logprobs"] = True
+        async for outputs in self._stream(
+            session, run, answer_pattern_value, lambda: run.start(prompt_text, int(n_value), params, options)
+        ):
+            yield outputs
+
+    async def replay(
+        self,
+        path: str | None,
+        speed_value: float,
+        consumer_mode: str,
+        block_ms_value: float,
+        fanout_value: str,
+        output_kind_value: str,
+        cancel_after_value: float | None,
+        answer_pattern_value: str,
+        request: gr.Request,
+    ) -> AsyncIterator[list[Any]]:
+        """Replay an uploaded saved run through the backend and stream its view to the page; a file
+        that is not a saved run this page can replay gets an error in the status line."""
+        if not path:
+            return
+        try:
+            saved = await asyncio.to_thread(load_saved_run, path)
+        except SavedRunError as exc:
+            yield error_outputs(f"{os.path.basename(path)} cannot be replayed: {exc}")
+            return
+        session, run = self._new_run(request)
+        options = _experiment_options(
+            consumer_mode, block_ms_value, fanout_value, output_kind_value, cancel_after_value
+        )
+        speed = float(speed_value or 1.0)
+        async for outputs in self._stream(
+            session, run, answer_pattern_value, lambda: run.replay(saved, speed, options)
+        ):
+            yield outputs
+
+    def _new_run(self, request: gr.Request) -> tuple[str, BackendRun]:
+        """A new run for this session; the session's previous run is cancelled and closed."""
         session = _session(request)
         address = request.client.host if request is not None and request.client else None
         run = BackendRun(self.backend_url, token=self.token, client_address=address)
@@ -105,30 +164,21 @@ class Handlers:
         self._runs[session] = run
         if previous is not None:
             self._in_background(_cancel_and_close(previous))
-        params = {
-            "max_tokens": int(max_tokens_value),
-            "temperature": float(temperature_value),
-            "top_p": float(top_p_value),
-            "seed": None if seed_value is None else int(seed_value),
-        }
-        options: dict[str, Any] = {
-            "consumer": {"mode": consumer_mode or "cooperative", "block_ms": float(block_ms_value or 0)},
-            "fanout": fanout_value or "n",
-            "format": format_value or "chat",
-        }
-        if options["format"] == "chat" and (system_value or "").strip():
-            options["system"] = system_value
-        if output_kind_value and output_kind_value != "delta":
-            options["output_kind"] = output_kind_value
-        if cancel_after_value:  # 0 or empty: never; anything else goes as typed (the backend checks it)
-            options["cancel_after"] = int(cancel_after_value)
-        if logprobs_value:
-            options["logprobs"] = True
+        return session, run
+
+    async def _stream(
+        self,
+        session: str,
+        run: BackendRun,
+        answer_pattern_value: str,
+        start: Callable[[], Awaitable[RunView]],
+    ) -> AsyncIterator[list[Any]]:
+        """Start `run` (`start`) as this session's run and stream its view until it is done."""
         answers = self._answers[session] = AnswersPanel(answer_pattern_value)
         streaming = self._streaming[run] = asyncio.Event()
         try:
             try:
-                view = await run.start(prompt_text, int(n_value), params, options)
+                view = await start()
             except BackendError as exc:
                 self._forget(session, run)
                 yield error_outputs(str(exc))
@@ -184,6 +234,24 @@ class Handlers:
             json.dump({"traceEvents": events, "displayTimeUnit": "ms"}, handle)
         return gr.File(value=handle.name, visible=True)
 
+    async def download_run(self, request: gr.Request) -> Any:
+        """This session's finished run as a saved run file to download (docs/protocol.md, "Saved runs")."""
+        run = self._runs.get(_session(request))
+        if run is None or run.recorder is None:
+            raise gr.Error("Nothing to download yet: press Generate first.")
+        if not run.view.finished:
+            raise gr.Error("The run is still streaming: download it once it has finished, or Cancel it.")
+        source = {"recorded_with": "the dashboard page's Download run"}
+        try:
+            text = saved_run_json(run.recorder.saved_run(source), indent=1)
+        except SavedRunError as exc:
+            raise gr.Error(f"This run cannot be saved: {exc}") from None
+        with tempfile.NamedTemporaryFile(
+            "w", suffix=".json", prefix=f"run-{run.request_id}-", delete=False, encoding="utf-8"
+        ) as handle:
+            handle.write(text)
+        return gr.File(value=handle.name, visible=True)
+
     async def close_session_run(self, request: gr.Request) -> None:
         """A closed tab: cancel and close its run."""
         session = _session(request)
@@ -211,6 +279,25 @@ class Handlers:
         task = asyncio.create_task(coroutine)
         self._background.add(task)
         task.add_done_callback(self._background.discard)
+
+
+def _experiment_options(
+    consumer_mode: str,
+    block_ms_value: float,
+    fanout_value: str,
+    output_kind_value: str,
+    cancel_after_value: float | None,
+) -> dict[str, Any]:
+    """The event-loop experiments' fields of a `generate` or `replay` frame."""
+    options: dict[str, Any] = {
+        "consumer": {"mode": consumer_mode or "cooperative", "block_ms": float(block_ms_value or 0)},
+        "fanout": fanout_value or "n",
+    }
+    if output_kind_value and output_kind_value != "delta":
+        options["output_kind"] = output_kind_value
+    if cancel_after_value:  # 0 or empty: never; anything else goes as typed (the backend checks it)
+        options["cancel_after"] = int(cancel_after_value)
+    return options
 
 
 async def _cancel_and_close(run: BackendRun) -> None:

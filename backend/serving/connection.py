@@ -28,6 +28,7 @@ from backend.config.settings import (
 )
 from backend.engines.base import Engine, Generation, RequestRejected
 from backend.engines.cumulative import CumulativeGeneration, DeltaReader
+from backend.engines.replay import ReplayEngine
 from backend.protocol import (
     CancelCommand,
     ExportTraceCommand,
@@ -248,17 +249,25 @@ class ClientSession:
                 "connection; wait for one to finish",
                 command.id,
             )
-        problem = self.engine_problem()
-        if problem is not None:
-            raise ProtocolError("engine_not_ready", problem, command.id)
+        engine = self.engine
+        if command.replay is not None:
+            # A saved run replays from an engine of its own: the server's engine, ready or not,
+            # takes no part.
+            engine = ReplayEngine(command.replay.run, command.replay.speed)
+        else:
+            problem = self.engine_problem()
+            if problem is not None:
+                raise ProtocolError("engine_not_ready", problem, command.id)
+            if isinstance(engine, ReplayEngine):
+                command = engine.replayed_command(command)
         seed = command.params.seed
         if seed is None:
             seed = random.randrange(SEED_MAX - self.limits.n_max)
         params = replace(command.params, seed=seed)
-        choice = self.engine.choose_format(command.prompt, command.format, command.system)
+        choice = engine.choose_format(command.prompt, command.format, command.system)
         prompt = choice.prompt
         try:
-            self.engine.validate(prompt, command.n, params)
+            engine.validate(prompt, command.n, params)
         except RequestRejected as exc:
             raise ProtocolError(exc.code, str(exc), command.id) from None
         loop = asyncio.get_running_loop()
@@ -266,9 +275,9 @@ class ClientSession:
         try:
             if command.fanout == "requests":
                 label = f"{command.id} @{self.label}"
-                generation: Generation = FanoutGeneration(self.engine, prompt, command.n, params, label)
+                generation: Generation = FanoutGeneration(engine, prompt, command.n, params, label)
             else:
-                generation = self.engine.generate(prompt, command.n, params)
+                generation = engine.generate(prompt, command.n, params)
             if command.output_kind == "cumulative":
                 generation = CumulativeGeneration(generation)
         except Exception as exc:
@@ -288,12 +297,13 @@ class ClientSession:
             accepted_frame(
                 command.id,
                 command.n,
-                self.engine.name,
-                self.engine.model,
+                engine.name,
+                engine.model,
                 params,
                 prompt.format,
                 choice.reason,
                 self.trace_off if command.trace and self.feed is None else None,
+                state.started_at,
             )
         )
         request_id = command.id
