@@ -53,7 +53,10 @@ def generate(page: Page, prompt: str, n: int, max_tokens: int, seed: int) -> Non
         box.fill(str(value))
         box.press("Enter")
     page.locator("#seed input").fill(str(seed))
+    before = page.locator("#status").inner_text()
     page.locator("#generate").click()
+    # A new request's status line (its request id differs), once it has finished.
+    expect(page.locator("#status")).not_to_have_text(before, timeout=15_000)
     expect(page.locator("#status")).to_contain_text("finished", timeout=30_000)
 
 
@@ -129,9 +132,13 @@ def bad_files(tmp_path: Path) -> list[tuple[Path, str]]:
 
 
 def test_bad_files_get_a_clear_error_and_the_page_goes_on(page: Page, tmp_path: Path) -> None:
+    generate(page, "Tell me about rivers.", 2, 8, seed=3)
+    shown = column_texts(page, 2)
+    assert all(shown)
     for path, message in bad_files(tmp_path):
         upload(page, path)
         expect(page.locator("#status")).to_contain_text(f"{path.name} cannot be replayed", timeout=15_000)
         expect(page.locator("#status")).to_contain_text(message)
-    generate(page, "Tell me about rivers.", 2, 8, seed=3)
-    assert all(column_texts(page, 2))
+        assert column_texts(page, 2) == shown  # the run on the page stays
+    generate(page, "Tell me about lighthouses.", 2, 8, seed=4)
+    assert all(column_texts(page, 2)) and column_texts(page, 2) != shown

@@ -143,7 +143,9 @@ class Handlers:
         try:
             saved = await asyncio.to_thread(load_saved_run, path)
         except SavedRunError as exc:
-            yield error_outputs(f"{os.path.basename(path)} cannot be replayed: {exc}")
+            # Only the status line says so: the columns keep the run they show.
+            message = f"**Error:** {os.path.basename(path)} cannot be replayed: {exc}"
+            yield [gr.skip(), message, *[gr.skip()] * (OUTPUTS - 2)]
             return
         session, run = self._new_run(request)
         options = _experiment_options(
