@@ -97,15 +97,15 @@ def logprobs_of(sample: SavedSample) -> list[float]:
 
 
 async def test_a_faster_replay_takes_its_share_of_the_time(server: BackendServer) -> None:
-    saved = await record(server, max_tokens=40)
+    saved = await record(server, max_tokens=100)
     recorded = last_at(saved)
-    assert recorded > 0.5
+    assert recorded > 0.9  # at least 40 tokens (a synthetic sample stops after 40 % of max_tokens)
     run = await replayed(server, saved, speed=4)
     assert run.recorder is not None
     again = run.recorder.saved_run()
     assert [s.text for s in again.samples] == [s.text for s in saved.samples]
     replayed_s = max(sample.stats["e2e_ms"] for sample in again.samples) / 1000
-    assert recorded / 4 - 0.002 <= replayed_s < recorded / 2
+    assert recorded / 4 - 0.002 <= replayed_s <= recorded / 4 + 0.4 < recorded
 
 
 async def test_cancel_stops_a_replay(server: BackendServer) -> None:
