@@ -17,12 +17,17 @@ import pytest
 from websockets.asyncio.client import connect
 
 from backend.config.settings import Limits
+from backend.engines.base import RequestRejected
+from backend.engines.replay import ReplayEngine
 from backend.engines.synthetic import SyntheticEngine
-from backend.saved_run import SavedRun, SavedSample, saved_run_dict, saved_run_json
+from backend.protocol import GenerateCommand, ProtocolError, parse_client_frame
+from backend.saved_run import SavedRun, SavedSample, parse_saved_run, saved_run_dict, saved_run_json
 from backend.serving.server import BackendServer
 from devkit.frames import recv_frame
 from devkit.local import ROOT, start_backend, stop_process
 from ui.client import BackendRun
+
+SHEEP = ROOT / "docs" / "runs" / "sheep-sglang-cpu.json"
 
 RATE = 40.0
 """Synthetic tokens per second per sample: a 24-token sample takes about 0.6 s."""
@@ -238,3 +243,42 @@ def test_engine_replay_with_a_bad_run_exits_saying_why(
     )
     assert result.returncode == 2
     assert message in result.stderr, result.stderr
+
+
+def test_a_replay_frame_becomes_the_runs_request_with_the_frames_options() -> None:
+    saved = parse_saved_run(SHEEP.read_bytes())
+    frame = {
+        "type": "replay",
+        "id": "r9",
+        "run": saved_run_dict(saved),
+        "speed": 2.5,
+        "consumer": {"mode": "greedy"},
+        "fanout": "requests",
+        "trace": False,
+    }
+    command = parse_client_frame(json.dumps(frame), Limits())
+    assert isinstance(command, GenerateCommand) and command.replay is not None
+    assert command.replay.speed == 2.5 and command.replay.run == saved
+    assert (command.prompt, command.n, command.params, command.format) == (
+        saved.prompt,
+        saved.n,
+        saved.params,
+        saved.prompt_format,
+    )
+    assert command.consumer.mode == "greedy" and command.fanout == "requests" and command.trace is False
+    with pytest.raises(ProtocolError) as refused:
+        parse_client_frame(json.dumps(frame), Limits(n_max=4))
+    assert refused.value.code == "n_out_of_range" and "n = 8" in refused.value.message
+
+
+async def test_the_replay_engine_refuses_samples_the_run_does_not_have() -> None:
+    saved = parse_saved_run(SHEEP.read_bytes())
+    engine = ReplayEngine(saved)
+    prompt = engine.choose_format("typed", None).prompt
+    assert prompt.text == saved.prompt
+    engine.validate(prompt, 8, saved.params)
+    engine.validate(prompt, 1, replace(saved.params, seed=saved.params.sample_seed(7)))
+    for n, seed in ((9, saved.params.seed), (2, saved.params.sample_seed(7)), (1, 0)):
+        with pytest.raises(RequestRejected) as refused:
+            engine.validate(prompt, n, replace(saved.params, seed=seed))
+        assert refused.value.code == "not_recorded"
