@@ -172,7 +172,7 @@ def parse_client_frame(data: str | bytes, limits: Limits) -> ClientCommand:
 def _too_large(limits: Limits, size: int) -> str:
     return (
         f"frame is larger than {limits.max_frame_bytes} bytes ({limits.max_replay_frame_bytes} for "
-        f"a replay), it has {size}; shorten the prompt"
+        f"a replay), it has {size}; shorten the prompt, or replay a smaller run"
     )
 
 
@@ -235,22 +235,7 @@ def _parse_replay(frame: dict[str, Any], limits: Limits) -> GenerateCommand:
         run = saved_run_from_dict(frame["run"])
     except SavedRunError as exc:
         raise fail("bad_run", f"the saved run cannot be replayed: {exc}") from None
-    if run.n > limits.n_max:
-        raise fail(
-            "n_out_of_range", f"the saved run has n = {run.n}; this server replays at most {limits.n_max}"
-        )
-    if run.params.max_tokens > limits.max_tokens_max:
-        raise fail(
-            "max_tokens_out_of_range",
-            f"the saved run has max_tokens {run.params.max_tokens}; this server allows "
-            f"{limits.max_tokens_max}",
-        )
-    if len(run.prompt) + len(run.system) > limits.max_prompt_chars:
-        raise fail(
-            "prompt_too_long",
-            f"the saved run's prompt has {len(run.prompt) + len(run.system)} characters; "
-            f"this server allows {limits.max_prompt_chars}",
-        )
+    check_replayable(run, limits, request_id)
     speed = frame.get("speed", 1.0)
     if not _is_number(speed) or not 0 < speed <= REPLAY_SPEED_MAX:
         raise fail(
@@ -266,6 +251,30 @@ def _parse_replay(frame: dict[str, Any], limits: Limits) -> GenerateCommand:
         replay=Replay(run, float(speed)),
     )
     return _with_options(command, frame, fail)
+
+
+def check_replayable(run: SavedRun, limits: Limits, request_id: str | None = None) -> None:
+    """Raise ProtocolError if this server's limits do not let it replay `run` (n, max_tokens, prompt)."""
+    if run.n > limits.n_max:
+        raise ProtocolError(
+            "n_out_of_range",
+            f"the saved run has n = {run.n}; this server replays at most {limits.n_max}",
+            request_id,
+        )
+    if run.params.max_tokens > limits.max_tokens_max:
+        raise ProtocolError(
+            "max_tokens_out_of_range",
+            f"the saved run has max_tokens {run.params.max_tokens}; this server allows "
+            f"{limits.max_tokens_max}",
+            request_id,
+        )
+    if len(run.prompt) + len(run.system) > limits.max_prompt_chars:
+        raise ProtocolError(
+            "prompt_too_long",
+            f"the saved run's prompt has {len(run.prompt) + len(run.system)} characters; "
+            f"this server allows {limits.max_prompt_chars}",
+            request_id,
+        )
 
 
 def _with_options(command: GenerateCommand, frame: dict[str, Any], fail: Fail) -> GenerateCommand:

@@ -25,7 +25,7 @@ from backend.saved_run import SavedRun, SavedSample, parse_saved_run, saved_run_
 from backend.serving.server import BackendServer
 from devkit.frames import recv_frame
 from devkit.local import ROOT, start_backend, stop_process
-from ui.client import BackendRun
+from ui.client import BackendError, BackendRun
 
 SHEEP = ROOT / "docs" / "runs" / "sheep-sglang-cpu.json"
 
@@ -282,3 +282,15 @@ async def test_the_replay_engine_refuses_samples_the_run_does_not_have() -> None
         with pytest.raises(RequestRejected) as refused:
             engine.validate(prompt, n, replace(saved.params, seed=seed))
         assert refused.value.code == "not_recorded"
+
+
+async def test_a_replay_server_refuses_a_run_over_its_limits() -> None:
+    saved = parse_saved_run(SHEEP.read_bytes())  # n = 8
+    backend = BackendServer(ReplayEngine(saved, speed=50), Limits(n_max=4), port=0)
+    await backend.start()
+    try:
+        run = BackendRun(url(backend))
+        with pytest.raises(BackendError, match="the saved run has n = 8; this server replays at most 4"):
+            await run.start("Anything.", 2, {})
+    finally:
+        await backend.close()

@@ -117,7 +117,8 @@ class ReplayEngine(Engine):
     def _samples(self, n: int, params: SamplingParams) -> list[SavedSample]:
         """The recorded samples a request of `n` samples with `params` gets: by seed."""
         run = self.run
-        first = (params.seed if params.seed is not None else run.params.seed or 0) - (run.params.seed or 0)
+        recorded = run.params.sample_seed(0)
+        first = (recorded if params.seed is None else params.seed) - recorded
         if not 0 <= first or first + n > run.n:
             raise RequestRejected(
                 "not_recorded",

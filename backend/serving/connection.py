@@ -36,6 +36,7 @@ from backend.protocol import (
     ProtocolError,
     accepted_frame,
     batch_messages,
+    check_replayable,
     error_frame,
     parse_client_frame,
     queued_frame,
@@ -259,6 +260,7 @@ class ClientSession:
             if problem is not None:
                 raise ProtocolError("engine_not_ready", problem, command.id)
             if isinstance(engine, ReplayEngine):
+                check_replayable(engine.run, self.limits, command.id)
                 command = engine.replayed_command(command)
         seed = command.params.seed
         if seed is None:
