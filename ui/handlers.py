@@ -24,7 +24,7 @@ from typing import Any
 import gradio as gr
 
 from backend.engines.replay import load_saved_run
-from backend.saved_run import SavedRunError, saved_run_json
+from backend.saved_run import SAVED_RUN_BYTES_MAX, SavedRunError, saved_run_json
 from ui.answers_view import AnswersPanel
 from ui.answers_view import empty_outputs as empty_answers
 from ui.client import CLOSE_TIMEOUT_S, BackendError, BackendRun
@@ -248,6 +248,13 @@ class Handlers:
             text = saved_run_json(run.recorder.saved_run(source), indent=1)
         except SavedRunError as exc:
             raise gr.Error(f"This run cannot be saved: {exc}") from None
+        size = len(text.encode())
+        if size > SAVED_RUN_BYTES_MAX:
+            # Kept all the same: the samples are the person's; only a replay cannot read it.
+            gr.Warning(
+                f"This run's file has {size:,} bytes, more than the {SAVED_RUN_BYTES_MAX:,} a replay reads: "
+                "it keeps the samples, but cannot be replayed."
+            )
         with tempfile.NamedTemporaryFile(
             "w", suffix=".json", prefix=f"run-{run.request_id}-", delete=False, encoding="utf-8"
         ) as handle:
