@@ -1,6 +1,7 @@
 """Websocket protocol v2, without I/O: client frames parsed and validated, server frames built.
 
-Client to server: `generate`, `cancel` and `export_trace`. Server to client: `accepted`,
+Client to server: `generate`, `replay` (a saved run, `backend.saved_run`, streamed again as a
+request), `cancel` and `export_trace`. Server to client: `accepted`,
 `queued`, `chunk`, `finish`, `done`, `trace`, `trace_export`, `error`. Every rejection is a
 `ProtocolError` with a stable `code` and a message a person can act on; the server turns it into an
 `error` frame and keeps the connection open.
@@ -27,10 +28,14 @@ from backend.config.settings import (
     DEFAULT_TEMPERATURE,
     DEFAULT_TOP_P,
     SEED_MAX,
+    STOP_CHARS_MAX,
+    STOP_STRINGS_MAX,
     TEMPERATURE_MAX,
+    TOP_K_MAX,
     Limits,
 )
 from backend.engines.base import PROMPT_FORMATS, SamplingParams
+from backend.saved_run import SavedRun, SavedRunError, saved_run_from_dict
 
 PROTOCOL_VERSION = 2
 """2: a server message may be a batch of frames (a JSON array); 1 sent one frame per message."""
@@ -42,18 +47,14 @@ frame that is ready at n = 64 in one message."""
 
 PARAM_NAMES = ("max_tokens", "temperature", "top_p", "seed", "top_k", "stop")
 
-TOP_K_MAX = 1000
-"""Largest top_k: beyond a thousand candidates it no longer changes what gets sampled."""
-
-STOP_STRINGS_MAX = 4
-STOP_CHARS_MAX = 64
-"""At most 4 stop strings of 64 characters: each is matched against the text after every token."""
-
 CONSUMER_MODES = ("cooperative", "greedy", "blocking")
 """How the server's task consumes the engine stream (teaching control, see docs/trace.md)."""
 
 FANOUTS = ("n", "requests")
 """One engine request with n samples, or n engine requests with n=1 each."""
+
+REPLAY_SPEED_MAX = 100.0
+"""Fastest replay, as a multiple of the recorded pace."""
 
 OUTPUT_KINDS = ("delta", "cumulative")
 """What the server's consumer reads from the engine per output: only the new text (`delta`), or the
@@ -84,6 +85,14 @@ class Consumer:
 
 
 @dataclass(frozen=True)
+class Replay:
+    """What a `replay` frame asks: a saved run, streamed `speed` times as fast as it was recorded."""
+
+    run: SavedRun
+    speed: float = 1.0
+
+
+@dataclass(frozen=True)
 class GenerateCommand:
     """A valid `generate` frame."""
 
@@ -102,6 +111,9 @@ class GenerateCommand:
     """What the consumer reads per engine output (OUTPUT_KINDS); client frames carry deltas either way."""
     cancel_after: int | None = None
     """Each sample is cancelled from the consumer's side once it has this many tokens (None: never)."""
+    replay: Replay | None = None
+    """A `replay` frame's saved run: prompt, n and params are the run's, and it streams from a
+    replay engine (`backend.engines.replay`) instead of the server's."""
 
 
 @dataclass(frozen=True)
@@ -130,11 +142,12 @@ def parse_client_frame(data: str | bytes, limits: Limits) -> ClientCommand:
     """Parse one websocket message from a client, or raise ProtocolError saying what is wrong."""
     if isinstance(data, bytes):
         raise ProtocolError("bad_frame", "binary frames are not supported; send JSON as text frames")
-    if len(data.encode("utf-8", "surrogatepass")) > limits.max_frame_bytes:
-        raise ProtocolError(
-            "frame_too_large",
-            f"frame is larger than {limits.max_frame_bytes} bytes; shorten the prompt",
-        )
+    size = len(data.encode("utf-8", "surrogatepass"))
+    # Only a replay frame may be larger than max_frame_bytes: any other is refused before parsing.
+    if size > max(limits.max_frame_bytes, limits.max_replay_frame_bytes) or (
+        size > limits.max_frame_bytes and '"replay"' not in data
+    ):
+        raise ProtocolError("frame_too_large", _too_large(limits, size))
     try:
         frame = json.loads(data, parse_constant=_reject_constant)
     except ValueError as exc:
@@ -145,16 +158,27 @@ def parse_client_frame(data: str | bytes, limits: Limits) -> ClientCommand:
         raise ProtocolError("bad_frame", 'frame must be a JSON object with a "type" field')
     request_id = frame.get("id") if isinstance(frame.get("id"), str) else None
     kind = frame.get("type")
+    if kind != "replay" and size > limits.max_frame_bytes:
+        raise ProtocolError("frame_too_large", _too_large(limits, size), request_id)
     if kind == "generate":
         return _parse_generate(frame, limits)
+    if kind == "replay":
+        return _parse_replay(frame, limits)
     if kind == "cancel":
         return _parse_cancel(frame, limits)
     if kind == "export_trace":
         return ExportTraceCommand(_parse_id(frame, limits))
-    known = '"generate", "cancel" or "export_trace"'
+    known = '"generate", "replay", "cancel" or "export_trace"'
     if "type" not in frame:
         raise ProtocolError("missing_field", f'frame has no "type"; use {known}', request_id)
     raise ProtocolError("unknown_type", f"unknown frame type {kind!r}; use {known}", request_id)
+
+
+def _too_large(limits: Limits, size: int) -> str:
+    return (
+        f"frame is larger than {limits.max_frame_bytes} bytes ({limits.max_replay_frame_bytes} for "
+        f"a replay), it has {size}; shorten the prompt, or replay a smaller run"
+    )
 
 
 def _parse_id(frame: dict[str, Any], limits: Limits) -> str:
@@ -189,6 +213,78 @@ def _parse_generate(frame: dict[str, Any], limits: Limits) -> GenerateCommand:
     prompt, prompt_format, system = _parse_prompt(frame, limits, fail)
     n = _parse_n(frame, limits, fail)
     params = _parse_params(frame, limits, fail)
+    logprobs = frame.get("logprobs", False)
+    if not isinstance(logprobs, bool):
+        raise fail("bad_field", '"logprobs" must be true or false')
+    params = replace(params, logprobs=logprobs)
+    return _with_options(
+        GenerateCommand(
+            id=request_id, prompt=prompt, n=n, params=params, format=prompt_format, system=system
+        ),
+        frame,
+        fail,
+    )
+
+
+def _parse_replay(frame: dict[str, Any], limits: Limits) -> GenerateCommand:
+    """A `replay` frame: its saved run checked (`saved_run_from_dict`) and against this server's
+    limits, as the request it becomes."""
+    request_id = _parse_id(frame, limits)
+
+    def fail(code: str, message: str) -> ProtocolError:
+        return ProtocolError(code, message, request_id)
+
+    if "run" not in frame:
+        raise fail("missing_field", '"replay" needs a "run" (a saved run, docs/protocol.md "Saved runs")')
+    try:
+        run = saved_run_from_dict(frame["run"])
+    except SavedRunError as exc:
+        raise fail("bad_run", f"the saved run cannot be replayed: {exc}") from None
+    check_replayable(run, limits, request_id)
+    speed = frame.get("speed", 1.0)
+    if not _is_number(speed) or not 0 < speed <= REPLAY_SPEED_MAX:
+        raise fail(
+            "bad_field", f'"speed" must be a number above 0, at most {REPLAY_SPEED_MAX:g}, got {speed!r}'
+        )
+    command = GenerateCommand(
+        id=request_id,
+        prompt=run.prompt,
+        n=run.n,
+        params=run.params,
+        format=run.prompt_format,
+        system=run.system,
+        replay=Replay(run, float(speed)),
+    )
+    return _with_options(command, frame, fail)
+
+
+def check_replayable(run: SavedRun, limits: Limits, request_id: str | None = None) -> None:
+    """Raise ProtocolError if this server's limits do not let it replay `run` (n, max_tokens, prompt)."""
+    if run.n > limits.n_max:
+        raise ProtocolError(
+            "n_out_of_range",
+            f"the saved run has n = {run.n}; this server replays at most {limits.n_max}",
+            request_id,
+        )
+    if run.params.max_tokens > limits.max_tokens_max:
+        raise ProtocolError(
+            "max_tokens_out_of_range",
+            f"the saved run has max_tokens {run.params.max_tokens}; this server allows "
+            f"{limits.max_tokens_max}",
+            request_id,
+        )
+    if len(run.prompt) + len(run.system) > limits.max_prompt_chars:
+        raise ProtocolError(
+            "prompt_too_long",
+            f"the saved run's prompt has {len(run.prompt) + len(run.system)} characters; "
+            f"this server allows {limits.max_prompt_chars}",
+            request_id,
+        )
+
+
+def _with_options(command: GenerateCommand, frame: dict[str, Any], fail: Fail) -> GenerateCommand:
+    """`command` with the frame's options: consumer, fanout, trace, output kind, cancel_after."""
+    params = command.params
     consumer = _parse_consumer(frame.get("consumer"), fail)
     fanout = frame.get("fanout", "n")
     if fanout not in FANOUTS:
@@ -208,20 +304,11 @@ def _parse_generate(frame: dict[str, Any], limits: Limits) -> GenerateCommand:
             f'"cancel_after" must be a whole number of tokens from 1 to {params.max_tokens - 1} (under '
             f"max_tokens, {params.max_tokens}), or left out; got {cancel_after!r}",
         )
-    logprobs = frame.get("logprobs", False)
-    if not isinstance(logprobs, bool):
-        raise fail("bad_field", '"logprobs" must be true or false')
-    params = replace(params, logprobs=logprobs)
-    return GenerateCommand(
-        id=request_id,
-        prompt=prompt,
-        n=n,
-        params=params,
+    return replace(
+        command,
         consumer=consumer,
         fanout=fanout,
         trace=trace,
-        format=prompt_format,
-        system=system,
         output_kind=output_kind,
         cancel_after=cancel_after,
     )
@@ -437,10 +524,12 @@ def accepted_frame(
     prompt_format: str = "chat",
     format_reason: str = "",
     trace_off: str | None = None,
+    at: float | None = None,
 ) -> dict[str, Any]:
     """The server took the request; `params` echo what it will run with (the resolved seed too),
     `format` the prompt format it runs in and `format_reason` why; `trace_off`, when the request
-    asked for the trace and the server has none, says why."""
+    asked for the trace and the server has none, says why; `at` is when the request started, on the
+    clock of the chunk frames' `at` (so a client has each chunk's time into the request)."""
     frame = {
         "type": "accepted",
         "id": request_id,
@@ -458,6 +547,8 @@ def accepted_frame(
     }
     if trace_off is not None:
         frame["trace_off"] = trace_off
+    if at is not None:
+        frame["at"] = to_microseconds(at)
     return frame
 
 

@@ -6,7 +6,9 @@ rate; Cancel tells the backend, shows each column's finish reason once the Gener
 the end of the run, then cancels that event (`cancels=`, which also drops a Generate still waiting
 in the queue); a column's Stop cancels that sample only. The columns are one output
 (`ui.sample_grid`), so an update costs the same few outputs whatever n is. The trace panel draws
-the backend loop's measured trace; Export saves it for Perfetto.
+the backend loop's measured trace; Export saves it for Perfetto. Download run saves the run as a
+file (docs/protocol.md, "Saved runs"), and a saved run uploaded to the page is replayed by the
+backend into the columns, at its recorded pace or faster.
 """
 
 from __future__ import annotations
@@ -24,7 +26,7 @@ from backend.config.settings import (
     TEMPERATURE_MAX,
 )
 from backend.engines.base import PROMPT_FORMATS
-from backend.protocol import CONSUMER_MODES, FANOUTS, OUTPUT_KINDS
+from backend.protocol import CONSUMER_MODES, FANOUTS, OUTPUT_KINDS, REPLAY_SPEED_MAX
 from ui.answers_view import empty_outputs as empty_answers
 from ui.engine_info import engine_line_now
 from ui.handlers import Handlers
@@ -134,6 +136,7 @@ def build_demo(
                 trace = gr.HTML(panel_html_empty(), elem_id="trace")
                 export_btn = gr.Button("Export trace (Perfetto JSON)", size="sm", elem_id="export-trace")
                 trace_file = gr.File(label="trace export", visible=False, elem_id="trace-file")
+                download_btn, run_file, replay_upload, replay_speed = _saved_run_controls()
 
         # Wiring, in the order a person meets it.
         async def refresh_engine_line() -> tuple[str, Any]:
@@ -170,13 +173,34 @@ def build_demo(
             show_progress="hidden",
             api_name="generate",
         )
+        # Saved runs: Download run, and an uploaded run replayed by the backend.
+        download_btn.click(
+            handlers.download_run, outputs=run_file, concurrency_limit=None, api_name="download_run"
+        )
+        replay_event = replay_upload.upload(
+            handlers.replay,
+            inputs=[
+                replay_upload,
+                replay_speed,
+                consumer,
+                block_ms,
+                fanout,
+                output_kind,
+                cancel_after,
+                answer_pattern,
+            ],
+            outputs=outputs,
+            concurrency_limit=CONCURRENCY_LIMIT,
+            show_progress="hidden",
+            api_name="replay",
+        )
         cancel_btn.click(
             handlers.cancel,
             outputs=outputs,
             concurrency_limit=None,
             show_progress="hidden",
             api_name="cancel",
-        ).then(None, cancels=[generate_event], api_visibility="private")
+        ).then(None, cancels=[generate_event, replay_event], api_visibility="private")
         export_btn.click(handlers.export, outputs=trace_file, concurrency_limit=None, api_name="export_trace")
         demo.unload(handlers.close_session_run)
         samples.select(
@@ -186,6 +210,20 @@ def build_demo(
 
     demo.queue(default_concurrency_limit=CONCURRENCY_LIMIT)
     return demo
+
+
+def _saved_run_controls() -> tuple[gr.Button, gr.File, gr.UploadButton, gr.Slider]:
+    """Download run, the file it gives, and the upload that replays a saved run at a chosen speed."""
+    with gr.Row():
+        download_btn = gr.Button("Download run", size="sm", elem_id="download-run")
+        replay_upload = gr.UploadButton(
+            "Replay a saved run", file_types=[".json"], type="filepath", size="sm", elem_id="replay-run"
+        )
+    replay_speed = gr.Slider(
+        1, REPLAY_SPEED_MAX, value=1, step=1, label="replay speed (x recorded)", elem_id="replay-speed"
+    )
+    run_file = gr.File(label="saved run", visible=False, elem_id="run-file")
+    return download_btn, run_file, replay_upload, replay_speed
 
 
 def _prompt_controls() -> tuple[gr.Textbox, gr.Radio, gr.Textbox]:

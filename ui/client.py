@@ -4,7 +4,9 @@ The reader task applies every frame to a `RunView` as it arrives; `updates()` ha
 page at most `1 / interval` times a second, so however fast tokens come, the browser gets a steady
 frame rate. The reader belongs to the run, not to the Gradio event, so a Cancel (which Gradio
 delivers by cancelling the Generate event) still sees the backend's final `finish` frames. After
-`done` the connection stays open until `close()`, so the run's trace can still be exported.
+`done` the connection stays open until `close()`, so the run's trace can still be exported. Every
+frame also goes to the run's `RunRecorder`, so a finished run can be saved (`saved_run`) and replayed
+(`replay`: a saved run streamed again by the backend).
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from websockets.asyncio.client import ClientConnection, connect
 from websockets.exceptions import ConnectionClosed, InvalidHandshake, InvalidStatus, InvalidURI
 
 from backend.protocol import frames_in
+from backend.saved_run import RunRecorder, SavedRun, saved_run_dict
 from ui.view import RunView
 
 log = logging.getLogger("ui")
@@ -84,6 +87,8 @@ class BackendRun:
         self._changed = asyncio.Event()
         self._finished = asyncio.Event()
         self._exports: list[asyncio.Future[list[dict[str, Any]]]] = []
+        self.recorder: RunRecorder | None = None
+        """The run as a saved run, once it has started (`RunRecorder`)."""
 
     async def start(
         self, prompt: str, n: int, params: dict[str, Any], options: dict[str, Any] | None = None
@@ -92,6 +97,26 @@ class BackendRun:
 
         BackendError says why if that fails.
         """
+        frame = {
+            "type": "generate",
+            "id": self.request_id,
+            "prompt": prompt,
+            "n": n,
+            "params": params,
+            **(options or {}),
+        }
+        return await self._open(frame)
+
+    async def replay(
+        self, run: SavedRun, speed: float = 1.0, options: dict[str, Any] | None = None
+    ) -> RunView:
+        """Connect, send `replay` (the saved `run`, streamed `speed` times as fast as it was
+        recorded, with `options` such as consumer and fanout), wait for `accepted`; as `start`."""
+        frame = {"type": "replay", "id": self.request_id, "run": saved_run_dict(run), "speed": speed}
+        return await self._open({**frame, **(options or {})})
+
+    async def _open(self, frame: dict[str, Any]) -> RunView:
+        """Connect, send `frame`, wait for `accepted`; BackendError says why if that fails."""
         headers = {}
         if self.token:
             headers["Authorization"] = f"Bearer {self.token}"
@@ -111,14 +136,7 @@ class BackendRun:
         except (OSError, InvalidHandshake, InvalidURI, TimeoutError) as exc:
             log.warning("cannot reach the backend at %s: %s", self.url, exc)
             raise BackendError(f"the backend is unreachable ({_reason(exc)}); is it running?") from None
-        frame = {
-            "type": "generate",
-            "id": self.request_id,
-            "prompt": prompt,
-            "n": n,
-            "params": params,
-            **(options or {}),
-        }
+        recorder = self.recorder = RunRecorder(frame)
         try:
             await self._ws.send(json.dumps(frame))
             async with asyncio.timeout(ACCEPT_TIMEOUT_S):
@@ -126,6 +144,7 @@ class BackendRun:
                     # A batch may carry the first chunks with `accepted`: the view takes them all.
                     for reply in frames_in(await self._ws.recv()):
                         self.view.apply(reply, time.monotonic())
+                        recorder.apply(reply)
                         if reply.get("type") == "error":
                             raise BackendError(f"the backend refused the request: {reply.get('message')}")
         except BackendError:
@@ -139,7 +158,8 @@ class BackendRun:
         return self.view
 
     async def _read(self) -> None:
-        assert self._ws is not None
+        assert self._ws is not None and self.recorder is not None
+        record = self.recorder.apply
         reason = None
         try:
             async for message in self._ws:
@@ -151,6 +171,7 @@ class BackendRun:
                         self._settle_export(frame)
                         continue
                     self.view.apply(frame, now)
+                    record(frame)
                 self._changed.set()
                 if self.view.done_stats is not None:
                     self._finished.set()

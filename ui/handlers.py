@@ -1,10 +1,13 @@
-"""The page's event handlers: Generate, Cancel, Stop one column, Export, a closed tab.
+"""The page's event handlers: Generate, Cancel, Stop one column, Export, Download run, a replayed
+upload, a closed tab.
 
 Each browser session has at most one run (a `BackendRun`: one websocket connection to the
 backend); `Handlers` keeps them apart, so Cancel and Stop reach the right request. Generate streams
 the run's view to the page at UPDATES_PER_S, the trace panel and summary every TRACE_EVERY-th
 update; a run cut short by the page (Cancel, a new Generate, a closed tab) is cancelled in the
-engine and closed in the background.
+engine and closed in the background. Download run saves the session's finished run as a file
+(`backend.saved_run`); an uploaded saved run is checked here, then replayed by the backend (a
+`replay` request) and streamed to the page as Generate's run is.
 """
 
 from __future__ import annotations
@@ -15,19 +18,21 @@ import json
 import os
 import tempfile
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
 import gradio as gr
 
+from backend.engines.replay import load_saved_run
+from backend.saved_run import SAVED_RUN_BYTES_MAX, SavedRunError, saved_run_json
 from ui.answers_view import AnswersPanel
 from ui.answers_view import empty_outputs as empty_answers
 from ui.client import CLOSE_TIMEOUT_S, BackendError, BackendRun
-from ui.run_request import InputProblem, run_request
+from ui.run_request import EXPERIMENT_FIELDS, InputProblem, RunRequest, run_request
 from ui.sample_grid import empty_value
 from ui.trace_view import panel_html
 from ui.view import RunView, samples_value, status_markdown, summary_markdown
-from ui.visitor_limits import VisitorLedger, VisitorLimitReached, VisitorLimits, visitor_address
+from ui.visitor_limits import Ticket, VisitorLedger, VisitorLimitReached, VisitorLimits, visitor_address
 
 UPDATES_PER_S = 15
 """Page updates per second while streaming: browsers keep up with 10-20 (docs/benchmarks.md, "Browser")."""
@@ -124,8 +129,6 @@ class Handlers:
         request: gr.Request,
     ) -> AsyncIterator[list[Any]]:
         """Start a run and stream its view to the page until it is done."""
-        session = _session(request)
-        address = _address(request)
         try:
             wanted = run_request(
                 prompt_text,
@@ -144,10 +147,74 @@ class Handlers:
                 logprobs_value,
                 answer_pattern_value,
             )
-            ticket = self.visitors.admit(address, wanted)
+            session, run, ticket = self._new_run(request, wanted)
         except (InputProblem, VisitorLimitReached) as exc:
             yield error_outputs(str(exc))
             return
+        start = lambda: run.start(wanted.prompt, wanted.n, wanted.params, wanted.options)  # noqa: E731
+        async for outputs in self._stream(session, run, ticket, wanted.answer_pattern, start):
+            yield outputs
+
+    async def replay(
+        self,
+        path: str | None,
+        speed_value: float,
+        consumer_mode: str,
+        block_ms_value: float,
+        fanout_value: str,
+        output_kind_value: str,
+        cancel_after_value: float | None,
+        answer_pattern_value: str,
+        request: gr.Request,
+    ) -> AsyncIterator[list[Any]]:
+        """Replay an uploaded saved run through the backend and stream its view to the page; a file
+        that is not a saved run this page can replay gets an error in the status line."""
+        if not path:
+            return
+        try:
+            saved = await asyncio.to_thread(load_saved_run, path)
+        except SavedRunError as exc:
+            # Only the status line says so: the columns keep the run they show.
+            message = f"**Error:** {os.path.basename(path)} cannot be replayed: {exc}"
+            yield [gr.skip(), message, *[gr.skip()] * (OUTPUTS - 2)]
+            return
+        try:
+            # The saved run's own request, with this page's experiment settings: checked and
+            # counted against the visitor's limits as a Generate of the same size would be.
+            params = saved.params
+            wanted = run_request(
+                saved.prompt,
+                saved.n,
+                params.max_tokens,
+                params.temperature,
+                params.top_p,
+                params.seed,
+                consumer_mode,
+                block_ms_value,
+                fanout_value,
+                saved.prompt_format,
+                saved.system,
+                output_kind_value,
+                cancel_after_value,
+                params.logprobs,
+                answer_pattern_value,
+            )
+            session, run, ticket = self._new_run(request, wanted)
+        except (InputProblem, VisitorLimitReached) as exc:
+            yield [gr.skip(), f"**Error:** {exc}", *[gr.skip()] * (OUTPUTS - 2)]
+            return
+        options = {key: wanted.options[key] for key in EXPERIMENT_FIELDS if key in wanted.options}
+        speed = float(speed_value or 1.0)
+        start = lambda: run.replay(saved, speed, options)  # noqa: E731
+        async for outputs in self._stream(session, run, ticket, wanted.answer_pattern, start):
+            yield outputs
+
+    def _new_run(self, request: gr.Request, wanted: RunRequest) -> tuple[str, BackendRun, Ticket]:
+        """A new run of `wanted` for this session, counted for its visitor (VisitorLimitReached says
+        which limit it passes); the session's previous run is cancelled and closed."""
+        session = _session(request)
+        address = _address(request)
+        ticket = self.visitors.admit(address, wanted)
         # Blocking experiments go to the backend's experiment loop: they block that loop, not the
         # one that serves everyone else's streams.
         url = self.experiment_url if wanted.blocking and self.experiment_url else self.backend_url
@@ -156,11 +223,22 @@ class Handlers:
         self._runs[session] = run
         if previous is not None:
             self._in_background(_cancel_and_close(previous))
-        answers = self._answers[session] = AnswersPanel(wanted.answer_pattern)
+        return session, run, ticket
+
+    async def _stream(
+        self,
+        session: str,
+        run: BackendRun,
+        ticket: Ticket,
+        answer_pattern: str,
+        start: Callable[[], Awaitable[RunView]],
+    ) -> AsyncIterator[list[Any]]:
+        """Start `run` (`start`) as this session's run and stream its view until it is done."""
+        answers = self._answers[session] = AnswersPanel(answer_pattern)
         streaming = self._streaming[run] = asyncio.Event()
         try:
             try:
-                view = await run.start(wanted.prompt, wanted.n, wanted.params, wanted.options)
+                view = await start()
             except BackendError as exc:
                 self._forget(session, run)
                 yield error_outputs(str(exc))
@@ -215,6 +293,31 @@ class Handlers:
             "w", suffix=".json", prefix=f"trace-{run.request_id}-", delete=False
         ) as handle:
             json.dump({"traceEvents": events, "displayTimeUnit": "ms"}, handle)
+        return gr.File(value=handle.name, visible=True)
+
+    async def download_run(self, request: gr.Request) -> Any:
+        """This session's finished run as a saved run file to download (docs/protocol.md, "Saved runs")."""
+        run = self._runs.get(_session(request))
+        if run is None or run.recorder is None:
+            raise gr.Error("Nothing to download yet: press Generate first.")
+        if not run.view.finished:
+            raise gr.Error("The run is still streaming: download it once it has finished, or Cancel it.")
+        source = {"recorded_with": "the dashboard page's Download run"}
+        try:
+            text = saved_run_json(run.recorder.saved_run(source), indent=1)
+        except SavedRunError as exc:
+            raise gr.Error(f"This run cannot be saved: {exc}") from None
+        size = len(text.encode())
+        if size > SAVED_RUN_BYTES_MAX:
+            # Kept all the same: the samples are the person's; only a replay cannot read it.
+            gr.Warning(
+                f"This run's file has {size:,} bytes, more than the {SAVED_RUN_BYTES_MAX:,} a replay reads: "
+                "it keeps the samples, but cannot be replayed."
+            )
+        with tempfile.NamedTemporaryFile(
+            "w", suffix=".json", prefix=f"run-{run.request_id}-", delete=False, encoding="utf-8"
+        ) as handle:
+            handle.write(text)
         return gr.File(value=handle.name, visible=True)
 
     async def close_session_run(self, request: gr.Request) -> None:

@@ -16,6 +16,9 @@ from typing import Any
 from backend.engines.base import PROMPT_FORMATS
 from backend.protocol import CONSUMER_MODES, FANOUTS, OUTPUT_KINDS
 
+EXPERIMENT_FIELDS = ("consumer", "fanout", "output_kind", "cancel_after")
+"""The options that are the event-loop experiments (what a replay of a saved run takes from the page)."""
+
 
 class InputProblem(ValueError):
     """An input the page cannot send; the message names it and says what to give instead."""

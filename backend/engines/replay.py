@@ -1,0 +1,214 @@
+"""The replay engine: a saved run (`backend.saved_run`) streamed again, with the timing it was
+recorded with, or `speed` times faster.
+
+Each sample is a task that puts each recorded chunk on the queue at its recorded time into the
+request (divided by `speed`), with its tokens' log probabilities where the run has them; the last
+chunk carries the sample's finish reason and the engine's own figures, as the recording engine
+sent them. A request replays the run whatever prompt and settings it asked: the server runs it
+with the run's own (`replayed_command`), so the page shows the recorded prompt's settings, seed
+and format. Samples are chosen by seed (sample i of the run has the run's seed + i), so fan-out
+`requests`, which asks for n requests of one sample each with seeds seed + i, replays them too.
+
+`--engine replay --run FILE` serves one saved run to every request; a `replay` frame
+(`backend.protocol`) replays the run it carries through an engine of its own, whatever engine the
+server runs.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import replace
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from backend.engines.base import (
+    Chunk,
+    Engine,
+    FormatChoice,
+    Generation,
+    Prompt,
+    RequestRejected,
+    SamplingParams,
+)
+from backend.saved_run import SAVED_RUN_BYTES_MAX, SavedRun, SavedRunError, SavedSample, parse_saved_run
+
+if TYPE_CHECKING:
+    from backend.protocol import GenerateCommand
+
+DEFAULT_SPEED = 1.0
+"""A replay keeps the recorded timing unless told to go faster (`--replay-speed`, a frame's `speed`)."""
+
+
+def load_saved_run(path: str | Path) -> SavedRun:
+    """The saved run in the file at `path`; SavedRunError says why it is not one (or cannot be read),
+    without naming the file (the caller does: a page's upload has a temporary name)."""
+    path = Path(path)
+    try:
+        size = path.stat().st_size
+        if size > SAVED_RUN_BYTES_MAX:
+            raise SavedRunError(
+                f"the file has {size:,} bytes; a saved run has at most {SAVED_RUN_BYTES_MAX:,} "
+                "(SAVED_RUN_BYTES_MAX)"
+            )
+        data = path.read_bytes()
+    except OSError as exc:
+        raise SavedRunError(f"the file cannot be read: {exc.strerror or exc}") from None
+    return parse_saved_run(data)
+
+
+class ReplayEngine(Engine):
+    """Streams `run` to every request, `speed` times as fast as it was recorded."""
+
+    name = "replay"
+
+    def __init__(self, run: SavedRun, speed: float = DEFAULT_SPEED, label: str = "") -> None:
+        if not speed > 0:
+            raise ValueError(f"--replay-speed must be > 0, got {speed}")
+        self.run = run
+        self.speed = speed
+        self.label = label
+        """Where the run came from, for the model line (a file name)."""
+        self._generations: set[ReplayGeneration] = set()
+
+    @classmethod
+    def from_options(cls, options: Any) -> ReplayEngine:
+        """Build from `--run FILE` and `--replay-speed`; ValueError says what is wrong with them."""
+        if not options.run:
+            raise ValueError("--engine replay needs --run FILE: a saved run (docs/protocol.md, 'Saved runs')")
+        try:
+            run = load_saved_run(options.run)
+        except SavedRunError as exc:
+            raise ValueError(f"--run {options.run}: {exc}") from None
+        return cls(run, options.replay_speed, Path(options.run).name)
+
+    @property
+    def model(self) -> str:
+        run = self.run
+        speed = "" if self.speed == 1 else f", {self.speed:g}x"
+        where = f" from {self.label}" if self.label else ""
+        return f"{run.model} on {run.engine}, replayed{where}{speed}"
+
+    def choose_format(self, text: str, requested: str | None, system: str = "") -> FormatChoice:
+        """The recorded prompt, whatever the request's: a replay shows what was run."""
+        run = self.run
+        recorded = f": {run.format_reason}" if run.format_reason else ""
+        return FormatChoice(Prompt(run.prompt, run.prompt_format, run.system), f"as recorded{recorded}")
+
+    def replayed_command(self, command: GenerateCommand) -> GenerateCommand:
+        """`command` (a `generate`) with the run's prompt, n and settings in place of its own; its
+        consumer, fan-out and trace stay. `cancel_after` stays where the run's max_tokens allows it."""
+        run = self.run
+        cancel_after = command.cancel_after
+        if cancel_after is not None and cancel_after >= run.params.max_tokens:
+            cancel_after = None
+        return replace(
+            command,
+            prompt=run.prompt,
+            n=run.n,
+            params=run.params,
+            format=run.prompt_format,
+            system=run.system,
+            cancel_after=cancel_after,
+        )
+
+    def validate(self, prompt: Prompt, n: int, params: SamplingParams) -> None:
+        self._samples(n, params)
+
+    def _samples(self, n: int, params: SamplingParams) -> list[SavedSample]:
+        """The recorded samples a request of `n` samples with `params` gets: by seed."""
+        run = self.run
+        recorded = run.params.sample_seed(0)
+        first = (recorded if params.seed is None else params.seed) - recorded
+        if not 0 <= first or first + n > run.n:
+            raise RequestRejected(
+                "not_recorded",
+                f"the saved run has samples with seeds {run.params.seed} to "
+                f"{run.params.sample_seed(run.n - 1)}; this request asks for {n} from seed {params.seed}",
+            )
+        return list(run.samples[first : first + n])
+
+    def generate(self, prompt: Prompt, n: int, params: SamplingParams) -> Generation:
+        generation = ReplayGeneration(self, self._samples(n, params))
+        self._generations.add(generation)
+        return generation
+
+    def health(self) -> dict[str, Any]:
+        running = sum(g.running_samples for g in self._generations)
+        return {**super().health(), "running_requests": len(self._generations), "running_samples": running}
+
+    def _forget(self, generation: ReplayGeneration) -> None:
+        self._generations.discard(generation)
+
+
+class ReplayGeneration(Generation):
+    """A task per recorded sample, each putting its chunks on one queue at their recorded times."""
+
+    def __init__(self, engine: ReplayEngine, samples: list[SavedSample]) -> None:
+        self._engine = engine
+        self._queue: asyncio.Queue[Chunk] = asyncio.Queue()
+        self._unfinished = len(samples)
+        self._ended: set[int] = set()
+        """Samples whose finish chunk is on the queue."""
+        started = asyncio.get_running_loop().time()
+        self._tasks = []
+        for index, sample in enumerate(samples):
+            task = asyncio.create_task(
+                self._replay(index, sample, started, engine.speed), name=f"replay-sample-{index}"
+            )
+            task.add_done_callback(lambda _, index=index: self._end(index, "abort"))
+            self._tasks.append(task)
+
+    def _end(self, index: int, reason: str, chunk: Chunk | None = None) -> None:
+        """Put sample `index`'s finish on the queue, once: `chunk` (its last), or an empty chunk
+        with `reason` (a sample task cancelled, even before it ran, finishes "abort")."""
+        if index not in self._ended:
+            self._ended.add(index)
+            self._queue.put_nowait(chunk or Chunk(index, "", 0, reason))
+
+    @property
+    def running_samples(self) -> int:
+        """Sample tasks still replaying."""
+        return sum(not task.done() for task in self._tasks)
+
+    async def _replay(self, index: int, sample: SavedSample, started: float, speed: float) -> None:
+        loop = asyncio.get_running_loop()
+        put = self._queue.put_nowait
+        last = len(sample.chunks) - 1
+        if last < 0:  # nothing was streamed (a stop string at the start, an early abort)
+            self._end(index, "", Chunk(index, "", 0, sample.finish_reason, dict(sample.engine)))
+            return
+        for position, chunk in enumerate(sample.chunks):
+            wait = started + chunk.at / speed - loop.time()
+            # A chunk already due still waits one loop iteration, as a live engine's would.
+            await asyncio.sleep(wait if wait > 0 else 0)
+            if position < last:
+                put(Chunk(index, chunk.text, chunk.tokens, logprobs=chunk.logprobs))
+            else:
+                finish = sample.finish_reason
+                self._end(
+                    index,
+                    "",
+                    Chunk(index, chunk.text, chunk.tokens, finish, dict(sample.engine), chunk.logprobs),
+                )
+
+    async def __anext__(self) -> Chunk:
+        if self._unfinished == 0:
+            self._engine._forget(self)
+            raise StopAsyncIteration
+        chunk = await self._queue.get()
+        if chunk.finish_reason is not None:
+            self._unfinished -= 1
+        return chunk
+
+    async def abort(self, index: int | None = None) -> None:
+        targets = self._tasks if index is None else [self._tasks[index]]
+        for task in targets:
+            task.cancel()
+
+    async def aclose(self) -> None:
+        running = [task for task in self._tasks if not task.done()]
+        for task in running:
+            task.cancel()
+        if running:
+            await asyncio.gather(*running, return_exceptions=True)
+        self._engine._forget(self)

@@ -1,0 +1,560 @@
+"""Saved runs, without I/O: one request's samples as a JSON file to keep, share and replay.
+
+A saved run holds what a request asked (prompt, format, system prompt, n and every sampling
+setting), what ran it (engine and model), and per sample its text, its chunks with the time each
+reached the server and their tokens' log probabilities (where the request asked for them), its
+seed, finish reason, the server's figures and the engine's own. `RunRecorder` builds one from the
+frames a client received (the page's Download run, scripts/record_run.py); `parse_saved_run` reads
+and checks one, strictly, so that anything the replay engine (`backend.engines.replay`) streams is
+a run the backend could have sent; `saved_run_json` writes it. The format is in docs/protocol.md,
+"Saved runs".
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from backend.config.settings import (
+    SEED_MAX,
+    STOP_CHARS_MAX,
+    STOP_STRINGS_MAX,
+    TEMPERATURE_MAX,
+    TOP_K_MAX,
+)
+from backend.engines.base import FINISH_REASONS, PROMPT_FORMATS, SamplingParams
+
+SAVED_RUN_KIND = "parallel-sampling-dashboard/run"
+"""The `kind` of every saved run: what tells it apart from any other JSON file."""
+
+SAVED_RUN_VERSION = 1
+"""The version of the format this code writes and reads."""
+
+SAVED_RUN_BYTES_MAX = 768 * 1024
+"""Largest saved run read, in bytes of JSON: n = 32 samples of 512 tokens with logprobs fit, and a
+page's upload, sent on to the backend in one websocket message, stays under the backend's 1 MiB cap
+on a message (`WS_MAX_MESSAGE_BYTES`)."""
+
+N_MAX = 256
+"""Most samples in a saved run (the backend replays at most its own n limit of them)."""
+
+TOKENS_MAX = 32_768
+"""Most tokens in one saved sample."""
+
+PROMPT_CHARS_MAX = 100_000
+"""Longest prompt (or system prompt) in a saved run; the backend replays up to its own prompt limit."""
+
+DURATION_MAX_S = 3600.0
+"""Latest time a chunk may have, in seconds after the request started: a replay ends within an hour."""
+
+SOURCE_FIELDS_MAX = 16
+SOURCE_CHARS_MAX = 1000
+"""`source` holds at most 16 strings of at most 1000 characters each."""
+
+AT_DIGITS = 6
+"""Chunk times are written to the microsecond, as the backend measures them."""
+
+LOGPROB_DIGITS = 5
+"""Log probabilities are written with 5 decimals: probabilities to about 1e-5, files a third smaller."""
+
+TOP_FIELDS = ("kind", "version", "source", "engine", "model", "prompt", "settings", "samples", "stats")
+PROMPT_FIELDS = ("text", "format", "system", "format_reason")
+SETTINGS_FIELDS = ("n", "max_tokens", "temperature", "top_p", "top_k", "seed", "stop", "logprobs")
+SAMPLE_FIELDS = ("index", "seed", "finish_reason", "text", "tokens", "chunks", "stats", "engine")
+
+
+class SavedRunError(ValueError):
+    """A file that is not a saved run this code can replay; the message says what is wrong, in
+    words a person acts on (which field, what it must be)."""
+
+
+@dataclass(frozen=True)
+class SavedChunk:
+    """One chunk frame of a sample as the client got it."""
+
+    at: float
+    """Seconds after the request started on the server that the chunk reached the server from the
+    engine (the frame's `at` less the `accepted` frame's)."""
+    text: str
+    tokens: int
+    logprobs: tuple[float, ...] | None = None
+    """Its tokens' natural-log probabilities, where the request asked for them and the engine gave
+    them (an engine may leave out a token's, so there may be fewer than `tokens`)."""
+
+
+@dataclass(frozen=True)
+class SavedSample:
+    """One sample: its chunks in order, how it ended, and the figures measured for it."""
+
+    index: int
+    seed: int
+    finish_reason: str
+    chunks: tuple[SavedChunk, ...]
+    stats: Mapping[str, Any] = field(default_factory=dict)
+    """The server's figures of the sample (its `finish` frame's `stats`: TTFT, TPOT, ITL, ...)."""
+    engine: Mapping[str, Any] = field(default_factory=dict)
+    """The engine's own figures of the sample (the `finish` frame's `engine`), where it sent any."""
+
+    @property
+    def text(self) -> str:
+        """The sample's whole text."""
+        return "".join(chunk.text for chunk in self.chunks)
+
+    @property
+    def tokens(self) -> int:
+        """The sample's tokens, over all its chunks."""
+        return sum(chunk.tokens for chunk in self.chunks)
+
+
+@dataclass(frozen=True)
+class SavedRun:
+    """One request and its samples, as kept in a saved run file."""
+
+    prompt: str
+    prompt_format: str
+    system: str
+    format_reason: str
+    n: int
+    params: SamplingParams
+    """Every sampling setting the request ran with; `seed` is the one the server resolved."""
+    engine: str
+    model: str
+    samples: tuple[SavedSample, ...]
+    stats: Mapping[str, Any] = field(default_factory=dict)
+    """The request's figures (its `done` frame's `stats`)."""
+    source: Mapping[str, str] = field(default_factory=dict)
+    """Where the run was recorded, in words: the machine, the program that recorded it, a note."""
+
+
+# Writing.
+
+
+def saved_run_dict(run: SavedRun) -> dict[str, Any]:
+    """The run as the JSON object of the format (docs/protocol.md, "Saved runs")."""
+    params = run.params
+    return {
+        "kind": SAVED_RUN_KIND,
+        "version": SAVED_RUN_VERSION,
+        "source": dict(run.source),
+        "engine": run.engine,
+        "model": run.model,
+        "prompt": {
+            "text": run.prompt,
+            "format": run.prompt_format,
+            "system": run.system,
+            "format_reason": run.format_reason,
+        },
+        "settings": {
+            "n": run.n,
+            "max_tokens": params.max_tokens,
+            "temperature": params.temperature,
+            "top_p": params.top_p,
+            "top_k": params.top_k,
+            "seed": params.seed,
+            "stop": list(params.stop),
+            "logprobs": params.logprobs,
+        },
+        "samples": [_sample_dict(sample) for sample in run.samples],
+        "stats": dict(run.stats),
+    }
+
+
+def _sample_dict(sample: SavedSample) -> dict[str, Any]:
+    chunks: list[list[Any]] = []
+    for chunk in sample.chunks:
+        entry: list[Any] = [round(chunk.at, AT_DIGITS), chunk.text, chunk.tokens]
+        if chunk.logprobs is not None:
+            entry.append([round(value, LOGPROB_DIGITS) for value in chunk.logprobs])
+        chunks.append(entry)
+    return {
+        "index": sample.index,
+        "seed": sample.seed,
+        "finish_reason": sample.finish_reason,
+        "text": sample.text,
+        "tokens": sample.tokens,
+        "chunks": chunks,
+        "stats": dict(sample.stats),
+        "engine": dict(sample.engine),
+    }
+
+
+def saved_run_json(run: SavedRun, indent: int | None = None) -> str:
+    """The run as the text of a saved run file (compact, or indented by `indent`); its chunks stay
+    one to a line when indented, so a file is both short and readable."""
+    data = saved_run_dict(run)
+    if indent is None:
+        return json.dumps(data, ensure_ascii=False, separators=(",", ":"))
+    lines = ["{"]
+    items = list(data.items())
+    pad = " " * indent
+    for position, (key, value) in enumerate(items):
+        comma = "," if position < len(items) - 1 else ""
+        if key != "samples":
+            lines.append(f"{pad}{json.dumps(key)}: {json.dumps(value, ensure_ascii=False)}{comma}")
+            continue
+        lines.append(f'{pad}"samples": [')
+        for number, sample in enumerate(value):
+            chunks = sample.pop("chunks")
+            head = json.dumps(sample, ensure_ascii=False)[:-1]
+            body = f",\n{pad * 3}".join(json.dumps(chunk, ensure_ascii=False) for chunk in chunks)
+            tail = "," if number < len(value) - 1 else ""
+            lines.append(f'{pad * 2}{head}, "chunks": [\n{pad * 3}{body}\n{pad * 2}]}}{tail}')
+        lines.append(f"{pad}]{comma}")
+    lines.append("}")
+    return "\n".join(lines) + "\n"
+
+
+# Reading.
+
+
+def parse_saved_run(data: str | bytes) -> SavedRun:
+    """A saved run from the text of its file; SavedRunError says why it is not one."""
+    size = len(data) if isinstance(data, bytes) else len(data.encode("utf-8", "surrogatepass"))
+    if size > SAVED_RUN_BYTES_MAX:
+        raise SavedRunError(
+            f"the file has {size:,} bytes; a saved run has at most {SAVED_RUN_BYTES_MAX:,} "
+            "(SAVED_RUN_BYTES_MAX)"
+        )
+    try:
+        text = data.decode("utf-8") if isinstance(data, bytes) else data
+    except UnicodeDecodeError:
+        raise SavedRunError("the file is not UTF-8 text, so not a saved run (a JSON file)") from None
+    try:
+        value = json.loads(text, parse_constant=_reject_constant)
+    except ValueError as exc:
+        raise SavedRunError(f"the file is not JSON: {exc}") from None
+    except RecursionError:
+        raise SavedRunError("the file is nested too deeply to be a saved run") from None
+    return saved_run_from_dict(value)
+
+
+def _reject_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not a number JSON allows")
+
+
+def saved_run_from_dict(value: Any) -> SavedRun:
+    """A saved run from its parsed JSON (`saved_run_dict`'s shape), checked field by field and for
+    agreement between fields; SavedRunError names the first thing wrong."""
+    if not isinstance(value, dict):
+        raise SavedRunError("the file must be a JSON object (a saved run)")
+    # What the file is, and its version, first: a file of another version has other fields.
+    if value.get("kind") != SAVED_RUN_KIND:
+        raise SavedRunError(
+            f'"kind" is {value.get("kind")!r}, so the file is not a saved run ("kind": "{SAVED_RUN_KIND}")'
+        )
+    version = value.get("version")
+    if version != SAVED_RUN_VERSION or not _is_int(version):
+        raise SavedRunError(
+            f'"version" is {version!r}; this dashboard reads saved runs of version {SAVED_RUN_VERSION}'
+        )
+    top = _object(value, "the file", TOP_FIELDS, required=TOP_FIELDS)
+    source = _source(top["source"])
+    engine = _string(top["engine"], '"engine"', 200, blank=False)
+    model = _string(top["model"], '"model"', 1000)
+    prompt = _object(top["prompt"], '"prompt"', PROMPT_FIELDS, required=PROMPT_FIELDS)
+    text = _string(prompt["text"], '"prompt.text"', PROMPT_CHARS_MAX, blank=False)
+    prompt_format = prompt["format"]
+    if prompt_format not in PROMPT_FORMATS:
+        raise SavedRunError(
+            f'"prompt.format" must be one of {", ".join(PROMPT_FORMATS)}, got {prompt_format!r}'
+        )
+    system = _string(prompt["system"], '"prompt.system"', PROMPT_CHARS_MAX)
+    if system and prompt_format == "raw":
+        raise SavedRunError('"prompt.system" must be empty with "prompt.format": "raw"')
+    format_reason = _string(prompt["format_reason"], '"prompt.format_reason"', 1000)
+    n, params = _settings(top["settings"])
+    samples = top["samples"]
+    if not isinstance(samples, list):
+        raise SavedRunError('"samples" must be a list')
+    if len(samples) != n:
+        raise SavedRunError(
+            f'"settings.n" is {n} but "samples" has {len(samples)}; a saved run has n samples'
+        )
+    parsed = tuple(_sample(sample, position, params) for position, sample in enumerate(samples))
+    return SavedRun(
+        prompt=text,
+        prompt_format=prompt_format,
+        system=system,
+        format_reason=format_reason,
+        n=n,
+        params=params,
+        engine=engine,
+        model=model,
+        samples=parsed,
+        stats=_figures(top["stats"], '"stats"'),
+        source=source,
+    )
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _is_number(value: Any) -> bool:
+    return (_is_int(value) or isinstance(value, float)) and math.isfinite(value)
+
+
+def _object(value: Any, name: str, known: tuple[str, ...], required: tuple[str, ...]) -> dict[str, Any]:
+    """`value` as an object holding every `required` field and no field not `known`."""
+    if not isinstance(value, dict):
+        raise SavedRunError(f"{name} must be a JSON object")
+    missing = [key for key in required if key not in value]
+    if missing:
+        raise SavedRunError(f'{name} has no "{missing[0]}"; a saved run has: {", ".join(required)}')
+    unknown = sorted(set(value) - set(known))
+    if unknown:
+        raise SavedRunError(f'{name} has an unknown field "{unknown[0]}"; known: {", ".join(known)}')
+    return value
+
+
+def _string(value: Any, name: str, limit: int, blank: bool = True) -> str:
+    if not isinstance(value, str):
+        raise SavedRunError(f"{name} must be a string")
+    if not blank and not value.strip():
+        raise SavedRunError(f"{name} is empty")
+    if len(value) > limit:
+        raise SavedRunError(f"{name} has {len(value):,} characters; the limit is {limit:,}")
+    return value
+
+
+def _integer(value: Any, name: str, low: int, high: int) -> int:
+    if not _is_int(value) or not low <= value <= high:
+        raise SavedRunError(f"{name} must be a whole number from {low} to {high}, got {value!r}")
+    return int(value)
+
+
+def _number(value: Any, name: str, low: float, high: float, low_open: bool = False) -> float:
+    if not _is_number(value) or value > high or value < low or (low_open and value == low):
+        interval = f"({low:g}, {high:g}]" if low_open else f"[{low:g}, {high:g}]"
+        raise SavedRunError(f"{name} must be a number in {interval}, got {value!r}")
+    return float(value)
+
+
+def _source(value: Any) -> dict[str, str]:
+    if not isinstance(value, dict):
+        raise SavedRunError('"source" must be a JSON object of strings (where the run was recorded)')
+    if len(value) > SOURCE_FIELDS_MAX:
+        raise SavedRunError(f'"source" has {len(value)} fields; the limit is {SOURCE_FIELDS_MAX}')
+    for key, item in value.items():
+        _string(key, '"source" field name', 100)
+        _string(item, f'"source.{key}"', SOURCE_CHARS_MAX)
+    return dict(value)
+
+
+def _figures(value: Any, name: str) -> dict[str, Any]:
+    """Measured figures (the server's or the engine's): an object, kept as it is."""
+    if not isinstance(value, dict):
+        raise SavedRunError(f"{name} must be a JSON object (figures, possibly empty)")
+    return value
+
+
+def _settings(value: Any) -> tuple[int, SamplingParams]:
+    settings = _object(value, '"settings"', SETTINGS_FIELDS, required=SETTINGS_FIELDS)
+    n = _integer(settings["n"], '"settings.n"', 1, N_MAX)
+    stop = settings["stop"]
+    if (
+        not isinstance(stop, list)
+        or len(stop) > STOP_STRINGS_MAX
+        or not all(isinstance(s, str) and 0 < len(s) <= STOP_CHARS_MAX for s in stop)
+    ):
+        raise SavedRunError(
+            f'"settings.stop" must be a list of at most {STOP_STRINGS_MAX} strings of 1 to '
+            f"{STOP_CHARS_MAX} characters"
+        )
+    logprobs = settings["logprobs"]
+    if not isinstance(logprobs, bool):
+        raise SavedRunError('"settings.logprobs" must be true or false')
+    params = SamplingParams(
+        max_tokens=_integer(settings["max_tokens"], '"settings.max_tokens"', 1, TOKENS_MAX),
+        temperature=_number(settings["temperature"], '"settings.temperature"', 0, TEMPERATURE_MAX),
+        top_p=_number(settings["top_p"], '"settings.top_p"', 0, 1, low_open=True),
+        seed=_integer(settings["seed"], '"settings.seed"', 0, SEED_MAX - N_MAX),
+        top_k=_integer(settings["top_k"], '"settings.top_k"', 0, TOP_K_MAX),
+        stop=tuple(stop),
+        logprobs=logprobs,
+    )
+    return n, params
+
+
+def _sample(value: Any, position: int, params: SamplingParams) -> SavedSample:
+    name = f'"samples[{position}]"'
+    sample = _object(value, name, SAMPLE_FIELDS, required=SAMPLE_FIELDS)
+    if sample["index"] != position or not _is_int(sample["index"]):
+        raise SavedRunError(f'{name} has "index" {sample["index"]!r}; samples are in order, from 0')
+    seed = sample["seed"]
+    if seed != params.sample_seed(position) or not _is_int(seed):
+        raise SavedRunError(
+            f'{name} has "seed" {seed!r}; sample {position} of a run with seed {params.seed} has seed '
+            f"{params.sample_seed(position)}"
+        )
+    reason = sample["finish_reason"]
+    if reason not in FINISH_REASONS:
+        raise SavedRunError(
+            f"{name}.finish_reason must be one of {', '.join(FINISH_REASONS)}, got {reason!r}"
+        )
+    chunks = sample["chunks"]
+    if not isinstance(chunks, list):
+        raise SavedRunError(f"{name}.chunks must be a list")
+    parsed = tuple(_chunk(chunk, f"{name}.chunks[{number}]", params) for number, chunk in enumerate(chunks))
+    for number in range(1, len(parsed)):
+        if parsed[number].at < parsed[number - 1].at:
+            raise SavedRunError(
+                f"{name}.chunks[{number}] is earlier than the chunk before it; chunks are in order"
+            )
+    saved = SavedSample(
+        index=position,
+        seed=seed,
+        finish_reason=reason,
+        chunks=parsed,
+        stats=_figures(sample["stats"], f"{name}.stats"),
+        engine=_figures(sample["engine"], f"{name}.engine"),
+    )
+    tokens = _integer(sample["tokens"], f"{name}.tokens", 0, TOKENS_MAX)
+    if tokens != saved.tokens:
+        raise SavedRunError(f"{name}.tokens is {tokens} but its chunks hold {saved.tokens} tokens")
+    if tokens > params.max_tokens:
+        raise SavedRunError(
+            f"{name} has {tokens} tokens, more than the run's max_tokens ({params.max_tokens})"
+        )
+    text = _string(sample["text"], f"{name}.text", TOKENS_MAX * 64)
+    if text != saved.text:
+        raise SavedRunError(f"{name}.text is not its chunks' texts put together")
+    return saved
+
+
+def _chunk(value: Any, name: str, params: SamplingParams) -> SavedChunk:
+    if not isinstance(value, list) or len(value) not in (3, 4):
+        raise SavedRunError(f"{name} must be [at, text, tokens] or [at, text, tokens, [logprob, ...]]")
+    at = _number(value[0], f"{name}'s time", 0, DURATION_MAX_S)
+    text = _string(value[1], f"{name}'s text", TOKENS_MAX * 64)
+    tokens = _integer(value[2], f"{name}'s tokens", 0, TOKENS_MAX)
+    if not text and not tokens:
+        raise SavedRunError(f"{name} has neither text nor tokens")
+    logprobs = None
+    if len(value) == 4:
+        if not params.logprobs:
+            raise SavedRunError(f'{name} has logprobs, but the run\'s "settings.logprobs" is false')
+        raw = value[3]
+        if not isinstance(raw, list) or not all(_is_number(x) and x <= 0 for x in raw):
+            raise SavedRunError(f"{name}'s logprobs must be a list of numbers, each at most 0")
+        if len(raw) > tokens:
+            raise SavedRunError(f"{name} has {len(raw)} logprobs for {tokens} tokens")
+        logprobs = tuple(float(x) for x in raw)
+    return SavedChunk(at, text, tokens, logprobs)
+
+
+# Recording.
+
+
+class RunRecorder:
+    """Builds the saved run of one request from the frames its client gets.
+
+    `request` is the client's `generate` frame (the prompt and settings the server does not echo:
+    system prompt, top_k, stop, logprobs); feed every server frame to `apply`, in order; once the
+    request's `done` came, `saved_run` is the run. Cheap per frame: a chunk is one tuple appended.
+    """
+
+    def __init__(self, request: Mapping[str, Any]) -> None:
+        self.request_id = request.get("id")
+        replayed = request.get("run") if request.get("type") == "replay" else None
+        if isinstance(replayed, Mapping):  # a replay runs the saved run's own prompt and settings
+            prompt = replayed.get("prompt") or {}
+            settings = replayed.get("settings") or {}
+            request = {"prompt": prompt.get("text"), "system": prompt.get("system"), "params": settings}
+            request["logprobs"] = settings.get("logprobs", False)
+        self.prompt = str(request.get("prompt", ""))
+        self.system = str(request.get("system") or "")
+        self._request_params = dict(request.get("params") or {})
+        self._logprobs = bool(request.get("logprobs", False))
+        self._accepted: dict[str, Any] | None = None
+        self._chunks: list[list[tuple[float, str, int, tuple[float, ...] | None]]] = []
+        self._finishes: dict[int, dict[str, Any]] = {}
+        self._done: dict[str, Any] | None = None
+
+    @property
+    def finished(self) -> bool:
+        """The request's `done` came: the run is complete."""
+        return self._done is not None
+
+    def apply(self, frame: Mapping[str, Any]) -> None:
+        """Take one server frame; frames of other requests, and trace frames, are ignored."""
+        if frame.get("id") != self.request_id:
+            return
+        kind = frame.get("type")
+        if kind == "chunk" and self._accepted is not None:
+            index = frame.get("index")
+            if isinstance(index, int) and 0 <= index < len(self._chunks):
+                pieces = frame.get("logprobs")
+                logprobs = None
+                if pieces:
+                    logprobs = tuple(round(value, LOGPROB_DIGITS) for _, values in pieces for value in values)
+                at = round(max(float(frame.get("at", 0.0)) - self._accepted.get("at", 0.0), 0.0), AT_DIGITS)
+                self._chunks[index].append((at, frame["text"], int(frame["tokens"]), logprobs))
+        elif kind == "finish":
+            self._finishes[int(frame["index"])] = dict(frame)
+        elif kind == "accepted":
+            self._accepted = dict(frame)
+            self._chunks = [[] for _ in range(int(frame["n"]))]
+        elif kind == "done":
+            self._done = dict(frame.get("stats") or {})
+
+    def saved_run(self, source: Mapping[str, str] | None = None) -> SavedRun:
+        """The run, with `source` saying where it was recorded; SavedRunError while it is not done
+        (or if the frames do not make a valid run)."""
+        accepted = self._accepted
+        if accepted is None or self._done is None:
+            raise SavedRunError("the run has not finished yet; download it once every sample has ended")
+        if "at" not in accepted:
+            raise SavedRunError(
+                "the backend did not send the request's start time, so chunk times are unknown"
+            )
+        echoed = accepted.get("params") or {}
+        stop = self._request_params.get("stop") or []
+        settings = {
+            "n": accepted["n"],
+            "max_tokens": echoed.get("max_tokens"),
+            "temperature": echoed.get("temperature"),
+            "top_p": echoed.get("top_p"),
+            "top_k": self._request_params.get("top_k", 0),
+            "seed": echoed.get("seed"),
+            "stop": [stop] if isinstance(stop, str) else list(stop),
+            "logprobs": self._logprobs,
+        }
+        samples = []
+        for index, chunks in enumerate(self._chunks):
+            finish = self._finishes.get(index, {})
+            entries = [
+                [at, text, tokens] + ([list(lp)] if lp is not None else []) for at, text, tokens, lp in chunks
+            ]
+            samples.append(
+                {
+                    "index": index,
+                    "seed": (finish.get("stats") or {}).get("seed", index),
+                    "finish_reason": finish.get("reason", "error"),
+                    "text": "".join(text for _, text, _, _ in chunks),
+                    "tokens": sum(tokens for _, _, tokens, _ in chunks),
+                    "chunks": entries,
+                    "stats": finish.get("stats") or {},
+                    "engine": finish.get("engine") or {},
+                }
+            )
+        data = {
+            "kind": SAVED_RUN_KIND,
+            "version": SAVED_RUN_VERSION,
+            "source": dict(source or {}),
+            "engine": accepted.get("engine", ""),
+            "model": accepted.get("model", ""),
+            "prompt": {
+                "text": self.prompt,
+                "format": accepted.get("format", "chat"),
+                "system": self.system if accepted.get("format") == "chat" else "",
+                "format_reason": accepted.get("format_reason", ""),
+            },
+            "settings": settings,
+            "samples": samples,
+            "stats": self._done,
+        }
+        return saved_run_from_dict(data)
