@@ -16,14 +16,15 @@ import threading
 import time
 import uuid
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
-from gradio_client import Client
+from gradio_client import Client, handle_file
 from gradio_client.exceptions import AppError
 
-from devkit.local import free_port, start_app
+from devkit.local import ROOT, free_port, start_app
 
 SAMPLES, STATUS = 0, 1
 
@@ -130,6 +131,28 @@ ACCEPTED: list[tuple[tuple[str, Any], ...]] = [
 
 GENERIC = "has not enabled verbose error reporting"
 
+SHIPPED_RUN = ROOT / "docs" / "runs" / "sheep-sglang-cpu.json"
+
+
+def replay_files(folder: Path) -> dict[str, Path]:
+    """Files a visitor may upload to replay: hostile ones, and one shipped run."""
+    good = json.loads(SHIPPED_RUN.read_text())
+    files = {
+        "not JSON": b"\x89PNG\r\n\x1a\n not a run",
+        "empty": b"",
+        "huge": b"[" + b"0," * 1_000_000 + b"0]",
+        "wrong version": json.dumps({**good, "version": 99}).encode(),
+        "n and samples differ": json.dumps({**good, "samples": good["samples"][:3]}).encode(),
+        "nested deep": b"[" * 100_000 + b"]" * 100_000,
+        "shipped": SHIPPED_RUN.read_bytes(),
+    }
+    paths = {}
+    for name, data in files.items():
+        path = folder / f"{name.replace(' ', '-')}.json"
+        path.write_bytes(data)
+        paths[name] = path
+    return paths
+
 
 @pytest.fixture(scope="module")
 def app() -> Iterator[str]:
@@ -233,7 +256,7 @@ def raw_answer(url: str, values: list[Any]) -> str:
     return "no answer"
 
 
-def test_hostile_inputs_get_a_message_and_never_stall_another_visitor(app: str) -> None:
+def test_hostile_inputs_get_a_message_and_never_stall_another_visitor(app: str, tmp_path: Path) -> None:
     watcher = Watcher(app)
     while not watcher.arrivals:
         time.sleep(0.05)
@@ -244,6 +267,15 @@ def test_hostile_inputs_get_a_message_and_never_stall_another_visitor(app: str) 
         case = " ".join(f"{k}={str(v)[:20]!r}" for k, v in changes)
         began.append((time.monotonic(), case))
         said[case] = answer(visitor, inputs(*changes))
+    for name, path in replay_files(tmp_path).items():
+        began.append((time.monotonic(), f"replay {name}"))
+        try:
+            final = visitor.predict(
+                handle_file(str(path)), 50, "cooperative", 20, "n", "delta", 0, "", api_name="/replay"
+            )
+            said[f"replay {name}"] = final[STATUS]
+        except AppError as exc:
+            said[f"replay {name}"] = f"app error: {exc}"
     gap, gap_end = watcher.longest_gap_while(time.monotonic())
     during = [case for at, case in began if at <= gap_end][-2:]
     final = watcher.finish()
@@ -256,6 +288,9 @@ def test_hostile_inputs_get_a_message_and_never_stall_another_visitor(app: str) 
     for changes in ACCEPTED:
         case = " ".join(f"{k}={str(v)[:20]!r}" for k, v in changes)
         assert "finished" in said[case], (case, said[case])
+    assert "finished" in said["replay shipped"] and "replay" in said["replay shipped"]
+    for name in ("not JSON", "empty", "huge", "wrong version", "n and samples differ", "nested deep"):
+        assert "cannot be replayed" in said[f"replay {name}"], (name, said[f"replay {name}"])
     # B was served all along, and got its whole run
     assert gap < 1.0, f"visitor B got no update for {gap:.2f} s, while {during}"
     samples = final[SAMPLES]["samples"]
