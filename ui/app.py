@@ -69,7 +69,9 @@ engine output. Under the figures, the loop's tasks and what each one awaits, onc
 - **greedy**: no extra await: when chunks are already waiting, the consumer drains them in one
   longer step (fewer, longer blue slices).
 - **blocking**: `block_ms` of CPU work on the loop per chunk, as a synchronous call would do: lag
-  climbs, chunks bunch up, and a Cancel waits behind the backlog (see cancel latency).
+  climbs, chunks bunch up, and a Cancel waits behind the backlog (see cancel latency). It runs on
+  the backend's second loop, kept for this experiment, one visitor at a time: the loop you block is
+  yours, and other visitors' streams go on.
 - **fan-out `requests`**: n separate engine requests of one sample each instead of one request
   with n samples: the engine cannot share the prompt's prefill, which shows in TTFT.
 - **outputs `cumulative`**: each engine output carries the sample's whole text so far (vLLM's
