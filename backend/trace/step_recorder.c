@@ -1,11 +1,11 @@
-/* The event-loop tracer's step recorder in C: `backend._step_recorder.StepRecorder`.
+/* The event-loop tracer's step recorder in C: `backend.trace._step_recorder.StepRecorder`.
  *
- * A StepRecorder replaces `asyncio.events.Handle._run` while a loop is traced (backend/trace.py). It
- * runs the handle, then, for a handle of the traced loop, stores the step's end time and its task's
- * name into the tracer's ring (an `array('q')` of times and a list of items, both preallocated) and
- * counts it. That is what the
- * pure-Python recorder in backend/trace.py does, at the cost of a C call instead of Python frames
- * (the loop runs tens of thousands of steps a second, so that difference is the tracer's overhead).
+ * A StepRecorder replaces `asyncio.events.Handle._run` while a loop is traced
+ * (backend/trace/recorder.py). It runs the handle, then, for a handle of the traced loop, stores the
+ * step's end time and its task's name into the tracer's ring (an `array('q')` of times and a list of
+ * items, both preallocated) and counts it, with no Python frame: the loop runs tens of thousands of
+ * steps a second, and a Python wrapper's frame per step was most of the tracer's cost (docs/trace.md,
+ * "In C, and why not Python").
  *
  * Running the handle: when the wrapped `_run` is asyncio's own, the recorder does what it does,
  * `handle._context.run(handle._callback, *handle._args)`, itself; a callback's exception other than
@@ -328,7 +328,7 @@ recorder_push_now(StepRecorder *self, PyObject *item)
     Py_RETURN_NONE;
 }
 
-enum { KIND_IDLE = 1, KIND_CHUNK = 3 }; /* backend/trace.py's IDLE and CHUNK */
+enum { KIND_IDLE = 1, KIND_CHUNK = 3 }; /* backend/trace/recorder.py's IDLE and CHUNK */
 
 static PyObject *
 recorder_push_chunk(StepRecorder *self, PyObject *const *args, Py_ssize_t nargs)
@@ -380,7 +380,7 @@ recorder_push_chunk(StepRecorder *self, PyObject *const *args, Py_ssize_t nargs)
 }
 
 /* TimedSelect: a selector's select() with each wait recorded as an IDLE event (a poll with timeout 0
- * is passed straight through), what backend/trace.py's _TimedSelector.select does in Python. */
+ * is passed straight through), set on the traced loop's selector by backend/trace/recorder.py. */
 typedef struct {
     PyObject_HEAD
     vectorcallfunc vectorcall;
@@ -450,7 +450,7 @@ timed_select_dealloc(TimedSelect *self)
 
 static PyTypeObject TimedSelectType = {
     PyVarObject_HEAD_INIT(NULL, 0)
-    .tp_name = "backend._step_recorder.TimedSelect",
+    .tp_name = "backend.trace._step_recorder.TimedSelect",
     .tp_doc = PyDoc_STR("A selector's select() with each wait recorded by a StepRecorder."),
     .tp_basicsize = sizeof(TimedSelect),
     .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC | Py_TPFLAGS_HAVE_VECTORCALL,
@@ -712,7 +712,7 @@ static PyMethodDef recorder_methods[] = {
 
 static PyTypeObject StepRecorderType = {
     PyVarObject_HEAD_INIT(NULL, 0)
-    .tp_name = "backend._step_recorder.StepRecorder",
+    .tp_name = "backend.trace._step_recorder.StepRecorder",
     .tp_doc = PyDoc_STR("A Handle._run that records the traced loop's steps into the tracer's ring."),
     .tp_basicsize = sizeof(StepRecorder),
     .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC | Py_TPFLAGS_HAVE_VECTORCALL |
@@ -742,8 +742,8 @@ static PyMethodDef module_methods[] = {
 
 static struct PyModuleDef module_def = {
     PyModuleDef_HEAD_INIT,
-    .m_name = "backend._step_recorder",
-    .m_doc = "The event-loop tracer's step recorder in C (source: backend/step_recorder.c).",
+    .m_name = "backend.trace._step_recorder",
+    .m_doc = "The event-loop tracer's step recorder in C (source: backend/trace/step_recorder.c).",
     .m_size = -1,
     .m_methods = module_methods,
 };

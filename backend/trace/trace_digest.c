@@ -1,14 +1,14 @@
-/* The live trace's digest in C: `backend._trace_digest.digest`.
+/* The live trace's digest in C: `backend.trace._trace_digest.digest`.
  *
- * The same one pass over the tracer's new ring entries as `digest_ring` in backend/trace_frames.py
- * (which documents what it computes and stays the reference and the fallback), filling the same
- * TraceDigest with the same values. It runs for every event the loop records (tens of thousands a
- * second), where the Python pass cost about a microsecond an event: here the running figures of open
- * slices, chunk runs and time buckets are kept in C and written into their Python lists once, when
- * they close, instead of making new int objects for every step.
+ * One pass over the tracer's new ring entries for `digest_ring` in backend/trace/frames.py (which
+ * documents what it computes), filling its TraceDigest. It runs for every event the loop records
+ * (tens of thousands a second), where a Python pass cost about a microsecond an event: here the
+ * running figures of open slices, chunk runs and time buckets are kept in C and written into their
+ * Python lists once, when they close, instead of making new int objects for every step.
  *
- * Event kinds and item shapes are backend/trace.py's: a str item is a step of that task ending at its
- * time; a tuple (kind, duration, subject, detail) is any other event starting at its time.
+ * Event kinds and item shapes are backend/trace/recorder.py's: a str item is a step of that task
+ * ending at its time; a tuple (kind, duration, subject, detail) is any other event starting at its
+ * time.
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -871,8 +871,8 @@ static PyMethodDef module_methods[] = {
 
 static struct PyModuleDef module_def = {
     PyModuleDef_HEAD_INIT,
-    .m_name = "backend._trace_digest",
-    .m_doc = "The live trace's digest in C (source: backend/trace_digest.c).",
+    .m_name = "backend.trace._trace_digest",
+    .m_doc = "The live trace's digest in C (source: backend/trace/trace_digest.c).",
     .m_size = -1,
     .m_methods = module_methods,
 };
