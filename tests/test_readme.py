@@ -1,0 +1,58 @@
+"""The README's module map is the tree's: every module of `backend/` and `ui/` is in it, and it names
+nothing that is not there."""
+
+from __future__ import annotations
+
+import re
+
+from devkit.local import ROOT
+
+SOURCES = (".py", ".c", ".h")
+
+
+def module_map() -> dict[str, set[str]]:
+    """The files the README's module map names, by package folder (a row with an empty package
+    column belongs to the package above it)."""
+    text = (ROOT / "README.md").read_text()
+    start = text.index("| package | module | holds |")
+    named: dict[str, set[str]] = {}
+    package = ""
+    for line in text[start:].splitlines()[2:]:
+        if not line.startswith("|"):
+            break
+        cells = [cell.strip() for cell in line.strip("|").split("|")]
+        if cells[0]:
+            package = cells[0].strip("`")
+        named.setdefault(package, set()).update(re.findall(r"`([\w.]+\.(?:py|c|h))`", cells[1]))
+    return named
+
+
+def tree() -> dict[str, set[str]]:
+    """The source files of each package folder under backend/ and ui/ (an `__init__.py` that only
+    says what its package holds is not a module of its own)."""
+    found: dict[str, set[str]] = {}
+    for top in ("backend", "ui"):
+        for path in (ROOT / top).rglob("*"):
+            if path.suffix not in SOURCES or "__pycache__" in path.parts:
+                continue
+            if path.name == "__init__.py" and len(path.read_text().strip().splitlines()) <= 12:
+                continue
+            if path.name == "__main__.py":
+                continue
+            folder = path.parent.relative_to(ROOT).as_posix() + "/"
+            found.setdefault(folder, set()).add(path.name)
+    return found
+
+
+def test_every_module_is_in_the_readmes_map_and_the_map_names_only_modules() -> None:
+    named, present = module_map(), tree()
+    missing = {folder: sorted(files - named.get(folder, set())) for folder, files in present.items()}
+    missing = {folder: files for folder, files in missing.items() if files}
+    assert not missing, f"modules missing from the README's module map: {missing}"
+    gone = {folder: sorted(files - present.get(folder, set())) for folder, files in named.items()}
+    gone = {folder: files for folder, files in gone.items() if files}
+    assert not gone, f"the README's module map names files that do not exist: {gone}"
+
+
+def test_the_readme_stays_short() -> None:
+    assert len((ROOT / "README.md").read_text().splitlines()) <= 200
