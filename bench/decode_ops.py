@@ -2,9 +2,10 @@
 
 For each row count n: n rows, a third each of three chat prompts (the rows at different lengths),
 prefilled, then decode steps two ways in alternating rounds, each round from the same cache length:
-the engine's step (`Llama._decode_rows`: RMSNorm, rotary embedding with the cache write, attention
-over each row's own positions and the SiLU-gated product as one C call each) and the PyTorch step
-(`Llama._decode_masked`: the same ops as PyTorch ops, attention masked to the longest row). Both
+the engine's step (`Llama.decode` on decode_ops: RMSNorm, rotary embedding with the cache write,
+attention over each row's own positions and the SiLU-gated product as one C call each) and the
+PyTorch step (`Llama.decode` with decode_ops turned off: the same ops as PyTorch ops, attention
+masked to the longest row). Both
 multiply on the rows kernel from the GGUF's blocks, fp32, one thread. Prints the median step each
 way, the speed-up, and the time each step spends outside its linear layers (the step's wall time
 minus the calls to `linear` and `linear_add` within it). Run it on a quiet machine.

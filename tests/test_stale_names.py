@@ -3,8 +3,9 @@
 A module renamed or removed leaves its old name in the comments and docs that described it; this
 finds each file path under the project's folders and each dotted module name of its packages that
 Markdown, C sources and Python comments and docstrings name (not Python code, where a variable may be
-called `backend`), and fails on one the tree does not have. A dotted name may go on past its module into a name the module
-defines (`backend.trace.frames.digest_ring`); that name must then appear in the module's source.
+called `backend`), and fails on one the tree does not have. A dotted name may go on past its module
+into a name the module defines (`backend.trace.frames.digest_ring`); that name must then appear in
+the module's source.
 """
 
 from __future__ import annotations

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -217,6 +218,12 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     return weight * normed.to(x.dtype)
 
 
+def _silu_mul(gate_up: torch.Tensor) -> torch.Tensor:
+    """silu(gate) * up of gate_up [..., 2 I] = [gate, up], as `decode_ops.silu_mul` computes it in C."""
+    gate, up = gate_up.chunk(2, dim=-1)
+    return F.silu(gate) * up
+
+
 def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
     """Apply rotary position embedding (the half-split layout HF Llama uses)."""
     half = x.shape[-1] // 2
@@ -340,8 +347,8 @@ class Llama:
 
     def _mlp(self, x: torch.Tensor, layer: LayerWeights) -> torch.Tensor:
         normed = rms_norm(x, layer.mlp_norm, self.config.rms_eps)
-        gate, up = linear(normed, layer.gate_up, layer.blocks.get("gate_up")).chunk(2, dim=-1)
-        return x + linear(F.silu(gate) * up, layer.down, layer.blocks.get("down"))
+        gate_up = linear(normed, layer.gate_up, layer.blocks.get("gate_up"))
+        return x + linear(_silu_mul(gate_up), layer.down, layer.blocks.get("down"))
 
     def _logits(self, x: torch.Tensor) -> torch.Tensor:
         normed = rms_norm(x, self.final_norm, self.config.rms_eps)
@@ -440,58 +447,61 @@ class Llama:
     def decode(self, tokens: torch.Tensor, cache: RowCache) -> torch.Tensor:
         """Advance rows 0..R-1 by one token each (`tokens` [R]) at their own positions; logits [R, V].
 
-        Where `decode_ops.usable` (float32 on the rows kernel), the ops between the linear layers
-        are one C call each and each row attends to its own positions only; elsewhere the same step
-        runs in PyTorch, with a mask over the longest row's positions."""
+        One step for every path; only its ops differ. Where `decode_ops.usable` (float32 on the rows
+        kernel) the ops between the linear layers are one C call each and each row attends to its
+        own positions only; elsewhere they are PyTorch's, attention masked to each row's positions."""
+        c = self.config
         rows = cache.rows
         positions = cache.lengths[:rows].clone()
         longest = int(positions.max()) + 1
         cache.reserve(longest)
         if decode_ops.usable(self.dtype):
-            x = self._decode_rows(tokens, cache, positions)
+            norm, silu_mul = decode_ops.rms_norm, decode_ops.silu_mul
+            attend = self._row_attention(cache, positions)
         else:
-            x = self._decode_masked(tokens, cache, positions, longest)
+            norm, silu_mul = rms_norm, _silu_mul
+            attend = self._masked_attention(cache, positions, longest)
+        x = self.embed[tokens].contiguous()
+        for index, layer in enumerate(self.layers):
+            qkv = linear(norm(x, layer.attn_norm, c.rms_eps), layer.qkv, layer.blocks.get("qkv"), True)
+            linear_add(x, attend(index, qkv), layer.out, layer.blocks.get("out"), True)
+            gate_up = linear(
+                norm(x, layer.mlp_norm, c.rms_eps), layer.gate_up, layer.blocks.get("gate_up"), True
+            )
+            linear_add(x, silu_mul(gate_up), layer.down, layer.blocks.get("down"), True)
         cache.lengths[:rows] += 1
         return self._logits(x)
 
-    def _decode_rows(self, tokens: torch.Tensor, cache: RowCache, positions: torch.Tensor) -> torch.Tensor:
-        """The decode step on decode_ops: every row on its own; the residual stream x [R, hidden]."""
-        c = self.config
+    def _row_attention(
+        self, cache: RowCache, positions: torch.Tensor
+    ) -> Callable[[int, torch.Tensor], torch.Tensor]:
+        """Attention on decode_ops for layer `index` of a step: rotary embedding and the cache write in
+        one call, then each row over its own positions (a request's shared prompt read once)."""
         lengths = positions + 1
         sources, shared = cache.source[: cache.rows], cache.shared[: cache.rows]
-        x = self.embed[tokens].contiguous()
-        for index, layer in enumerate(self.layers):
-            keys, values = cache.keys[index], cache.values[index]
-            qkv = linear(
-                decode_ops.rms_norm(x, layer.attn_norm, c.rms_eps), layer.qkv, layer.blocks.get("qkv"), True
-            )
-            q = decode_ops.rope_store(qkv, self.cos, self.sin, positions, keys, values, c.heads)
-            attended = decode_ops.attention(q, keys, values, lengths, self.scale, sources, shared)
-            linear_add(x, attended, layer.out, layer.blocks.get("out"), True)
-            gate_up = linear(
-                decode_ops.rms_norm(x, layer.mlp_norm, c.rms_eps),
-                layer.gate_up,
-                layer.blocks.get("gate_up"),
-                True,
-            )
-            linear_add(x, decode_ops.silu_mul(gate_up), layer.down, layer.blocks.get("down"), True)
-        return x
+        heads = self.config.heads
 
-    def _decode_masked(
-        self, tokens: torch.Tensor, cache: RowCache, positions: torch.Tensor, longest: int
-    ) -> torch.Tensor:
-        """The decode step in PyTorch: attention masked to each row's positions (the longest row's
-        `longest` of them); the residual stream."""
+        def attend(index: int, qkv: torch.Tensor) -> torch.Tensor:
+            keys, values = cache.keys[index], cache.values[index]
+            q = decode_ops.rope_store(qkv, self.cos, self.sin, positions, keys, values, heads)
+            return decode_ops.attention(q, keys, values, lengths, self.scale, sources, shared)
+
+        return attend
+
+    def _masked_attention(
+        self, cache: RowCache, positions: torch.Tensor, longest: int
+    ) -> Callable[[int, torch.Tensor], torch.Tensor]:
+        """Attention in PyTorch for layer `index` of a step: masked to each row's positions (the
+        longest row's `longest` of them)."""
         c = self.config
         rows = cache.rows
         row_index = torch.arange(rows)
         # Row r sees its own positions 0..positions[r] only.
         visible = (torch.arange(longest)[None, :] <= positions[:, None])[:, None, None, :]
         cos, sin = self.cos[positions][:, None, :], self.sin[positions][:, None, :]
-        x = self.embed[tokens]
         group = c.heads // c.kv_heads
-        for index, layer in enumerate(self.layers):
-            qkv = linear(rms_norm(x, layer.attn_norm, c.rms_eps), layer.qkv, layer.blocks.get("qkv"))
+
+        def attend(index: int, qkv: torch.Tensor) -> torch.Tensor:
             q, k, v = qkv.split([self.q_size, self.kv_size, self.kv_size], dim=-1)
             q = rotate(q.view(rows, c.heads, c.head_dim), cos, sin)
             k = rotate(k.view(rows, c.kv_heads, c.head_dim), cos, sin)
@@ -505,6 +515,6 @@ class Llama:
                 values[:rows, :, :longest],
                 attn_mask=visible,
             )
-            x = x + linear(attended.reshape(rows, self.q_size), layer.out, layer.blocks.get("out"))
-            x = self._mlp(x, layer)
-        return x
+            return attended.reshape(rows, self.q_size)
+
+        return attend
