@@ -25,6 +25,7 @@ from backend.config.settings import (
 )
 from backend.engines.base import PROMPT_FORMATS
 from backend.protocol import CONSUMER_MODES, FANOUTS, OUTPUT_KINDS
+from ui.answers_view import answers_chart as answers_chart_component
 from ui.answers_view import empty_outputs as empty_answers
 from ui.engine_info import engine_line_now
 from ui.handlers import Handlers
@@ -121,9 +122,7 @@ def build_demo(
                 samples = sample_grid()
                 with gr.Accordion("Answers (self-consistency)", open=True, elem_id="answers"):
                     answers_line = gr.Markdown(empty_answers()[1], elem_id="answers-line")
-                    answers_chart = gr.BarPlot(
-                        empty_answers()[0], x="answer", y="votes", height=220, elem_id="answers-chart"
-                    )
+                    answers_chart = answers_chart_component()
                 summary = gr.Markdown(elem_id="summary")
             with gr.Column(scale=4, min_width=360):
                 trace = gr.HTML(panel_html_empty(), elem_id="trace")
