@@ -1,5 +1,8 @@
 """The page's event handlers: Generate, Cancel, Stop one column, Export, a closed tab.
 
+A Generate pressed while the engine starts first waits for it (`ui.engine_info.wait_until_started`),
+showing the wait in the status line; Cancel, or a new Generate, ends that wait.
+
 Each browser session has at most one run (a `BackendRun`: one websocket connection to the
 backend); `Handlers` keeps them apart, so Cancel and Stop reach the right request. Generate streams
 the run's view to the page at UPDATES_PER_S, the trace panel and summary every TRACE_EVERY-th
@@ -22,6 +25,7 @@ import gradio as gr
 from ui.answers_view import AnswersPanel
 from ui.answers_view import empty_outputs as empty_answers
 from ui.client import CLOSE_TIMEOUT_S, BackendError, BackendRun
+from ui.engine_info import EngineStartTimeout, wait_until_started
 from ui.sample_grid import empty_value
 from ui.trace_view import panel_html
 from ui.view import RunView, samples_value, status_markdown, summary_markdown
@@ -59,6 +63,17 @@ def error_outputs(message: str) -> list[Any]:
 OUTPUTS = 6
 """How many outputs `outputs_for` fills."""
 
+CANCELLED_WAIT = "Cancelled while waiting for the engine to start; press Generate to try again."
+"""The status line of a Generate whose wait for the engine was cancelled."""
+
+
+def waiting_outputs(line: str, first: bool) -> list[Any]:
+    """The page's outputs while Generate waits for the engine: the waiting `line` in the status; on
+    the `first` of them, the previous run's columns, summary and answers cleared."""
+    if not first:
+        return [gr.skip(), line, *[gr.skip()] * (OUTPUTS - 2)]
+    return [empty_value(), line, "", gr.skip(), *empty_answers()]
+
 
 def _session(request: gr.Request | None) -> str:
     return (request.session_hash if request is not None else None) or "anonymous"
@@ -76,6 +91,8 @@ class Handlers:
         """Each browser session's answers panel, for its current run."""
         self._streaming: dict[BackendRun, asyncio.Event] = {}
         """Each run that a Generate event streams to its page, set once that event has ended."""
+        self._waiting: dict[str, asyncio.Event] = {}
+        """Each browser session's Generate that waits for the engine to start; set to stop it."""
         self._background: set[asyncio.Task[Any]] = set()
 
     async def generate(
@@ -105,6 +122,8 @@ class Handlers:
         self._runs[session] = run
         if previous is not None:
             self._in_background(_cancel_and_close(previous))
+        if session in self._waiting:
+            self._waiting[session].set()  # a Generate still waiting for the engine: this one replaces it
         params = {
             "max_tokens": int(max_tokens_value),
             "temperature": float(temperature_value),
@@ -125,6 +144,24 @@ class Handlers:
         if logprobs_value:
             options["logprobs"] = True
         answers = self._answers[session] = AnswersPanel(answer_pattern_value)
+        stop_waiting = self._waiting[session] = asyncio.Event()
+        try:
+            waited = 0
+            async for line in wait_until_started(self.backend_url, stop_waiting):
+                yield waiting_outputs(line, first=waited == 0)
+                waited += 1
+        except EngineStartTimeout as exc:
+            self._forget(session, run)
+            yield error_outputs(str(exc))
+            return
+        finally:
+            if self._waiting.get(session) is stop_waiting:
+                del self._waiting[session]
+        if stop_waiting.is_set():
+            if self._runs.get(session) is run:  # cancelled, not replaced by a newer Generate
+                self._forget(session, run)
+                yield [gr.skip(), CANCELLED_WAIT, *[gr.skip()] * (OUTPUTS - 2)]
+            return
         streaming = self._streaming[run] = asyncio.Event()
         try:
             try:
@@ -155,8 +192,13 @@ class Handlers:
         event has ended (or after CLOSE_TIMEOUT_S), so an update of the Generate event still on
         its way cannot land after the final view and leave a column "streaming". The page then
         cancels the Generate event (`.then(cancels=...)` in `ui.app`): a no-op for an event that
-        ended, and it drops a Generate still waiting in the queue."""
+        ended, and it drops a Generate still waiting in the queue. A Generate still waiting for the
+        engine to start stops waiting, and the status line says so."""
         session = _session(request)
+        waiting = self._waiting.get(session)
+        if waiting is not None:
+            waiting.set()
+            return [gr.skip(), CANCELLED_WAIT, *[gr.skip()] * (OUTPUTS - 2)]
         run = self._runs.get(session)
         if run is None:
             return [gr.skip()] * OUTPUTS
