@@ -12,6 +12,7 @@ from playwright.sync_api import Browser, Page, expect
 from backend.engines.synthetic import synthetic_tokens
 from devkit.local import chromium_path, free_port, start_app
 from ui.answers import compile_answer_pattern, final_answer, tally
+from ui.examples import EXAMPLES
 
 if chromium_path() is None:
     if os.environ.get("CI"):
@@ -235,3 +236,34 @@ def test_the_vote_chart_draws_every_answer_from_zero_most_votes_first(page: Page
     fills = [bar["fill"] for bar in drawn]
     assert fills[0] != fills[1] and len(set(fills[1:])) == 1  # the majority stands out
     expect(page.locator("#answers-chart .role-legend")).to_contain_text("majority")
+
+
+def test_an_example_sets_the_prompt_and_settings_says_its_lesson_and_runs(page: Page) -> None:
+    examples = {example.label.split(":")[0]: example for example in EXAMPLES}
+    blocking = examples["Blocking the loop"]
+    page.locator("#examples").get_by_text(blocking.label).click()
+    expect(page.locator("#example-lesson textarea")).to_have_value(blocking.lesson)
+    expect(page.locator("#prompt textarea")).to_have_value(blocking.prompt)
+    page.get_by_role("button", name="Event-loop experiments").click()
+    expect(page.locator("#consumer input[value=blocking]")).to_be_checked()
+    expect(page.locator("#block-ms input[type=number]")).to_have_value("30")
+
+    confidence = examples["Token confidence"]
+    page.locator("#examples").get_by_text(confidence.label).click()
+    expect(page.locator("#example-lesson textarea")).to_have_value(confidence.lesson)
+    expect(page.locator("#prompt textarea")).to_have_value(confidence.prompt)
+    expect(page.locator("#consumer input[value=cooperative]")).to_be_checked()
+    for elem_id, value in (("n", confidence.n), ("max-tokens", confidence.max_tokens)):
+        expect(page.locator(f"#{elem_id} input[type=number]")).to_have_value(str(value))
+    expect(page.locator("#temperature input[type=number]")).to_have_value("1")
+    page.get_by_role("button", name="Why sample n times").click()
+    expect(page.locator("#logprobs input[type=checkbox]")).to_be_checked()
+    expect(page.locator("#answer-pattern textarea")).to_have_value(confidence.answer_pattern)
+
+    page.locator("#generate").click()
+    expect(page.locator("#status")).to_contain_text("finished", timeout=30_000)
+    for index in range(confidence.n):
+        assert page.locator(f"#sample-{index} .tok").count() > 1  # coloured tokens: logprobs were asked
+        assert len(sample_text(page, index).split()) > 1
+    expect(page.locator("#column-8")).to_be_hidden()
+    expect(page.locator("#answers-line")).to_contain_text(f"of {confidence.n} samples finished")

@@ -28,6 +28,7 @@ from backend.protocol import CONSUMER_MODES, FANOUTS, OUTPUT_KINDS
 from ui.answers_view import answers_chart as answers_chart_component
 from ui.answers_view import empty_outputs as empty_answers
 from ui.engine_info import engine_line_now
+from ui.examples import examples_block
 from ui.handlers import Handlers
 from ui.sample_grid import sample_grid
 
@@ -113,6 +114,9 @@ def build_demo(
                 sampling = _sampling_controls(n_max, max_tokens_max)
         consumer, block_ms, fanout, output_kind, cancel_after = _experiment_controls()
         logprobs, answer_pattern = _why_n_controls()
+        n, max_tokens, temperature = sampling[:3]
+        inputs = [prompt, n, max_tokens, temperature, consumer, block_ms, logprobs, answer_pattern]
+        examples_block(inputs, n_max, max_tokens_max)
         with gr.Row():
             generate_btn = gr.Button("Generate", variant="primary", elem_id="generate")
             cancel_btn = gr.Button("Cancel", variant="stop", elem_id="cancel")
