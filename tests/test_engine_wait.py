@@ -102,12 +102,18 @@ def test_in_chromium_generate_during_the_start_shows_the_wait_then_the_columns_f
 ) -> None:
     page = browser.new_page(viewport={"width": 1400, "height": 1000})
     try:
-        slow_backend(8)
+        slow_backend(12)
         page.goto(app["url"])
         expect(page.locator("#generate")).to_be_visible(timeout=30_000)
         expect(page.locator("#engine-info")).to_contain_text("is starting", timeout=10_000)
-        page.locator("#generate").click()
         status = page.locator("#status")
+        page.locator("#generate").click()
+        expect(status).to_contain_text("Waiting for the synthetic engine to start", timeout=10_000)
+        page.locator("#cancel").click()  # Cancel stops the wait, and says so
+        expect(status).to_have_text(CANCELLED_WAIT.replace("**", ""), timeout=10_000)
+        page.wait_for_timeout(2_000)
+        expect(status).to_have_text(CANCELLED_WAIT.replace("**", ""))  # no waiting line comes back
+        page.locator("#generate").click()
         expect(status).to_contain_text("Waiting for the synthetic engine to start", timeout=10_000)
         expect(status).to_contain_text("downloading weights")
         first = status.inner_text()

@@ -88,7 +88,9 @@ the model found them (green sure, red unsure; the probability on hover) and its 
 mean log probability and the perplexity. A violet bar marks where a sample parts from every other sample:
 the n samples share a prefix until one draws differently. The **answers** below take each
 finished sample's final answer (the last number, or what your pattern matches: its first group if
-it has one) and vote: the most common answer is the self-consistency answer.
+it has one) and vote: a bar per answer, counted from zero, most votes first; the most common answer,
+the self-consistency answer, is green (answers tied for the most, amber). The **examples** above
+Generate set a prompt and settings that show one lesson each.
 """
 """The explanation beside the controls for what sampling n times is for."""
 

@@ -63,7 +63,7 @@ def engine_line(health: dict[str, Any]) -> str:
         doing = health.get("loading_status") or "starting"
         return (
             f"⏳ The **{engine}** engine is starting: {doing}. "
-            "This line updates by itself; Generate works once it is ready."
+            "This line updates by itself; Generate waits for it."
         )
     if health.get("server_ok") is False:
         return (
