@@ -235,7 +235,16 @@ def test_the_vote_chart_draws_every_answer_from_zero_most_votes_first(page: Page
         assert abs(height - votes * one_vote) < 2, heights  # the axis starts at zero
     fills = [bar["fill"] for bar in drawn]
     assert fills[0] != fills[1] and len(set(fills[1:])) == 1  # the majority stands out
-    expect(page.locator("#answers-chart .role-legend")).to_contain_text("majority")
+    legend = page.locator("#answers-chart .role-legend")
+    expect(legend).to_contain_text("majority")
+    inside = page.evaluate(
+        """() => {
+            const chart = document.querySelector('#answers-chart').getBoundingClientRect();
+            const legend = document.querySelector('#answers-chart .role-legend').getBoundingClientRect();
+            return legend.height > 0 && legend.top >= chart.top && legend.bottom <= chart.bottom;
+        }"""
+    )
+    assert inside, "the legend is drawn outside the chart's box, where it is cut off"
 
 
 def test_an_example_sets_the_prompt_and_settings_says_its_lesson_and_runs(page: Page) -> None:

@@ -54,7 +54,8 @@ def answers_chart() -> gr.BarPlot:
 
     The y axis starts at zero (`y_lim`): Gradio asks Vega-Lite, which draws its plots, for an axis
     that need not include zero, and a chart without colours then starts it at the smallest count,
-    where an answer with that many votes gets a bar of no height."""
+    where an answer with that many votes gets a bar of no height. The label is not shown: Gradio
+    sizes the drawing to the whole box, and a label above it pushes the legend out of the box."""
     return gr.BarPlot(
         empty_outputs()[0],
         x="answer",
@@ -67,6 +68,7 @@ def answers_chart() -> gr.BarPlot:
         color_title="",
         height=280,
         label="votes per answer",
+        show_label=False,
         elem_id="answers-chart",
     )
 
