@@ -4,12 +4,16 @@ from __future__ import annotations
 
 import time
 
+import gradio as gr
 import pytest
 import regex
 
 from ui.answers import (
+    FEWER,
+    MAJORITY,
     MAX_PATTERN_CHARS,
     PATTERN_BUDGET_S,
+    TIED,
     AnswerPatternError,
     AnswerPatternTimeout,
     PatternClock,
@@ -20,6 +24,8 @@ from ui.answers import (
     summary_line,
     tally,
 )
+from ui.answers_view import CHART_COLUMNS, VOTE_COLOURS, AnswersPanel, answers_chart
+from ui.view import RunView
 
 # "A shop takes $1,000 on Monday and $234 on Tuesday. How much does it take in total?"
 SHOP_SAMPLES = [
@@ -97,7 +103,10 @@ def test_the_apple_vote_as_samples_finish() -> None:
     assert summary_line(everything, finished=6, n=8) == (
         "majority: 42 (3 of 5 answers, 60%) · 6 of 8 samples finished · 1 without an answer"
     )
-    assert chart_rows(everything) == [{"answer": "42", "votes": 3}, {"answer": "41", "votes": 2}]
+    assert chart_rows(everything) == [
+        {"answer": "42", "votes": 3, "vote": MAJORITY},
+        {"answer": "41", "votes": 2, "vote": FEWER},
+    ]
 
 
 def test_ties_go_to_the_answer_reached_first() -> None:
@@ -309,9 +318,13 @@ def test_chart_rows_fold_the_tail_into_other() -> None:
     answers = ["1"] * 5 + ["2"] * 3 + [str(k) for k in range(3, 16)]  # 15 distinct answers
     rows = chart_rows(tally(answers))
     assert len(rows) == 12
-    assert rows[:3] == [{"answer": "1", "votes": 5}, {"answer": "2", "votes": 3}, {"answer": "3", "votes": 1}]
-    assert rows[10] == {"answer": "11", "votes": 1}
-    assert rows[11] == {"answer": "other (4 answers)", "votes": 4}
+    assert rows[:3] == [
+        {"answer": "1", "votes": 5, "vote": MAJORITY},
+        {"answer": "2", "votes": 3, "vote": FEWER},
+        {"answer": "3", "votes": 1, "vote": FEWER},
+    ]
+    assert rows[10] == {"answer": "11", "votes": 1, "vote": FEWER}
+    assert rows[11] == {"answer": "other (4 answers)", "votes": 4, "vote": FEWER}
     assert [row["votes"] for row in rows] == [5, 3] + [1] * 9 + [4]
 
 
@@ -319,9 +332,9 @@ def test_chart_rows_keep_every_answer_that_fits() -> None:
     vote = tally([str(k) for k in range(12)])
     assert [row["answer"] for row in chart_rows(vote)] == [str(k) for k in range(12)]
     assert chart_rows(vote, max_bars=3) == [
-        {"answer": "0", "votes": 1},
-        {"answer": "1", "votes": 1},
-        {"answer": "other (10 answers)", "votes": 10},
+        {"answer": "0", "votes": 1, "vote": TIED},
+        {"answer": "1", "votes": 1, "vote": TIED},
+        {"answer": "other (10 answers)", "votes": 10, "vote": FEWER},
     ]
     with pytest.raises(ValueError, match="max_bars must be at least 2, not 1"):
         chart_rows(vote, max_bars=1)
@@ -353,3 +366,67 @@ def test_summary_rounds_half_up_and_shortens_long_answers() -> None:
     assert summary_line(tally([long]), finished=1, n=2) == (
         "majority: the farmer has forty-two apples in thre… (1 of 1 answer, 100%) · 1 of 2 samples finished"
     )
+
+
+SHEEP_ANSWERS = ["2", "2", "2", "9", "9", "26", "12", "1"]
+"""Eight samples' answers to the sheep question, as a person got them on the embedded engine."""
+
+
+def sheep_run(finished: int = len(SHEEP_ANSWERS)) -> RunView:
+    """A run of eight samples whose first `finished` said their SHEEP_ANSWERS and stopped."""
+    view = RunView("r1", started_at=0.0)
+    view.apply({"type": "accepted", "id": "r1", "n": len(SHEEP_ANSWERS)}, 0.0)
+    for index, answer in enumerate(SHEEP_ANSWERS[:finished]):
+        view.apply({"type": "chunk", "id": "r1", "index": index, "text": f"There are {answer} sheep."}, 1.0)
+        view.apply({"type": "finish", "id": "r1", "index": index, "reason": "stop"}, 1.0)
+    return view
+
+
+def records(chart: gr.BarPlot) -> list[dict[str, object]]:
+    """The rows the page's chart is sent (its value after Gradio's postprocessing)."""
+    value = chart.value
+    assert value["datatypes"] == {"answer": "nominal", "votes": "quantitative", "vote": "nominal"}
+    return [dict(zip(value["columns"], row, strict=True)) for row in value["data"]]
+
+
+def test_the_chart_gets_every_answer_most_votes_first_with_the_majority_marked() -> None:
+    """2, 2, 2, 9, 9, 26, 12, 1: five bars, the three one-vote answers included, each with its count."""
+    chart, line = AnswersPanel("").outputs(sheep_run())
+    assert records(chart) == [
+        {"answer": "2", "votes": 3, "vote": MAJORITY},
+        {"answer": "9", "votes": 2, "vote": FEWER},
+        {"answer": "26", "votes": 1, "vote": FEWER},
+        {"answer": "12", "votes": 1, "vote": FEWER},
+        {"answer": "1", "votes": 1, "vote": FEWER},
+    ]
+    assert chart.sort == ["2", "9", "26", "12", "1"]  # the x axis keeps the vote's order
+    assert line.startswith("majority: 2 (3 of 8 answers, 38%) · 8 of 8 samples finished")
+
+
+def test_a_tie_marks_every_leader_and_the_chart_grows_as_samples_finish() -> None:
+    panel = AnswersPanel("")
+    view = sheep_run(finished=5)  # 2, 2, 2, 9, 9
+    chart, _ = panel.outputs(view)
+    assert records(chart) == [
+        {"answer": "2", "votes": 3, "vote": MAJORITY},
+        {"answer": "9", "votes": 2, "vote": FEWER},
+    ]
+    assert panel.outputs(view) == [gr.skip(), gr.skip()]  # nothing finished since: no redraw
+    rows = chart_rows(tally(["9", "2", "2", "9", "1"]))
+    assert [(r["answer"], r["votes"], r["vote"]) for r in rows] == [
+        ("9", 2, TIED),
+        ("2", 2, TIED),
+        ("1", 1, FEWER),
+    ]
+    chart, _ = AnswersPanel(r"(\w+) sheep").outputs(sheep_run(finished=4))  # a pattern's answers too
+    assert [(r["answer"], r["vote"]) for r in records(chart)] == [("2", MAJORITY), ("9", FEWER)]
+
+
+def test_the_chart_counts_from_zero_and_colours_the_majority() -> None:
+    """Gradio's bar chart starts its axis at the smallest count unless told: an answer with that
+    count would get no bar. The chart's own settings, as the page is sent them."""
+    config = answers_chart().get_config()
+    assert config["y_lim"] == [0, None]
+    assert config["color"] == "vote" and config["color_map"] == VOTE_COLOURS
+    assert len(set(VOTE_COLOURS.values())) == 3  # majority, tie and the rest look different
+    assert list(config["value"]["columns"]) == CHART_COLUMNS and config["value"]["data"] == []

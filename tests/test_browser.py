@@ -9,7 +9,10 @@ from collections.abc import Iterator
 import pytest
 from playwright.sync_api import Browser, Page, expect
 
+from backend.engines.synthetic import synthetic_tokens
 from devkit.local import chromium_path, free_port, start_app
+from ui.answers import compile_answer_pattern, final_answer, tally
+from ui.examples import EXAMPLES
 
 if chromium_path() is None:
     if os.environ.get("CI"):
@@ -192,3 +195,84 @@ def test_cumulative_outputs_show_in_the_read_lane_and_the_task_tree_is_drawn(pag
     size = int(figure.rsplit("\n", 1)[-1].split()[0].replace(",", "")) if "\n" in figure else 0
     assert size > 300, figure  # the whole text so far, not a word
     assert len(sample_text(page, 0).split()) > 20
+
+
+def test_the_vote_chart_draws_every_answer_from_zero_most_votes_first(page: Page) -> None:
+    """Eight samples whose answers (the first letter of the last word of their last full sentence)
+    are the engine's own: three, two and three single votes. Each answer's bar is drawn, as tall as
+    its votes, most votes first, the majority's bar in its own colour and named in the legend."""
+    pattern = r"(\w)\w*\."
+    compiled = compile_answer_pattern(pattern)
+    expected = tally(
+        [final_answer("".join(synthetic_tokens(15 + i, 12, 0.8)[0]), compiled) for i in range(8)]
+    ).counts
+    assert [votes for _, votes in expected] == [3, 2, 1, 1, 1]  # some answers have one vote
+    page.get_by_role("button", name="Why sample n times").click()
+    page.locator("#answer-pattern textarea").fill(pattern)
+    page.locator("#seed input").fill("15")
+    start(page, "Tell me about sheep.", 8, 12)
+    expect(page.locator("#status")).to_contain_text("finished", timeout=30_000)
+    expect(page.locator("#answers-line")).to_contain_text(f"majority: {expected[0][0]} (3 of 8 answers")
+    bars = page.locator("#answers-chart path[aria-roledescription=bar]")
+    expect(bars).to_have_count(len(expected), timeout=10_000)
+    drawn = bars.evaluate_all(
+        """paths => paths.map(p => {
+            const box = p.getBoundingClientRect();
+            return {label: p.getAttribute('aria-label'), fill: p.getAttribute('fill'),
+                    left: box.left, height: box.height};
+        })"""
+    )
+    drawn.sort(key=lambda bar: bar["left"])  # as a person reads the chart, left to right
+    shown = [dict(part.split(": ", 1) for part in bar["label"].split("; ")) for bar in drawn]
+    bars_read = [(s["answer"], int(s["votes"])) for s in shown]
+    assert sorted(bars_read) == sorted(expected)  # every answer, each with its votes
+    assert [votes for _, votes in bars_read] == [3, 2, 1, 1, 1]  # most first (ties: first reached)
+    assert [s["vote"] for s in shown] == ["majority"] + ["fewer votes"] * 4
+    heights = [bar["height"] for bar in drawn]
+    assert all(height > 10 for height in heights), heights
+    one_vote = heights[-1]
+    for (_, votes), height in zip(expected, heights, strict=True):
+        assert abs(height - votes * one_vote) < 2, heights  # the axis starts at zero
+    fills = [bar["fill"] for bar in drawn]
+    assert fills[0] != fills[1] and len(set(fills[1:])) == 1  # the majority stands out
+    legend = page.locator("#answers-chart .role-legend")
+    expect(legend).to_contain_text("majority")
+    inside = page.evaluate(
+        """() => {
+            const chart = document.querySelector('#answers-chart').getBoundingClientRect();
+            const legend = document.querySelector('#answers-chart .role-legend').getBoundingClientRect();
+            return legend.height > 0 && legend.top >= chart.top && legend.bottom <= chart.bottom;
+        }"""
+    )
+    assert inside, "the legend is drawn outside the chart's box, where it is cut off"
+
+
+def test_an_example_sets_the_prompt_and_settings_says_its_lesson_and_runs(page: Page) -> None:
+    examples = {example.label.split(":")[0]: example for example in EXAMPLES}
+    blocking = examples["Blocking the loop"]
+    page.locator("#examples").get_by_text(blocking.label).click()
+    expect(page.locator("#example-lesson textarea")).to_have_value(blocking.lesson)
+    expect(page.locator("#prompt textarea")).to_have_value(blocking.prompt)
+    page.get_by_role("button", name="Event-loop experiments").click()
+    expect(page.locator("#consumer input[value=blocking]")).to_be_checked()
+    expect(page.locator("#block-ms input[type=number]")).to_have_value("30")
+
+    confidence = examples["Token confidence"]
+    page.locator("#examples").get_by_text(confidence.label).click()
+    expect(page.locator("#example-lesson textarea")).to_have_value(confidence.lesson)
+    expect(page.locator("#prompt textarea")).to_have_value(confidence.prompt)
+    expect(page.locator("#consumer input[value=cooperative]")).to_be_checked()
+    for elem_id, value in (("n", confidence.n), ("max-tokens", confidence.max_tokens)):
+        expect(page.locator(f"#{elem_id} input[type=number]")).to_have_value(str(value))
+    expect(page.locator("#temperature input[type=number]")).to_have_value("1")
+    page.get_by_role("button", name="Why sample n times").click()
+    expect(page.locator("#logprobs input[type=checkbox]")).to_be_checked()
+    expect(page.locator("#answer-pattern textarea")).to_have_value(confidence.answer_pattern)
+
+    page.locator("#generate").click()
+    expect(page.locator("#status")).to_contain_text("finished", timeout=30_000)
+    for index in range(confidence.n):
+        assert page.locator(f"#sample-{index} .tok").count() > 1  # coloured tokens: logprobs were asked
+        assert len(sample_text(page, index).split()) > 1
+    expect(page.locator("#column-8")).to_be_hidden()
+    expect(page.locator("#answers-line")).to_contain_text(f"of {confidence.n} samples finished")

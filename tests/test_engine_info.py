@@ -6,6 +6,7 @@ import asyncio
 import json
 from typing import Any
 
+import pytest
 from websockets.asyncio.client import connect
 
 from backend.engines.http.base import refused_key
@@ -14,7 +15,14 @@ from backend.engines.http.sglang_launch import free_port
 from backend.engines.synthetic import SyntheticEngine
 from backend.serving.server import BackendServer
 from devkit.frames import recv_frame
-from ui.engine_info import engine_line_now, health_url
+from ui.engine_info import (
+    EngineStartTimeout,
+    engine_line_now,
+    health_url,
+    not_started_message,
+    wait_until_started,
+    waiting_line,
+)
 
 
 def test_health_url_from_the_websocket_url() -> None:
@@ -148,3 +156,62 @@ async def test_an_engine_lost_while_serving_ends_every_running_request_and_says_
         assert server.health()["engine_state"] == "lost" and server.health()["active_requests"] == 0
     finally:
         await server.close()
+
+
+def test_the_waiting_line_and_the_give_up_message_say_what_the_engine_does() -> None:
+    health = {"engine": "embedded", "engine_state": "starting", "loading_status": "downloading weights"}
+    assert waiting_line(health, 12.4) == (
+        "⏳ Waiting for the **embedded** engine to start (12 s): downloading weights ... "
+        "The samples start once it is ready; Cancel stops waiting."
+    )
+    assert "to start (0 s) ... The samples" in waiting_line({"engine": "sglang"}, 0.2)
+    assert not_started_message(health, 600) == (
+        "the embedded engine did not start within 600 s (it was downloading weights); "
+        "press Generate again to wait longer"
+    )
+
+
+async def test_a_wait_for_a_starting_engine_lasts_until_it_is_ready() -> None:
+    engine = SlowStartEngine()
+    server = BackendServer(engine, port=0)
+    await server.start(engine_in_background=True)
+    try:
+        lines = []
+        async for line in wait_until_started(server.url, asyncio.Event(), poll_s=0.05):
+            lines.append(line)
+            if len(lines) == 3:
+                engine.go.set()
+        assert len(lines) == 3 and all("Waiting for the **synthetic** engine" in line for line in lines)
+        assert "downloading weights" in lines[0] and server.engine_state == "ready"
+        assert [
+            line async for line in wait_until_started(server.url, asyncio.Event())
+        ] == []  # ready: no wait
+    finally:
+        await server.close()
+
+
+async def test_a_wait_ends_when_stopped_when_the_start_fails_and_after_its_limit() -> None:
+    failing = SlowStartEngine(failure="no weights")
+    server = BackendServer(failing, port=0)
+    await server.start(engine_in_background=True)
+    try:
+        stop = asyncio.Event()
+        lines = []
+        async for line in wait_until_started(server.url, stop, poll_s=10):
+            lines.append(line)
+            asyncio.get_running_loop().call_later(0.05, stop.set)  # Cancel, well before the next poll
+        assert len(lines) == 1 and server.engine_state == "starting"
+
+        with pytest.raises(
+            EngineStartTimeout, match=r"did not start within 0.2 s \(it was downloading weights\)"
+        ):
+            async for _ in wait_until_started(server.url, asyncio.Event(), limit_s=0.2, poll_s=0.05):
+                pass
+
+        failing.go.set()
+        await server.engine_settled()
+        assert [line async for line in wait_until_started(server.url, asyncio.Event())] == []
+        assert server.engine_state == "failed"  # the request's refusal says why (see above)
+    finally:
+        await server.close()
+    assert [line async for line in wait_until_started(server.url, asyncio.Event())] == []  # no backend

@@ -240,20 +240,41 @@ def tally(answers: Sequence[str | None]) -> Vote:
     )
 
 
-def chart_rows(vote: Vote, max_bars: int = 12) -> list[dict[str, object]]:
-    """The vote as bar-chart rows, `{"answer": "42", "votes": 3}`, in the vote's order.
+MAJORITY = "majority"
+"""`chart_rows`' mark for the one answer with the most votes."""
 
-    At most `max_bars` rows: when the vote has more answers than that, the first `max_bars - 1`
-    keep their own bar and the rest are summed into one last row named "other (k answers)".
+TIED = "tied for most"
+"""`chart_rows`' mark for each answer sharing the most votes when no answer has more than the rest."""
+
+FEWER = "fewer votes"
+"""`chart_rows`' mark for every other bar (the "other" row included)."""
+
+
+def chart_rows(vote: Vote, max_bars: int = 12) -> list[dict[str, object]]:
+    """The vote as bar-chart rows, `{"answer": "42", "votes": 3, "vote": MAJORITY}`, in the vote's
+    order: most votes first, equal votes in the order the answers were first reached.
+
+    `vote` marks the bar: MAJORITY for the single answer with the most votes, TIED for each answer
+    with the most votes when several share them, FEWER for the rest. At most `max_bars` rows: when
+    the vote has more answers than that, the first `max_bars - 1` keep their own bar and the rest
+    are summed into one last row named "other (k answers)" (marked FEWER, last whatever its sum).
     Samples without an answer have no row. `max_bars` must be at least 2.
     """
     if max_bars < 2:
         raise ValueError(f"max_bars must be at least 2, not {max_bars}")
-    if len(vote.counts) <= max_bars:
-        return [{"answer": answer, "votes": votes} for answer, votes in vote.counts]
-    shown, rest = vote.counts[: max_bars - 1], vote.counts[max_bars - 1 :]
-    rows: list[dict[str, object]] = [{"answer": answer, "votes": votes} for answer, votes in shown]
-    rows.append({"answer": f"other ({len(rest)} answers)", "votes": sum(votes for _, votes in rest)})
+    leaders = set(vote.leaders)
+    lead = TIED if vote.tied else MAJORITY
+    fits = len(vote.counts) <= max_bars
+    shown = vote.counts if fits else vote.counts[: max_bars - 1]
+    rows: list[dict[str, object]] = [
+        {"answer": answer, "votes": votes, "vote": lead if answer in leaders else FEWER}
+        for answer, votes in shown
+    ]
+    if not fits:
+        rest = vote.counts[max_bars - 1 :]
+        rows.append(
+            {"answer": f"other ({len(rest)} answers)", "votes": sum(v for _, v in rest), "vote": FEWER}
+        )
     return rows
 
 

@@ -6,6 +6,10 @@ is said in the panel and the vote uses the default. A sample
 counts once it finished on its own (`stop` or `length`); a stopped or failed one is listed but does
 not vote. Answers are read once per sample, when it finishes, in the order samples finish, so a tie
 goes to the answer reached first. The panel is redrawn only when a sample finished since.
+
+The chart (`answers_chart`) has one bar per answer, most votes first, its axis from zero so an
+answer with one vote has a bar as tall as one vote; the majority's bar is green and named in the
+legend, answers tied for the most votes amber, the rest grey.
 """
 
 from __future__ import annotations
@@ -17,7 +21,10 @@ import pandas as pd
 import regex
 
 from ui.answers import (
+    FEWER,
+    MAJORITY,
     PATTERN_BUDGET_S,
+    TIED,
     AnswerPatternError,
     AnswerPatternTimeout,
     PatternClock,
@@ -34,6 +41,36 @@ VOTING_REASONS = ("stop", "length")
 
 ANSWER_CHARS = 24
 """A sample's answer is cut to this many characters in the per-sample list."""
+
+CHART_COLUMNS = ["answer", "votes", "vote"]
+"""The chart's data: `ui.answers.chart_rows`' keys."""
+
+VOTE_COLOURS = {MAJORITY: "#16a34a", TIED: "#d97706", FEWER: "#94a3b8"}
+"""Each bar's colour by its `vote` mark: green for the majority, amber for a tie, grey for the rest."""
+
+
+def answers_chart() -> gr.BarPlot:
+    """The vote's bar chart, empty until a sample finishes (`AnswersPanel.outputs` fills it).
+
+    The y axis starts at zero (`y_lim`): Gradio asks Vega-Lite, which draws its plots, for an axis
+    that need not include zero, and a chart without colours then starts it at the smallest count,
+    where an answer with that many votes gets a bar of no height. The label is not shown: Gradio
+    sizes the drawing to the whole box, and a label above it pushes the legend out of the box."""
+    return gr.BarPlot(
+        empty_outputs()[0],
+        x="answer",
+        y="votes",
+        color="vote",
+        color_map=VOTE_COLOURS,
+        y_lim=[0, None],
+        x_title="answer",
+        y_title="votes",
+        color_title="",
+        height=280,
+        label="votes per answer",
+        show_label=False,
+        elem_id="answers-chart",
+    )
 
 
 class AnswersPanel:
@@ -67,7 +104,7 @@ class AnswersPanel:
         voters = [i for i in self.answers if view.samples[i].status in VOTING_REASONS]
         vote = tally([self.answers[i] for i in voters])
         rows = chart_rows(vote)
-        frame = pd.DataFrame(rows, columns=["answer", "votes"])
+        frame = pd.DataFrame(rows, columns=CHART_COLUMNS)
         chart = gr.BarPlot(value=frame, sort=[row["answer"] for row in rows] or None)
         lines = [summary_line(vote, len(finished), view.n)]
         if self.problem:
@@ -103,7 +140,7 @@ class AnswersPanel:
 
 def empty_outputs() -> list[Any]:
     """The panel before a run."""
-    return [pd.DataFrame({"answer": [], "votes": []}), "Answers appear as samples finish."]
+    return [pd.DataFrame(columns=CHART_COLUMNS), "Answers appear as samples finish."]
 
 
 def _short(answer: str) -> str:

@@ -27,8 +27,10 @@ from backend.config.settings import (
 )
 from backend.engines.base import PROMPT_FORMATS
 from backend.protocol import CONSUMER_MODES, FANOUTS, OUTPUT_KINDS, REPLAY_SPEED_MAX
+from ui.answers_view import answers_chart as answers_chart_component
 from ui.answers_view import empty_outputs as empty_answers
 from ui.engine_info import engine_line_now
+from ui.examples import examples_block
 from ui.handlers import Handlers
 from ui.sample_grid import sample_grid
 
@@ -90,7 +92,9 @@ the model found them (green sure, red unsure; the probability on hover) and its 
 mean log probability and the perplexity. A violet bar marks where a sample parts from every other sample:
 the n samples share a prefix until one draws differently. The **answers** below take each
 finished sample's final answer (the last number, or what your pattern matches: its first group if
-it has one) and vote: the most common answer is the self-consistency answer.
+it has one) and vote: a bar per answer, counted from zero, most votes first; the most common answer,
+the self-consistency answer, is green (answers tied for the most, amber). The **examples** above
+Generate set a prompt and settings that show one lesson each.
 """
 """The explanation beside the controls for what sampling n times is for."""
 
@@ -121,6 +125,9 @@ def build_demo(
                 sampling = _sampling_controls(n_max, max_tokens_max)
         consumer, block_ms, fanout, output_kind, cancel_after = _experiment_controls()
         logprobs, answer_pattern = _why_n_controls()
+        n, max_tokens, temperature = sampling[:3]
+        inputs = [prompt, n, max_tokens, temperature, consumer, block_ms, logprobs, answer_pattern]
+        examples_block(inputs, n_max, max_tokens_max)
         with gr.Row():
             generate_btn = gr.Button("Generate", variant="primary", elem_id="generate")
             cancel_btn = gr.Button("Cancel", variant="stop", elem_id="cancel")
@@ -130,9 +137,7 @@ def build_demo(
                 samples = sample_grid()
                 with gr.Accordion("Answers (self-consistency)", open=True, elem_id="answers"):
                     answers_line = gr.Markdown(empty_answers()[1], elem_id="answers-line")
-                    answers_chart = gr.BarPlot(
-                        empty_answers()[0], x="answer", y="votes", height=220, elem_id="answers-chart"
-                    )
+                    answers_chart = answers_chart_component()
                 summary = gr.Markdown(elem_id="summary")
             with gr.Column(scale=4, min_width=360):
                 trace = gr.HTML(panel_html_empty(), elem_id="trace")

@@ -3,14 +3,20 @@
 Read from the backend's `GET /health` each time a page loads, so a server that was down when the
 dashboard started shows its model once it is back, and one that went away says so. While the engine
 starts (a first start may download or convert the model), the page reads it every few seconds.
+
+A Generate pressed while the engine starts waits for it (`wait_until_started`), saying in the
+status line how long it has waited and what the engine is doing, instead of being refused.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
+import time
 import urllib.error
 import urllib.request
+from collections.abc import AsyncIterator
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
@@ -18,6 +24,18 @@ from backend.engines.embedded.compute import VARIES_WITH_LOAD
 
 HEALTH_TIMEOUT_S = 5.0
 """Limit of the page-load /health call: a stuck backend must not hold the page's first render."""
+
+ENGINE_WAIT_S = 600.0
+"""Longest a Generate waits for a starting engine before it gives up and says so. A Space's first
+start downloads and converts the embedded model (a minute or two on a free CPU); an SGLang server
+the dashboard launches may take up to its own start limit, also 600 s, before it is called failed."""
+
+ENGINE_WAIT_POLL_S = 1.0
+"""How often a waiting Generate reads the engine's state again (and updates its waiting line)."""
+
+
+class EngineStartTimeout(Exception):
+    """The engine was still starting after ENGINE_WAIT_S; the message says what it was doing."""
 
 
 def health_url(backend_url: str) -> str:
@@ -45,7 +63,7 @@ def engine_line(health: dict[str, Any]) -> str:
         doing = health.get("loading_status") or "starting"
         return (
             f"⏳ The **{engine}** engine is starting: {doing}. "
-            "This line updates by itself; Generate works once it is ready."
+            "This line updates by itself; Generate waits for it."
         )
     if health.get("server_ok") is False:
         return (
@@ -68,12 +86,17 @@ def compute_words(health: dict[str, Any]) -> str:
     return words
 
 
+def fetch_health(backend_url: str) -> dict[str, Any]:
+    """The backend's /health now; OSError (URLError) or ValueError where it did not answer with JSON."""
+    with urllib.request.urlopen(health_url(backend_url), timeout=HEALTH_TIMEOUT_S) as response:
+        return json.loads(response.read())
+
+
 def fetch_engine_line(backend_url: str) -> tuple[str, bool]:
     """engine_line of the backend's /health now (or a sentence saying the backend did not answer),
     and whether the engine is still starting."""
     try:
-        with urllib.request.urlopen(health_url(backend_url), timeout=HEALTH_TIMEOUT_S) as response:
-            health = json.loads(response.read())
+        health = fetch_health(backend_url)
     except (urllib.error.URLError, OSError, ValueError) as exc:
         return (
             f"⚠️ The backend at {backend_url} did not answer ({exc}); requests fail until it is back.",
@@ -85,3 +108,48 @@ def fetch_engine_line(backend_url: str) -> tuple[str, bool]:
 async def engine_line_now(backend_url: str) -> tuple[str, bool]:
     """fetch_engine_line off the event loop (for a Gradio load or timer event)."""
     return await asyncio.to_thread(fetch_engine_line, backend_url)
+
+
+def waiting_line(health: dict[str, Any], waited_s: float) -> str:
+    """The status line of a Generate waiting for the engine of `health` to start, `waited_s` in."""
+    doing = health.get("loading_status")
+    return (
+        f"⏳ Waiting for the **{health.get('engine', '?')}** engine to start ({waited_s:.0f} s)"
+        f"{f': {doing}' if doing else ''} ... The samples start once it is ready; Cancel stops waiting."
+    )
+
+
+def not_started_message(health: dict[str, Any], limit_s: float) -> str:
+    """Why a Generate stopped waiting: the engine of `health` was still starting after `limit_s`."""
+    doing = health.get("loading_status")
+    return (
+        f"the {health.get('engine', '?')} engine did not start within {limit_s:g} s"
+        f"{f' (it was {doing})' if doing else ''}; press Generate again to wait longer"
+    )
+
+
+async def wait_until_started(
+    backend_url: str,
+    stop: asyncio.Event,
+    limit_s: float = ENGINE_WAIT_S,
+    poll_s: float = ENGINE_WAIT_POLL_S,
+) -> AsyncIterator[str]:
+    """While the backend's engine is starting, a `waiting_line` every `poll_s` seconds; ends once it
+    is no longer starting (ready, or failed: the request's refusal then says why), when the backend
+    does not answer (the request says so), or when `stop` is set. Raises EngineStartTimeout once
+    it has waited `limit_s`."""
+    started = time.monotonic()
+    while not stop.is_set():
+        try:
+            health = await asyncio.to_thread(fetch_health, backend_url)
+        except (urllib.error.URLError, OSError, ValueError):
+            return
+        if health.get("engine_state") != "starting":
+            return
+        waited = time.monotonic() - started
+        if waited >= limit_s:
+            raise EngineStartTimeout(not_started_message(health, limit_s))
+        yield waiting_line(health, waited)
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(min(poll_s, max(0.0, limit_s - waited))):
+                await stop.wait()

@@ -1,6 +1,9 @@
 """The page's event handlers: Generate, Cancel, Stop one column, Export, Download run, a replayed
 upload, a closed tab.
 
+A Generate pressed while the engine starts first waits for it (`ui.engine_info.wait_until_started`),
+showing the wait in the status line; Cancel, or a new Generate, ends that wait.
+
 Each browser session has at most one run (a `BackendRun`: one websocket connection to the
 backend); `Handlers` keeps them apart, so Cancel and Stop reach the right request. Generate streams
 the run's view to the page at UPDATES_PER_S, the trace panel and summary every TRACE_EVERY-th
@@ -28,6 +31,7 @@ from backend.saved_run import SAVED_RUN_BYTES_MAX, SavedRunError, saved_run_json
 from ui.answers_view import AnswersPanel
 from ui.answers_view import empty_outputs as empty_answers
 from ui.client import CLOSE_TIMEOUT_S, BackendError, BackendRun
+from ui.engine_info import EngineStartTimeout, wait_until_started
 from ui.run_request import EXPERIMENT_FIELDS, InputProblem, RunRequest, run_request
 from ui.sample_grid import empty_value
 from ui.trace_view import panel_html
@@ -66,6 +70,17 @@ def error_outputs(message: str) -> list[Any]:
 
 OUTPUTS = 6
 """How many outputs `outputs_for` fills."""
+
+CANCELLED_WAIT = "Cancelled while waiting for the engine to start; press Generate to try again."
+"""The status line of a Generate whose wait for the engine was cancelled."""
+
+
+def waiting_outputs(line: str, first: bool) -> list[Any]:
+    """The page's outputs while Generate waits for the engine: the waiting `line` in the status; on
+    the `first` of them, the previous run's columns, summary and answers cleared."""
+    if not first:
+        return [gr.skip(), line, *[gr.skip()] * (OUTPUTS - 2)]
+    return [empty_value(), line, "", gr.skip(), *empty_answers()]
 
 
 BEHIND_PROXY = bool(os.environ.get("SPACE_ID"))
@@ -107,6 +122,8 @@ class Handlers:
         """Each browser session's answers panel, for its current run."""
         self._streaming: dict[BackendRun, asyncio.Event] = {}
         """Each run that a Generate event streams to its page, set once that event has ended."""
+        self._waiting: dict[str, asyncio.Event] = {}
+        """Each browser session's Generate that waits for the engine to start; set to stop it."""
         self._background: set[asyncio.Task[Any]] = set()
 
     async def generate(
@@ -152,7 +169,7 @@ class Handlers:
             yield error_outputs(str(exc))
             return
         start = lambda: run.start(wanted.prompt, wanted.n, wanted.params, wanted.options)  # noqa: E731
-        async for outputs in self._stream(session, run, ticket, wanted.answer_pattern, start):
+        async for outputs in self._stream(session, run, ticket, wanted.answer_pattern, start, True):
             yield outputs
 
     async def replay(
@@ -223,6 +240,8 @@ class Handlers:
         self._runs[session] = run
         if previous is not None:
             self._in_background(_cancel_and_close(previous))
+        if session in self._waiting:
+            self._waiting[session].set()  # a Generate still waiting for the engine: this one replaces it
         return session, run, ticket
 
     async def _stream(
@@ -232,9 +251,56 @@ class Handlers:
         ticket: Ticket,
         answer_pattern: str,
         start: Callable[[], Awaitable[RunView]],
+        wait_for_engine: bool = False,
     ) -> AsyncIterator[list[Any]]:
-        """Start `run` (`start`) as this session's run and stream its view until it is done."""
-        answers = self._answers[session] = AnswersPanel(answer_pattern)
+        """Start `run` (`start`) as this session's run, once the engine has started where
+        `wait_for_engine`, and stream its view until it is done; its visitor's count ends with it."""
+        try:
+            answers = self._answers[session] = AnswersPanel(answer_pattern)
+            if wait_for_engine:
+                started = True
+                async for outputs in self._wait_for_engine(session, run):
+                    started = outputs is not None
+                    if outputs is not None:
+                        yield outputs
+                if not started:
+                    return
+            async for outputs in self._streamed(session, run, answers, start):
+                yield outputs
+        finally:
+            self.visitors.release(ticket)
+
+    async def _wait_for_engine(self, session: str, run: BackendRun) -> AsyncIterator[list[Any] | None]:
+        """The waiting lines while the backend's engine starts; a last None where the run is not to
+        start (the wait was cancelled, replaced or timed out)."""
+        stop_waiting = self._waiting[session] = asyncio.Event()
+        try:
+            waited = 0
+            async for line in wait_until_started(self.backend_url, stop_waiting):
+                yield waiting_outputs(line, first=waited == 0)
+                waited += 1
+        except EngineStartTimeout as exc:
+            self._forget(session, run)
+            yield error_outputs(str(exc))
+            yield None
+            return
+        finally:
+            if self._waiting.get(session) is stop_waiting:
+                del self._waiting[session]
+        if stop_waiting.is_set():
+            if self._runs.get(session) is run:  # cancelled, not replaced by a newer Generate
+                self._forget(session, run)
+                yield [gr.skip(), CANCELLED_WAIT, *[gr.skip()] * (OUTPUTS - 2)]
+            yield None
+
+    async def _streamed(
+        self,
+        session: str,
+        run: BackendRun,
+        answers: AnswersPanel,
+        start: Callable[[], Awaitable[RunView]],
+    ) -> AsyncIterator[list[Any]]:
+        """Start the run and stream its view until it is done."""
         streaming = self._streaming[run] = asyncio.Event()
         try:
             try:
@@ -249,7 +315,6 @@ class Handlers:
                 count += 1
                 yield outputs_for(view, answers, with_trace=view.finished or count % TRACE_EVERY == 0)
         finally:
-            self.visitors.release(ticket)
             streaming.set()
             self._streaming.pop(run, None)
             if not run.view.finished:
@@ -266,8 +331,13 @@ class Handlers:
         event has ended (or after CLOSE_TIMEOUT_S), so an update of the Generate event still on
         its way cannot land after the final view and leave a column "streaming". The page then
         cancels the Generate event (`.then(cancels=...)` in `ui.app`): a no-op for an event that
-        ended, and it drops a Generate still waiting in the queue."""
+        ended, and it drops a Generate still waiting in the queue. A Generate still waiting for the
+        engine to start stops waiting, and the status line says so."""
         session = _session(request)
+        waiting = self._waiting.get(session)
+        if waiting is not None:
+            waiting.set()
+            return [gr.skip(), CANCELLED_WAIT, *[gr.skip()] * (OUTPUTS - 2)]
         run = self._runs.get(session)
         if run is None:
             return [gr.skip()] * OUTPUTS

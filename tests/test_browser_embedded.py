@@ -1,0 +1,68 @@
+"""The page on the embedded engine (SmolLM2-135M on this CPU) in chromium, from the moment it starts:
+a person clicks the sheep example while the model still loads, presses Generate, and reads the
+wait, then answers to the question, then the vote over them."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import urllib.request
+from collections.abc import Iterator
+
+import pytest
+from playwright.sync_api import Browser, expect
+
+from devkit.local import chromium_path, free_port, start_app, stop_process
+from ui.examples import EXAMPLES, SHEEP
+
+if chromium_path() is None:
+    if os.environ.get("CI"):
+        raise RuntimeError("chromium is not installed; CI must run the browser tests (see .ci/run)")
+    pytest.skip("chromium is not installed (apt-get install chromium)", allow_module_level=True)
+
+ON_TOPIC = re.compile(r"\d|sheep", re.IGNORECASE)
+"""An answer to the sheep question names a number or the sheep."""
+
+
+@pytest.fixture(scope="module")
+def embedded_app() -> Iterator[dict[str, str]]:
+    """app.py on the embedded engine, as soon as its page answers (the model may still be loading)."""
+    port, backend_port = free_port(), free_port()
+    process = start_app(port, backend_port=backend_port, extra=["--engine", "embedded"])
+    try:
+        yield {"url": f"http://127.0.0.1:{port}/", "health": f"http://127.0.0.1:{backend_port}/health"}
+    finally:
+        stop_process(process)
+
+
+def test_the_sheep_example_pressed_while_the_model_loads_waits_then_answers_and_votes(
+    browser: Browser, embedded_app: dict[str, str]
+) -> None:
+    sheep = next(e for e in EXAMPLES if e.label.startswith("Self-consistency"))
+    page = browser.new_page(viewport={"width": 1400, "height": 1000})
+    try:
+        page.goto(embedded_app["url"])
+        expect(page.locator("#generate")).to_be_visible(timeout=60_000)
+        page.locator("#examples").get_by_text(sheep.label).click()
+        expect(page.locator("#prompt textarea")).to_have_value(SHEEP)
+        expect(page.locator("#n input[type=number]")).to_have_value(str(sheep.n))
+        with urllib.request.urlopen(embedded_app["health"], timeout=10) as response:
+            starting = json.loads(response.read())["engine_state"] == "starting"
+        page.locator("#generate").click()
+        status = page.locator("#status")
+        if starting:  # a model that loads faster than the page answers leaves nothing to wait for
+            expect(status).to_contain_text("Waiting for the embedded engine to start", timeout=10_000)
+        expect(status).to_contain_text("streaming", timeout=300_000)
+        expect(status).to_contain_text("finished", timeout=300_000)
+        texts = [page.locator(f"#sample-{i}").text_content() or "" for i in range(sheep.n)]
+        assert all(len(text.split()) > 1 for text in texts), texts
+        on_topic = [text for text in texts if ON_TOPIC.search(text)]
+        assert len(on_topic) >= sheep.n - 1, texts
+        expect(page.locator("#answers-line")).to_contain_text(f"of {sheep.n} samples finished")
+        bars = page.locator("#answers-chart path[aria-roledescription=bar]")
+        expect(bars.first).to_be_visible(timeout=10_000)
+        heights = bars.evaluate_all("paths => paths.map(p => p.getBoundingClientRect().height)")
+        assert heights and all(height > 0 for height in heights), heights
+    finally:
+        page.close()

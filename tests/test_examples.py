@@ -1,0 +1,64 @@
+"""The page's examples: each one's settings fit the page's controls and show its lesson."""
+
+from __future__ import annotations
+
+from dataclasses import fields
+
+from backend.config.settings import BLOCK_MS_MAX, TEMPERATURE_MAX
+from backend.protocol import CONSUMER_MODES
+from ui.answers import compile_answer_pattern, final_answer
+from ui.examples import EXAMPLES, LABEL_CHARS, RAINBOW_COLOURS, SHEEP, Example, example_rows
+
+
+def test_each_example_has_a_short_label_a_one_line_lesson_and_settings_the_controls_take() -> None:
+    assert len(EXAMPLES) >= 4
+    assert len({e.label for e in EXAMPLES}) == len(EXAMPLES)
+    for example in EXAMPLES:
+        assert 0 < len(example.label) <= LABEL_CHARS, example.label
+        assert "\n" not in example.lesson and 40 < len(example.lesson) < 200, example.lesson
+        assert example.prompt.strip() and 1 <= example.n <= 32 and 1 <= example.max_tokens <= 2048
+        assert 0 <= example.temperature <= TEMPERATURE_MAX
+        assert example.consumer in CONSUMER_MODES and 0 <= example.block_ms <= BLOCK_MS_MAX
+        assert (example.block_ms > 0) == (example.consumer == "blocking")  # block time only where it acts
+        compile_answer_pattern(example.answer_pattern)  # raises where it does not compile
+
+
+def test_the_lessons_the_page_teaches_each_have_an_example() -> None:
+    by_label = {e.label.split(":")[0]: e for e in EXAMPLES}
+    consistency, greedy = by_label["Self-consistency"], by_label["Temperature 0"]
+    assert consistency.prompt == greedy.prompt == SHEEP and consistency.n >= 8 and consistency.temperature > 0
+    assert greedy.temperature == 0
+    assert by_label["Diversity"].temperature >= 1
+    confidence = by_label["Token confidence"]
+    assert confidence.logprobs and confidence.answer_pattern == RAINBOW_COLOURS
+    blocking, cooperative = by_label["Blocking the loop"], by_label["Cooperative"]
+    assert (blocking.consumer, cooperative.consumer) == ("blocking", "cooperative")
+    assert blocking.prompt == cooperative.prompt and blocking.max_tokens == cooperative.max_tokens >= 200
+
+
+def test_the_examples_answers_are_read_by_the_vote() -> None:
+    """What a sample answering each voting example says gives the answer a person would read."""
+    assert final_answer("All but 9 run away, so 9 sheep are left.") == "9"
+    pattern = compile_answer_pattern(RAINBOW_COLOURS)
+    assert final_answer("Blue.", pattern) == "Blue"
+    assert final_answer("A rainbow has red, and my answer is green", pattern) == "green"
+
+
+def test_rows_follow_the_inputs_order_and_fit_a_smaller_page() -> None:
+    names = [f.name for f in fields(Example)][1:]
+    assert names == [
+        "lesson",
+        "prompt",
+        "n",
+        "max_tokens",
+        "temperature",
+        "consumer",
+        "block_ms",
+        "logprobs",
+        "answer_pattern",
+    ]
+    rows = example_rows(EXAMPLES, n_max=32, max_tokens_max=2048)
+    assert rows[0] == [EXAMPLES[0].lesson, SHEEP, 8, 96, 0.8, "cooperative", 0.0, False, ""]
+    small = example_rows(EXAMPLES, n_max=4, max_tokens_max=64)
+    assert all(row[2] <= 4 and row[3] <= 64 for row in small)
+    assert [row[2] for row in small] == [min(e.n, 4) for e in EXAMPLES]

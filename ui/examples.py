@@ -1,0 +1,142 @@
+"""The page's examples: one-click prompts with the settings that show one lesson each.
+
+Each `Example` is a prompt, the settings its lesson needs (n, temperature, max tokens, the
+consumer mode and its block time, token confidence, an answer pattern), a label that names the
+lesson and its prompt in a few words, and the lesson in one line. `examples_block` lays them out as
+Gradio examples, one button per label; a click sets the controls and shows the lesson in the box
+above them; Generate then runs it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import astuple, dataclass
+from typing import Any
+
+import gradio as gr
+
+SHEEP = "A farmer has 17 sheep. All but 9 run away. How many sheep are left? Answer with a number."
+"""A question with one right answer (9) that a small model often gets wrong (8, 17, 26)."""
+
+LONG_STORY = "Write a long story about a lighthouse keeper who keeps a diary through a winter storm."
+"""A prompt the model answers at length: a long stream for the event-loop lessons."""
+
+RAINBOW_COLOURS = r"(?i)\b(red|orange|yellow|green|blue|indigo|violet)\b"
+"""The answer pattern of the rainbow example: the last colour of the rainbow a sample names."""
+
+
+LABEL_CHARS = 44
+"""The longest label: Gradio cuts an example's button label short past about 50 characters."""
+
+
+@dataclass(frozen=True, slots=True)
+class Example:
+    """One example: its button's label, then the values `examples_block` sets, in its inputs'
+    order: the lesson in one line first (shown in the lesson box), then the controls' values."""
+
+    label: str
+    lesson: str
+    prompt: str
+    n: int
+    max_tokens: int
+    temperature: float
+    consumer: str = "cooperative"
+    block_ms: float = 0.0
+    logprobs: bool = False
+    answer_pattern: str = ""
+
+
+EXAMPLES = (
+    Example(
+        "Self-consistency: the sheep question, n 8",
+        "Self-consistency: one right answer (9); the answers panel votes over the n samples' numbers, "
+        "and the majority is the self-consistency answer.",
+        SHEEP,
+        n=8,
+        max_tokens=96,
+        temperature=0.8,
+    ),
+    Example(
+        "Temperature 0: every sample the same",
+        "Temperature 0: greedy decoding, so every sample is the same text and the vote is unanimous; "
+        "sampling n times needs a temperature.",
+        SHEEP,
+        n=4,
+        max_tokens=96,
+        temperature=0.0,
+    ),
+    Example(
+        "Diversity: a poem at temperature 1",
+        "Diversity: a creative prompt at temperature 1 gives n different texts from one prompt; the "
+        "violet marks show where each one parts from the rest.",
+        "Write a two-line poem about the sea at night.",
+        n=6,
+        max_tokens=64,
+        temperature=1.0,
+    ),
+    Example(
+        "Token confidence: where samples part",
+        "Token confidence: green tokens the model was sure of, red a toss-up; the samples part where "
+        "the colour is chosen, and the vote counts the colours.",
+        "Name one colour of the rainbow. Answer with one word.",
+        n=8,
+        max_tokens=24,
+        temperature=1.0,
+        logprobs=True,
+        answer_pattern=RAINBOW_COLOURS,
+    ),
+    Example(
+        "Blocking the loop: 30 ms a chunk",
+        "Blocking the loop: 30 ms of synchronous work per chunk on the backend's loop; in the trace, "
+        "lag climbs, chunks bunch up, and a Cancel waits behind the backlog.",
+        LONG_STORY,
+        n=8,
+        max_tokens=256,
+        temperature=0.8,
+        consumer="blocking",
+        block_ms=30.0,
+    ),
+    Example(
+        "Cooperative: await asyncio.sleep(0)",
+        "Cooperative: the same long stream with `await asyncio.sleep(0)` after each chunk; the loop "
+        "stays free, lag stays low and each sample's chunks arrive evenly.",
+        LONG_STORY,
+        n=8,
+        max_tokens=256,
+        temperature=0.8,
+    ),
+)
+"""The page's examples, in the order they are listed."""
+
+
+def example_rows(examples: tuple[Example, ...], n_max: int, max_tokens_max: int) -> list[list[Any]]:
+    """Each example's values for `examples_block`'s inputs, n and max tokens capped at the page's
+    largest (a dashboard started with a smaller --n-max still lists every example)."""
+    rows = []
+    for example in examples:
+        row = list(astuple(example))[1:]
+        row[2], row[3] = min(example.n, n_max), min(example.max_tokens, max_tokens_max)
+        rows.append(row)
+    return rows
+
+
+def examples_block(inputs: list[Any], n_max: int, max_tokens_max: int) -> gr.Textbox:
+    """The examples' buttons for `inputs` (prompt, n, max tokens, temperature, consumer, block ms,
+    token confidence, answer pattern, in `Example`'s order) and, above them, the box that shows the
+    clicked example's lesson; returns that box."""
+    lesson = gr.Textbox(
+        label="what the example shows",
+        placeholder="Click an example below: it sets the prompt and settings, and says here what it shows.",
+        interactive=False,
+        lines=1,
+        elem_id="example-lesson",
+    )
+    gr.Examples(
+        example_rows(EXAMPLES, n_max, max_tokens_max),
+        inputs=[lesson, *inputs],
+        label="Examples: click one, then Generate",
+        cache_examples=False,
+        examples_per_page=len(EXAMPLES),
+        example_labels=[example.label for example in EXAMPLES],
+        elem_id="examples",
+    )
+    return lesson
