@@ -1,10 +1,11 @@
 """No stale name in prose: every file path and module the docs, comments and docstrings name exists.
 
 A module renamed or removed leaves its old name in the comments and docs that described it; this
-finds each `backend/...py`-style path and each `backend.x.y`-style module named in Markdown, in C
-sources and in Python comments and docstrings (not in code, where `backend.url` is a variable), and
-fails on one the tree does not have. A dotted name may go on past its module into a name the module
-defines (`backend.trace.frames.digest_ring`); that name must then appear in the module's source.
+finds each `backend/...py`-style path and each dotted module name under backend, ui, bench or devkit
+named in Markdown, in C sources and in Python comments and docstrings (not in code, where a dotted
+name may be a variable's attribute), and fails on one the tree does not have. A dotted name may go
+on past its module into a name the module defines (`backend.trace.frames.digest_ring`); that name
+must then appear in the module's source.
 """
 
 from __future__ import annotations
