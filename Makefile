@@ -32,11 +32,18 @@ lint: $(VENV)/.dev
 	$(PY) -m ruff check .
 	$(PY) -m ruff format --check .
 
-bench: $(VENV)/.dev $(NATIVE)  ## print the coalescing, transport, tracer and load figures (docs/benchmarks.md)
+# make bench: the benchmarks docs/benchmarks.md quotes that need no real engine server and finish in a
+# few minutes on 2 cores: coalescing, transport (fewer rows than the docs' table), trace_overhead,
+# load, scaling and blocking_neighbour. The others (the embedded engine against vLLM and transformers,
+# its decode-step timings, the browser page, memory, SGLang's stream) run by hand with the command
+# docs/benchmarks.md gives.
+bench: $(VENV)/.dev $(NATIVE)  ## print the synthetic-engine figures of docs/benchmarks.md
 	$(PY) -m bench.coalescing
 	$(PY) -m bench.transport --rates 500 --rounds 2 --gradio-ns 8
 	$(PY) -m bench.trace_overhead
 	$(PY) -m bench.load
+	$(PY) -m bench.scaling --rounds 1
+	$(PY) -m bench.blocking_neighbour
 
 screenshot: $(VENV)/.dev chromium  ## refresh docs/screenshot.png
 	$(PY) -m scripts.screenshot docs/screenshot.png

@@ -169,8 +169,8 @@ def main(argv: list[str] | None = None) -> int:
         # No run history: Gradio's default keeps every call's inputs and outputs in the browser's
         # localStorage and reads and rewrites that history as a run streams. With n columns of text
         # it grew by hundreds of KB a run, and by the seventh run at n = 32 the page spent more
-        # time on it than on drawing (docs/benchmarks.md, "Browser"). Prompts stay out of the
-        # browser's storage too.
+        # time on it than on drawing (docs/benchmarks.md, "What the browser page costs"). Prompts stay
+        # out of the browser's storage too.
         launch_page(
             demo, server_name=args.host, server_port=args.port, show_error=True, css=CSS, run_history=False
         )

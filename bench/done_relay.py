@@ -3,6 +3,7 @@
 The benchmarks that measure the page's end of stream (`bench/browser.py`, `bench/transport.py`'s
 (c)) point `app.py --backend-url` at it: the backend's `done` for a request is then a time on this
 host's monotonic clock, the same clock the benchmark reads the page's or client's updates on.
+A helper those benchmarks import, not a benchmark: it prints nothing of its own.
 """
 
 from __future__ import annotations

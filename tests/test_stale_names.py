@@ -89,6 +89,25 @@ def test_every_path_and_module_named_in_prose_exists() -> None:
     assert not stale, "stale names:\n" + "\n".join(sorted(set(stale)))
 
 
+LINK = re.compile(r"\]\(([^)#\s]*\.md)?#([^)\s]+)\)")
+
+
+def heading_anchor(heading: str) -> str:
+    """The anchor GitHub gives a Markdown heading: lower case, punctuation dropped, spaces to hyphens."""
+    return re.sub(r"[^\w\- ]", "", heading.strip().lower()).replace(" ", "-")
+
+
+def test_every_link_into_a_section_of_the_docs_lands_on_one() -> None:
+    broken = []
+    for path in tracked(".md"):
+        for match in LINK.finditer(path.read_text()):
+            target = path.parent / match.group(1) if match.group(1) else path
+            headings = re.findall(r"^#+ (.*)$", target.read_text(), re.M) if target.exists() else []
+            if match.group(2) not in {heading_anchor(h) for h in headings}:
+                broken.append(f"{path.relative_to(ROOT)}: {match.group(0)}")
+    assert not broken, "links to sections that do not exist:\n" + "\n".join(broken)
+
+
 def test_the_check_finds_a_stale_name() -> None:
     assert module_problem("backend.trace.frames.digest_ring") is None
     assert module_problem("backend.serving.experiments") is None
@@ -98,6 +117,10 @@ def test_the_check_finds_a_stale_name() -> None:
         == "backend.trace.frames has no no_such_function"
     )
     assert PATH.findall("see backend/trace.py and ui/app.py") == ["backend/trace.py", "ui/app.py"]
+    assert (
+        heading_anchor("How fast is it against `generate`, on each CPU")
+        == "how-fast-is-it-against-generate-on-each-cpu"
+    )
     assert (
         python_prose('"""doc: backend.x"""\nbackend.url = 1  # comment ui.y\n')
         == "# comment ui.y\ndoc: backend.x"

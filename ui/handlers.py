@@ -39,7 +39,8 @@ from ui.view import RunView, samples_value, status_markdown, summary_markdown
 from ui.visitor_limits import Ticket, VisitorLedger, VisitorLimitReached, VisitorLimits, visitor_address
 
 UPDATES_PER_S = 15
-"""Page updates per second while streaming: browsers keep up with 10-20 (docs/benchmarks.md, "Browser")."""
+"""Page updates per second while streaming: browsers keep up with 10-20 (docs/benchmarks.md, "What the
+browser page costs")."""
 
 TRACE_EVERY = 8
 """The trace panel and the run summary are redrawn every 8th page update (about 2 a second) and at
@@ -47,7 +48,7 @@ the end: the panel's SVG is the largest output, and re-parsing it is the page's 
 when drawn every update; the summary is a Markdown table of n rows whose token counts change every
 update (the columns' headers show them live), and parsing, sanitising and laying it out is a
 tenth of the page's main thread at n=32 x 500 tok/s when drawn every update (docs/benchmarks.md,
-"Browser")."""
+"What the browser page costs")."""
 
 
 def outputs_for(view: RunView, answers: AnswersPanel | None = None, with_trace: bool = True) -> list[Any]:

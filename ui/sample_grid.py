@@ -4,7 +4,7 @@ All n columns are one `gr.HTML` output whose value is JSON (`view.samples_value`
 sends, per page update, only what changed (each column's new text as an append), and a script in
 the page applies it to the grid, appending new text to each column's text node. A component per
 column (a Textbox, a header and a Column each: 97 outputs at N_MAX 32) costs the app tens of ms of
-CPU per update and the browser its update rate (docs/benchmarks.md, "Browser").
+CPU per update and the browser its update rate (docs/benchmarks.md, "What the browser page costs").
 
 Texts go into text nodes, never parsed as HTML (a sample may contain anything). A column's Stop
 button triggers the component's `select` event with the column's index, which the app turns into a
