@@ -1,8 +1,9 @@
 """Greedy tokens of the embedded engine's model against transformers' forward of the same weights.
 
 For each prompt of a set (chat-templated), 64 greedy tokens (`--tokens`) two ways: the engine's
-`Llama` as the engine runs it (every prompt a row of one batch: prefilled, then decoded together,
-the rows kernel from the GGUF's packed blocks and the C decode ops where they are usable) and
+`Llama` as the engine runs it on the compute path `--compute` names (every prompt a row of one
+batch: prefilled, then decoded together; on the default path, the rows kernel from the GGUF's
+packed blocks and the C decode ops) and
 transformers' `generate(do_sample=False)` on the converted weights in the same dtype, one prompt at
 a time. The end of turn is ignored on both sides (its logit set to -inf; `min_new_tokens` for
 transformers), so every answer is exactly that long. Prints, per prompt, how many tokens agree
@@ -10,7 +11,7 @@ before the first difference and, where they differ, the reference's margin there
 likely token and the engine's choice (in logits): the two forwards sum in another order, so they
 can only part where two tokens are within float rounding of each other.
 
-Usage: python -m bench.greedy_agreement [--tokens 64] [--dtype float32]
+Usage: python -m bench.greedy_agreement [--tokens 64] [--compute fp32-blocks]
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ import torch
 from backend.engines.base import template_token_ids
 from backend.engines.embedded import decode_ops
 from backend.engines.embedded import linear as engine_linear
+from backend.engines.embedded.compute import PATHS
 from backend.engines.embedded.model import Llama, LlamaConfig, RowCache
 from backend.engines.embedded.quantized import load_blocks
 from backend.engines.embedded.weights import read_config, read_tensors, resolve_model
@@ -82,17 +84,22 @@ def main() -> None:
     formatter = argparse.RawDescriptionHelpFormatter
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=formatter)
     parser.add_argument("--tokens", type=int, default=64)
-    parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
+    parser.add_argument(
+        "--compute", default="fp32-blocks", choices=list(PATHS), help="the engine's compute path (--compute)"
+    )
     args = parser.parse_args()
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     torch.set_num_threads(1)
-    dtype = getattr(torch, args.dtype)
-    kernel = engine_linear.configure()
+    path = PATHS[args.compute]
+    dtype = getattr(torch, path.dtype)
+    kernel = engine_linear.configure(allow=path.rows_kernel)
+    decode_ops.configure(allow=path.rows_kernel)
     folder = resolve_model()
     config = LlamaConfig.from_hf(read_config(folder.path))
     tensors = read_tensors(folder.path)
-    blocks = load_blocks(folder.path, folder.gguf, tensors) if folder.gguf else {}
+    wants_blocks = path.gguf_blocks and folder.gguf
+    blocks = load_blocks(folder.path, folder.gguf, tensors) if wants_blocks else {}
     model = Llama(config, tensors, dtype, blocks)
     tokenizer = AutoTokenizer.from_pretrained(folder.path)
     eos = int(tokenizer.eos_token_id)
@@ -100,7 +107,7 @@ def main() -> None:
     reference = AutoModelForCausalLM.from_pretrained(folder.path, dtype=dtype)
     ops = "C decode ops" if decode_ops.usable(dtype) else "PyTorch decode step"
     print(
-        f"{folder.name}, {args.dtype}, 1 thread; engine: {kernel}, {ops}, {len(prompts)} prompts as rows "
+        f"{folder.name}, {args.compute} ({path.dtype}), 1 thread; engine: {kernel}, {ops}, {len(prompts)} prompts as rows "
         f"of one batch; reference: transformers generate; {args.tokens} greedy tokens, end of turn ignored"
     )
     same_all = 0
