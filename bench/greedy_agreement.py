@@ -107,8 +107,9 @@ def main() -> None:
     reference = AutoModelForCausalLM.from_pretrained(folder.path, dtype=dtype)
     ops = "C decode ops" if decode_ops.usable(dtype) else "PyTorch decode step"
     print(
-        f"{folder.name}, {args.compute} ({path.dtype}), 1 thread; engine: {kernel}, {ops}, {len(prompts)} prompts as rows "
-        f"of one batch; reference: transformers generate; {args.tokens} greedy tokens, end of turn ignored"
+        f"{folder.name}, {args.compute} ({path.dtype}), 1 thread; engine: {kernel}, {ops}, "
+        f"{len(prompts)} prompts as rows of one batch; reference: transformers generate; "
+        f"{args.tokens} greedy tokens, end of turn ignored"
     )
     same_all = 0
     for text, ids, ours in zip(
