@@ -8,12 +8,14 @@ import os
 import platform
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import time
 import urllib.request
 from pathlib import Path
+
+# The one free-port finder: the SGLang launcher needs it at run time, so it lives in the backend.
+from backend.engines.http.sglang_launch import free_port as free_port
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -48,13 +50,6 @@ CHROMIUM_ARGS = [
 def chromium_path() -> str | None:
     """Debian's chromium binary, if installed."""
     return shutil.which("chromium")
-
-
-def free_port() -> int:
-    """A TCP port on 127.0.0.1 that nothing listens on right now."""
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def wait_for_http(url: str, process: subprocess.Popen[bytes], limit_s: float = 90.0) -> None:
