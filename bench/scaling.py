@@ -30,9 +30,9 @@ from websockets.asyncio.client import connect
 
 ROOT = Path(__file__).resolve().parent.parent
 
-from bench.load import rss_mb  # noqa: E402
 from bench.transport import max_tokens_for, p, process_cpu_s, start_backend, stop  # noqa: E402
 from devkit.frames import recv_frame  # noqa: E402
+from devkit.load import rss_mb  # noqa: E402
 
 
 async def one_request(url: str, index: int, n: int, max_tokens: int, added: list[float]) -> int:

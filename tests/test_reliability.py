@@ -22,8 +22,8 @@ from backend.engines.synthetic import SyntheticEngine
 from backend.protocol import ProtocolError, parse_client_frame
 from backend.serving.admission import Admission, client_address
 from backend.serving.server import BackendServer
-from bench.load import rss_mb, run_load, start_backend
 from devkit.frames import recv_frame
+from devkit.load import rss_mb, run_load, start_backend
 from devkit.local import ROOT, free_port
 
 LIMITS = Limits()
