@@ -22,8 +22,8 @@ from backend.engines.base import Prompt
 from backend.engines.embedded import compute
 from backend.engines.embedded.engine import EmbeddedEngine
 from backend.engines.embedded.weights import resolve_model
-from backend.serving.server import BackendServer
 from devkit.frames import recv_frame
+from tests.support.backends import serving
 from tests.support.embedded import PROMPT, collect, kernel_status_on_one_thread, params
 
 LOGPROB_TOLERANCE = {"float32": 0.02, "bfloat16": 0.3}
@@ -178,8 +178,6 @@ async def test_a_users_seeded_run_shows_the_same_columns_while_another_client_ge
     """Through the websocket, as the page sends it: a seeded n = 4 run, then the same run again
     while a second client streams its own request."""
     _invariant(engine)
-    server = BackendServer(engine, Limits(), port=0)
-    await server.start()
     frame = {
         "type": "generate",
         "prompt": "Name a famous scientist and say why.",
@@ -200,22 +198,22 @@ async def test_a_users_seeded_run_shows_the_same_columns_while_another_client_ge
                 assert reply["type"] == "done", reply
                 return texts
 
-    try:
-        async with connect(server.url) as user, connect(server.url) as other:
-            first = await run(user, "a", frame)
-            noise = {
-                **frame,
-                "prompt": "Describe a forest at night.",
-                "n": 6,
-                "params": {"max_tokens": 80, "seed": 2},
-            }
-            busy = asyncio.ensure_future(run(other, "b", noise))
-            await asyncio.sleep(0.3)
-            again = await run(user, "a2", frame)
-            others = await busy
-    finally:
-        server._server.close()  # the module's engine stays up for the other tests
-        await server._server.wait_closed()
+    async with (
+        serving(engine, Limits(), keep_engine=True) as server,
+        connect(server.url) as user,
+        connect(server.url) as other,
+    ):
+        first = await run(user, "a", frame)
+        noise = {
+            **frame,
+            "prompt": "Describe a forest at night.",
+            "n": 6,
+            "params": {"max_tokens": 80, "seed": 2},
+        }
+        busy = asyncio.ensure_future(run(other, "b", noise))
+        await asyncio.sleep(0.3)
+        again = await run(user, "a2", frame)
+        others = await busy
     assert all(len(text.split()) >= 5 for text in first), first
     assert all(len(text.split()) >= 5 for text in others), others
     assert again == first

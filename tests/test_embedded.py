@@ -35,9 +35,9 @@ from backend.engines.embedded.weights import (
     read_tensors,
     resolve_model,
 )
-from backend.serving.server import BackendServer
 from devkit.frames import recv_frame
 from devkit.local import ROOT
+from tests.support.backends import serving
 from tests.support.embedded import PROMPT, collect, params
 
 
@@ -163,9 +163,8 @@ def test_prompt_longer_than_the_context_is_rejected(engine: EmbeddedEngine) -> N
 
 
 async def test_the_server_sends_the_engines_rejection_as_an_error_frame(engine: EmbeddedEngine) -> None:
-    server = BackendServer(engine, Limits(), port=0)
-    await server.start()  # the engine is loaded already: its start() returns at once
-    try:
+    # the engine is loaded already: its start() returns at once
+    async with serving(engine, Limits(), keep_engine=True) as server:
         async with connect(server.url) as ws:
             frame = {"type": "generate", "id": "r1", "prompt": PROMPT, "n": 1, "params": {"max_tokens": 600}}
             await ws.send(json.dumps(frame))
@@ -178,15 +177,10 @@ async def test_the_server_sends_the_engines_rejection_as_an_error_frame(engine: 
             while "done" not in kinds:
                 kinds.append((await recv_frame(ws))["type"])
             assert kinds[0] == "accepted" and "chunk" in kinds
-    finally:
-        server._server.close()  # the module's engine stays up for the other tests
-        await server._server.wait_closed()
 
 
 async def test_cancel_after_k_tokens_stops_each_sample_at_most_one_token_late(engine: EmbeddedEngine) -> None:
-    server = BackendServer(engine, Limits(), port=0)
-    await server.start()
-    try:
+    async with serving(engine, Limits(), keep_engine=True) as server:
         async with connect(server.url) as ws:
             frame = {
                 "type": "generate",
@@ -207,9 +201,6 @@ async def test_cancel_after_k_tokens_stops_each_sample_at_most_one_token_late(en
                     texts[reply["index"]] += reply["text"]
                 elif reply["type"] == "finish":
                     finishes[reply["index"]] = reply
-    finally:
-        server._server.close()  # the module's engine stays up for the other tests
-        await server._server.wait_closed()
     assert {f["reason"] for f in finishes.values()} == {"abort"}
     assert all(5 <= count <= 6 for count in tokens), tokens  # the engine's step in flight, at most
     assert all(len(text.split()) >= 2 for text in texts), texts  # the start of an answer, cut short

@@ -13,8 +13,8 @@ from backend.engines.http.base import refused_key
 from backend.engines.http.sglang import SGLangEngine
 from backend.engines.http.sglang_launch import free_port
 from backend.engines.synthetic import SyntheticEngine
-from backend.serving.server import BackendServer
 from devkit.frames import recv_frame
+from tests.support.backends import serving
 from ui.engine_info import (
     EngineStartTimeout,
     engine_line_now,
@@ -31,23 +31,15 @@ def test_health_url_from_the_websocket_url() -> None:
 
 
 async def test_the_line_names_engine_and_model() -> None:
-    server = BackendServer(SyntheticEngine(), port=0)
-    await server.start()
-    try:
+    async with serving(SyntheticEngine()) as server:
         line, starting = await engine_line_now(server.url)
-    finally:
-        await server.close()
     assert "synthetic" in line and "tok/s" in line and "⚠️" not in line and not starting
 
 
 async def test_an_unreachable_engine_server_is_said_in_the_page() -> None:
     dead = f"http://127.0.0.1:{free_port()}"
-    server = BackendServer(SGLangEngine(dead), port=0)
-    await server.start()
-    try:
+    async with serving(SGLangEngine(dead)) as server:
         line, _ = await engine_line_now(server.url)
-    finally:
-        await server.close()
     assert line.startswith("⚠️") and "unreachable" in line and dead in line
 
 
@@ -75,9 +67,7 @@ class SlowStartEngine(SyntheticEngine):
 
 async def test_a_starting_engine_is_said_and_requests_are_refused_until_it_is_ready() -> None:
     engine = SlowStartEngine()
-    server = BackendServer(engine, port=0)
-    await server.start(engine_in_background=True)
-    try:
+    async with serving(engine, background=True) as server:
         line, starting = await engine_line_now(server.url)
         assert starting and line.startswith("⏳") and "downloading weights" in line
         async with connect(server.url) as ws:
@@ -91,16 +81,12 @@ async def test_a_starting_engine_is_said_and_requests_are_refused_until_it_is_re
             assert not starting and "synthetic" in line and "⏳" not in line
             await ws.send(json.dumps({"type": "generate", "id": "r2", "prompt": "Hi", "n": 2}))
             assert (await recv_frame(ws))["type"] == "accepted"
-    finally:
-        await server.close()
 
 
 async def test_an_engine_that_failed_to_start_is_said_and_the_backend_keeps_answering() -> None:
     engine = SlowStartEngine(failure="the embedded model is not installed; set DASHBOARD_MODEL")
     engine.go.set()
-    server = BackendServer(engine, port=0)
-    await server.start(engine_in_background=True)
-    try:
+    async with serving(engine, background=True) as server:
         await asyncio.sleep(0.05)
         line, starting = await engine_line_now(server.url)
         assert not starting and line.startswith("⚠️") and "could not start" in line
@@ -111,8 +97,6 @@ async def test_an_engine_that_failed_to_start_is_said_and_the_backend_keeps_answ
                 frame = await recv_frame(ws)
                 assert (frame["code"], frame["id"]) == ("engine_not_ready", request_id)
                 assert "could not start: the embedded model is not installed" in frame["message"]
-    finally:
-        await server.close()
 
 
 def test_what_a_refused_api_key_says() -> None:
@@ -127,10 +111,8 @@ def test_what_a_refused_api_key_says() -> None:
 async def test_an_engine_lost_while_serving_ends_every_running_request_and_says_so() -> None:
     """What a dying SGLang scheduler's SIGQUIT leads to: each connection's running request gets an
     `engine_lost` error and finishes `error`; new requests are refused; the page's line says so."""
-    server = BackendServer(SyntheticEngine(rate=5.0), port=0)
-    await server.start(engine_in_background=True)
-    await server.engine_settled()
-    try:
+    async with serving(SyntheticEngine(rate=5.0), background=True) as server:
+        await server.engine_settled()
         async with connect(server.url) as first, connect(server.url) as second:
             for ws, request_id in ((first, "a"), (second, "b")):
                 frame = {"type": "generate", "id": request_id, "prompt": "Hi", "n": 2}
@@ -154,8 +136,6 @@ async def test_an_engine_lost_while_serving_ends_every_running_request_and_says_
         line, _ = await engine_line_now(server.url)
         assert line.startswith("⚠️") and "stopped working while serving: the scheduler died" in line
         assert server.health()["engine_state"] == "lost" and server.health()["active_requests"] == 0
-    finally:
-        await server.close()
 
 
 def test_the_waiting_line_and_the_give_up_message_say_what_the_engine_does() -> None:
@@ -173,9 +153,7 @@ def test_the_waiting_line_and_the_give_up_message_say_what_the_engine_does() -> 
 
 async def test_a_wait_for_a_starting_engine_lasts_until_it_is_ready() -> None:
     engine = SlowStartEngine()
-    server = BackendServer(engine, port=0)
-    await server.start(engine_in_background=True)
-    try:
+    async with serving(engine, background=True) as server:
         lines = []
         async for line in wait_until_started(server.url, asyncio.Event(), poll_s=0.05):
             lines.append(line)
@@ -186,15 +164,11 @@ async def test_a_wait_for_a_starting_engine_lasts_until_it_is_ready() -> None:
         assert [
             line async for line in wait_until_started(server.url, asyncio.Event())
         ] == []  # ready: no wait
-    finally:
-        await server.close()
 
 
 async def test_a_wait_ends_when_stopped_when_the_start_fails_and_after_its_limit() -> None:
     failing = SlowStartEngine(failure="no weights")
-    server = BackendServer(failing, port=0)
-    await server.start(engine_in_background=True)
-    try:
+    async with serving(failing, background=True) as server:
         stop = asyncio.Event()
         lines = []
         async for line in wait_until_started(server.url, stop, poll_s=10):
@@ -212,6 +186,4 @@ async def test_a_wait_ends_when_stopped_when_the_start_fails_and_after_its_limit
         await server.engine_settled()
         assert [line async for line in wait_until_started(server.url, asyncio.Event())] == []
         assert server.engine_state == "failed"  # the request's refusal says why (see above)
-    finally:
-        await server.close()
     assert [line async for line in wait_until_started(server.url, asyncio.Event())] == []  # no backend

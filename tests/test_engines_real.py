@@ -43,6 +43,7 @@ from devkit.local import (
     wait_for_http,
 )
 from tests.support.answers import COLOUR_PROMPT, LONG_PROMPT, answers_colours
+from tests.support.backends import serving
 from tests.support.stop_one import MAX_TOKENS, StopOneSample
 from ui.engine_info import engine_line_now
 
@@ -206,12 +207,8 @@ def real_server(request: pytest.FixtureRequest) -> RealServer:
 @pytest.fixture
 async def backend(real_server: RealServer) -> AsyncIterator[tuple[BackendServer, RealServer]]:
     # max_tokens past the model's 2048-token context must reach the engine, for the error test.
-    server = BackendServer(real_server.make_engine(), Limits(max_tokens_max=4096), port=0)
-    await server.start()
-    try:
+    async with serving(real_server.make_engine(), Limits(max_tokens_max=4096)) as server:
         yield server, real_server
-    finally:
-        await server.close()
 
 
 async def recv(ws: ClientConnection) -> dict[str, Any]:
@@ -412,9 +409,7 @@ async def test_engine_error_becomes_error_finishes(backend: tuple[BackendServer,
 async def test_unreachable_server_is_reported_and_recovers(real_server: RealServer) -> None:
     port = free_port()
     engine = real_server.make_engine(f"http://127.0.0.1:{port}")
-    server = BackendServer(engine, port=0)
-    await server.start()
-    try:
+    async with serving(engine) as server:
         assert "unreachable" in engine.model and server.health()["server_ok"] is False
         async with connect(server.url) as ws:
             await ws.send(generate("r6", 2, 8))
@@ -427,16 +422,12 @@ async def test_unreachable_server_is_reported_and_recovers(real_server: RealServ
         engine.url, engine._client = real_server.url, None  # the next call connects to the new address
         assert await engine.check()
         assert engine.model == SERVED_NAME and server.health()["server_ok"] is True
-    finally:
-        await server.close()
 
 
 @pytest.mark.parametrize("key", ["", "wrong-key"])
 async def test_a_missing_or_wrong_api_key_is_said_in_the_page(real_server: RealServer, key: str) -> None:
     engine = real_server.make_engine(api_key=key)
-    server = BackendServer(engine, port=0)
-    await server.start()
-    try:
+    async with serving(engine) as server:
         said = "without an API key" if not key else "refused the API key"
         setting = "SGLANG_API_KEY" if real_server.kind == "sglang" else "OPENAI_API_KEY"
         line, _ = await engine_line_now(server.url)
@@ -446,8 +437,6 @@ async def test_a_missing_or_wrong_api_key_is_said_in_the_page(real_server: RealS
             result = await run_request(ws, "r7")
         assert {f["reason"] for f in result["finishes"].values()} == {"error"}
         assert said in result["errors"][0]["message"], result["errors"]
-    finally:
-        await server.close()
 
 
 SGLANG_CPU_ENGINE_ARGS = {
@@ -877,14 +866,10 @@ def sglang_router(sglang_workers: list[SGLangServerProcess]) -> Iterator[Router]
 
 @pytest.fixture
 async def router_backend(sglang_router: Router) -> AsyncIterator[BackendServer]:
-    server = BackendServer(
-        SGLangEngine(sglang_router.url, api_key=API_KEY), Limits(max_tokens_max=4096), port=0
-    )
-    await server.start()
-    try:
+    async with serving(
+        SGLangEngine(sglang_router.url, api_key=API_KEY), Limits(max_tokens_max=4096)
+    ) as server:
         yield server
-    finally:
-        await server.close()
 
 
 @pytest.mark.server_sglang
@@ -929,9 +914,6 @@ async def test_router_spreads_fanned_out_samples_over_both_workers(
 
 @pytest.mark.server_sglang
 async def test_two_backends_share_one_router(sglang_router: Router) -> None:
-    backends = [BackendServer(SGLangEngine(sglang_router.url, api_key=API_KEY), port=0) for _ in range(2)]
-    for backend in backends:
-        await backend.start()
     seen: dict[str, dict[str, float]] = {}
 
     async def one(backend: BackendServer, rid: str) -> dict[str, Any]:
@@ -947,11 +929,11 @@ async def test_two_backends_share_one_router(sglang_router: Router) -> None:
         times["done"] = time.monotonic()
         return result
 
-    try:
-        results = await asyncio.gather(one(backends[0], "s1"), one(backends[1], "s2"))
-    finally:
-        for backend in backends:
-            await backend.close()
+    async with (
+        serving(SGLangEngine(sglang_router.url, api_key=API_KEY)) as first,
+        serving(SGLangEngine(sglang_router.url, api_key=API_KEY)) as second,
+    ):
+        results = await asyncio.gather(one(first, "s1"), one(second, "s2"))
     for result in results:
         assert all(answers_colours(result["texts"].get(i, "")) for i in range(2)), result["texts"]
         assert not result["errors"]

@@ -378,12 +378,10 @@ async def test_cancel_answers_once_generate_has_drawn_the_end_of_the_run() -> No
 
     from backend.config.settings import Limits
     from backend.engines.synthetic import SyntheticEngine
-    from backend.serving.server import BackendServer
+    from tests.support.backends import serving
     from ui.handlers import Handlers
 
-    backend = BackendServer(SyntheticEngine(rate=50, jitter=0.2), Limits(), port=0)
-    await backend.start()
-    try:
+    async with serving(SyntheticEngine(rate=50, jitter=0.2), Limits()) as backend:
         handlers = Handlers(backend.url)
         request: Any = SimpleNamespace(session_hash="one-page", client=None, headers={})
         drawn: list[list[Any]] = []
@@ -407,5 +405,3 @@ async def test_cancel_answers_once_generate_has_drawn_the_end_of_the_run() -> No
             assert "finished" in outputs[1]
             # what each column shows: the text it streamed before the Cancel, words of it
             assert all(len(s["text"].split()) >= 2 for s in outputs[0]["samples"]), outputs[0]
-    finally:
-        await backend.close()

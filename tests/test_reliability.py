@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import signal
@@ -25,26 +26,22 @@ from backend.serving.server import BackendServer
 from devkit.frames import recv_frame
 from devkit.load import rss_mb, run_load, start_backend
 from devkit.local import ROOT, free_port
+from tests.support.backends import serving
 
 LIMITS = Limits()
 
 
-async def started(**kwargs: Any) -> BackendServer:
-    limits = kwargs.pop("limits", Limits())
-    server = BackendServer(
-        SyntheticEngine(rate=kwargs.pop("rate", 200), jitter=0.2), limits, port=0, **kwargs
-    )
-    await server.start()
-    return server
+def synthetic(
+    rate: float = 200, limits: Limits | None = None, **options: Any
+) -> contextlib.AbstractAsyncContextManager[BackendServer]:
+    """A backend on the synthetic engine at `rate` tokens/s (`tests.support.backends.serving`)."""
+    return serving(SyntheticEngine(rate=rate, jitter=0.2), limits or Limits(), **options)
 
 
 @pytest.fixture
 async def server() -> AsyncIterator[BackendServer]:
-    backend = await started()
-    try:
+    async with synthetic() as backend:
         yield backend
-    finally:
-        await backend.close()
 
 
 async def next_of(ws: Any, kind: str, limit_s: float = 10) -> dict[str, Any]:
@@ -93,10 +90,9 @@ def test_admission_counts_connections_rate_and_samples() -> None:
 
 
 async def test_server_wide_limits_say_which_limit() -> None:
-    backend = await started(
+    async with synthetic(
         limits=Limits(max_total_samples=5, requests_per_minute=2, max_connections_per_address=2)
-    )
-    try:
+    ) as backend:
         async with connect(backend.url) as a, connect(backend.url) as b:
             await a.send(generate("big", n=4, max_tokens=1000))
             await next_of(a, "accepted")
@@ -113,13 +109,10 @@ async def test_server_wide_limits_say_which_limit() -> None:
             with pytest.raises(ConnectionClosed):
                 await third.recv()
             assert third.close_code == 1008
-    finally:
-        await backend.close()
 
 
 async def test_origins_and_token() -> None:
-    backend = await started(allowed_origins=("http://127.0.0.1:7860",), token="s3cret")
-    try:
+    async with synthetic(allowed_origins=("http://127.0.0.1:7860",), token="s3cret") as backend:
         with pytest.raises(InvalidStatus) as caught:
             await connect(backend.url)
         assert caught.value.response.status_code == 401
@@ -133,16 +126,13 @@ async def test_origins_and_token() -> None:
                 await next_of(ws, "done")
         with pytest.raises(InvalidStatus):
             await connect(backend.url, additional_headers={"Authorization": "Bearer wrong"})
-    finally:
-        await backend.close()
 
 
 # Clients that stop reading, vanish, or send garbage.
 
 
 async def test_a_client_that_stops_reading_is_dropped_without_slowing_others() -> None:
-    backend = await started(rate=400, limits=Limits(send_stall_s=1.0))
-    try:
+    async with synthetic(rate=400, limits=Limits(send_stall_s=1.0)) as backend:
         stalled = await connect(backend.url, max_queue=1, ping_interval=None)
         await stalled.send(
             json.dumps(
@@ -166,8 +156,6 @@ async def test_a_client_that_stops_reading_is_dropped_without_slowing_others() -
                 await asyncio.sleep(0.1)
         assert backend.engine.health()["running_samples"] == 0
         await stalled.close()
-    finally:
-        await backend.close()
 
 
 def test_a_killed_client_process_aborts_its_work() -> None:
@@ -431,10 +419,8 @@ async def test_an_sglang_server_dying_mid_stream_ends_the_samples_with_error() -
 
     dying = DyingSGLang()
     url = await dying.start()
-    backend = BackendServer(SGLangEngine(url), port=0)
-    await backend.start()
     try:
-        async with connect(backend.url) as ws:
+        async with serving(SGLangEngine(url)) as backend, connect(backend.url) as ws:
             for rid in ("first", "second"):  # and the backend keeps serving the next request
                 await ws.send(generate(rid, n=4, max_tokens=32))
                 frames = []
@@ -452,5 +438,4 @@ async def test_an_sglang_server_dying_mid_stream_ends_the_samples_with_error() -
                 # each affected sample says what happened
                 assert all("ended the stream" in f["engine"]["error"] for f in finishes)
     finally:
-        await backend.close()
         await dying.close()

@@ -25,6 +25,7 @@ from backend.saved_run import SavedRun, SavedSample, parse_saved_run, saved_run_
 from backend.serving.server import BackendServer
 from devkit.frames import recv_frame
 from devkit.local import ROOT, start_backend, stop_process
+from tests.support.backends import serving
 from ui.client import BackendError, BackendRun
 
 SHEEP = ROOT / "docs" / "runs" / "sheep-sglang-cpu.json"
@@ -35,12 +36,8 @@ RATE = 40.0
 
 @pytest.fixture
 async def server() -> AsyncIterator[BackendServer]:
-    backend = BackendServer(SyntheticEngine(rate=RATE, jitter=0.3), Limits(n_max=8), port=0)
-    await backend.start()
-    try:
+    async with serving(SyntheticEngine(rate=RATE, jitter=0.3), Limits(n_max=8)) as backend:
         yield backend
-    finally:
-        await backend.close()
 
 
 def url(server: BackendServer) -> str:
@@ -286,11 +283,7 @@ async def test_the_replay_engine_refuses_samples_the_run_does_not_have() -> None
 
 async def test_a_replay_server_refuses_a_run_over_its_limits() -> None:
     saved = parse_saved_run(SHEEP.read_bytes())  # n = 8
-    backend = BackendServer(ReplayEngine(saved, speed=50), Limits(n_max=4), port=0)
-    await backend.start()
-    try:
+    async with serving(ReplayEngine(saved, speed=50), Limits(n_max=4)) as backend:
         run = BackendRun(url(backend))
         with pytest.raises(BackendError, match="the saved run has n = 8; this server replays at most 4"):
             await run.start("Anything.", 2, {})
-    finally:
-        await backend.close()

@@ -14,6 +14,7 @@ from backend.config.settings import Limits
 from backend.engines.synthetic import SyntheticEngine, synthetic_logprobs, synthetic_tokens
 from backend.serving.server import BackendServer
 from devkit.frames import recv_frame
+from tests.support.backends import serving
 
 SEED = 11
 
@@ -58,12 +59,8 @@ def tokens(frames: list[dict[str, Any]]) -> dict[int, int]:
 
 @pytest.fixture
 async def backend() -> Any:
-    server = BackendServer(SyntheticEngine(rate=400, jitter=0.2), Limits(), port=0)
-    await server.start()
-    try:
+    async with serving(SyntheticEngine(rate=400, jitter=0.2), Limits()) as server:
         yield server
-    finally:
-        await server.close()
 
 
 async def test_cumulative_outputs_reach_the_client_as_the_same_deltas(backend: BackendServer) -> None:
@@ -96,12 +93,8 @@ async def test_the_trace_shows_what_a_cumulative_consumer_reads_grow_with_the_te
 async def test_cancel_after_stops_each_sample_from_the_consumer_side() -> None:
     # 25 tokens/s a sample (40 ms a token): at 400, make test's loaded machine delayed the consumer
     # by a few ms and up to 4 tokens, made before the abort, were already waiting for it (counts 6-9).
-    backend = BackendServer(SyntheticEngine(rate=25, jitter=0.2), Limits(), port=0)
-    await backend.start()
-    try:
+    async with serving(SyntheticEngine(rate=25, jitter=0.2), Limits()) as backend:
         frames = await run(backend, n=4, max_tokens=200, cancel_after=5)
-    finally:
-        await backend.close()
     finishes = {f["index"]: f for f in frames if f["type"] == "finish"}
     assert {f["reason"] for f in finishes.values()} == {"abort"}
     # The engine may have a token or two in flight when the abort lands (a synthetic sample's

@@ -25,18 +25,15 @@ from backend.serving.connection import ClientSession
 from backend.serving.server import BackendServer
 from devkit.frames import recv_frame
 from devkit.local import ROOT, free_port
+from tests.support.backends import serving
 
 
 @pytest.fixture
 async def server() -> AsyncIterator[BackendServer]:
-    backend = BackendServer(
-        SyntheticEngine(rate=100, jitter=0.3), Limits(max_requests_per_connection=3), port=0
-    )
-    await backend.start()
-    try:
+    async with serving(
+        SyntheticEngine(rate=100, jitter=0.3), Limits(max_requests_per_connection=3)
+    ) as backend:
         yield backend
-    finally:
-        await backend.close()
 
 
 async def recv(ws: ClientConnection, limit_s: float = 10.0) -> dict[str, Any]:
@@ -378,9 +375,7 @@ class FailingEngine(SyntheticEngine):
 
 
 async def test_an_engine_failure_ends_the_request_with_errors_and_keeps_serving() -> None:
-    backend = BackendServer(FailingEngine(rate=200), port=0)
-    await backend.start()
-    try:
+    async with serving(FailingEngine(rate=200)) as backend:
         async with connect(backend.url) as ws:
             await ws.send(json.dumps({"type": "generate", "id": "r1", "prompt": "refuse", "n": 2}))
             frame = await recv(ws)
@@ -396,8 +391,6 @@ async def test_an_engine_failure_ends_the_request_with_errors_and_keeps_serving(
             assert sorted(f["index"] for f in finishes_of(frames, "r2")) == [0, 1, 2]
             assert {f["reason"] for f in finishes_of(frames, "r2")} == {"error"}
             assert backend.engine.health()["running_samples"] == 0
-    finally:
-        await backend.close()
 
 
 class _RecordingSocket:
@@ -485,9 +478,7 @@ class BrokenValidationEngine(SyntheticEngine):
 
 
 async def test_an_internal_error_on_a_frame_is_an_error_frame_and_the_connection_stays() -> None:
-    backend = BackendServer(BrokenValidationEngine(rate=200), port=0)
-    await backend.start()
-    try:
+    async with serving(BrokenValidationEngine(rate=200)) as backend:
         async with connect(backend.url) as ws:
             await ws.send(json.dumps({"type": "generate", "id": "r1", "prompt": "break", "n": 2}))
             frame = await recv(ws)
@@ -500,8 +491,6 @@ async def test_an_internal_error_on_a_frame_is_an_error_frame_and_the_connection
             reasons = [f["reason"] for f in finishes_of(frames, "r2")]
             assert len(reasons) == 2 and set(reasons) <= {"length", "stop"}
         assert backend.health()["active_requests"] == 0
-    finally:
-        await backend.close()
 
 
 async def test_accepted_says_which_format_and_why(server: BackendServer) -> None:

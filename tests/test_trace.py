@@ -22,18 +22,15 @@ from backend.trace.feed import TraceFeed
 from backend.trace.frames import OTHER_CONNECTION, live_frame, task_label
 from backend.trace.recorder import LAG, STEP, LoopTracer
 from devkit.frames import recv_frame
+from tests.support.backends import serving
 from ui.trace_view import panel_html
 from ui.view import RunView
 
 
 @pytest.fixture
 async def server() -> AsyncIterator[BackendServer]:
-    backend = BackendServer(SyntheticEngine(rate=100, jitter=0.2), port=0)
-    await backend.start()
-    try:
+    async with serving(SyntheticEngine(rate=100, jitter=0.2)) as backend:
         yield backend
-    finally:
-        await backend.close()
 
 
 def generate(request_id: str, n: int = 2, **extra: Any) -> str:
@@ -226,9 +223,7 @@ async def test_greedy_consumer_runs_in_longer_steps_than_cooperative(server: Bac
 
 
 async def test_tracing_can_be_turned_off() -> None:
-    backend = BackendServer(SyntheticEngine(rate=200), port=0, trace=False)
-    await backend.start()
-    try:
+    async with serving(SyntheticEngine(rate=200), trace=False) as backend:
         async with connect(backend.url) as ws:
             await ws.send(generate("r1"))
             frames = await frames_until_done(ws, "r1")
@@ -237,17 +232,13 @@ async def test_tracing_can_be_turned_off() -> None:
             assert accepted["trace_off"] == "tracing is off on this server (--no-trace)"
             await ws.send(json.dumps({"type": "export_trace", "id": "r1"}))
             assert (await recv_frame(ws))["code"] == "trace_disabled"
-    finally:
-        await backend.close()
 
 
 async def test_without_the_c_parts_the_server_serves_untraced_and_the_page_says_why(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     monkeypatch.setattr(server_module, "tracer_available", lambda: False)
-    backend = BackendServer(SyntheticEngine(rate=200), port=0)
-    await backend.start()
-    try:
+    async with serving(SyntheticEngine(rate=200)) as backend:
         assert "C parts are not built" in backend.health()["trace"]["off"]
         async with connect(backend.url) as ws:
             await ws.send(generate("r1"))
@@ -259,8 +250,6 @@ async def test_without_the_c_parts_the_server_serves_untraced_and_the_page_says_
             view.apply(frame, 0.0)
         shown = html.unescape(panel_html(view.trace, view.n))
         assert "No event-loop trace: tracing is off on this server: the tracer's C parts" in shown
-    finally:
-        await backend.close()
 
 
 class _Subscriber:
@@ -398,17 +387,13 @@ async def test_the_tracer_keeps_no_callback_alive() -> None:
 
 
 async def test_trace_frames_carry_the_loops_task_tree_once_a_second() -> None:
-    backend = BackendServer(SyntheticEngine(rate=100), port=0)
-    await backend.start()
-    try:
+    async with serving(SyntheticEngine(rate=100)) as backend:
         async with connect(backend.url) as ws, connect(backend.url) as other:
             # another connection's request, running beside this one
             await other.send(generate("o1", params={"max_tokens": 200, "seed": 1}))
             await ws.send(generate("r1", params={"max_tokens": 200, "seed": 2}))
             frames = await frames_until_done(ws, "r1")
             await frames_until_done(other, "o1")
-    finally:
-        await backend.close()
     trees = [f["tasks"] for f in frames if f["type"] == "trace" and "tasks" in f]
     traced = [f for f in frames if f["type"] == "trace"]
     assert 1 <= len(trees) <= len(traced) // 4 + 1  # about one frame in five

@@ -13,11 +13,11 @@ import pytest
 from websockets.asyncio.client import connect
 
 from backend.engines.synthetic import SyntheticEngine
-from backend.serving.server import BackendServer
 from backend.trace import recorder
 from backend.trace.frames import connection_frame, digest_ring
 from backend.trace.recorder import CANCEL, CHUNK, FRAME, IDLE, LAG, STEP
 from devkit.frames import recv_frame
+from tests.support.backends import serving
 
 pytestmark = pytest.mark.skipif(
     not recorder.available() and not os.environ.get("CI"), reason="the tracer's C parts are not built here"
@@ -46,9 +46,7 @@ async def _generate(port: int, request_id: str, cancel: dict[str, Any] | None, m
 
 
 async def test_a_real_servers_ring_digests_to_its_own_totals() -> None:
-    server = BackendServer(SyntheticEngine(rate=300, jitter=0.3), port=0)
-    await server.start()
-    try:
+    async with serving(SyntheticEngine(rate=300, jitter=0.3)) as server:
         await asyncio.gather(
             _generate(server.port, "a", None, "cooperative"),
             _generate(server.port, "b", {"index": 1}, "greedy"),
@@ -58,8 +56,6 @@ async def test_a_real_servers_ring_digests_to_its_own_totals() -> None:
         tracer = server.tracer
         assert tracer is not None
         times, items, boundary, _ = tracer.raw_since(0)
-    finally:
-        await server.close()
     kinds = {item[0] for item in items if item.__class__ is not str}
     assert {IDLE, LAG, CHUNK, FRAME, CANCEL} <= kinds
     origin = tracer.origin_ns

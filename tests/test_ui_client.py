@@ -12,20 +12,16 @@ from websockets.asyncio.server import ServerConnection, serve
 from backend.engines.base import SamplingParams
 from backend.engines.synthetic import SyntheticEngine, synthetic_tokens
 from backend.protocol import accepted_frame, encode
-from backend.serving.server import BackendServer
 from devkit.local import free_port
+from tests.support.backends import serving
 from ui.client import BackendError, BackendRun
 from ui.view import RunView, sample_header, samples_value, status_markdown, summary_markdown
 
 
 @pytest.fixture
 async def backend_url() -> AsyncIterator[str]:
-    server = BackendServer(SyntheticEngine(rate=100), port=0)
-    await server.start()
-    try:
+    async with serving(SyntheticEngine(rate=100)) as server:
         yield server.url
-    finally:
-        await server.close()
 
 
 async def test_run_streams_into_the_view(backend_url: str) -> None:

@@ -1,0 +1,32 @@
+"""The backend in the test's own loop: started on a free port, closed after, whatever the test does."""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import AsyncIterator
+from typing import Any
+
+from backend.config.settings import Limits
+from backend.engines.base import Engine
+from backend.engines.synthetic import SyntheticEngine
+from backend.serving.server import BackendServer
+
+
+@contextlib.asynccontextmanager
+async def serving(
+    engine: Engine | None = None,
+    limits: Limits | None = None,
+    background: bool = False,
+    keep_engine: bool = False,
+    **options: Any,
+) -> AsyncIterator[BackendServer]:
+    """A `BackendServer` for `engine` (the synthetic engine at 100 tokens/s by default) with `limits`
+    and the server's other `options`, listening on a free port; its engine started before it serves,
+    or on a task while it does (`background`, as app.py's backend starts it); closed on the way out,
+    its engine too unless `keep_engine` (an engine a test module shares, loaded once)."""
+    server = BackendServer(engine or SyntheticEngine(rate=100, jitter=0.2), limits, port=0, **options)
+    await server.start(engine_in_background=background)
+    try:
+        yield server
+    finally:
+        await server.close(stop_engine=not keep_engine)
