@@ -56,3 +56,11 @@ def test_every_module_is_in_the_readmes_map_and_the_map_names_only_modules() -> 
 
 def test_the_readme_stays_short() -> None:
     assert len((ROOT / "README.md").read_text().splitlines()) <= 200
+
+
+def test_the_benchmarks_page_gives_todays_figures_not_their_history() -> None:
+    text = (ROOT / "docs" / "benchmarks.md").read_text()
+    assert len(text.splitlines()) <= 400
+    commit = r"(?=[0-9a-f]*[a-f])(?=[0-9a-f]*\d)[0-9a-f]{7,40}"  # hex with a letter and a digit
+    history = re.findall(rf"\b(?:{commit}|20\d\d-\d\d-\d\d|(?:second|latest|earlier) run)\b", text, re.I)
+    assert not history, f"commit hashes, dates or runs by their order in docs/benchmarks.md: {history}"
