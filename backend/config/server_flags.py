@@ -6,44 +6,67 @@ import argparse
 import os
 from dataclasses import replace
 
+from backend.config.declared import Setting, add_settings
 from backend.config.engine_flags import engine_from_args, env
 from backend.config.settings import Limits
 from backend.serving.server import BackendServer
 
-LIMIT_FLAGS = {
-    "max_total_samples": (
-        "--max-total-samples",
-        "DASHBOARD_MAX_TOTAL_SAMPLES",
-        "samples running at once, all clients",
-    ),
-    "max_connections_per_address": (
-        "--max-connections-per-address",
-        "DASHBOARD_MAX_CONNECTIONS_PER_ADDRESS",
-        "open connections from one address",
-    ),
-    "requests_per_minute": (
-        "--requests-per-minute",
-        "DASHBOARD_REQUESTS_PER_MINUTE",
-        "requests per address a minute",
-    ),
-    "max_blocking_requests": (
-        "--max-blocking-requests",
-        "DASHBOARD_MAX_BLOCKING_REQUESTS",
-        "blocking-consumer experiments at once, all clients",
-    ),
-    "send_stall_s": ("--send-stall-s", "DASHBOARD_SEND_STALL_S", "seconds a non-reading client is kept"),
-}
-"""Server-wide limits settable on the command line (see backend/config/settings.py for what each protects)."""
+N_MAX = Setting(
+    "n_max",
+    "--n-max",
+    ("DASHBOARD_N_MAX",),
+    "most samples per request, and columns in the page",
+    Limits.n_max,
+    int,
+)
+
+LIMIT_SETTINGS = tuple(
+    Setting(field, flag, (env_name,), what, getattr(Limits, field), type(getattr(Limits, field)))
+    for field, flag, env_name, what in (
+        (
+            "max_total_samples",
+            "--max-total-samples",
+            "DASHBOARD_MAX_TOTAL_SAMPLES",
+            "samples running at once, all clients",
+        ),
+        (
+            "max_connections_per_address",
+            "--max-connections-per-address",
+            "DASHBOARD_MAX_CONNECTIONS_PER_ADDRESS",
+            "open connections from one address",
+        ),
+        (
+            "requests_per_minute",
+            "--requests-per-minute",
+            "DASHBOARD_REQUESTS_PER_MINUTE",
+            "requests per address a minute",
+        ),
+        (
+            "max_blocking_requests",
+            "--max-blocking-requests",
+            "DASHBOARD_MAX_BLOCKING_REQUESTS",
+            "blocking-consumer experiments at once, all clients",
+        ),
+        ("send_stall_s", "--send-stall-s", "DASHBOARD_SEND_STALL_S", "seconds a non-reading client is kept"),
+    )
+)
+"""Server-wide limits settable on the command line, each a `Limits` field (backend/config/settings.py
+says what each protects)."""
+
+EXPERIMENT_PORT = Setting(
+    "experiment_port",
+    "--experiment-port",
+    ("DASHBOARD_EXPERIMENT_PORT",),
+    "port of the experiment server, where the page runs blocking-consumer experiments on a loop of "
+    "their own so they do not stall other users' streams; 0: any free port, -1: none",
+    0,
+    int,
+)
 
 
 def add_server_arguments(parser: argparse.ArgumentParser) -> None:
     """Tracing, access and limits, each with its environment variable."""
-    parser.add_argument(
-        "--n-max",
-        type=int,
-        default=int(env("DASHBOARD_N_MAX", str(Limits.n_max))),
-        help="most samples per request, and columns in the page (env DASHBOARD_N_MAX; default %(default)s)",
-    )
+    add_settings(parser, [N_MAX])
     parser.add_argument(
         "--no-trace",
         action="store_true",
@@ -69,28 +92,14 @@ def add_server_arguments(parser: argparse.ArgumentParser) -> None:
         default=env("DASHBOARD_LOG_PROMPTS", "") == "1",
         help="log each request's prompt (off by default: prompts stay out of logs)",
     )
-    parser.add_argument(
-        "--experiment-port",
-        type=int,
-        default=int(env("DASHBOARD_EXPERIMENT_PORT", "0")),
-        help="port of the experiment server, where the page runs blocking-consumer experiments on a "
-        "loop of their own so they do not stall other users' streams; 0: any free port, -1: none "
-        "(env DASHBOARD_EXPERIMENT_PORT; default %(default)s)",
-    )
-    for field, (flag, env_name, what) in LIMIT_FLAGS.items():
-        default = getattr(Limits, field)
-        kind = type(default)
-        parser.add_argument(
-            flag,
-            type=kind,
-            default=kind(env(env_name, str(default))),
-            help=f"{what} (env {env_name}; default %(default)s)",
-        )
+    add_settings(parser, [EXPERIMENT_PORT, *LIMIT_SETTINGS])
 
 
 def server_from_args(args: argparse.Namespace, host: str, port: int) -> BackendServer:
     """The backend server (engine, limits, tracing, access rules) the parsed arguments describe."""
-    limits = replace(limits_from_args(args), **{field: getattr(args, field) for field in LIMIT_FLAGS})
+    limits = replace(
+        limits_from_args(args), **{setting.name: getattr(args, setting.name) for setting in LIMIT_SETTINGS}
+    )
     return BackendServer(
         engine_from_args(args),
         limits,

@@ -13,9 +13,13 @@ import os
 import shlex
 from collections.abc import Collection
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from backend.config.settings import CACHE_ROOT, DEFAULT_MODEL_ID
 from backend.engines.base import Engine
+
+if TYPE_CHECKING:
+    from backend.engines import EngineOptions
 
 AUTO = "auto"
 """The --engine value that chooses by itself."""
@@ -70,34 +74,34 @@ def sglang_importable() -> bool:
     return importlib.util.find_spec("sglang") is not None
 
 
-def auto_engine(options: object, registered: Collection[str]) -> Engine:
+def auto_engine(options: EngineOptions, registered: Collection[str]) -> Engine:
     """Build the engine `choose_engine` picks on this machine, configured from `options`."""
     from backend.engines import create_engine
 
     choice = choose_engine(
-        sglang_url=getattr(options, "sglang_url", ""),
-        openai_url=getattr(options, "openai_url", ""),
+        sglang_url=options.sglang_url,
+        openai_url=options.openai_url,
         cuda=cuda_available(),
         sglang_importable=sglang_importable(),
         registered=registered,
     )
     if choice.launch_sglang:
         from backend.engines.http.sglang import SGLangEngine
-        from backend.engines.http.sglang_launch import STARTUP_TIMEOUT_S, SGLangServerProcess
+        from backend.engines.http.sglang_launch import SGLangServerProcess
 
         # Incremental: each event holds only the new text, not the sample's whole text and ids again
         # (bench/sglang_stream_bytes.py measures what that saves). Sleep on idle: an idle scheduler
         # otherwise polls for work nonstop, a CPU core taken from the backend and the page.
         try:
-            more = shlex.split(getattr(options, "sglang_server_args", ""))
+            more = shlex.split(options.sglang_server_args)
         except ValueError as exc:
             raise ValueError(f"--sglang-server-args (SGLANG_SERVER_ARGS) cannot be read: {exc}") from None
         extra = ["--incremental-streaming-output", "--sleep-on-idle", *more]
         server = SGLangServerProcess(
-            getattr(options, "model", "") or DEFAULT_MODEL_ID,
+            options.model or DEFAULT_MODEL_ID,
             extra_args=extra,
             log_path=LAUNCHED_SERVER_LOG,
-            start_timeout=getattr(options, "sglang_start_timeout", STARTUP_TIMEOUT_S),
+            start_timeout=options.sglang_start_timeout,
         )
-        return SGLangEngine(server.url, launcher=server, api_key=getattr(options, "sglang_api_key", ""))
+        return SGLangEngine(server.url, launcher=server, api_key=options.sglang_api_key)
     return create_engine(choice.name, options)  # type: ignore[arg-type]

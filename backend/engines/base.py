@@ -11,7 +11,10 @@ import asyncio
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from backend.engines import EngineOptions
 
 FINISH_REASONS = ("stop", "length", "abort", "error")
 """Why a sample ended: natural stop, max_tokens reached, cancelled, engine failure."""
@@ -229,7 +232,7 @@ class Engine(ABC):
         return choose_format(text, requested, system, self.chat_template, self.template_note)
 
     @classmethod
-    def from_options(cls, options: Any) -> Engine:
+    def from_options(cls, options: EngineOptions) -> Engine:
         """Build from the command line's settings (`backend.engines.EngineOptions`)."""
         return cls()
 

@@ -33,6 +33,9 @@ from backend.engines.base import (
 from backend.saved_run import SAVED_RUN_BYTES_MAX, SavedRun, SavedRunError, SavedSample, parse_saved_run
 
 if TYPE_CHECKING:
+    from backend.engines import EngineOptions
+
+if TYPE_CHECKING:
     from backend.protocol import GenerateCommand
 
 DEFAULT_SPEED = 1.0
@@ -71,7 +74,7 @@ class ReplayEngine(Engine):
         self._generations: set[ReplayGeneration] = set()
 
     @classmethod
-    def from_options(cls, options: Any) -> ReplayEngine:
+    def from_options(cls, options: EngineOptions) -> ReplayEngine:
         """Build from `--run FILE` and `--replay-speed`; ValueError says what is wrong with them."""
         if not options.run:
             raise ValueError("--engine replay needs --run FILE: a saved run (docs/protocol.md, 'Saved runs')")

@@ -14,7 +14,7 @@ import contextlib
 import json
 import logging
 from collections.abc import AsyncIterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from backend.config.settings import DEFAULT_MODEL_ID
 from backend.engines.base import (
@@ -29,12 +29,15 @@ from backend.engines.base import (
 from backend.engines.http.sglang import sglang_request
 from backend.engines.http.streams import SGLangStream
 
+if TYPE_CHECKING:
+    from backend.engines import EngineOptions
+
 log = logging.getLogger("backend.engines.sglang_inprocess")
 
 
-def parse_engine_args(options: Any) -> dict[str, Any]:
+def parse_engine_args(options: EngineOptions) -> dict[str, Any]:
     """`--sglang-args` as keyword arguments; ValueError saying what is wrong."""
-    text = getattr(options, "sglang_args", "") or ""
+    text = options.sglang_args or ""
     if not text.strip():
         return {}
     try:
@@ -58,10 +61,10 @@ class SGLangInProcessEngine(Engine):
         self.generations: set[SGLangInProcessGeneration] = set()
 
     @classmethod
-    def from_options(cls, options: Any) -> SGLangInProcessEngine:
+    def from_options(cls, options: EngineOptions) -> SGLangInProcessEngine:
         """Build from the command line's `--model` and `--sglang-args` (a JSON object of
         `sglang.Engine` keyword arguments, such as `{"tp_size": 2, "mem_fraction_static": 0.8}`)."""
-        return cls(getattr(options, "model", "") or DEFAULT_MODEL_ID, **parse_engine_args(options))
+        return cls(options.model or DEFAULT_MODEL_ID, **parse_engine_args(options))
 
     @property
     def model(self) -> str:

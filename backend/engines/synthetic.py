@@ -14,9 +14,12 @@ from __future__ import annotations
 import asyncio
 import math
 import random
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from backend.engines.base import Chunk, Engine, Generation, Prompt, SamplingParams
+
+if TYPE_CHECKING:
+    from backend.engines import EngineOptions
 
 WORDS = (
     "the a river light stone quiet morning window garden road city signal engine thread loop "
@@ -143,7 +146,7 @@ class SyntheticEngine(Engine):
         self._generations: set[SyntheticGeneration] = set()
 
     @classmethod
-    def from_options(cls, options: Any) -> SyntheticEngine:
+    def from_options(cls, options: EngineOptions) -> SyntheticEngine:
         """Build from the command line's `--rate` and `--jitter`."""
         return cls(rate=options.rate, jitter=options.jitter)
 

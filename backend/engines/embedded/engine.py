@@ -18,7 +18,7 @@ import math
 import os
 from collections import deque
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from backend.engines.base import (
     Chunk,
@@ -32,6 +32,9 @@ from backend.engines.base import (
 from backend.engines.embedded.compute import PATHS, ComputePath, check_setting
 from backend.engines.embedded.scheduler import DecodeParams
 from backend.engines.embedded.worker import WorkerProcess, WorkerSetup
+
+if TYPE_CHECKING:
+    from backend.engines import EngineOptions
 
 log = logging.getLogger("backend.embedded")
 
@@ -97,15 +100,15 @@ class EmbeddedEngine(Engine):
         """What `load` is doing now, for the page while the engine starts (a download can take minutes)."""
 
     @classmethod
-    def from_options(cls, options: Any) -> EmbeddedEngine:
+    def from_options(cls, options: EngineOptions) -> EmbeddedEngine:
         """Build from --model, --threads, --compute, --max-rows and --context."""
         return cls(
-            model=getattr(options, "model", ""),
-            threads=getattr(options, "threads", DEFAULT_THREADS),
-            compute=getattr(options, "compute", "auto"),
-            max_rows=getattr(options, "max_rows", DEFAULT_MAX_ROWS),
-            context=getattr(options, "context", DEFAULT_CONTEXT),
-            default_model=getattr(options, "default_model", "bundled"),
+            model=options.model,
+            threads=options.threads,
+            compute=options.compute,
+            max_rows=options.max_rows,
+            context=options.context,
+            default_model=options.default_model,
         )
 
     @property

@@ -13,11 +13,14 @@ at once.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from backend.engines.base import Chunk, Generation, Prompt, SamplingParams
 from backend.engines.http.base import HTTPEngine, StreamingGeneration
 from backend.engines.http.streams import OpenAIStream
+
+if TYPE_CHECKING:
+    from backend.engines import EngineOptions
 
 DEFAULT_OPENAI_URL = "http://127.0.0.1:8000"
 """Where vLLM's OpenAI-compatible server listens by default."""
@@ -36,12 +39,12 @@ class OpenAIEngine(HTTPEngine):
         """The model to ask for (--model); empty: the first the server lists."""
 
     @classmethod
-    def from_options(cls, options: Any) -> OpenAIEngine:
+    def from_options(cls, options: EngineOptions) -> OpenAIEngine:
         """Build from the command line's `--openai-url`, `--model` and `--openai-api-key`."""
         return cls(
-            getattr(options, "openai_url", "") or DEFAULT_OPENAI_URL,
-            getattr(options, "model", ""),
-            getattr(options, "openai_api_key", ""),
+            options.openai_url or DEFAULT_OPENAI_URL,
+            options.model,
+            options.openai_api_key,
         )
 
     async def probe(self) -> str:

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import httpx
 
@@ -32,6 +32,9 @@ from backend.engines.http.base import (
 )
 from backend.engines.http.sglang_launch import SGLangServerProcess
 from backend.engines.http.streams import SGLangStream
+
+if TYPE_CHECKING:
+    from backend.engines import EngineOptions
 
 log = logging.getLogger("backend.engines.http.sglang")
 
@@ -69,10 +72,10 @@ class SGLangEngine(HTTPEngine):
             await asyncio.to_thread(self.launcher.stop)
 
     @classmethod
-    def from_options(cls, options: Any) -> SGLangEngine:
+    def from_options(cls, options: EngineOptions) -> SGLangEngine:
         """Build from the command line's `--sglang-url` and `--sglang-api-key`."""
-        url = getattr(options, "sglang_url", "") or DEFAULT_SGLANG_URL
-        return cls(url, api_key=getattr(options, "sglang_api_key", ""))
+        url = options.sglang_url or DEFAULT_SGLANG_URL
+        return cls(url, api_key=options.sglang_api_key)
 
     async def probe(self) -> str:
         if self.served_model is None:
