@@ -251,7 +251,8 @@ def test_an_example_sets_the_prompt_and_settings_says_its_lesson_and_runs(page: 
     examples = {example.label.split(":")[0]: example for example in EXAMPLES}
     blocking = examples["Blocking the loop"]
     page.locator("#examples").get_by_text(blocking.label).click()
-    expect(page.locator("#example-lesson textarea")).to_have_value(blocking.lesson)
+    # the first click's event waits for a loaded machine's Gradio queue: more than the default 5 s
+    expect(page.locator("#example-lesson textarea")).to_have_value(blocking.lesson, timeout=20_000)
     expect(page.locator("#prompt textarea")).to_have_value(blocking.prompt)
     page.get_by_role("button", name="Event-loop experiments").click()
     expect(page.locator("#consumer input[value=blocking]")).to_be_checked()

@@ -88,10 +88,15 @@ async def test_a_replay_streams_the_recorded_run_again_with_its_timing(server: B
         assert (after.text, after.tokens) == (before.text, before.tokens)
         assert logprobs_of(after) == logprobs_of(before) and len(logprobs_of(after)) == after.tokens
         # The server's own times of the sample: never early (each chunk waits for its recorded
-        # time), and not much late even on this loaded machine.
+        # time), and not much late (LATE_S) even on a loaded machine.
         first, last = before.chunks[0].at, before.chunks[-1].at
-        assert first - 0.002 <= after.stats["ttft_ms"] / 1000 <= first + 0.5
-        assert last - 0.002 <= after.stats["e2e_ms"] / 1000 <= last + 0.5
+        assert first - 0.002 <= after.stats["ttft_ms"] / 1000 <= first + LATE_S
+        assert last - 0.002 <= after.stats["e2e_ms"] / 1000 <= last + LATE_S
+
+
+LATE_S = 1.0
+"""How late a replayed chunk may come: the loop's own lateness when two cores run the whole suite at
+once (0.5 s was passed once with the machine at a load of 9)."""
 
 
 def logprobs_of(sample: SavedSample) -> list[float]:
