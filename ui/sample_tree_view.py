@@ -1,0 +1,221 @@
+"""The token tree panel: the run's `SampleTree` drawn as nested lists in the browser.
+
+`tree_value` turns the tree into the component's value: one row per node in depth-first order, its
+level, how many samples took it and which, the branch's probability (with logprobs), its edge's text
+(a long straight run elided in the middle) and its size. Rows hold no lists (the samples are a
+string of indices): Gradio's diff of a list inside a list that loses items gives wrong paths.
+A script in the page (`JS_ON_LOAD`) draws the rows as nested lists, text in text nodes (a sample
+may contain anything); clicking a node marks
+its samples' columns in the sample grid (`data-picked` on `column-i`, styled by `ui.sample_grid`),
+clicking it again clears the mark. Element ids: the component is `sample-tree`; each node's button
+carries `data-id` and `data-samples`.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import gradio as gr
+
+from ui.sample_tree import TOKENS, Node, SampleTree, sample_indices
+
+LABEL_CHARS = 64
+"""An edge's text is shown whole up to this many characters; a longer one shows its first
+LABEL_HEAD and last LABEL_TAIL characters around an ellipsis (the columns hold the whole text)."""
+LABEL_HEAD = 40
+LABEL_TAIL = 18
+
+
+def tree_value(tree: SampleTree, run: str) -> dict[str, Any]:
+    """The panel's value for `tree`, the tree of run `run` (a new run clears the page's pick)."""
+    rows = []
+    for node, level in tree.walk():
+        probability = tree.probability(node)
+        row: dict[str, Any] = {
+            "id": node.id,
+            "level": level,
+            "count": node.count,
+            "samples": " ".join(map(str, sample_indices(node.samples))),
+            "text": _label(tree, node),
+            "size": node.length if tree.unit == TOKENS else tree.edge_chars(node),
+            "ends": (node.ends & tree.finished).bit_count(),
+            "p": None if probability is None else round(probability, 4),
+        }
+        rows.append(row)
+    return {"run": run, "n": tree.n, "unit": tree.unit, "nodes": rows if tree.n else []}
+
+
+def _label(tree: SampleTree, node: Node) -> str:
+    """The edge's text, elided in the middle past LABEL_CHARS, line breaks shown as ↵."""
+    if tree.edge_chars(node) <= LABEL_CHARS:
+        text = tree.edge_text(node)
+    else:
+        units = tree.units[node.owner]
+        head_end = node.start
+        head = 0
+        while head < LABEL_HEAD:
+            head += len(units[head_end])
+            head_end += 1
+        tail_start = node.end
+        tail = 0
+        while tail < LABEL_TAIL:
+            tail_start -= 1
+            tail += len(units[tail_start])
+        first = "".join(units[node.start : head_end])[:LABEL_HEAD]
+        last = "".join(units[tail_start : node.end])[-LABEL_TAIL:]
+        text = f"{first} … {last}"
+    return text.replace("\r\n", "↵").replace("\n", "↵")
+
+
+def empty_value() -> dict[str, Any]:
+    """No run yet."""
+    return {"run": None, "n": 0, "unit": None, "nodes": []}
+
+
+TEMPLATE = '<div class="sample-tree"></div>'
+"""A constant template: the page script owns the tree's contents."""
+
+CSS = """
+.sample-tree { font-size: 0.85em; max-height: 30em; overflow: auto; }
+.sample-tree ul { list-style: none; margin: 0; padding-left: 16px;
+  border-left: 1px solid var(--border-color-primary, #cbd5e1); }
+.sample-tree > ul { padding-left: 0; border-left: none; }
+.sample-tree li { margin: 2px 0; }
+.tree-node { display: inline-flex; flex-wrap: wrap; gap: 6px; align-items: baseline; max-width: 100%;
+  text-align: left; border: 1px solid transparent; border-radius: 6px; padding: 1px 6px;
+  background: none; color: inherit; font: inherit; cursor: pointer; }
+.tree-node:hover { border-color: var(--border-color-primary, #cbd5e1); }
+.tree-node.picked { border-color: #7c3aed; background: rgba(124, 58, 237, 0.12); }
+.tree-count { font-weight: 600; min-width: 1.7em; text-align: center; border-radius: 9px; padding: 0 5px;
+  background: var(--background-fill-secondary, #e2e8f0); font-variant-numeric: tabular-nums; }
+.tree-p { border-radius: 3px; padding: 0 3px; font-variant-numeric: tabular-nums; }
+.tree-text { white-space: pre-wrap; overflow-wrap: anywhere; font-family: var(--font-mono, monospace); }
+.tree-size, .tree-end { color: var(--body-text-color-subdued, #64748b); font-size: 0.85em; }
+.tree-empty { color: var(--body-text-color-subdued, #64748b); padding: 8px; }
+"""
+"""Each level indented under a rule; a node is a button: its count in a pill, the branch's
+probability coloured as the columns colour tokens, its text, its size and how many samples end there."""
+
+JS_ON_LOAD = r"""
+const box = element.querySelector('.sample-tree');
+let run = null;
+let picked = null;  // {id, samples}: the clicked node and its samples
+
+function colour(p) {
+  return `hsla(${Math.round(120 * p)}, 85%, 55%, 0.35)`;
+}
+
+// Marks the picked node's samples' columns in the sample grid (and the node itself).
+function highlight() {
+  const grid = document.querySelector('#samples .sample-grid');
+  if (grid) {
+    if (picked) grid.dataset.picking = ''; else delete grid.dataset.picking;
+    grid.querySelectorAll('[id^="column-"]').forEach((col) => {
+      const index = Number(col.id.slice(7));
+      if (picked && picked.samples.includes(index)) col.dataset.picked = '';
+      else delete col.dataset.picked;
+    });
+  }
+  box.querySelectorAll('button.tree-node').forEach((button) => {
+    const on = picked !== null && Number(button.dataset.id) === picked.id;
+    button.classList.toggle('picked', on);
+    button.setAttribute('aria-pressed', on ? 'true' : 'false');
+  });
+}
+
+function nodeButton(node, unit, n) {
+  const button = document.createElement('button');
+  button.className = 'tree-node';
+  button.dataset.id = String(node.id);
+  const samples = node.samples.split(' ').filter(Boolean);
+  button.dataset.samples = samples.join(',');
+  const names = samples.map((i) => `#${i}`).join(' ');
+  button.title = node.level === 0
+    ? `${n} samples` : `${node.count} of ${n} samples took this branch: ${names}`;
+  const count = document.createElement('span');
+  count.className = 'tree-count';
+  count.textContent = String(node.count);
+  button.appendChild(count);
+  if (node.p !== null && node.p !== undefined) {
+    const p = document.createElement('span');
+    p.className = 'tree-p';
+    p.textContent = `p ${node.p.toFixed(2)}`;
+    p.style.backgroundColor = colour(node.p);
+    button.appendChild(p);
+  }
+  const text = document.createElement('span');
+  text.className = 'tree-text';
+  text.textContent = node.level === 0 ? 'prompt' : node.text;
+  button.appendChild(text);
+  if (node.level > 0 && node.size > 1) {
+    const size = document.createElement('span');
+    size.className = 'tree-size';
+    size.textContent = unit === 'token' ? `${node.size} tok` : `${node.size} ch`;
+    button.appendChild(size);
+  }
+  if (node.ends) {
+    const ends = document.createElement('span');
+    ends.className = 'tree-end';
+    ends.textContent = `■ ${node.ends} ended`;
+    button.appendChild(ends);
+  }
+  return button;
+}
+
+function render(value) {
+  const nodes = (value && value.nodes) || [];
+  if (!value || value.run !== run) { run = value ? value.run : null; picked = null; }
+  if (!nodes.length) {
+    const empty = document.createElement('div');
+    empty.className = 'tree-empty';
+    empty.textContent = 'The samples\u2019 token tree grows here while they stream.';
+    box.replaceChildren(empty);
+    highlight();
+    return;
+  }
+  const top = document.createElement('ul');
+  const items = [];  // the last item drawn at each level
+  for (const node of nodes) {
+    let list = top;
+    if (node.level > 0) {
+      const parent = items[node.level - 1];
+      list = parent.lastElementChild && parent.lastElementChild.tagName === 'UL'
+        ? parent.lastElementChild : parent.appendChild(document.createElement('ul'));
+    }
+    const item = document.createElement('li');
+    item.appendChild(nodeButton(node, value.unit, value.n));
+    list.appendChild(item);
+    items[node.level] = item;
+    items.length = node.level + 1;
+    if (picked && picked.id === node.id) picked.samples = node.samples.split(' ').filter(Boolean).map(Number);
+  }
+  box.replaceChildren(top);
+  highlight();
+}
+
+render(props.value);
+watch('value', () => render(props.value));
+element.addEventListener('click', (event) => {
+  const button = event.target.closest('button.tree-node');
+  if (!button) return;
+  const id = Number(button.dataset.id);
+  picked = picked && picked.id === id
+    ? null : {id, samples: button.dataset.samples.split(',').filter(Boolean).map(Number)};
+  highlight();
+});
+"""
+"""Draws the rows as nested lists (the whole tree again per value: it has at most about 2n nodes);
+keeps the picked node across redraws of the same run (its samples as the tree now has them) and
+marks its samples' columns."""
+
+
+def sample_tree() -> gr.HTML:
+    """The tree component, empty until the first run."""
+    return gr.HTML(
+        value=empty_value(),
+        html_template=TEMPLATE,
+        css_template=CSS,
+        js_on_load=JS_ON_LOAD,
+        elem_id="sample-tree",
+        apply_default_css=False,
+    )
