@@ -404,3 +404,16 @@ def test_the_value_survives_gradios_update_diffs_while_the_tree_reshapes() -> No
         value = tree_value(tree, "r")
         shown = apply_diff(json.loads(json.dumps(shown)), diff(shown, value))
         assert shown == value
+
+
+def test_a_node_keeps_its_id_when_samples_that_ran_ahead_are_caught_up() -> None:
+    tree = SampleTree(3)
+    for index in range(3):
+        tree.add(index, "a b ")
+    shared = tree.at(0)
+    tree.add(0, "c ")  # sample 0 runs ahead: a node of its own under the shared one
+    assert tree.node_count == 3 and tree.at(0).parent is shared
+    tree.add(1, "c ")
+    tree.add(2, "c ")  # caught up: one node again, the one a page may have picked
+    assert tree.node_count == 2 and all(tree.at(i) is shared for i in range(3))
+    assert tree.edge_text(shared) == "a b c"

@@ -11,7 +11,7 @@ the samples grow.
 
 Appending a unit costs O(1) (a sample alone on its branch extends its edge; otherwise it steps
 into a child, splitting that child's edge after its first unit when it is longer, and a node that
-no sample ends at any more and whose one child holds the same samples merges into it). Edges do
+no sample ends at any more takes in its one child when that child holds the same samples). Edges do
 not copy text: a node's units are `units[owner][start:end]` of any sample through it, since every
 sample through a node has the same units at the same depths.
 
@@ -179,17 +179,20 @@ class SampleTree:
         return self._next_id - 1
 
     def _merge_down(self, node: Node) -> None:
-        """Merge `node` into its only child when nothing tells them apart any more."""
+        """Take `node`'s only child into it when nothing tells them apart any more (the node keeps
+        its id: a page that picked it still has it when samples that were ahead catch up)."""
         if node is self.root or node.ends or len(node.children) != 1:
             return
         (child,) = node.children.values()
         if child.samples != node.samples:
             return
-        parent = node.parent
-        assert parent is not None
-        child.start = node.start
-        child.parent = parent
-        parent.children[self.units[node.owner][node.start]] = child
+        node.end = child.end
+        node.ends = child.ends
+        node.children = child.children
+        for grandchild in node.children.values():
+            grandchild.parent = node
+        for s in sample_indices(child.ends):
+            self._at[s] = node
         self.node_count -= 1
 
     # Reading

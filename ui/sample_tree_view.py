@@ -98,11 +98,17 @@ probability coloured as the columns colour tokens, its text, its size and how ma
 
 JS_ON_LOAD = r"""
 const box = element.querySelector('.sample-tree');
-let run = null;
+let run;
+let top = null;
+const items = new Map();  // node id -> its list item, button and parts, kept while the node exists
 let picked = null;  // {id, samples}: the clicked node and its samples
 
 function colour(p) {
   return `hsla(${Math.round(120 * p)}, 85%, 55%, 0.35)`;
+}
+
+function indices(samples) {
+  return samples.split(' ').filter(Boolean).map(Number);
 }
 
 // Marks the picked node's samples' columns in the sample grid (and the node itself).
@@ -116,55 +122,69 @@ function highlight() {
       else delete col.dataset.picked;
     });
   }
-  box.querySelectorAll('button.tree-node').forEach((button) => {
-    const on = picked !== null && Number(button.dataset.id) === picked.id;
-    button.classList.toggle('picked', on);
-    button.setAttribute('aria-pressed', on ? 'true' : 'false');
-  });
+  for (const [id, it] of items) {
+    const on = picked !== null && id === picked.id;
+    it.button.classList.toggle('picked', on);
+    it.button.setAttribute('aria-pressed', on ? 'true' : 'false');
+  }
 }
 
-function nodeButton(node, unit, n) {
-  const button = document.createElement('button');
-  button.className = 'tree-node';
-  button.dataset.id = String(node.id);
-  const samples = node.samples.split(' ').filter(Boolean);
-  button.dataset.samples = samples.join(',');
-  const names = samples.map((i) => `#${i}`).join(' ');
-  button.title = node.level === 0
+function part(button, name) {
+  const span = document.createElement('span');
+  span.className = name;
+  button.appendChild(span);
+  return span;
+}
+
+function item(id) {
+  let it = items.get(id);
+  if (!it) {
+    const li = document.createElement('li');
+    const button = document.createElement('button');
+    button.className = 'tree-node';
+    button.dataset.id = String(id);
+    li.appendChild(button);
+    it = {li, button, list: null, shown: '', count: part(button, 'tree-count'), p: part(button, 'tree-p'),
+          text: part(button, 'tree-text'), size: part(button, 'tree-size'), ends: part(button, 'tree-end')};
+    items.set(id, it);
+  }
+  return it;
+}
+
+// Writes a node's parts, only where they changed. Text goes into text nodes, never HTML.
+function show(it, node, unit, n) {
+  const key = [node.level, node.count, node.samples, node.p, node.text, node.size, node.ends].join('\u0000');
+  if (key === it.shown) return;
+  it.shown = key;
+  const names = indices(node.samples).map((i) => `#${i}`).join(' ');
+  it.button.dataset.samples = node.samples;
+  it.button.title = node.level === 0
     ? `${n} samples` : `${node.count} of ${n} samples took this branch: ${names}`;
-  const count = document.createElement('span');
-  count.className = 'tree-count';
-  count.textContent = String(node.count);
-  button.appendChild(count);
-  if (node.p !== null && node.p !== undefined) {
-    const p = document.createElement('span');
-    p.className = 'tree-p';
-    p.textContent = `p ${node.p.toFixed(2)}`;
-    p.style.backgroundColor = colour(node.p);
-    button.appendChild(p);
+  it.count.textContent = String(node.count);
+  const hasP = node.p !== null && node.p !== undefined;
+  it.p.hidden = !hasP;
+  if (hasP) {
+    it.p.textContent = `p ${node.p.toFixed(2)}`;
+    it.p.style.backgroundColor = colour(node.p);
   }
-  const text = document.createElement('span');
-  text.className = 'tree-text';
-  text.textContent = node.level === 0 ? 'prompt' : node.text;
-  button.appendChild(text);
-  if (node.level > 0 && node.size > 1) {
-    const size = document.createElement('span');
-    size.className = 'tree-size';
-    size.textContent = unit === 'token' ? `${node.size} tok` : `${node.size} ch`;
-    button.appendChild(size);
-  }
-  if (node.ends) {
-    const ends = document.createElement('span');
-    ends.className = 'tree-end';
-    ends.textContent = `■ ${node.ends} ended`;
-    button.appendChild(ends);
-  }
-  return button;
+  it.text.textContent = node.level === 0 ? 'prompt' : node.text;
+  it.size.hidden = node.level === 0 || node.size < 2;
+  it.size.textContent = unit === 'token' ? `${node.size} tok` : `${node.size} ch`;
+  it.ends.hidden = !node.ends;
+  it.ends.textContent = `\u25a0 ${node.ends} ended`;
 }
 
+// Puts each node's item in its parent's list, in the value's order, moving only what moved, so a
+// button stays the same element while the tree grows (a click on it lands).
 function render(value) {
   const nodes = (value && value.nodes) || [];
-  if (!value || value.run !== run) { run = value ? value.run : null; picked = null; }
+  const thisRun = value ? value.run : null;
+  if (thisRun !== run || !nodes.length) {
+    run = thisRun;
+    picked = null;
+    items.clear();
+    top = null;
+  }
   if (!nodes.length) {
     const empty = document.createElement('div');
     empty.className = 'tree-empty';
@@ -173,23 +193,36 @@ function render(value) {
     highlight();
     return;
   }
-  const top = document.createElement('ul');
-  const items = [];  // the last item drawn at each level
+  if (!top) {
+    top = document.createElement('ul');
+    box.replaceChildren(top);
+  }
+  const seen = new Set();
+  const filled = new Map();  // list -> how many of its children are placed
+  const path = [];  // the item at each level of the current node's path
   for (const node of nodes) {
+    const it = item(node.id);
+    seen.add(node.id);
+    show(it, node, value.unit, value.n);
     let list = top;
     if (node.level > 0) {
-      const parent = items[node.level - 1];
-      list = parent.lastElementChild && parent.lastElementChild.tagName === 'UL'
-        ? parent.lastElementChild : parent.appendChild(document.createElement('ul'));
+      const parent = path[node.level - 1];
+      if (!parent.list) parent.list = parent.li.appendChild(document.createElement('ul'));
+      list = parent.list;
     }
-    const item = document.createElement('li');
-    item.appendChild(nodeButton(node, value.unit, value.n));
-    list.appendChild(item);
-    items[node.level] = item;
-    items.length = node.level + 1;
-    if (picked && picked.id === node.id) picked.samples = node.samples.split(' ').filter(Boolean).map(Number);
+    const at = filled.get(list) || 0;
+    if (list.children[at] !== it.li) list.insertBefore(it.li, list.children[at] || null);
+    filled.set(list, at + 1);
+    path[node.level] = it;
+    path.length = node.level + 1;
+    if (picked && picked.id === node.id) picked.samples = indices(node.samples);
   }
-  box.replaceChildren(top);
+  for (const [id, it] of items) {
+    if (!seen.has(id)) { it.li.remove(); items.delete(id); }
+  }
+  for (const it of items.values()) {
+    if (it.list && !it.list.children.length) { it.list.remove(); it.list = null; }
+  }
   highlight();
 }
 
@@ -199,13 +232,13 @@ element.addEventListener('click', (event) => {
   const button = event.target.closest('button.tree-node');
   if (!button) return;
   const id = Number(button.dataset.id);
-  picked = picked && picked.id === id
-    ? null : {id, samples: button.dataset.samples.split(',').filter(Boolean).map(Number)};
+  picked = picked && picked.id === id ? null : {id, samples: indices(button.dataset.samples)};
   highlight();
 });
 """
-"""Draws the rows as nested lists (the whole tree again per value: it has at most about 2n nodes);
-keeps the picked node across redraws of the same run (its samples as the tree now has them) and
+"""Keeps one list item per node while the node exists and updates only what changed (a node that
+moves is moved, not rebuilt), so a button a person is clicking is not replaced under the pointer;
+keeps the picked node across updates of the same run (its samples as the tree now has them) and
 marks its samples' columns."""
 
 
