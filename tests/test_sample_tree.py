@@ -169,36 +169,40 @@ def test_recorded_streams_make_the_tree_of_their_final_units(
     name: str, n: int, parser: Any, merge_every: int
 ) -> None:
     frames = recorded_frames(name, n, parser, merge_every)
+    with_logprobs = "logprobs" in name
     view = RunView("r", started_at=0.0)
+    # Tokens: each engine chunk with text is a unit; a chunk without text joins the next.
+    tokens: list[list[str]] = [[] for _ in range(n)]
+    token_logprobs: list[list[float]] = [[] for _ in range(n)]
+    pending: list[list[float]] = [[] for _ in range(n)]
     for frame in frames:
         view.apply(frame, 0.0)
-        if frame["type"] == "chunk":  # the tree so far matches the texts so far, frame by frame
-            finished = [s.finished for s in view.samples]
-            if view.tree.unit == WORDS:
-                expected = [word_units(s.text, s.finished) for s in view.samples]
-                check(view.tree, expected, finished, [s.text for s in view.samples])
+        if frame["type"] != "chunk":
+            continue
+        # the tree so far is the tree of the texts so far, frame by frame
+        finished = [s.finished for s in view.samples]
+        if with_logprobs:
+            index = frame["index"]
+            for text, logprobs in frame["logprobs"]:
+                pending[index] += logprobs
+                if text:
+                    tokens[index].append(text)
+                    token_logprobs[index].append(math.fsum(pending[index]))
+                    pending[index] = []
+            check(view.tree, tokens, finished)
+        else:
+            texts = [s.text for s in view.samples]
+            check(
+                view.tree, [word_units(t, f) for t, f in zip(texts, finished, strict=True)], finished, texts
+            )
     tree = view.tree
     texts = [s.text for s in view.samples]
     assert all(s.finished for s in view.samples)
     assert ["".join(units) for units in tree.units] == texts  # nothing lost, nothing added
-    with_logprobs = "logprobs" in name
     assert tree.unit == (TOKENS if with_logprobs else WORDS)
     if with_logprobs:
-        # Tokens: each engine chunk with text is a unit; a chunk without text joins the next.
-        expected: list[list[str]] = [[] for _ in range(n)]
-        expected_p: list[list[float]] = [[] for _ in range(n)]
-        pending: list[list[float]] = [[] for _ in range(n)]
-        for frame in frames:
-            if frame["type"] == "chunk":
-                for text, logprobs in frame["logprobs"]:
-                    pending[frame["index"]] += logprobs
-                    if text:
-                        expected[frame["index"]].append(text)
-                        expected_p[frame["index"]].append(math.fsum(pending[frame["index"]]))
-                        pending[frame["index"]] = []
-        assert tree.units == expected
-        assert tree.logprobs == expected_p
-        check(tree, expected, [True] * n)
+        assert tree.logprobs == token_logprobs
+        check(tree, tokens, [True] * n)
     else:
         check(tree, [WORD_UNITS.findall(t) for t in texts], [True] * n)
     # the page's columns mark where each sample parts from the others, read off this tree

@@ -96,8 +96,6 @@ class SampleTree:
         everyone = (1 << n) - 1
         self.root = Node(0, None, 0, 0, -1, everyone, everyone)
         self.node_count = 1
-        self.changes = 0
-        """Counts every change to the tree, so a view can tell whether it needs drawing again."""
         self._at = [self.root] * n
         self._next_id = 1
         self._pending_text = [""] * n
@@ -138,7 +136,6 @@ class SampleTree:
             self._grow(index, rest, None)
         self._pending_logprobs[index].clear()
         self.finished |= 1 << index
-        self.changes += 1
 
     def _check(self, index: int) -> None:
         if not 0 <= index < self.n:
@@ -151,7 +148,6 @@ class SampleTree:
         self.units[s].append(unit)
         self.logprobs[s].append(logprob)
         self.offsets[s].append(self.offsets[s][-1] + len(unit))
-        self.changes += 1
         if node.samples == bit and node is not self.root:
             node.end += 1  # alone on its branch (so nothing below it): the edge grows
             return
@@ -211,16 +207,9 @@ class SampleTree:
         """The node where sample `index`'s units so far end."""
         return self._at[index]
 
-    def edge_text(self, node: Node, start: int | None = None, end: int | None = None) -> str:
-        """The joined text of the node's edge (or of its units `start:end`, counted from the edge's start)."""
-        if node is self.root:
-            return ""
-        first, last = node.start, node.end
-        if start is not None:
-            first = node.start + start
-        if end is not None:
-            last = node.start + end if end >= 0 else node.end + end
-        return "".join(self.units[node.owner][first:last])
+    def edge_text(self, node: Node) -> str:
+        """The joined text of the node's edge."""
+        return "".join(self.units[node.owner][node.start : node.end]) if node is not self.root else ""
 
     def edge_chars(self, node: Node) -> int:
         """Characters on the node's edge."""
