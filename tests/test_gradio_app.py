@@ -19,6 +19,7 @@ from gradio_client import Client
 from backend.engines.synthetic import synthetic_tokens
 from devkit.local import ROOT, free_port, start_app
 from ui.sample_tree import WORD_UNITS
+from ui.sample_tree_view import value_rows
 
 SAMPLES, STATUS, SUMMARY, TRACE = range(4)
 
@@ -318,11 +319,10 @@ def test_token_confidence_parting_points_and_the_answer_vote(app: dict[str, Any]
         assert ends == sorted(ends) and ends[-1] == len(column["text"])
         assert all(0 < p < 1 for _end, p in column["marks"])
     # The token tree: one branch all four took, its first token's probability with it.
-    tree = same[TREE]
-    assert tree["unit"] == "token" and [row["count"] for row in tree["nodes"]] == [4, 4]
-    assert tree["nodes"][1]["samples"] == "0 1 2 3" and 0 < tree["nodes"][1]["p"] < 1
-    assert tree["nodes"][1]["ends"] == 4
-    assert f" {tree['nodes'][1]['size']} tok " in same[SAMPLES]["samples"][0]["header"]  # a token a unit
+    rows = value_rows(same[TREE])
+    assert same[TREE]["unit"] == "token" and [row["count"] for row in rows] == [4, 4]
+    assert rows[1]["samples"] == [0, 1, 2, 3] and 0 < rows[1]["p"] < 1 and rows[1]["ends"] == 4
+    assert f" {rows[1]['size']} tok " in same[SAMPLES]["samples"][0]["header"]  # a token a unit
     # Temperature 0.8: each sample parts from all the others at its first word no other shares.
     varied = client.predict("Tell a story.", 4, 30, 0.8, 0.95, 5, *EXPERIMENTS, api_name="/generate")
     words = [WORD_UNITS.findall(text) for text in texts(varied)]
@@ -334,9 +334,9 @@ def test_token_confidence_parting_points_and_the_answer_vote(app: dict[str, Any]
         expected = len("".join(words[index][:shared])) if shared < len(words[index]) else None
         assert column["parts_at"] == expected
         assert "marks" not in column and "logprob" not in column["header"]  # not asked for
-    tree = varied[TREE]
-    assert tree["unit"] == "word" and tree["nodes"][0]["count"] == 4
-    assert sum(row["count"] for row in tree["nodes"] if row["level"] == 1) == 4
+    rows = value_rows(varied[TREE])
+    assert varied[TREE]["unit"] == "word" and rows[0]["count"] == 4
+    assert sum(row["count"] for row in rows if row["level"] == 1) == 4
 
 
 def test_a_bad_answer_pattern_is_said_and_the_run_goes_on(app: dict[str, Any]) -> None:

@@ -16,7 +16,7 @@ from backend.engines.http.streams import OpenAIStream, SGLangStream, SSEDecoder
 from backend.protocol import accepted_frame, chunk_frame, done_frame, finish_frame
 from backend.serving.outbox import Outbox
 from ui.sample_tree import TOKENS, WORD_UNITS, WORDS, Node, SampleTree, sample_indices
-from ui.sample_tree_view import LABEL_CHARS, tree_value
+from ui.sample_tree_view import LABEL_CHARS, tree_value, value_rows
 from ui.view import RunView, samples_value
 
 FIXTURES = Path(__file__).resolve().parent / "fixtures"
@@ -208,10 +208,8 @@ def test_recorded_streams_make_the_tree_of_their_final_units(
     # the page's columns mark where each sample parts from the others, read off this tree
     columns = samples_value(view, 0.0)["samples"]
     assert [c["parts_at"] for c in columns] == tree.parting_points()
-    value = tree_value(tree, "r")
-    assert sum(row["count"] for row in value["nodes"] if row["level"] == 1) == n - sum(
-        1 for t in texts if not t
-    )
+    rows = value_rows(tree_value(tree, "r"))
+    assert sum(row["count"] for row in rows if row["level"] == 1) == n - sum(1 for t in texts if not t)
 
 
 def test_two_samples_that_share_a_beginning_part_where_they_differ() -> None:
@@ -261,8 +259,9 @@ def test_tokens_carry_their_probability_and_an_empty_token_joins_the_next() -> N
     paris, after = tree.root.children[" Paris"], tree.at(0)
     assert paris.count == 2 and tree.probability(paris) == pytest.approx(math.sqrt(0.8 * 0.6))
     assert tree.edge_text(after) == "é." and tree.probability(after) == pytest.approx(0.25)
-    value = tree_value(tree, "r")
-    assert [(row["count"], row["text"], row["p"], row["size"]) for row in value["nodes"]] == [
+    assert [
+        (row["count"], row["text"], row["p"], row["size"]) for row in value_rows(tree_value(tree, "r"))
+    ] == [
         (2, "", None, 0),
         (2, " Paris", pytest.approx(math.sqrt(0.48), abs=1e-4), 1),
         (1, "é.", pytest.approx(0.25, abs=1e-4), 2),
@@ -276,7 +275,7 @@ def test_edge_cases_empty_one_identical_early_stop_unicode() -> None:
     for i in range(3):
         empty.finish(i)
     assert empty.unit is None and empty.node_count == 1 and empty.parting_points() == [None] * 3
-    assert tree_value(empty, "r")["nodes"][0]["ends"] == 3
+    assert value_rows(tree_value(empty, "r"))[0]["ends"] == 3
     # One sample: one edge that grows in place, never parted.
     one = SampleTree(1)
     for word in "a long road home".split(" "):
@@ -373,8 +372,7 @@ def test_the_value_elides_long_straight_runs_and_sums_to_n_at_the_root() -> None
         for i in range(n):
             word = " shared" if step < 40 else f" w{rng.randrange(3 if step < 60 else 1000)}"
             tree.add(i, word, [[word, [-0.2]]])
-    value = tree_value(tree, "r")
-    rows = value["nodes"]
+    rows = value_rows(tree_value(tree, "r"))
     assert rows[0]["level"] == 0 and rows[0]["count"] == n
     assert sum(row["count"] for row in rows if row["level"] == 1) == n
     assert tree.node_count == len(rows) <= 3 * n

@@ -2,17 +2,21 @@
 
 `tree_value` turns the tree into the component's value: one row per node in depth-first order, its
 level, how many samples took it and which, the branch's probability (with logprobs), its edge's text
-(a long straight run elided in the middle) and its size. Rows hold no lists (the samples are a
-string of indices): Gradio's diff of a list inside a list that loses items gives wrong paths.
+(a long straight run elided in the middle) and its size. Each row goes as a JSON string: the page
+keeps a value as deep reactive state and copies it per update, and 64 strings cost it less than 64
+objects of 8 keys (docs/benchmarks.md, "Token tree"); an unchanged row is an unchanged string, which
+Gradio does not send again where it keeps its place and the script does not redraw. (Nested lists in rows would also meet a
+fault of Gradio's update diff, which gives wrong paths for a list inside a list that loses items.)
 A script in the page (`JS_ON_LOAD`) draws the rows as nested lists, text in text nodes (a sample
-may contain anything); clicking a node marks
-its samples' columns in the sample grid (`data-picked` on `column-i`, styled by `ui.sample_grid`),
-clicking it again clears the mark. Element ids: the component is `sample-tree`; each node's button
-carries `data-id` and `data-samples`.
+may contain anything); clicking a node marks its samples' columns in the sample grid
+(`data-picked` on `column-i`, styled by `ui.sample_grid`), clicking it again clears the mark.
+Element ids: the component is `sample-tree`; each node's button carries `data-id` and
+`data-samples`.
 """
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import gradio as gr
@@ -26,23 +30,33 @@ LABEL_HEAD = 40
 LABEL_TAIL = 18
 
 
+ROW_FIELDS = ("id", "level", "count", "samples", "p", "size", "ends", "text")
+"""A row's fields, in the order of its JSON array."""
+
+
 def tree_value(tree: SampleTree, run: str) -> dict[str, Any]:
-    """The panel's value for `tree`, the tree of run `run` (a new run clears the page's pick)."""
+    """The panel's value for `tree`, the tree of run `run` (a new run clears the page's pick): one
+    JSON string per node (`ROW_FIELDS`), depth first."""
     rows = []
     for node, level in tree.walk():
         probability = tree.probability(node)
-        row: dict[str, Any] = {
-            "id": node.id,
-            "level": level,
-            "count": node.count,
-            "samples": " ".join(map(str, sample_indices(node.samples))),
-            "text": _label(tree, node),
-            "size": node.length if tree.unit == TOKENS else tree.edge_chars(node),
-            "ends": (node.ends & tree.finished).bit_count(),
-            "p": None if probability is None else round(probability, 4),
-        }
-        rows.append(row)
+        row = [
+            node.id,
+            level,
+            node.count,
+            sample_indices(node.samples),
+            None if probability is None else round(probability, 4),
+            node.length if tree.unit == TOKENS else tree.edge_chars(node),
+            (node.ends & tree.finished).bit_count(),
+            _label(tree, node),
+        ]
+        rows.append(json.dumps(row, ensure_ascii=False, separators=(",", ":")))
     return {"run": run, "n": tree.n, "unit": tree.unit, "nodes": rows if tree.n else []}
+
+
+def value_rows(value: dict[str, Any]) -> list[dict[str, Any]]:
+    """The rows of a panel value, read back as dicts of `ROW_FIELDS`."""
+    return [dict(zip(ROW_FIELDS, json.loads(row), strict=True)) for row in value["nodes"]]
 
 
 def _label(tree: SampleTree, node: Node) -> str:
@@ -107,8 +121,13 @@ function colour(p) {
   return `hsla(${Math.round(120 * p)}, 85%, 55%, 0.35)`;
 }
 
-function indices(samples) {
-  return samples.split(' ').filter(Boolean).map(Number);
+const FIELDS = ['id', 'level', 'count', 'samples', 'p', 'size', 'ends', 'text'];
+
+function parse(row) {
+  const fields = JSON.parse(row);
+  const node = {row};
+  FIELDS.forEach((name, i) => { node[name] = fields[i]; });
+  return node;
 }
 
 // Marks the picked node's samples' columns in the sample grid (and the node itself).
@@ -153,11 +172,10 @@ function item(id) {
 
 // Writes a node's parts, only where they changed. Text goes into text nodes, never HTML.
 function show(it, node, unit, n) {
-  const key = [node.level, node.count, node.samples, node.p, node.text, node.size, node.ends].join('\u0000');
-  if (key === it.shown) return;
-  it.shown = key;
-  const names = indices(node.samples).map((i) => `#${i}`).join(' ');
-  it.button.dataset.samples = node.samples;
+  if (node.row === it.shown) return;
+  it.shown = node.row;
+  const names = node.samples.map((i) => `#${i}`).join(' ');
+  it.button.dataset.samples = node.samples.join(',');
   it.button.title = node.level === 0
     ? `${n} samples` : `${node.count} of ${n} samples took this branch: ${names}`;
   it.count.textContent = String(node.count);
@@ -177,7 +195,7 @@ function show(it, node, unit, n) {
 // Puts each node's item in its parent's list, in the value's order, moving only what moved, so a
 // button stays the same element while the tree grows (a click on it lands).
 function render(value) {
-  const nodes = (value && value.nodes) || [];
+  const nodes = ((value && value.nodes) || []).map(parse);
   const thisRun = value ? value.run : null;
   if (thisRun !== run || !nodes.length) {
     run = thisRun;
@@ -215,7 +233,7 @@ function render(value) {
     filled.set(list, at + 1);
     path[node.level] = it;
     path.length = node.level + 1;
-    if (picked && picked.id === node.id) picked.samples = indices(node.samples);
+    if (picked && picked.id === node.id) picked.samples = node.samples;
   }
   for (const [id, it] of items) {
     if (!seen.has(id)) { it.li.remove(); items.delete(id); }
@@ -232,7 +250,8 @@ element.addEventListener('click', (event) => {
   const button = event.target.closest('button.tree-node');
   if (!button) return;
   const id = Number(button.dataset.id);
-  picked = picked && picked.id === id ? null : {id, samples: indices(button.dataset.samples)};
+  const samples = button.dataset.samples.split(',').filter(Boolean).map(Number);
+  picked = picked && picked.id === id ? null : {id, samples};
   highlight();
 });
 """
