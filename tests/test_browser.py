@@ -184,6 +184,70 @@ def test_token_confidence_parting_points_and_the_answer_vote(page: Page) -> None
     expect(page.locator("#answers-chart canvas, #answers-chart svg").first).to_be_visible(timeout=10_000)
 
 
+TREE_NODES = "#sample-tree button.tree-node"
+BRANCHES = "#sample-tree .sample-tree > ul > li > ul > li > button.tree-node"
+"""The tree's nodes, and the root's branches (the nodes one level under it)."""
+
+
+def test_the_token_tree_grows_counts_its_branches_and_marks_the_columns_of_a_node(page: Page) -> None:
+    # Temperature 0: four samples write the same tokens, one branch all four take.
+    page.get_by_role("button", name="Why sample n times").click()
+    page.locator("#logprobs input[type=checkbox]").check()
+    temperature = page.locator("#temperature input[type=number]")
+    temperature.fill("0")
+    temperature.press("Enter")
+    start(page, "Tell me about lighthouses.", 4, 400)
+    branch = page.locator(BRANCHES).first
+    expect(branch.locator(".tree-count")).to_have_text("4", timeout=15_000)
+    expect(branch.locator(".tree-p")).to_contain_text("p 0.")  # the first token's probability
+    expect(branch.locator(".tree-size")).to_contain_text("tok")
+    # It grows as chunks arrive: the branch's tokens now, and again later.
+    tokens = int(branch.locator(".tree-size").inner_text().split()[0])
+    page.wait_for_function(
+        "([branch, before]) => parseInt(document.querySelector(branch + ' .tree-size').textContent) > before",
+        arg=[BRANCHES, tokens],
+        timeout=10_000,
+    )
+    # Stop sample 0: it ends where it is, the other three go on past it, and the tree has a node more.
+    nodes = page.locator(TREE_NODES).count()
+    page.locator("#stop-0").click()
+    page.wait_for_function(
+        "([selector, before]) => document.querySelectorAll(selector).length > before",
+        arg=[TREE_NODES, nodes],
+        timeout=10_000,
+    )
+    expect(page.locator(TREE_NODES, has_text="1 ended")).to_have_count(1, timeout=10_000)
+    counts = [int(text) for text in page.locator(BRANCHES + " > .tree-count").all_inner_texts()]
+    assert sum(counts) == 4, counts  # every sample took one of the root's branches
+    # Click the node the three running samples took: their columns are marked, sample 0's is not.
+    node_id = (
+        page.locator(TREE_NODES)
+        .filter(has=page.locator(".tree-count", has_text="3"))
+        .first.get_attribute("data-id")
+    )
+    three = page.locator(f"#sample-tree button.tree-node[data-id='{node_id}']")
+    # (on its count: the rest of the button changes width as its text grows, which Playwright's
+    # wait for a still target would sit out until the run ends)
+    three.locator(".tree-count").click()
+    expect(three).to_have_attribute("aria-pressed", "true")
+    for index in (1, 2, 3):
+        expect(page.locator(f"#column-{index}")).to_have_attribute("data-picked", "")
+    expect(page.locator("#column-0")).not_to_have_attribute("data-picked", "")
+    styles = [
+        page.locator(f"#column-{index}").evaluate(
+            "e => [getComputedStyle(e).opacity, getComputedStyle(e).borderTopColor]"
+        )
+        for index in range(2)
+    ]
+    assert float(styles[0][0]) < 0.6 and styles[1][0] == "1", styles  # the others faded
+    assert styles[1][1] == "rgb(124, 58, 237)" != styles[0][1], styles  # the picked outlined
+    # A second click clears the mark.
+    three.locator(".tree-count").click()
+    expect(page.locator("#column-1")).not_to_have_attribute("data-picked", "")
+    page.locator("#cancel").click()
+    expect(page.locator("#header-1")).to_contain_text("aborted", timeout=15_000)
+
+
 def test_cumulative_outputs_show_in_the_read_lane_and_the_task_tree_is_drawn(page: Page) -> None:
     page.get_by_role("button", name="Event-loop experiments").click()
     page.locator("#output-kind label", has_text="cumulative").click()

@@ -18,6 +18,8 @@ from gradio_client import Client
 
 from backend.engines.synthetic import synthetic_tokens
 from devkit.local import ROOT, free_port, start_app
+from ui.sample_tree import WORD_UNITS
+from ui.sample_tree_view import value_rows
 
 SAMPLES, STATUS, SUMMARY, TRACE = range(4)
 
@@ -293,7 +295,7 @@ def test_a_page_slow_to_answer_gradios_own_check_is_started_again(monkeypatch: p
     demo.close()
 
 
-ANSWERS_CHART, ANSWERS_LINE = 4, 5
+ANSWERS_CHART, ANSWERS_LINE, TREE = 4, 5, 6
 EXPERIMENTS = ("cooperative", 0, "n", "chat", "")
 """consumer, block ms, fan-out, prompt format, system prompt: the defaults, before the options below."""
 
@@ -316,16 +318,25 @@ def test_token_confidence_parting_points_and_the_answer_vote(app: dict[str, Any]
         ends = [end for end, _p in column["marks"]]
         assert ends == sorted(ends) and ends[-1] == len(column["text"])
         assert all(0 < p < 1 for _end, p in column["marks"])
-    # Temperature 0.8: each sample parts from all the others where it first differs from each.
+    # The token tree: one branch all four took, its first token's probability with it.
+    rows = value_rows(same[TREE])
+    assert same[TREE]["unit"] == "token" and [row["count"] for row in rows] == [4, 4]
+    assert rows[1]["samples"] == [0, 1, 2, 3] and 0 < rows[1]["p"] < 1 and rows[1]["ends"] == 4
+    assert f" {rows[1]['size']} tok " in same[SAMPLES]["samples"][0]["header"]  # a token a unit
+    # Temperature 0.8: each sample parts from all the others at its first word no other shares.
     varied = client.predict("Tell a story.", 4, 30, 0.8, 0.95, 5, *EXPERIMENTS, api_name="/generate")
-    sample_texts = texts(varied)
+    words = [WORD_UNITS.findall(text) for text in texts(varied)]
     for index, column in enumerate(varied[SAMPLES]["samples"]):
         shared = max(
-            len(os.path.commonprefix([sample_texts[index], other]))  # noqa: RUF071 - characters, not paths
-            for other in sample_texts[:index] + sample_texts[index + 1 :]
+            len(os.path.commonprefix([words[index], other]))  # noqa: RUF071 - word lists, not paths
+            for other in words[:index] + words[index + 1 :]
         )
-        assert column["parts_at"] == (shared if shared < len(sample_texts[index]) else None)
+        expected = len("".join(words[index][:shared])) if shared < len(words[index]) else None
+        assert column["parts_at"] == expected
         assert "marks" not in column and "logprob" not in column["header"]  # not asked for
+    rows = value_rows(varied[TREE])
+    assert varied[TREE]["unit"] == "word" and rows[0]["count"] == 4
+    assert sum(row["count"] for row in rows if row["level"] == 1) == 4
 
 
 def test_a_bad_answer_pattern_is_said_and_the_run_goes_on(app: dict[str, Any]) -> None:

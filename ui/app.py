@@ -33,6 +33,7 @@ from ui.engine_info import engine_line_now
 from ui.examples import examples_block
 from ui.handlers import Handlers
 from ui.sample_grid import sample_grid
+from ui.sample_tree_view import sample_tree
 
 ENGINE_POLL_S = 2.0
 """How often the engine line is read again while the engine starts (a download, a conversion)."""
@@ -98,6 +99,13 @@ Generate set a prompt and settings that show one lesson each.
 """
 """The explanation beside the controls for what sampling n times is for."""
 
+TREE_HELP = (
+    "The n samples as a prefix tree of their tokens (with token confidence on; otherwise words): "
+    "each branch says how many samples took it and, with token confidence, the probability of its "
+    "first token. Click a branch to mark its samples' columns."
+)
+"""The line above the token tree."""
+
 
 def build_demo(
     backend_url: str,
@@ -135,6 +143,9 @@ def build_demo(
         with gr.Row(equal_height=False):
             with gr.Column(scale=7):
                 samples = sample_grid()
+                with gr.Accordion("Token tree (where the samples part)", open=True, elem_id="tree-panel"):
+                    gr.Markdown(TREE_HELP)
+                    tree = sample_tree()
                 with gr.Accordion("Answers (self-consistency)", open=True, elem_id="answers"):
                     answers_line = gr.Markdown(empty_answers()[1], elem_id="answers-line")
                     answers_chart = answers_chart_component()
@@ -159,7 +170,7 @@ def build_demo(
             show_progress="hidden",
             api_visibility="private",
         )
-        outputs: list[Any] = [samples, status, summary, trace, answers_chart, answers_line]
+        outputs: list[Any] = [samples, status, summary, trace, answers_chart, answers_line, tree]
         generate_event = generate_btn.click(
             handlers.generate,
             inputs=[

@@ -34,6 +34,8 @@ from ui.client import CLOSE_TIMEOUT_S, BackendError, BackendRun
 from ui.engine_info import EngineStartTimeout, wait_until_started
 from ui.run_request import EXPERIMENT_FIELDS, InputProblem, RunRequest, run_request
 from ui.sample_grid import empty_value
+from ui.sample_tree_view import empty_value as empty_tree
+from ui.sample_tree_view import tree_value
 from ui.trace_view import panel_html
 from ui.view import RunView, samples_value, status_markdown, summary_markdown
 from ui.visitor_limits import Ticket, VisitorLedger, VisitorLimitReached, VisitorLimits, visitor_address
@@ -52,8 +54,9 @@ tenth of the page's main thread at n=32 x 500 tok/s when drawn every update (doc
 
 
 def outputs_for(view: RunView, answers: AnswersPanel | None = None, with_trace: bool = True) -> list[Any]:
-    """The page's outputs (columns, status line, summary, trace panel, answers chart and line) for
-    `view`; the summary and the trace panel only `with_trace`, the answers when a sample finished."""
+    """The page's outputs (columns, status line, summary, trace panel, answers chart and line,
+    token tree) for `view`; the summary and the trace panel only `with_trace`, the answers when a
+    sample finished."""
     shown = view.n if view.accepted else 0
     return [
         samples_value(view, time.monotonic()),
@@ -61,15 +64,16 @@ def outputs_for(view: RunView, answers: AnswersPanel | None = None, with_trace: 
         summary_markdown(view) if with_trace else gr.skip(),
         panel_html(view.trace, shown) if with_trace else gr.skip(),
         *(answers.outputs(view) if answers is not None else [gr.skip(), gr.skip()]),
+        tree_value(view.tree, view.request_id),
     ]
 
 
 def error_outputs(message: str) -> list[Any]:
     """The page's outputs for a run that could not start."""
-    return [empty_value(), f"**Error:** {message}", "", gr.skip(), *empty_answers()]
+    return [empty_value(), f"**Error:** {message}", "", gr.skip(), *empty_answers(), empty_tree()]
 
 
-OUTPUTS = 6
+OUTPUTS = 7
 """How many outputs `outputs_for` fills."""
 
 CANCELLED_WAIT = "Cancelled while waiting for the engine to start; press Generate to try again."

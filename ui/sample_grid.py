@@ -40,12 +40,15 @@ CSS = """
   background: var(--button-secondary-background-fill); }
 .sample-stop:disabled { opacity: 0.4; }
 .sample-text .tok { border-radius: 2px; }
+.sample-column[data-picked] { border-color: #7c3aed; box-shadow: 0 0 0 2px rgba(124, 58, 237, 0.35); }
+.sample-grid[data-picking] .sample-column:not([data-picked]) { opacity: 0.45; }
 .sample-text .parting { display: inline-block; width: 0; height: 1.15em; vertical-align: text-bottom;
   border-left: 3px solid #7c3aed; margin: 0 1px; }
 """
 """Columns as many per row as fit, all the same width; each text box keeps its newest line in view
 (`column-reverse` anchors the scroll at the bottom while the text grows; a short text stays at the
-top). Text blocks scrolled out of view are not laid out or painted (`content-visibility: auto`,
+top). Columns picked in the token tree (`ui.sample_tree_view`) are outlined, the others faded.
+Text blocks scrolled out of view are not laid out or painted (`content-visibility: auto`,
 keeping the size they had when last shown): without it each update laid out every column's whole
 text, 15 ms a frame at the start of an n = 32 run and 78 ms at its end."""
 

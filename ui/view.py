@@ -13,7 +13,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
-from ui.divergence import parting_points
+from ui.sample_tree import SampleTree
 from ui.trace_view import TraceView
 
 STREAMING = "streaming"
@@ -94,6 +94,8 @@ class RunView:
     closed: bool = False
     """The connection ended (normally after `done`, or early if the backend went away)."""
     trace: TraceView = field(init=False)
+    tree: SampleTree = field(default_factory=lambda: SampleTree(0))
+    """The samples as a prefix tree of their tokens or words, grown from the same chunks."""
 
     def __post_init__(self) -> None:
         self.trace = TraceView(self.request_id)
@@ -124,12 +126,14 @@ class RunView:
             self.params = frame.get("params", {})
             self.trace.off = frame.get("trace_off")
             self.samples = [SampleView(i) for i in range(self.n)]
+            self.tree = SampleTree(self.n)
         elif kind == "chunk" and self._has(frame):
             sample = self.samples[frame["index"]]
             sample.parts.append(frame["text"])
             sample.length += len(frame["text"])
             if frame.get("logprobs"):
                 sample.add_pieces(frame["logprobs"])
+            self.tree.add(sample.index, frame["text"], frame.get("logprobs"))
             sample.tokens += int(frame.get("tokens", 0))
             sample.status = STREAMING
             sample.first_at = now if sample.first_at is None else sample.first_at
@@ -137,6 +141,7 @@ class RunView:
         elif kind == "finish" and self._has(frame):
             sample = self.samples[frame["index"]]
             sample.status = frame["reason"]
+            self.tree.finish(sample.index)
             engine_error = (frame.get("engine") or {}).get("error")
             if frame["reason"] == "error" and engine_error and engine_error not in self.errors:
                 self.errors.append(engine_error)
@@ -148,6 +153,7 @@ class RunView:
             for sample in self.samples:
                 if not sample.finished:
                     sample.status = "error"
+                self.tree.finish(sample.index)
 
     def close(self, reason: str | None = None) -> None:
         """The connection ended; an unexpected end is recorded as an error on open samples."""
@@ -156,6 +162,9 @@ class RunView:
             for sample in self.samples:
                 if not sample.finished:
                     sample.status = "error"
+        for sample in self.samples:
+            if sample.finished:
+                self.tree.finish(sample.index)
         self.closed = True
 
     def _has(self, frame: dict[str, Any]) -> bool:
@@ -199,10 +208,9 @@ def samples_value(view: RunView, now: float) -> dict[str, Any]:
     """
     if not view.accepted:
         return {"samples": []}
-    texts = [sample.text for sample in view.samples]
-    parting = parting_points(texts, [sample.finished for sample in view.samples])
     columns = []
-    for sample, text, parts_at in zip(view.samples, texts, parting, strict=True):
+    for sample, parts_at in zip(view.samples, view.tree.parting_points(), strict=True):
+        text = sample.text
         column: dict[str, Any] = {
             "index": sample.index,
             "status": REASON_LABELS.get(sample.status, sample.status),

@@ -1,0 +1,274 @@
+"""The token tree panel: the run's `SampleTree` drawn as nested lists in the browser.
+
+`tree_value` turns the tree into the component's value: one row per node in depth-first order, its
+level, how many samples took it and which, the branch's probability (with logprobs), its edge's text
+(a long straight run elided in the middle) and its size. Each row goes as a JSON string: the page
+keeps a value as deep reactive state and copies it per update, and 64 strings cost it less than 64
+objects of 8 keys (docs/benchmarks.md, "The token tree"); an unchanged row is an unchanged string, which
+Gradio does not send again where it keeps its place and the script does not redraw. (Nested lists
+in rows would also meet a fault of Gradio's update diff, which gives wrong paths for a list inside
+a list that loses items.)
+A script in the page (`JS_ON_LOAD`) draws the rows as nested lists, text in text nodes (a sample
+may contain anything); clicking a node marks its samples' columns in the sample grid
+(`data-picked` on `column-i`, styled by `ui.sample_grid`), clicking it again clears the mark.
+Element ids: the component is `sample-tree`; each node's button carries `data-id` and
+`data-samples`.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import gradio as gr
+
+from ui.sample_tree import TOKENS, Node, SampleTree, sample_indices
+
+LABEL_CHARS = 64
+"""An edge's text is shown whole up to this many characters; a longer one shows its first
+LABEL_HEAD and last LABEL_TAIL characters around an ellipsis (the columns hold the whole text)."""
+LABEL_HEAD = 40
+LABEL_TAIL = 18
+
+
+ROW_FIELDS = ("id", "level", "count", "samples", "p", "size", "ends", "text")
+"""A row's fields, in the order of its JSON array."""
+
+
+def tree_value(tree: SampleTree, run: str) -> dict[str, Any]:
+    """The panel's value for `tree`, the tree of run `run` (a new run clears the page's pick): one
+    JSON string per node (`ROW_FIELDS`), depth first."""
+    rows = []
+    for node, level in tree.walk():
+        probability = tree.probability(node)
+        row = [
+            node.id,
+            level,
+            node.count,
+            sample_indices(node.samples),
+            None if probability is None else round(probability, 4),
+            node.length if tree.unit == TOKENS else tree.edge_chars(node),
+            (node.ends & tree.finished).bit_count(),
+            _label(tree, node),
+        ]
+        rows.append(json.dumps(row, ensure_ascii=False, separators=(",", ":")))
+    return {"run": run, "n": tree.n, "unit": tree.unit, "nodes": rows if tree.n else []}
+
+
+def value_rows(value: dict[str, Any]) -> list[dict[str, Any]]:
+    """The rows of a panel value, read back as dicts of `ROW_FIELDS`."""
+    return [dict(zip(ROW_FIELDS, json.loads(row), strict=True)) for row in value["nodes"]]
+
+
+def _label(tree: SampleTree, node: Node) -> str:
+    """The edge's text, elided in the middle past LABEL_CHARS, line breaks shown as ↵."""
+    if tree.edge_chars(node) <= LABEL_CHARS:
+        text = tree.edge_text(node)
+    else:
+        units = tree.units[node.owner]
+        head_end = node.start
+        head = 0
+        while head < LABEL_HEAD:
+            head += len(units[head_end])
+            head_end += 1
+        tail_start = node.end
+        tail = 0
+        while tail < LABEL_TAIL:
+            tail_start -= 1
+            tail += len(units[tail_start])
+        first = "".join(units[node.start : head_end])[:LABEL_HEAD]
+        last = "".join(units[tail_start : node.end])[-LABEL_TAIL:]
+        text = f"{first} … {last}"
+    return text.replace("\r\n", "↵").replace("\n", "↵")
+
+
+def empty_value() -> dict[str, Any]:
+    """No run yet."""
+    return {"run": None, "n": 0, "unit": None, "nodes": []}
+
+
+TEMPLATE = '<div class="sample-tree"></div>'
+"""A constant template: the page script owns the tree's contents."""
+
+CSS = """
+.sample-tree { font-size: 0.85em; max-height: 30em; overflow: auto; }
+.sample-tree ul { list-style: none; margin: 0; padding-left: 16px;
+  border-left: 1px solid var(--border-color-primary, #cbd5e1); }
+.sample-tree > ul { padding-left: 0; border-left: none; }
+.sample-tree li { margin: 2px 0; }
+.tree-node { display: inline-flex; flex-wrap: wrap; gap: 6px; align-items: baseline; max-width: 100%;
+  text-align: left; border: 1px solid transparent; border-radius: 6px; padding: 1px 6px;
+  background: none; color: inherit; font: inherit; cursor: pointer; }
+.tree-node:hover { border-color: var(--border-color-primary, #cbd5e1); }
+.tree-node.picked { border-color: #7c3aed; background: rgba(124, 58, 237, 0.12); }
+.tree-count { font-weight: 600; min-width: 1.7em; text-align: center; border-radius: 9px; padding: 0 5px;
+  background: var(--background-fill-secondary, #e2e8f0); font-variant-numeric: tabular-nums; }
+.tree-p { border-radius: 3px; padding: 0 3px; font-variant-numeric: tabular-nums; }
+.tree-text { white-space: pre-wrap; overflow-wrap: anywhere; font-family: var(--font-mono, monospace); }
+.tree-size, .tree-end { color: var(--body-text-color-subdued, #64748b); font-size: 0.85em; }
+.tree-empty { color: var(--body-text-color-subdued, #64748b); padding: 8px; }
+"""
+"""Each level indented under a rule; a node is a button: its count in a pill, the branch's
+probability coloured as the columns colour tokens, its text, its size and how many samples end there."""
+
+JS_ON_LOAD = r"""
+const box = element.querySelector('.sample-tree');
+let run;
+let top = null;
+const items = new Map();  // node id -> its list item, button and parts, kept while the node exists
+let picked = null;  // {id, samples}: the clicked node and its samples
+
+function colour(p) {
+  return `hsla(${Math.round(120 * p)}, 85%, 55%, 0.35)`;
+}
+
+const FIELDS = ['id', 'level', 'count', 'samples', 'p', 'size', 'ends', 'text'];
+
+function parse(row) {
+  const fields = JSON.parse(row);
+  const node = {row};
+  FIELDS.forEach((name, i) => { node[name] = fields[i]; });
+  return node;
+}
+
+// Marks the picked node's samples' columns in the sample grid (and the node itself).
+function highlight() {
+  const grid = document.querySelector('#samples .sample-grid');
+  if (grid) {
+    if (picked) grid.dataset.picking = ''; else delete grid.dataset.picking;
+    grid.querySelectorAll('[id^="column-"]').forEach((col) => {
+      const index = Number(col.id.slice(7));
+      if (picked && picked.samples.includes(index)) col.dataset.picked = '';
+      else delete col.dataset.picked;
+    });
+  }
+  for (const [id, it] of items) {
+    const on = picked !== null && id === picked.id;
+    it.button.classList.toggle('picked', on);
+    it.button.setAttribute('aria-pressed', on ? 'true' : 'false');
+  }
+}
+
+function part(button, name) {
+  const span = document.createElement('span');
+  span.className = name;
+  button.appendChild(span);
+  return span;
+}
+
+function item(id) {
+  let it = items.get(id);
+  if (!it) {
+    const li = document.createElement('li');
+    const button = document.createElement('button');
+    button.className = 'tree-node';
+    button.dataset.id = String(id);
+    li.appendChild(button);
+    it = {li, button, list: null, shown: '', count: part(button, 'tree-count'), p: part(button, 'tree-p'),
+          text: part(button, 'tree-text'), size: part(button, 'tree-size'), ends: part(button, 'tree-end')};
+    items.set(id, it);
+  }
+  return it;
+}
+
+// Writes a node's parts, only where they changed. Text goes into text nodes, never HTML.
+function show(it, node, unit, n) {
+  if (node.row === it.shown) return;
+  it.shown = node.row;
+  const names = node.samples.map((i) => `#${i}`).join(' ');
+  it.button.dataset.samples = node.samples.join(',');
+  it.button.title = node.level === 0
+    ? `${n} samples` : `${node.count} of ${n} samples took this branch: ${names}`;
+  it.count.textContent = String(node.count);
+  const hasP = node.p !== null && node.p !== undefined;
+  it.p.hidden = !hasP;
+  if (hasP) {
+    it.p.textContent = `p ${node.p.toFixed(2)}`;
+    it.p.style.backgroundColor = colour(node.p);
+  }
+  it.text.textContent = node.level === 0 ? 'prompt' : node.text;
+  it.size.hidden = node.level === 0 || node.size < 2;
+  it.size.textContent = unit === 'token' ? `${node.size} tok` : `${node.size} ch`;
+  it.ends.hidden = !node.ends;
+  it.ends.textContent = `\u25a0 ${node.ends} ended`;
+}
+
+// Puts each node's item in its parent's list, in the value's order, moving only what moved, so a
+// button stays the same element while the tree grows (a click on it lands).
+function render(value) {
+  const nodes = ((value && value.nodes) || []).map(parse);
+  const thisRun = value ? value.run : null;
+  if (thisRun !== run || !nodes.length) {
+    run = thisRun;
+    picked = null;
+    items.clear();
+    top = null;
+  }
+  if (!nodes.length) {
+    const empty = document.createElement('div');
+    empty.className = 'tree-empty';
+    empty.textContent = 'The samples\u2019 token tree grows here while they stream.';
+    box.replaceChildren(empty);
+    highlight();
+    return;
+  }
+  if (!top) {
+    top = document.createElement('ul');
+    box.replaceChildren(top);
+  }
+  const seen = new Set();
+  const filled = new Map();  // list -> how many of its children are placed
+  const path = [];  // the item at each level of the current node's path
+  for (const node of nodes) {
+    const it = item(node.id);
+    seen.add(node.id);
+    show(it, node, value.unit, value.n);
+    let list = top;
+    if (node.level > 0) {
+      const parent = path[node.level - 1];
+      if (!parent.list) parent.list = parent.li.appendChild(document.createElement('ul'));
+      list = parent.list;
+    }
+    const at = filled.get(list) || 0;
+    if (list.children[at] !== it.li) list.insertBefore(it.li, list.children[at] || null);
+    filled.set(list, at + 1);
+    path[node.level] = it;
+    path.length = node.level + 1;
+    if (picked && picked.id === node.id) picked.samples = node.samples;
+  }
+  for (const [id, it] of items) {
+    if (!seen.has(id)) { it.li.remove(); items.delete(id); }
+  }
+  for (const it of items.values()) {
+    if (it.list && !it.list.children.length) { it.list.remove(); it.list = null; }
+  }
+  highlight();
+}
+
+render(props.value);
+watch('value', () => render(props.value));
+element.addEventListener('click', (event) => {
+  const button = event.target.closest('button.tree-node');
+  if (!button) return;
+  const id = Number(button.dataset.id);
+  const samples = button.dataset.samples.split(',').filter(Boolean).map(Number);
+  picked = picked && picked.id === id ? null : {id, samples};
+  highlight();
+});
+"""
+"""Keeps one list item per node while the node exists and updates only what changed (a node that
+moves is moved, not rebuilt), so a button a person is clicking is not replaced under the pointer;
+keeps the picked node across updates of the same run (its samples as the tree now has them) and
+marks its samples' columns."""
+
+
+def sample_tree() -> gr.HTML:
+    """The tree component, empty until the first run."""
+    return gr.HTML(
+        value=empty_value(),
+        html_template=TEMPLATE,
+        css_template=CSS,
+        js_on_load=JS_ON_LOAD,
+        elem_id="sample-tree",
+        apply_default_css=False,
+    )
