@@ -85,7 +85,7 @@ def waiting_outputs(line: str, first: bool) -> list[Any]:
     the `first` of them, the previous run's columns, summary and answers cleared."""
     if not first:
         return [gr.skip(), line, *[gr.skip()] * (OUTPUTS - 2)]
-    return [empty_value(), line, "", gr.skip(), *empty_answers()]
+    return [empty_value(), line, "", gr.skip(), *empty_answers(), empty_tree()]
 
 
 BEHIND_PROXY = bool(os.environ.get("SPACE_ID"))
