@@ -9,6 +9,7 @@ from backend.engines import ENGINES, EngineOptions, create_engine
 from backend.engines.auto import AUTO, auto_engine
 from backend.engines.base import Engine
 from backend.engines.embedded.compute import COMPUTE_CHOICES
+from backend.engines.http.sglang_launch import FIRST_START_TIMEOUT_S, STARTUP_TIMEOUT_S
 from backend.engines.synthetic import DEFAULT_JITTER, DEFAULT_RATE
 
 DEFAULT_ENGINE = AUTO
@@ -87,9 +88,11 @@ def add_engine_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--sglang-start-timeout",
         type=float,
-        default=float(env("SGLANG_START_TIMEOUT", str(EngineOptions.sglang_start_timeout))),
+        default=float(os.environ["SGLANG_START_TIMEOUT"]) if os.environ.get("SGLANG_START_TIMEOUT") else None,
         help="engine auto where it starts an SGLang server: seconds it may take to load and answer "
-        "/health before it is stopped and the engine fails (env SGLANG_START_TIMEOUT; default %(default)s)",
+        "/health before it is stopped and the engine fails (env SGLANG_START_TIMEOUT; default "
+        f"{STARTUP_TIMEOUT_S:g}, or {FIRST_START_TIMEOUT_S:g} on a first start, when SGLang's compile "
+        "cache is empty)",
     )
     parser.add_argument(
         "--default-model",
