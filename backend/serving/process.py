@@ -62,7 +62,9 @@ def _serve(args: argparse.Namespace, host: str, port: int, ready: Connection, pa
             loop.add_signal_handler(signal.SIGTERM, stop.set)
             # An engine's child process (SGLang's scheduler) sends SIGQUIT when it fails; by default
             # that would end this process without a word.
-            loop.add_signal_handler(signal.SIGQUIT, server.engine_lost, CHILD_FAILED)
+            loop.add_signal_handler(
+                signal.SIGQUIT, lambda: server.engine_lost(server.engine.lost_cause() or CHILD_FAILED)
+            )
 
         handle_signals()
         try:

@@ -30,10 +30,13 @@ from backend.engines.http.base import (
     StreamingGeneration,
     describe_http_error,
 )
-from backend.engines.http.sglang_launch import SGLangServerProcess
+from backend.engines.http.sglang_launch import SGLangServerProcess, exit_words
 from backend.engines.http.streams import SGLangStream
 
 log = logging.getLogger("backend.engines.http.sglang")
+
+LOST_LOG_LINES = 8
+"""Lines of a launched server's log quoted when it exits while serving."""
 
 DEFAULT_SGLANG_URL = "http://127.0.0.1:30000"
 """Where `python -m sglang.launch_server` listens by default."""
@@ -64,9 +67,24 @@ class SGLangEngine(HTTPEngine):
         await super().start()
 
     async def stop(self) -> None:
-        await super().stop()
-        if self.launcher is not None:
-            await asyncio.to_thread(self.launcher.stop)
+        if self.launcher is None:
+            await super().stop()
+            return
+        # At once, not after the streams are closed: abort calls to a server that no longer answers
+        # would take their whole timeout, and a container gives the stop 10 s.
+        await asyncio.gather(super().stop(), asyncio.to_thread(self.launcher.stop))
+
+    def lost_cause(self) -> str | None:
+        """Why the SGLang server this dashboard started can no longer serve: it exited by itself
+        (SGLang's server exits when its scheduler dies). None for a server given by URL, which the
+        periodic check follows instead."""
+        if self.launcher is None or self.served_model is None:
+            return None
+        code = self.launcher.exited()
+        if code is None:
+            return None
+        tail = self.launcher.log_tail(LOST_LOG_LINES)
+        return f"the SGLang server it started exited ({exit_words(code)}){tail}"
 
     @classmethod
     def from_options(cls, options: Any) -> SGLangEngine:
@@ -134,7 +152,9 @@ class SGLangEngine(HTTPEngine):
             health["router_workers"] = list(self.workers)
         if self.launcher is not None and self.served_model is None:
             log = f"; its output goes to {self.launcher.log_path}" if self.launcher.log_path else ""
-            health["loading_status"] = f"starting an SGLang server for {self.launcher.model}{log}"
+            health["loading_status"] = (
+                f"starting an SGLang server for {self.launcher.model}, {self.launcher.starting_words()}{log}"
+            )
         return health
 
     @property

@@ -97,6 +97,16 @@ def copy_output(pipe: IO[bytes], path: Path) -> None:
             handler.close()
 
 
+def exit_words(code: int) -> str:
+    """A process's exit status in words: "exit status 1", "killed by SIGKILL"."""
+    if code < 0:
+        try:
+            return f"killed by {signal.Signals(-code).name}"
+        except ValueError:
+            return f"killed by signal {-code}"
+    return f"exit status {code}"
+
+
 def free_port() -> int:
     """A TCP port on 127.0.0.1 that nothing listens on right now."""
     with socket.socket() as sock:
