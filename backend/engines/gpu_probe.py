@@ -89,9 +89,18 @@ def smi_facts(smi: str | None, run: Runner) -> dict[str, object]:
     return {"smi_path": smi, "driver_version": driver, "gpus": gpus}
 
 
-def nvcc_facts(env: Mapping[str, str], which: Callable[[str], str | None], run: Runner) -> dict[str, object]:
+DEFAULT_CUDA_HOME = "/usr/local/cuda"
+"""Where SGLang's JIT looks for the CUDA toolkit last."""
+
+
+def nvcc_facts(
+    env: Mapping[str, str],
+    which: Callable[[str], str | None],
+    run: Runner,
+    default_home: str = DEFAULT_CUDA_HOME,
+) -> dict[str, object]:
     """The nvcc SGLang's JIT runs, found as it finds it: CUDA_HOME or CUDA_PATH, else the nvcc on
-    PATH, else /usr/local/cuda; and its release where it runs."""
+    PATH, else `default_home`; and its release where it runs."""
     configured = env.get("CUDA_HOME") or env.get("CUDA_PATH")
     if configured:
         home, source = (
@@ -101,7 +110,7 @@ def nvcc_facts(env: Mapping[str, str], which: Callable[[str], str | None], run: 
     elif on_path := which("nvcc"):
         home, source = os.path.dirname(os.path.dirname(on_path)), "nvcc on PATH"
     else:
-        home, source = "/usr/local/cuda", "/usr/local/cuda, with CUDA_HOME unset and no nvcc on PATH"
+        home, source = default_home, f"{default_home}, with CUDA_HOME unset and no nvcc on PATH"
     nvcc = os.path.join(home, "bin", "nvcc")
     if not os.path.isfile(nvcc):
         return {"nvcc": nvcc, "cuda_home_source": source, "nvcc_found": False}
@@ -169,6 +178,7 @@ def probe(
     torch: Callable[[Runner], dict[str, object]] = torch_facts,
     sglang: Callable[[], dict[str, object]] = sglang_facts,
     glibc: Callable[[], tuple[int, int] | None] = glibc_version,
+    default_cuda_home: str = DEFAULT_CUDA_HOME,
 ) -> GpuFacts:
     """This machine's facts; nothing past the device look-ups where it has no NVIDIA device."""
     files = device_files(dev_dir)
@@ -191,7 +201,7 @@ def probe(
     ]
     if needed:
         found["cuda_needed"], found["cuda_needed_by"] = max(needed, key=lambda pair: pair[0])
-    found |= nvcc_facts(env, which, run)
+    found |= nvcc_facts(env, which, run, default_cuda_home)
     found["cxx"] = host_compiler(env, which)
     found["glibc"] = glibc()
     return GpuFacts(**found)  # type: ignore[arg-type]
