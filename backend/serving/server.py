@@ -129,9 +129,12 @@ class BackendServer:
         log.info("serving %s engine (%s) at %s", self.engine.name, self.engine.model, self.url)
 
     def engine_problem(self) -> str | None:
-        """Why the engine cannot take requests now (still starting, or failed to), or None."""
+        """Why the engine cannot take requests now (still starting, failed to, or lost), or None."""
         if self.engine_state == READY:
-            return None
+            cause = self.engine.lost_cause()
+            if cause is None:
+                return None
+            self.engine_lost(cause)
         if self.engine_state == FAILED:
             return f"the {self.engine.name} engine could not start: {self.engine_error}"
         if self.engine_state == LOST:

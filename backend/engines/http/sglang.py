@@ -35,6 +35,9 @@ from backend.engines.http.streams import SGLangStream
 
 log = logging.getLogger("backend.engines.http.sglang")
 
+EXIT_WAIT_S = 1.0
+"""How long a broken stream waits to learn whether the launched server is exiting."""
+
 LOST_LOG_LINES = 8
 """Lines of a launched server's log quoted when it exits while serving."""
 
@@ -73,6 +76,16 @@ class SGLangEngine(HTTPEngine):
         # At once, not after the streams are closed: abort calls to a server that no longer answers
         # would take their whole timeout, and a container gives the stop 10 s.
         await asyncio.gather(super().stop(), asyncio.to_thread(self.launcher.stop))
+
+    async def failure_cause(self) -> str | None:
+        """Where the stream broke because the launched server is exiting (its scheduler died), that
+        cause: the server's exit is waited for up to EXIT_WAIT_S."""
+        if self.launcher is None:
+            return None
+        deadline = asyncio.get_running_loop().time() + EXIT_WAIT_S
+        while (cause := self.lost_cause()) is None and asyncio.get_running_loop().time() < deadline:  # noqa: ASYNC110 - a process's exit has no event here
+            await asyncio.sleep(0.1)
+        return cause
 
     def lost_cause(self) -> str | None:
         """Why the SGLang server this dashboard started can no longer serve: it exited by itself

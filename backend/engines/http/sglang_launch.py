@@ -134,7 +134,7 @@ class SGLangServerProcess:
         self.extra_args = list(extra_args)
         self.env = dict(env) if env is not None else None
         self.log_path = log_path
-        cache = compile_cache(self.env if self.env is not None else os.environ)
+        cache = compile_cache({**os.environ, **(self.env or {})})
         self.first_start = start_timeout is None and first_start(cache)
         """Whether this is a first start (no compile cache), which gets FIRST_START_TIMEOUT_S."""
         self.start_timeout = start_timeout_of(start_timeout, self.first_start)
