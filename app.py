@@ -179,4 +179,10 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    code = main()
+    # Everything app.py started is stopped by now; the interpreter's teardown of Gradio and torch
+    # took seconds on a loaded machine, time a container's 10 s stop grace does not have.
+    logging.shutdown()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)

@@ -23,9 +23,10 @@ START_TIMEOUT_S = 60.0
 """How long app.py waits for the backend to listen (the engine then starts while the page runs)."""
 
 
-STOP_TIMEOUT_S = 30.0
+STOP_TIMEOUT_S = 7.0
 """How long the backend may take to stop after SIGTERM before it is killed: longer than an SGLang
-server it started takes to stop (20 s, then killed), so that server never outlives it."""
+server it started takes to stop (3 s, then killed), so that server never outlives it, and short
+enough that app.py and all it started are gone within a container's 10 s grace."""
 
 CHILD_FAILED = "one of the engine's processes failed and sent SIGQUIT (the backend's log has its traceback)"
 """What the page says when an engine's child process signals that it failed (SGLang's scheduler
@@ -88,6 +89,10 @@ def _serve(args: argparse.Namespace, host: str, port: int, ready: Connection, pa
 
     with contextlib.suppress(KeyboardInterrupt):
         asyncio.run(main())
+    # The engine and the server are stopped: exit without the interpreter's teardown (seconds with
+    # torch loaded on a busy machine, out of a container's 10 s stop grace).
+    logging.shutdown()
+    os._exit(0)
 
 
 class BackendProcess:
