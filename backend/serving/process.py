@@ -50,6 +50,9 @@ def _serve(args: argparse.Namespace, host: str, port: int, ready: Connection, pa
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
 
+    closed: list[bool] = []
+    """Holds True once the server closed (the engine stopped), also where Ctrl-C cut the run short."""
+
     async def main() -> None:
         loop = asyncio.get_running_loop()
         stop = asyncio.Event()
@@ -86,13 +89,16 @@ def _serve(args: argparse.Namespace, host: str, port: int, ready: Connection, pa
             watcher.cancel()
             settled.cancel()
             await server.close()
+            closed.append(True)
 
     with contextlib.suppress(KeyboardInterrupt):
         asyncio.run(main())
-    # The engine and the server are stopped: exit without the interpreter's teardown (seconds with
-    # torch loaded on a busy machine, out of a container's 10 s stop grace).
-    logging.shutdown()
-    os._exit(0)
+    if closed:
+        # The engine and the server are stopped: exit without the interpreter's teardown (seconds
+        # with torch loaded on a busy machine, out of a container's 10 s stop grace). Otherwise the
+        # normal exit runs the atexit stops (a launched SGLang server's).
+        logging.shutdown()
+        os._exit(0)
 
 
 class BackendProcess:
