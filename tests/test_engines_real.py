@@ -15,6 +15,7 @@ import os
 import re
 import signal
 import subprocess
+import sys
 import time
 import urllib.request
 from collections.abc import AsyncIterator, Iterator
@@ -61,6 +62,26 @@ METRICS_SETTLE_S = 15.0
 """How long the server may take to count an abort in /metrics."""
 LONG = MAX_TOKENS
 """max_tokens of samples that must still be running when they are stopped."""
+
+
+ON_GPU = os.environ.get("DASHBOARD_ENGINES_ON_GPU") == "1"
+"""Set by scripts/gpu-check.sh: SGLang is the one installed beside this Python (the GPU install) and
+runs on the machine's GPU, instead of the CPU environment with its CPU flags and stand-ins."""
+
+SGLANG_PYTHON = Path(sys.executable) if ON_GPU else CACHE / "envs" / "sglang" / "bin" / "python"
+"""The Python that runs SGLang (and app.py beside it)."""
+
+SGLANG_DEVICE_FLAGS = [] if ON_GPU else ["--device", "cpu", "--attention-backend", "torch_native"]
+"""launch_server's flags for where SGLang runs: nothing on a GPU (its defaults), these on this CPU."""
+
+SGLANG_CPU_PATHS = [] if ON_GPU else [str(ROOT / "tests" / "support")]
+"""The import-only stand-ins of CUDA packages SGLang's CPU server needs (tests/support/stand_in.py);
+never on a GPU, where the real ones are installed."""
+
+
+def sglang_device_env() -> dict[str, str]:
+    """What SGLang's processes need in their environment for where they run."""
+    return {} if ON_GPU else {"SGLANG_USE_CPU_ENGINE": "1"}
 
 
 def cpu_env() -> dict[str, str]:
@@ -114,7 +135,7 @@ class RealServer:
 
 
 SGLANG_SERVER_FLAGS = [
-    "--device", "cpu", "--attention-backend", "torch_native", "--max-total-tokens", "65536",
+    *SGLANG_DEVICE_FLAGS, "--max-total-tokens", "65536",
     "--served-model-name", SERVED_NAME, "--enable-metrics", "--context-length", "2048",
     "--api-key", API_KEY, "--sleep-on-idle",
 ]  # fmt: skip
@@ -123,17 +144,13 @@ SGLANG_SERVER_FLAGS = [
 
 
 def sglang_test_server(log_name: str) -> SGLangServerProcess:
-    python = CACHE / "envs" / "sglang" / "bin" / "python"
+    python = SGLANG_PYTHON
     assert python.exists() and MODEL.exists(), "run scripts/prepare-engine-envs.sh first"
     return SGLangServerProcess(
         str(MODEL),
         python=str(python),
         extra_args=SGLANG_SERVER_FLAGS,
-        env={
-            "SGLANG_USE_CPU_ENGINE": "1",
-            "OMP_NUM_THREADS": "1",
-            "PYTHONPATH": str(ROOT / "tests" / "support"),
-        },
+        env={**sglang_device_env(), "OMP_NUM_THREADS": "1", "PYTHONPATH": os.pathsep.join(SGLANG_CPU_PATHS)},
         log_path=CACHE / log_name,
         start_timeout=SERVER_START_S,
     )
@@ -451,13 +468,13 @@ async def test_a_missing_or_wrong_api_key_is_said_in_the_page(real_server: RealS
 
 
 SGLANG_CPU_ENGINE_ARGS = {
-    "device": "cpu",
-    "attention_backend": "torch_native",
+    **({} if ON_GPU else {"device": "cpu", "attention_backend": "torch_native"}),
     "max_total_tokens": 65536,
     "context_length": 2048,
     "sleep_on_idle": True,
 }
-"""sglang.Engine's settings for this CPU, given to app.py as SGLANG_ENGINE_ARGS."""
+"""sglang.Engine's settings for this CPU (on a GPU, without the device's), given to app.py as
+SGLANG_ENGINE_ARGS."""
 
 
 @dataclass
@@ -517,12 +534,12 @@ def launch_sglang_app(
 ) -> SGLangApp:
     """Start app.py with the SGLang environment's Python (SGLang plus the dashboard's packages);
     call from the main thread (the child is prepared before exec), then `wait_page`."""
-    python = CACHE / "envs" / "sglang" / "bin" / "python"
+    python = SGLANG_PYTHON
     port, backend_port = free_port(), free_port()
     env = {
         **cpu_env(),
-        "SGLANG_USE_CPU_ENGINE": "1",
-        "PYTHONPATH": f"{ROOT}:{ROOT / 'tests' / 'support'}",
+        **sglang_device_env(),
+        "PYTHONPATH": os.pathsep.join([str(ROOT), *SGLANG_CPU_PATHS]),
         "SGLANG_ENGINE_ARGS": json.dumps(SGLANG_CPU_ENGINE_ARGS),
         "GRADIO_ANALYTICS_ENABLED": "False",
         **(env or {}),
@@ -679,9 +696,7 @@ def test_in_process_sglang_that_cannot_load_says_why(tmp_path: Path) -> None:
         stop_process_group(app.process)
 
 
-SGLANG_CPU_SERVER_ARGS = (
-    "--device cpu --attention-backend torch_native --max-total-tokens 65536 --context-length 2048"
-)
+SGLANG_CPU_SERVER_ARGS = " ".join([*SGLANG_DEVICE_FLAGS, "--max-total-tokens 65536 --context-length 2048"])
 """launch_server's flags for this CPU, given to app.py's `--engine auto` as SGLANG_SERVER_ARGS."""
 MARK = "DASHBOARD_TEST_RUN"
 """An environment variable every process of one test app inherits, down to SGLang's scheduler."""
@@ -741,7 +756,7 @@ def launch_auto_app(tmp_path: Path, name: str, model: Path = MODEL, **env: str) 
     folder.mkdir()
     mark = f"{name}-{os.getpid()}-{time.monotonic_ns()}"
     env = {
-        "DASHBOARD_ASSUME_CUDA": "1",
+        **({} if ON_GPU else {"DASHBOARD_ASSUME_CUDA": "1"}),  # on this CPU: the GPU path without a GPU
         "SGLANG_SERVER_ARGS": SGLANG_CPU_SERVER_ARGS,
         "XDG_CACHE_HOME": str(folder / "cache"),  # the launched server's log lands under it
         MARK: mark,
@@ -771,7 +786,7 @@ def test_auto_launches_sglang_serves_and_sigterm_leaves_nothing(tmp_path: Path) 
         health = auto.app.wait_engine()
         assert health["engine_state"] == "ready", health
         (server,) = [c for c in auto.launched() if "sglang.launch_server" in c]
-        assert "--incremental-streaming-output" in server and "--device cpu" in server, server
+        assert "--incremental-streaming-output" in server and SGLANG_CPU_SERVER_ARGS in server, server
         assert "--log-level warning" in server and "--sleep-on-idle" in server, server
         final = Client(auto.app.url, verbose=False).predict(
             COLOUR_PROMPT, 4, 64, 0.3, 0.95, 1, api_name="/generate"
@@ -915,7 +930,7 @@ class Workers:
 
 @pytest.fixture(scope="module")
 def sglang_router(sglang_workers: list[SGLangServerProcess]) -> Iterator[Router]:
-    python = CACHE / "envs" / "sglang" / "bin" / "python"
+    python = SGLANG_PYTHON
     port = free_port()
     command = [
         str(python), "-m", "sglang_router.launch_router", "--host", "127.0.0.1", "--port", str(port),

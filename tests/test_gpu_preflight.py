@@ -26,7 +26,7 @@ from backend.engines.gpu_probe import probe, run_command, sglang_facts, torch_fa
 from backend.engines.http.sglang import SGLangEngine
 from backend.engines.sglang_inprocess import SGLangInProcessEngine
 from backend.serving.server import BackendServer
-from tests.support.gpu_machine import L4, T4, GpuMachine
+from tests.support.gpu_machine import L4, T4, GpuMachine, executable
 from ui.engine_info import engine_line_now
 
 SGLANG_0_5_23_CUDA_PINS = [
@@ -293,3 +293,25 @@ async def test_in_process_sglang_on_a_gpu_it_cannot_use_fails_to_start_naming_wh
 
 def test_every_registered_engine_still_builds() -> None:
     assert {"sglang", "sglang-engine"} <= set(ENGINES)
+
+
+def test_the_command_line_report_names_what_is_missing(tmp_path: Path) -> None:
+    """`python -m backend.engines.gpu_probe` on this CPU machine with a stand-in nvidia-smi on PATH:
+    the real torch probe finds the CPU build and says so; the exit status says SGLang cannot start."""
+    import os
+    import subprocess
+
+    fake_bin = tmp_path / "bin"
+    executable(fake_bin / "nvidia-smi", f"echo '{T4}'")
+    env = {**os.environ, "PATH": f"{fake_bin}:{os.environ['PATH']}"}
+    result = subprocess.run(
+        [sys.executable, "-m", "backend.engines.gpu_probe"],
+        capture_output=True,
+        text=True,
+        env=env,
+        check=False,
+    )
+    assert result.returncode == 1, result.stdout + result.stderr
+    assert "GPU 0: Tesla T4, compute capability 7.5, 14910 of 15360 MiB free" in result.stdout
+    assert "MISSING  torch: torch " in result.stdout and "is a CPU build" in result.stdout, result.stdout
+    assert "SGLang cannot use this GPU as it stands" in result.stdout

@@ -205,3 +205,33 @@ def probe(
     found["cxx"] = host_compiler(env, which)
     found["glibc"] = glibc()
     return GpuFacts(**found)  # type: ignore[arg-type]
+
+
+def main() -> int:
+    """`python -m backend.engines.gpu_probe`: this machine's GPU facts and what SGLang lacks here;
+    exit status 0 where SGLang can use the GPU."""
+    from backend.engines.gpu_preflight import check
+
+    facts = probe()
+    if not facts.has_device:
+        print("no NVIDIA device here: no /dev/nvidia* and no nvidia-smi on PATH")
+        return 1
+    print(f"driver {facts.driver_version or '?'}; torch {facts.torch_version} (CUDA {facts.torch_cuda})")
+    print(f"SGLang {facts.sglang_version}; needs CUDA {facts.cuda_needed} ({facts.cuda_needed_by})")
+    for index, gpu in enumerate(facts.gpus):
+        capability = ".".join(map(str, gpu.compute_capability))
+        memory = f"{gpu.memory_free_mib} of {gpu.memory_total_mib} MiB free"
+        print(f"GPU {index}: {gpu.name}, compute capability {capability}, {memory}")
+    nvcc = f"CUDA {facts.nvcc_version}" if facts.nvcc_found else "missing"
+    print(f"nvcc: {facts.nvcc} ({nvcc}, found through {facts.cuda_home_source})")
+    glibc = ".".join(map(str, facts.glibc or ())) or "?"
+    print(f"C++ compiler: {facts.cxx or 'missing'}; glibc {glibc}")
+    report = check(facts)
+    for finding in report.findings:
+        print(("MISSING  " if finding.blocking else "NOTE     ") + finding.sentence())
+    print("SGLang can use this GPU" if report.ready else "SGLang cannot use this GPU as it stands")
+    return 0 if report.ready else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
