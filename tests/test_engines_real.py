@@ -600,6 +600,21 @@ def assert_gone_within_grace(process: subprocess.Popen[bytes], left: Any) -> Non
     print(f"every process gone {time.monotonic() - signalled:.1f} s after SIGTERM")
 
 
+def descendants(pid: int) -> list[tuple[int, str]]:
+    """(pid, title) of every live process below `pid`, from /proc."""
+    found = []
+    try:
+        children = Path(f"/proc/{pid}/task/{pid}/children").read_text().split()
+    except OSError:
+        return []
+    for child in map(int, children):
+        with contextlib.suppress(OSError):
+            title = Path(f"/proc/{child}/cmdline").read_bytes().split(b"\0")[0].decode(errors="replace")
+            found.append((child, title.strip()))
+        found += descendants(child)
+    return found
+
+
 def column_texts(output: Any) -> list[str]:
     return [sample["text"] for sample in output[0]["samples"]]
 
@@ -875,9 +890,9 @@ def test_a_launched_servers_scheduler_killed_mid_run_ends_its_samples_with_the_c
         while not any(o[0]["samples"] and all(column_texts(o)) for o in job.outputs()):
             assert time.monotonic() < deadline, "the columns did not start streaming"
             time.sleep(0.2)
-        (scheduler,) = [
-            pid for pid, _, command in auto.processes() if command.startswith("sglang::scheduler")
-        ]
+        # setproctitle rewrites the scheduler's environment area too: found as the server's child.
+        (server,) = [pid for pid, _, command in auto.processes() if "sglang.launch_server" in command]
+        (scheduler,) = [pid for pid, title in descendants(server) if title.startswith("sglang::scheduler")]
         killed_at = time.monotonic()
         os.kill(scheduler, signal.SIGKILL)
         lost = job.result(timeout=FRAME_TIMEOUT_S)
