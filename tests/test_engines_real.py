@@ -691,7 +691,7 @@ def test_app_py_serves_in_process_sglang(tmp_path: Path) -> None:
         stop_process_group(app.process)
 
 
-@pytest.mark.app_failing
+@pytest.mark.app_serving
 def test_in_process_sglangs_scheduler_killed_mid_run_ends_its_samples_with_the_cause(tmp_path: Path) -> None:
     """SGLang's scheduler killed mid-run (as the kernel's OOM killer or a crash would end it):
     SGLang's watchdog signals the backend, whose running request ends at once, each column `error`
