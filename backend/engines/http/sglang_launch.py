@@ -5,7 +5,8 @@ to run the real server on this CPU. Blocking calls (the engine runs them in a wo
 
 The server's output goes through a pipe to a thread that writes it to a rotating log (`log_path`,
 then `log_path.1`), so it stays under LOG_MAX_BYTES * (LOG_BACKUPS + 1) however long the server
-runs, and this process keeps no handle on the file. Stopping it fits a container's 10 s grace:
+runs; only that thread holds the file, and closes it when the server's output ends. Stopping it
+fits a container's 10 s grace:
 SIGTERM to its process group, STOP_TIMEOUT_S, then SIGKILL to the group.
 """
 
