@@ -15,4 +15,5 @@ git ls-files -z | while IFS= read -r -d '' file; do
 done
 cp deploy/gpu-space/Dockerfile "$dest/Dockerfile"
 cp deploy/gpu-space/README.md "$dest/README.md"
+cp deploy/gpu-space/Dockerfile.dockerignore "$dest/.dockerignore"
 echo "GPU Space laid out in $dest: Dockerfile and README.md from deploy/gpu-space/"

@@ -86,6 +86,7 @@ def test_the_space_is_laid_out_for_a_push(tmp_path: Path) -> None:
     assert (dest / "Dockerfile").read_text() == (SPACE / "Dockerfile").read_text()
     assert front_matter(dest / "README.md")["sdk"] == "docker"
     assert (dest / "app.py").exists() and (dest / "requirements-gpu.txt").exists()
+    assert ".venv" in (dest / ".dockerignore").read_text().split()
 
 
 def entry_command() -> list[str]:
