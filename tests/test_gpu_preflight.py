@@ -15,6 +15,7 @@ import pytest
 from backend.engines import ENGINES, EngineOptions
 from backend.engines.auto import auto_engine
 from backend.engines.gpu_preflight import (
+    PINNED_SGLANG,
     Gpu,
     GpuFacts,
     check,
@@ -315,3 +316,26 @@ def test_the_command_line_report_names_what_is_missing(tmp_path: Path) -> None:
     assert "GPU 0: Tesla T4, compute capability 7.5, 14910 of 15360 MiB free" in result.stdout
     assert "MISSING  torch: torch " in result.stdout and "is a CPU build" in result.stdout, result.stdout
     assert "SGLang cannot use this GPU as it stands" in result.stdout
+
+
+def test_a_machine_without_the_gpu_install_is_held_to_what_it_would_install(tmp_path: Path) -> None:
+    """No SGLang and a CPU torch: the driver is checked against the SGLang requirements-gpu.txt pins
+    (the constant and the file's pin agree)."""
+    import re
+
+    pinned = re.search(
+        r"^sglang==(\S+)$", (Path(__file__).parent.parent / "requirements-gpu.txt").read_text(), re.M
+    )
+    assert pinned is not None and pinned.group(1) == PINNED_SGLANG[0]
+    cpu_torch = {"torch_version": "2.13.0", "torch_cuda": None, "torch_cuda_error": None}
+    machine = GpuMachine(
+        tmp_path / "m",
+        smi_lines=["Tesla T4, 535.104.05, 7.5, 15360, 14910"],
+        torch=cpu_torch,
+        sglang_version=None,
+    )
+    summary = check(machine.facts()).summary()
+    assert (
+        "the driver is 535.104.05, and SGLang 0.5.23, which requirements-gpu.txt installs, needs CUDA 13"
+        in summary
+    )

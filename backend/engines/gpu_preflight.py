@@ -31,6 +31,10 @@ MIN_FREE_GPU_MIB = 2048
 BUSY_GPU_SHARE = 0.8
 """Free memory under this share of the total: another process holds part of the GPU (said, not blocking)."""
 
+PINNED_SGLANG = ("0.5.23", 13)
+"""The SGLang requirements-gpu.txt installs, and the CUDA major version it is built for (its wheel
+pins cuda-python>=13.0): what a machine must run where no SGLang or CUDA torch is installed yet."""
+
 SGLANG_DOCKER_IMAGE = "lmsysorg/sglang"
 """SGLang's own CUDA image: driver libraries, nvcc, a C++ compiler and the kernels' toolchain."""
 

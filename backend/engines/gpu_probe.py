@@ -20,6 +20,7 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
 from backend.engines.gpu_preflight import (
+    PINNED_SGLANG,
     SMI_FIELDS,
     GpuFacts,
     cuda_major,
@@ -199,8 +200,10 @@ def probe(
         )
         if isinstance(major, int)
     ]
-    if needed:
-        found["cuda_needed"], found["cuda_needed_by"] = max(needed, key=lambda pair: pair[0])
+    if not needed:  # nothing of the GPU install yet: what it would install needs
+        version, major = PINNED_SGLANG
+        needed = [(major, f"SGLang {version}, which requirements-gpu.txt installs,")]
+    found["cuda_needed"], found["cuda_needed_by"] = max(needed, key=lambda pair: pair[0])
     found |= nvcc_facts(env, which, run, default_cuda_home)
     found["cxx"] = host_compiler(env, which)
     found["glibc"] = glibc()
