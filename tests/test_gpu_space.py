@@ -3,7 +3,8 @@ lints (hadolint), builds on SGLang's image of the version requirements-gpu.txt p
 cache on the Space's persistent storage, and its entry command is app.py with the same flags: run
 here on this CPU, with `--engine auto` taking the GPU path to a stand-in SGLang server, its page
 answers. Building the image and running it on a GPU are not checked here (docs/engines.md).
-The same entry command with SGLang's real CPU server is in tests/test_engines_real.py.
+The same entry command with SGLang's real CPU server: tests/test_engines_real.py's launched-server
+test starts app.py so.
 """
 
 from __future__ import annotations
@@ -16,17 +17,11 @@ import sys
 from pathlib import Path
 
 import pytest
-from dockerfile_parse import DockerfileParser
 
 from devkit.local import ROOT, free_port, stop_process_group, wait_for_http
+from tests.support.gpu_space import SPACE, dockerfile, entry_command, image_env
 
-SPACE = ROOT / "deploy" / "gpu-space"
 STAND_IN = ROOT / "tests" / "support" / "fake_sglang_server"
-
-
-def dockerfile() -> DockerfileParser:
-    """The GPU Space's Dockerfile, parsed."""
-    return DockerfileParser(str(SPACE / "Dockerfile"))
 
 
 def front_matter(readme: Path) -> dict[str, str]:
@@ -89,14 +84,6 @@ def test_the_space_is_laid_out_for_a_push(tmp_path: Path) -> None:
     assert ".venv" in (dest / ".dockerignore").read_text().split()
 
 
-def entry_command() -> list[str]:
-    """The Dockerfile's CMD (exec form), its python3 the one running these tests."""
-    cmd = dockerfile().structure[-1]["value"]
-    argv = [part.strip().strip('"') for part in cmd.strip("[]").split(",")]
-    assert argv[:2] == ["python3", "app.py"], argv
-    return [sys.executable, *argv[1:]]
-
-
 def test_the_entry_command_serves_on_this_cpu(tmp_path: Path) -> None:
     """The image's entry command and environment (caches moved from /data to a folder here, the
     page on 127.0.0.1 at a free port), with `--engine auto` on the GPU path: it launches the stand-in
@@ -104,11 +91,9 @@ def test_the_entry_command_serves_on_this_cpu(tmp_path: Path) -> None:
     from gradio_client import Client
 
     port = free_port()
-    image_env = {k: v.replace("/data", str(tmp_path / "data")) for k, v in dockerfile().envs.items()}
     env = {
         **os.environ,
-        **image_env,
-        "HOME": str(tmp_path / "home"),
+        **image_env(tmp_path / "data"),
         "DASHBOARD_HOST": "127.0.0.1",
         "DASHBOARD_PORT": str(port),
         "DASHBOARD_BACKEND_PORT": "0",
@@ -119,7 +104,12 @@ def test_the_entry_command_serves_on_this_cpu(tmp_path: Path) -> None:
     log = tmp_path / "app.log"
     with log.open("wb") as out:
         process = subprocess.Popen(
-            entry_command(), cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True
+            entry_command(sys.executable),
+            cwd=ROOT,
+            env=env,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
         )
     try:
         wait_for_http(f"http://127.0.0.1:{port}/", process, 240)
