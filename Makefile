@@ -3,6 +3,8 @@
 PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
+# make gpu-check's Python: the environment requirements-gpu.txt was installed in.
+GPU_PYTHON ?= python3
 TORCH := $(shell grep '^torch==' requirements.txt)
 # make test's pytest processes: a test file each, three at once (most tests wait on a process they
 # started, so one at a time left a core idle: 9 min 52 s against 6 min 5 s here, 2 cores).
@@ -10,7 +12,7 @@ TEST_WORKERS ?= -n 3 --dist loadfile
 # The tracer's C parts, built in place (without a C compiler the dashboard serves untraced and says why).
 NATIVE := backend/trace/_step_recorder$(shell $(PYTHON) -c 'import sysconfig; print(sysconfig.get_config_var("EXT_SUFFIX"))')
 
-.PHONY: run setup test test-engines check-gpu-install lint bench screenshot chromium clean
+.PHONY: run setup test test-engines gpu-check check-gpu-install lint bench screenshot chromium clean
 
 run: $(VENV)/.runtime $(NATIVE)  ## the dashboard on http://127.0.0.1:7860 (ARGS="--engine synthetic ...")
 	$(PY) app.py $(ARGS)
@@ -24,6 +26,9 @@ test: setup  ## lint, then every test (the browser ones included)
 
 test-engines: $(VENV)/.dev $(NATIVE)  ## the sglang/openai engines against real SGLang and vLLM servers on this CPU
 	scripts/test-engines.sh $(PY) $(PYTEST_ARGS)
+
+gpu-check:  ## on a GPU machine with requirements-gpu.txt installed: the preflight, then the SGLang tests on the GPU
+	scripts/gpu-check.sh $(GPU_PYTHON) $(PYTEST_ARGS)
 
 check-gpu-install:  ## resolve requirements-gpu.txt against PyPI (dry run): SGLang's pins must hold
 	scripts/check-gpu-install.sh

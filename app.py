@@ -194,4 +194,13 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    try:
+        code = main()
+    except SystemExit as stopped:  # SIGTERM (`_exit_on_signal`), after main's `finally` stopped the backend
+        code = stopped.code if isinstance(stopped.code, int) else 1
+    # Everything app.py started is stopped by now; the interpreter's teardown of Gradio and torch
+    # took seconds on a loaded machine, time a container's 10 s stop grace does not have.
+    logging.shutdown()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)

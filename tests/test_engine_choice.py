@@ -156,8 +156,8 @@ def test_auto_on_a_gpu_launches_sglang_with_the_flags_given(monkeypatch: pytest.
     assert isinstance(engine, SGLangEngine) and engine.launcher is not None
     command = engine.launcher.command()
     assert command[command.index("--model-path") + 1] == "org/model"
-    extra = ["--incremental-streaming-output", "--sleep-on-idle", "--tp-size", "2", "--mem-fraction-static"]
-    assert command[-6:] == [*extra, "0.8"]
+    ours = ["--incremental-streaming-output", "--sleep-on-idle", "--log-level", "warning"]
+    assert command[-8:] == [*ours, "--tp-size", "2", "--mem-fraction-static", "0.8"]
     assert engine.launcher.start_timeout == 1200 and engine.api_key == "k"
     assert engine.url == engine.launcher.url
 

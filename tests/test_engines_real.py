@@ -15,6 +15,7 @@ import os
 import re
 import signal
 import subprocess
+import sys
 import time
 import urllib.request
 from collections.abc import AsyncIterator, Iterator
@@ -44,6 +45,7 @@ from devkit.local import (
 )
 from tests.support.answers import COLOUR_PROMPT, LONG_PROMPT, answers_colours
 from tests.support.backends import serving
+from tests.support.gpu_space import entry_command, image_env
 from tests.support.stop_one import MAX_TOKENS, StopOneSample
 from ui.engine_info import engine_line_now
 
@@ -62,6 +64,26 @@ METRICS_SETTLE_S = 15.0
 """How long the server may take to count an abort in /metrics."""
 LONG = MAX_TOKENS
 """max_tokens of samples that must still be running when they are stopped."""
+
+
+ON_GPU = os.environ.get("DASHBOARD_ENGINES_ON_GPU") == "1"
+"""Set by scripts/gpu-check.sh: SGLang is the one installed beside this Python (the GPU install) and
+runs on the machine's GPU, instead of the CPU environment with its CPU flags and stand-ins."""
+
+SGLANG_PYTHON = Path(sys.executable) if ON_GPU else CACHE / "envs" / "sglang" / "bin" / "python"
+"""The Python that runs SGLang (and app.py beside it)."""
+
+SGLANG_DEVICE_FLAGS = [] if ON_GPU else ["--device", "cpu", "--attention-backend", "torch_native"]
+"""launch_server's flags for where SGLang runs: nothing on a GPU (its defaults), these on this CPU."""
+
+SGLANG_CPU_PATHS = [] if ON_GPU else [str(ROOT / "tests" / "support")]
+"""The import-only stand-ins of CUDA packages SGLang's CPU server needs (tests/support/stand_in.py);
+never on a GPU, where the real ones are installed."""
+
+
+def sglang_device_env() -> dict[str, str]:
+    """What SGLang's processes need in their environment for where they run."""
+    return {} if ON_GPU else {"SGLANG_USE_CPU_ENGINE": "1"}
 
 
 def cpu_env() -> dict[str, str]:
@@ -115,7 +137,7 @@ class RealServer:
 
 
 SGLANG_SERVER_FLAGS = [
-    "--device", "cpu", "--attention-backend", "torch_native", "--max-total-tokens", "65536",
+    *SGLANG_DEVICE_FLAGS, "--max-total-tokens", "65536",
     "--served-model-name", SERVED_NAME, "--enable-metrics", "--context-length", "2048",
     "--api-key", API_KEY, "--sleep-on-idle",
 ]  # fmt: skip
@@ -124,17 +146,13 @@ SGLANG_SERVER_FLAGS = [
 
 
 def sglang_test_server(log_name: str) -> SGLangServerProcess:
-    python = CACHE / "envs" / "sglang" / "bin" / "python"
+    python = SGLANG_PYTHON
     assert python.exists() and MODEL.exists(), "run scripts/prepare-engine-envs.sh first"
     return SGLangServerProcess(
         str(MODEL),
         python=str(python),
         extra_args=SGLANG_SERVER_FLAGS,
-        env={
-            "SGLANG_USE_CPU_ENGINE": "1",
-            "OMP_NUM_THREADS": "1",
-            "PYTHONPATH": str(ROOT / "tests" / "support"),
-        },
+        env={**sglang_device_env(), "OMP_NUM_THREADS": "1", "PYTHONPATH": os.pathsep.join(SGLANG_CPU_PATHS)},
         log_path=CACHE / log_name,
         start_timeout=SERVER_START_S,
     )
@@ -440,13 +458,13 @@ async def test_a_missing_or_wrong_api_key_is_said_in_the_page(real_server: RealS
 
 
 SGLANG_CPU_ENGINE_ARGS = {
-    "device": "cpu",
-    "attention_backend": "torch_native",
+    **({} if ON_GPU else {"device": "cpu", "attention_backend": "torch_native"}),
     "max_total_tokens": 65536,
     "context_length": 2048,
     "sleep_on_idle": True,
 }
-"""sglang.Engine's settings for this CPU, given to app.py as SGLANG_ENGINE_ARGS."""
+"""sglang.Engine's settings for this CPU (on a GPU, without the device's), given to app.py as
+SGLANG_ENGINE_ARGS."""
 
 
 @dataclass
@@ -475,6 +493,19 @@ class SGLangApp:
             stop_process_group(self.process)
             raise
 
+    def session(self) -> list[str]:
+        """The live processes of app.py's session."""
+        return session_processes(self.process.pid)
+
+    def descendants(self) -> list[tuple[int, str]]:
+        """(pid, title) of every live process in app.py's session (its own, started with one)."""
+        found = []
+        for pid in session_processes(self.process.pid):
+            with contextlib.suppress(OSError):
+                title = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")[0].decode(errors="replace")
+                found.append((int(pid), title.strip()))
+        return found
+
     def wait_engine(self, limit_s: float = SERVER_START_S) -> dict[str, Any]:
         """/health once the engine's start has ended, ready or failed."""
         deadline = time.monotonic() + limit_s
@@ -493,22 +524,35 @@ def as_in_a_terminal() -> None:
 
 
 def launch_sglang_app(
-    model: Path, log: Path, engine: str = "sglang-engine", env: dict[str, str] | None = None
+    model: Path,
+    log: Path,
+    engine: str = "sglang-engine",
+    env: dict[str, str] | None = None,
+    image_data: Path | None = None,
 ) -> SGLangApp:
     """Start app.py with the SGLang environment's Python (SGLang plus the dashboard's packages);
-    call from the main thread (the child is prepared before exec), then `wait_page`."""
-    python = CACHE / "envs" / "sglang" / "bin" / "python"
+    call from the main thread (the child is prepared before exec), then `wait_page`. With
+    `image_data`: as the GPU Space's image starts it (its entry command and environment, its /data
+    there), the engine being the image's."""
+    python = SGLANG_PYTHON
     port, backend_port = free_port(), free_port()
     env = {
         **cpu_env(),
-        "SGLANG_USE_CPU_ENGINE": "1",
-        "PYTHONPATH": f"{ROOT}:{ROOT / 'tests' / 'support'}",
+        **sglang_device_env(),
+        "PYTHONPATH": os.pathsep.join([str(ROOT), *SGLANG_CPU_PATHS]),
         "SGLANG_ENGINE_ARGS": json.dumps(SGLANG_CPU_ENGINE_ARGS),
         "GRADIO_ANALYTICS_ENABLED": "False",
+        **(image_env(image_data) if image_data is not None else {}),
         **(env or {}),
     }
-    command = [str(python), str(ROOT / "app.py"), "--engine", engine, "--model", str(model)]
-    command += ["--host", "127.0.0.1", "--port", str(port), "--backend-port", str(backend_port)]
+    if image_data is not None:
+        command = entry_command(str(python))
+        env |= {"DASHBOARD_MODEL": str(model), "DASHBOARD_HOST": "127.0.0.1"}
+        env |= {"DASHBOARD_PORT": str(port), "DASHBOARD_BACKEND_PORT": str(backend_port)}
+        assert env["DASHBOARD_ENGINE"] == engine, env["DASHBOARD_ENGINE"]
+    else:
+        command = [str(python), str(ROOT / "app.py"), "--engine", engine, "--model", str(model)]
+        command += ["--host", "127.0.0.1", "--port", str(port), "--backend-port", str(backend_port)]
     with log.open("wb") as out:
         process = subprocess.Popen(
             command,
@@ -542,6 +586,52 @@ def session_processes(session: int) -> list[str]:
         if int(fields[3]) == session and fields[0] != "Z":
             alive.append(stat.parent.name)
     return alive
+
+
+CONTAINER_GRACE_S = 10.0
+"""A container platform (a Space, `docker stop`) kills 10 s after SIGTERM: app.py and every process
+it started must be gone by then."""
+
+LOST_WITHIN_S = 10.0
+"""How soon a dead scheduler's running samples must end."""
+
+
+def assert_gone_within_grace(process: subprocess.Popen[bytes], left: Any) -> None:
+    """SIGTERM to app.py; fail unless `left()` (its processes) is empty within CONTAINER_GRACE_S."""
+    signalled = time.monotonic()
+    process.send_signal(signal.SIGTERM)
+    while remaining := left():
+        took = time.monotonic() - signalled
+        assert took < CONTAINER_GRACE_S, f"still running {took:.1f} s after SIGTERM: {remaining}"
+        time.sleep(0.1)
+    print(f"every process gone {time.monotonic() - signalled:.1f} s after SIGTERM")
+
+
+def descendants(pid: int) -> list[tuple[int, str]]:
+    """(pid, title) of every live process below `pid`, from /proc."""
+    found = []
+    try:
+        children = Path(f"/proc/{pid}/task/{pid}/children").read_text().split()
+    except OSError:
+        return []
+    for child in map(int, children):
+        with contextlib.suppress(OSError):
+            title = Path(f"/proc/{child}/cmdline").read_bytes().split(b"\0")[0].decode(errors="replace")
+            found.append((child, title.strip()))
+        found += descendants(child)
+    return found
+
+
+def stream_then(client: Any, act: Any) -> Any:
+    """Start a long two-sample request on the page, run `act()` once both columns stream, and
+    return the request's job."""
+    job = client.submit(LONG_PROMPT, 2, LONG, 0.8, 0.95, 1, api_name="/generate")
+    deadline = time.monotonic() + FRAME_TIMEOUT_S
+    while not any(o[0]["samples"] and all(column_texts(o)) for o in job.outputs()):
+        assert time.monotonic() < deadline, "the columns did not start streaming"
+        time.sleep(0.2)
+    act()
+    return job
 
 
 def column_texts(output: Any) -> list[str]:
@@ -598,28 +688,43 @@ def test_app_py_serves_in_process_sglang(tmp_path: Path) -> None:
         assert column_statuses(cancelled) == ["aborted"] * 3, column_statuses(cancelled)
         assert app.health()["running_samples"] == 0
 
-        # SGLang's scheduler sends the backend SIGQUIT when it fails while serving: the running
-        # request ends with the reason in the page instead of waiting for chunks that never come.
-        job = client.submit(LONG_PROMPT, 2, LONG, 0.8, 0.95, 1, api_name="/generate")
-        deadline = time.monotonic() + FRAME_TIMEOUT_S
-        while not any(o[0]["samples"] and all(column_texts(o)) for o in job.outputs()):
-            assert time.monotonic() < deadline, "the columns did not start streaming"
-            time.sleep(0.2)
-        children = Path(f"/proc/{app.process.pid}/task/{app.process.pid}/children").read_text().split()
-        tracker = b"resource_tracker"  # multiprocessing's other child
-        (backend_pid,) = [int(p) for p in children if tracker not in Path(f"/proc/{p}/cmdline").read_bytes()]
-        os.kill(backend_pid, signal.SIGQUIT)
+        # SIGTERM while a request streams: app.py and every process of its session gone within 10 s.
+        stream_then(client, lambda: assert_gone_within_grace(app.process, app.session))
+    finally:
+        stop_process_group(app.process)
+
+
+@pytest.mark.app_serving
+def test_in_process_sglangs_scheduler_killed_mid_run_ends_its_samples_with_the_cause(tmp_path: Path) -> None:
+    """SGLang's scheduler killed mid-run (as the kernel's OOM killer or a crash would end it):
+    SGLang's watchdog signals the backend, whose running request ends at once, each column `error`
+    with the cause, and the next request is refused saying why."""
+    from gradio_client import Client
+
+    app = start_sglang_app(MODEL, tmp_path / "app.log")
+    try:
+        assert app.wait_engine()["engine_state"] == "ready"
+        client = Client(app.url, verbose=False)
+        killed: list[tuple[int, float]] = []
+
+        def kill_scheduler() -> None:
+            (scheduler,) = [pid for pid, title in app.descendants() if title.startswith("sglang::scheduler")]
+            killed.append((scheduler, time.monotonic()))
+            os.kill(scheduler, signal.SIGKILL)
+
+        job = stream_then(client, kill_scheduler)
         lost = job.result(timeout=FRAME_TIMEOUT_S)
+        (scheduler, killed_at), ended_at = killed[0], time.monotonic()
+        assert ended_at - killed_at < LOST_WITHIN_S, ended_at - killed_at
         assert column_statuses(lost) == ["error"] * 2, column_statuses(lost)
         assert "stopped working" in lost[1], lost[1]
+        assert f"(pid {scheduler}) ended, killed by SIGKILL" in lost[1], lost[1]
         assert app.health()["engine_state"] == "lost"
-        session = app.process.pid
-        app.process.send_signal(signal.SIGTERM)
-        app.process.wait(60)
-        deadline = time.monotonic() + 30
-        while session_processes(session):
-            assert time.monotonic() < deadline, f"still running after SIGTERM: {session_processes(session)}"
-            time.sleep(0.5)
+        after = client.predict("Hello", 1, 8, 0.8, 0.95, 1, api_name="/generate")
+        assert "stopped working" in after[1] and "killed by SIGKILL" in after[1], after[1]
+        line, _ = asyncio.run(engine_line_now(app.ws_url))
+        assert "stopped working while serving" in line and "killed by SIGKILL" in line, line
+        assert_gone_within_grace(app.process, lambda: session_processes(app.process.pid))
     finally:
         stop_process_group(app.process)
 
@@ -639,9 +744,7 @@ def test_in_process_sglang_that_cannot_load_says_why(tmp_path: Path) -> None:
         stop_process_group(app.process)
 
 
-SGLANG_CPU_SERVER_ARGS = (
-    "--device cpu --attention-backend torch_native --max-total-tokens 65536 --context-length 2048"
-)
+SGLANG_CPU_SERVER_ARGS = " ".join([*SGLANG_DEVICE_FLAGS, "--max-total-tokens 65536 --context-length 2048"])
 """launch_server's flags for this CPU, given to app.py's `--engine auto` as SGLANG_SERVER_ARGS."""
 MARK = "DASHBOARD_TEST_RUN"
 """An environment variable every process of one test app inherits, down to SGLang's scheduler."""
@@ -696,19 +799,26 @@ class AutoApp:
                 os.kill(pid, signal.SIGKILL)
 
 
-def launch_auto_app(tmp_path: Path, name: str, model: Path = MODEL, **env: str) -> AutoApp:
+def launch_auto_app(
+    tmp_path: Path, name: str, model: Path = MODEL, as_image: bool = False, **env: str
+) -> AutoApp:
+    """app.py with `--engine auto` launching SGLang; `as_image`: started as the GPU Space's image
+    starts it (`launch_sglang_app`'s `image_data`), its caches (the server's log too) in the image's."""
     folder = tmp_path / name
     folder.mkdir()
     mark = f"{name}-{os.getpid()}-{time.monotonic_ns()}"
+    cache = folder / "data" / "cache" if as_image else folder / "cache"
     env = {
-        "DASHBOARD_ASSUME_CUDA": "1",
+        **({} if ON_GPU else {"DASHBOARD_ASSUME_CUDA": "1"}),  # on this CPU: the GPU path without a GPU
         "SGLANG_SERVER_ARGS": SGLANG_CPU_SERVER_ARGS,
-        "XDG_CACHE_HOME": str(folder / "cache"),  # the launched server's log lands under it
+        **({} if as_image else {"XDG_CACHE_HOME": str(cache)}),  # the launched server's log lands under it
         MARK: mark,
         **env,
     }
-    app = launch_sglang_app(model, folder / "app.log", engine="auto", env=env)
-    return AutoApp(app, mark, folder / "cache" / "parallel-sampling-dashboard" / "sglang-server.log")
+    app = launch_sglang_app(
+        model, folder / "app.log", engine="auto", env=env, image_data=folder / "data" if as_image else None
+    )
+    return AutoApp(app, mark, cache / "parallel-sampling-dashboard" / "sglang-server.log")
 
 
 def weightless_copy(folder: Path) -> Path:
@@ -721,17 +831,19 @@ def weightless_copy(folder: Path) -> Path:
 
 @pytest.mark.app_serving
 def test_auto_launches_sglang_serves_and_sigterm_leaves_nothing(tmp_path: Path) -> None:
-    """`--engine auto` on the GPU path: it starts the SGLang server itself (incremental streaming, its
-    output kept in a log), the page answers through it, and SIGTERM to app.py ends every process."""
+    """`--engine auto` on the GPU path, started as the GPU Space's image starts app.py (its entry
+    command and environment): it starts the SGLang server itself (incremental streaming, its output
+    kept in a log), the page answers through it, and SIGTERM to app.py ends every process."""
     from gradio_client import Client
 
-    auto = launch_auto_app(tmp_path, "served")
+    auto = launch_auto_app(tmp_path, "served", as_image=True)
     try:
         auto.app.wait_page()
         health = auto.app.wait_engine()
         assert health["engine_state"] == "ready", health
         (server,) = [c for c in auto.launched() if "sglang.launch_server" in c]
-        assert "--incremental-streaming-output" in server and "--device cpu" in server, server
+        assert "--incremental-streaming-output" in server and SGLANG_CPU_SERVER_ARGS in server, server
+        assert "--log-level warning" in server and "--sleep-on-idle" in server, server
         final = Client(auto.app.url, verbose=False).predict(
             COLOUR_PROMPT, 4, 64, 0.3, 0.95, 1, api_name="/generate"
         )
@@ -739,10 +851,10 @@ def test_auto_launches_sglang_serves_and_sigterm_leaves_nothing(tmp_path: Path) 
         port = server.split("--port ", 1)[1].split()[0]
         with urllib.request.urlopen(f"http://127.0.0.1:{port}/server_info", timeout=10) as response:
             assert json.loads(response.read())["incremental_streaming_output"] is True
-        assert "POST /generate" in auto.server_log.read_text(errors="replace")
-        auto.app.process.send_signal(signal.SIGTERM)
-        auto.app.process.wait(90)
-        auto.wait_gone()
+        assert "POST /generate" not in auto.server_log.read_text(errors="replace")  # no access log
+        # SIGTERM while a request streams: app.py, its backend and the server gone within 10 s.
+        client = Client(auto.app.url, verbose=False)
+        stream_then(client, lambda: assert_gone_within_grace(auto.app.process, auto.processes))
     finally:
         auto.kill()
 
@@ -767,20 +879,23 @@ def test_auto_launch_stopped_during_start_up_too_slow_or_broken_leaves_no_server
     try:
         for auto in apps.values():
             auto.app.wait_page()
+        signalled: dict[str, float] = {}
         for name, signum in (("sigterm", signal.SIGTERM), ("ctrl-c", signal.SIGINT)):
             auto = apps[name]
             auto.wait_launched()
             assert auto.app.health()["engine_state"] == "starting"
+            signalled[name] = time.monotonic()
             if signum == signal.SIGINT:
                 os.killpg(auto.app.process.pid, signal.SIGINT)
             else:
                 auto.app.process.send_signal(signal.SIGTERM)
         for name in ("sigterm", "ctrl-c"):
-            try:
-                apps[name].app.process.wait(90)
-            except subprocess.TimeoutExpired:
-                pytest.fail(f"{name}: app.py still runs 90 s after the signal: {apps[name].processes()}")
-            apps[name].wait_gone()
+            while left := apps[name].processes():
+                took = time.monotonic() - signalled[name]
+                assert took < CONTAINER_GRACE_S, (
+                    f"{name}: still running {took:.1f} s after the signal: {left}"
+                )
+                time.sleep(0.1)
         for name, said in (("too-slow", "did not answer /health within 8 s"), ("broken", "exited with")):
             auto = apps[name]
             health = auto.app.wait_engine()
@@ -799,6 +914,42 @@ def test_auto_launch_stopped_during_start_up_too_slow_or_broken_leaves_no_server
     finally:
         for auto in apps.values():
             auto.kill()
+
+
+@pytest.mark.app_failing
+def test_a_launched_servers_scheduler_killed_mid_run_ends_its_samples_with_the_cause(tmp_path: Path) -> None:
+    """`--engine auto` with its SGLang server: the server's scheduler killed while two samples
+    stream. SGLang's watchdog ends the server; each column ends `error` within seconds, saying the
+    server exited and quoting its log; the next request and the page's line say so too."""
+    from gradio_client import Client
+
+    auto = launch_auto_app(tmp_path, "scheduler-killed")
+    try:
+        auto.app.wait_page()
+        assert auto.app.wait_engine()["engine_state"] == "ready"
+        client = Client(auto.app.url, verbose=False)
+        job = client.submit(LONG_PROMPT, 2, LONG, 0.8, 0.95, 1, api_name="/generate")
+        deadline = time.monotonic() + FRAME_TIMEOUT_S
+        while not any(o[0]["samples"] and all(column_texts(o)) for o in job.outputs()):
+            assert time.monotonic() < deadline, "the columns did not start streaming"
+            time.sleep(0.2)
+        # setproctitle rewrites the scheduler's environment area too: found as the server's child.
+        (server,) = [pid for pid, _, command in auto.processes() if "sglang.launch_server" in command]
+        (scheduler,) = [pid for pid, title in descendants(server) if title.startswith("sglang::scheduler")]
+        killed_at = time.monotonic()
+        os.kill(scheduler, signal.SIGKILL)
+        lost = job.result(timeout=FRAME_TIMEOUT_S)
+        assert time.monotonic() - killed_at < LOST_WITHIN_S, time.monotonic() - killed_at
+        assert column_statuses(lost) == ["error"] * 2, column_statuses(lost)
+        assert "the SGLang server it started exited" in lost[1], lost[1]
+        after = client.predict("Hello", 1, 8, 0.8, 0.95, 1, api_name="/generate")
+        assert "stopped working" in after[1] and "the SGLang server it started exited" in after[1], after[1]
+        line, _ = asyncio.run(engine_line_now(auto.app.ws_url))
+        assert "stopped working while serving: the SGLang server it started exited" in line, line
+        assert "scheduler" in line, line  # SGLang's own line about its dead scheduler, from the log
+        assert_gone_within_grace(auto.app.process, auto.processes)
+    finally:
+        auto.kill()
 
 
 @dataclass
@@ -837,7 +988,7 @@ class Workers:
 
 @pytest.fixture(scope="module")
 def sglang_router(sglang_workers: list[SGLangServerProcess]) -> Iterator[Router]:
-    python = CACHE / "envs" / "sglang" / "bin" / "python"
+    python = SGLANG_PYTHON
     port = free_port()
     command = [
         str(python), "-m", "sglang_router.launch_router", "--host", "127.0.0.1", "--port", str(port),

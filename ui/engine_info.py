@@ -64,14 +64,21 @@ def engine_line(health: dict[str, Any]) -> str:
         return (
             f"⏳ The **{engine}** engine is starting: {doing}. "
             "This line updates by itself; Generate waits for it."
-        )
+        ) + notice_words(health)
     if health.get("server_ok") is False:
         return (
             f"⚠️ **{engine}**: {model}. Requests fail until the server is back; this line updates on reload."
         )
     workers = health.get("router_workers")
     through = f" · through a router to {len(workers)} workers" if workers else ""
-    return f"Engine **{engine}** · model **{model}**{through}{compute_words(health)}"
+    return f"Engine **{engine}** · model **{model}**{through}{compute_words(health)}{notice_words(health)}"
+
+
+def notice_words(health: dict[str, Any]) -> str:
+    """The engine's notice (why a GPU machine serves the CPU model, what the GPU preflight found),
+    as a warning after the line; nothing where there is none."""
+    notice = health.get("notice")
+    return f" · ⚠️ {notice}" if notice else ""
 
 
 def compute_words(health: dict[str, Any]) -> str:

@@ -11,6 +11,7 @@ from backend.engines import ENGINES, EngineOptions, create_engine
 from backend.engines.auto import AUTO, auto_engine
 from backend.engines.base import Engine
 from backend.engines.embedded.compute import COMPUTE_CHOICES
+from backend.engines.http.sglang_launch import FIRST_START_TIMEOUT_S, STARTUP_TIMEOUT_S
 
 DEFAULT_ENGINE = AUTO
 """The engine when neither --engine nor DASHBOARD_ENGINE names one."""
@@ -97,6 +98,9 @@ ENGINE_SETTINGS: tuple[Setting, ...] = (
         ("SGLANG_START_TIMEOUT",),
         "engine `auto` where it starts an SGLang server: seconds it may take to answer `/health` "
         "before it is stopped and the engine fails",
+        kind=float,
+        default_words=f"{STARTUP_TIMEOUT_S:g}, or {FIRST_START_TIMEOUT_S:g} on a first start (SGLang's "
+        "compile cache empty)",
     ),
     Setting(
         "default_model",
@@ -152,7 +156,8 @@ def _with_option_defaults(settings: tuple[Setting, ...]) -> tuple[Setting, ...]:
         field = fields.get(setting.name)
         if field is not None:
             default = setting.default if callable(setting.default) else field.default
-            setting = dataclasses.replace(setting, default=default, kind=type(field.default))
+            kind = setting.kind if field.default is None else type(field.default)
+            setting = dataclasses.replace(setting, default=default, kind=kind)
         declared.append(setting)
     missing = set(fields) - {s.name for s in declared}
     if missing:

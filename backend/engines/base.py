@@ -204,6 +204,11 @@ class Engine(ABC):
     name: str = ""
     """Registry name (`--engine NAME`)."""
 
+    notice: str = ""
+    """What the page's engine line should warn of besides the engine and model (set by whoever
+    chose the engine: `--engine auto` serving the CPU model on a machine whose GPU SGLang cannot
+    use says why here); empty for nothing."""
+
     @property
     @abstractmethod
     def model(self) -> str:
@@ -243,6 +248,15 @@ class Engine(ABC):
     def generate(self, prompt: Prompt, n: int, params: SamplingParams) -> Generation:
         """Start `n` samples of `prompt`; chunks arrive by iterating the returned Generation."""
 
+    def lost_cause(self) -> str | None:
+        """Why the engine can no longer serve (a process of its own has exited), or None while it
+        can; the backend asks every second while the engine is ready, and on a SIGQUIT from one of
+        its processes."""
+        return None
+
     def health(self) -> dict[str, Any]:
         """Engine facts for the /health endpoint (at least the running sample count)."""
-        return {"engine": self.name, "model": self.model}
+        facts: dict[str, Any] = {"engine": self.name, "model": self.model}
+        if self.notice:
+            facts["notice"] = self.notice
+        return facts

@@ -13,10 +13,13 @@ import asyncio
 import contextlib
 import json
 import logging
-from collections.abc import AsyncIterator
+import multiprocessing
+from collections.abc import AsyncIterator, Callable
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from backend.config.settings import DEFAULT_MODEL_ID
+from backend.engines import gpu_probe
 from backend.engines.base import (
     Chunk,
     Engine,
@@ -26,13 +29,25 @@ from backend.engines.base import (
     SamplingParams,
     template_token_ids,
 )
+from backend.engines.gpu_preflight import GpuFacts, check, needs_fp16
 from backend.engines.http.sglang import sglang_request
+from backend.engines.http.sglang_launch import exit_words
 from backend.engines.http.streams import SGLangStream
+from backend.engines.sglang_settings import engine_kwargs
 
 if TYPE_CHECKING:
     from backend.engines import EngineOptions
 
 log = logging.getLogger("backend.engines.sglang_inprocess")
+
+
+def process_title(pid: int) -> str:
+    """A process's title as SGLang sets it ("sglang::scheduler"), or "child" where it cannot be read."""
+    try:
+        title = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")[0].decode(errors="replace").strip()
+    except OSError:
+        return "child"
+    return title or "child"
 
 
 def parse_engine_args(options: EngineOptions) -> dict[str, Any]:
@@ -54,11 +69,23 @@ class SGLangInProcessEngine(Engine):
 
     name = "sglang-engine"
 
-    def __init__(self, model_path: str = DEFAULT_MODEL_ID, **engine_args: Any) -> None:
+    def __init__(
+        self,
+        model_path: str = DEFAULT_MODEL_ID,
+        probe: Callable[[], GpuFacts] = gpu_probe.probe,
+        **engine_args: Any,
+    ) -> None:
         self.model_path = model_path
         self.engine_args = engine_args
+        """The user's `sglang.Engine` arguments (`--sglang-args`)."""
+        self.probe = probe
+        """Reads this machine's GPU facts for the preflight (a stand-in in tests)."""
+        self.started_args: dict[str, Any] = {}
+        """The arguments `sglang.Engine` got: the dashboard's defaults for this GPU, then the user's."""
         self.sglang: Any = None
         self.generations: set[SGLangInProcessGeneration] = set()
+        self.children: dict[int, tuple[multiprocessing.process.BaseProcess, str]] = {}
+        """SGLang's processes (scheduler, detokenizer) by pid, with their titles, once started."""
 
     @classmethod
     def from_options(cls, options: EngineOptions) -> SGLangInProcessEngine:
@@ -70,18 +97,42 @@ class SGLangInProcessEngine(Engine):
     def model(self) -> str:
         return f"{self.model_path} (SGLang in-process)"
 
+    async def preflight(self) -> GpuFacts:
+        """Check the machine's GPU before SGLang starts on it: RuntimeError naming every missing
+        part where SGLang cannot use it; the rest is logged and said on the page (`notice`)."""
+        if str(self.engine_args.get("device", "cuda")).split(":")[0] != "cuda":
+            return GpuFacts()  # SGLang on the CPU (or another device) by the user's choice
+        facts = await asyncio.to_thread(self.probe)
+        report = check(facts)
+        for finding in report.findings:
+            log.warning("GPU preflight: %s", finding.sentence())
+        if not report.ready:
+            raise RuntimeError(
+                "SGLang cannot use this machine's GPU as it stands: " + report.summary(report.blocking)
+            )
+        if report.findings:
+            self.notice = report.summary()
+        return facts
+
     async def start(self) -> None:
         import sglang
 
+        facts = await self.preflight()
+        self.started_args = engine_kwargs(self.engine_args, fp16=needs_fp16(facts))
         # Loading weights and starting the scheduler processes blocks for seconds to minutes.
         try:
             self.sglang = await asyncio.to_thread(
-                sglang.Engine, model_path=self.model_path, **self.engine_args
+                sglang.Engine, model_path=self.model_path, **self.started_args
             )
         except Exception as exc:
             raise RuntimeError(
                 f"SGLang could not load {self.model_path}: {type(exc).__name__}: {exc}"
             ) from exc
+        self.children = {
+            child.pid: (child, process_title(child.pid))
+            for child in multiprocessing.active_children()
+            if child.pid
+        }
         # SGLang starts its request loop, and puts its own SIGTERM and SIGQUIT handlers on this loop,
         # on the first request; start it now, so that the backend can put its own back once (see
         # backend.serving.process) instead of SGLang's draining `sys.exit` answering the next SIGTERM.
@@ -91,7 +142,15 @@ class SGLangInProcessEngine(Engine):
         await asyncio.gather(*(g.aclose() for g in list(self.generations)), return_exceptions=True)
         if self.sglang is not None:
             engine, self.sglang = self.sglang, None
+            self.children = {}
             await asyncio.to_thread(engine.shutdown)
+
+    def lost_cause(self) -> str | None:
+        """Which of SGLang's processes has exited, and how (its scheduler, killed or crashed)."""
+        for pid, (child, title) in self.children.items():
+            if not child.is_alive():
+                return f"SGLang's {title} process (pid {pid}) ended, {exit_words(child.exitcode or 0)}"
+        return None
 
     @property
     def incremental(self) -> bool:

@@ -23,9 +23,10 @@ START_TIMEOUT_S = 60.0
 """How long app.py waits for the backend to listen (the engine then starts while the page runs)."""
 
 
-STOP_TIMEOUT_S = 30.0
+STOP_TIMEOUT_S = 7.0
 """How long the backend may take to stop after SIGTERM before it is killed: longer than an SGLang
-server it started takes to stop (20 s, then killed), so that server never outlives it."""
+server it started takes to stop (3 s, then killed), so that server never outlives it, and short
+enough that app.py and all it started are gone within a container's 10 s grace."""
 
 CHILD_FAILED = "one of the engine's processes failed and sent SIGQUIT (the backend's log has its traceback)"
 """What the page says when an engine's child process signals that it failed (SGLang's scheduler
@@ -49,6 +50,9 @@ def _serve(args: argparse.Namespace, host: str, port: int, ready: Connection, pa
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
 
+    closed: list[bool] = []
+    """Holds True once the server closed (the engine stopped), also where Ctrl-C cut the run short."""
+
     async def main() -> None:
         loop = asyncio.get_running_loop()
         stop = asyncio.Event()
@@ -62,7 +66,9 @@ def _serve(args: argparse.Namespace, host: str, port: int, ready: Connection, pa
             loop.add_signal_handler(signal.SIGTERM, stop.set)
             # An engine's child process (SGLang's scheduler) sends SIGQUIT when it fails; by default
             # that would end this process without a word.
-            loop.add_signal_handler(signal.SIGQUIT, server.engine_lost, CHILD_FAILED)
+            loop.add_signal_handler(
+                signal.SIGQUIT, lambda: server.engine_lost(server.engine.lost_cause() or CHILD_FAILED)
+            )
 
         handle_signals()
         try:
@@ -83,9 +89,16 @@ def _serve(args: argparse.Namespace, host: str, port: int, ready: Connection, pa
             watcher.cancel()
             settled.cancel()
             await server.close()
+            closed.append(True)
 
     with contextlib.suppress(KeyboardInterrupt):
         asyncio.run(main())
+    if closed:
+        # The engine and the server are stopped: exit without the interpreter's teardown (seconds
+        # with torch loaded on a busy machine, out of a container's 10 s stop grace). Otherwise the
+        # normal exit runs the atexit stops (a launched SGLang server's).
+        logging.shutdown()
+        os._exit(0)
 
 
 class BackendProcess:

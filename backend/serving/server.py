@@ -46,6 +46,9 @@ STARTING, READY, FAILED, LOST = "starting", "ready", "failed", "lost"
 """The engine's state as /health reports it (`BackendServer.engine_state`): LOST is an engine that
 was serving when a process of its own died."""
 
+LOST_CHECK_S = 1.0
+"""How often the backend asks a ready engine whether a process of its own has gone."""
+
 WS_PATH = "/ws"
 HEALTH_PATH = "/health"
 
@@ -93,6 +96,7 @@ class BackendServer:
         """STARTING until the engine's start returned, then READY, or FAILED with `engine_error`."""
         self.engine_error: str | None = None
         self._engine_task: asyncio.Task[None] | None = None
+        self._lost_watch: asyncio.Task[None] | None = None
         self.experiments = ExperimentServer(self, experiment_port) if experiment_port is not None else None
 
     @property
@@ -118,6 +122,7 @@ class BackendServer:
         else:
             await self.engine.start()
             self.engine_state = READY
+        self._lost_watch = asyncio.create_task(self._watch_engine(), name="engine watch")
         self._server = await serve(
             self._handle,
             self.host,
@@ -135,9 +140,12 @@ class BackendServer:
         log.info("serving %s engine (%s) at %s", self.engine.name, self.engine.model, self.url)
 
     def engine_problem(self) -> str | None:
-        """Why the engine cannot take requests now (still starting, or failed to), or None."""
+        """Why the engine cannot take requests now (still starting, failed to, or lost), or None."""
         if self.engine_state == READY:
-            return None
+            cause = self.engine.lost_cause()
+            if cause is None:
+                return None
+            self.engine_lost(cause)
         if self.engine_state == FAILED:
             return f"the {self.engine.name} engine could not start: {self.engine_error}"
         if self.engine_state == LOST:
@@ -156,7 +164,9 @@ class BackendServer:
     def engine_lost(self, reason: str) -> None:
         """The engine can no longer serve (a process of its own died): say so to /health and to every
         new request, instead of going on as if it could, and end the requests it was running with
-        an `engine_lost` error (they would wait for chunks that never come)."""
+        an `engine_lost` error (they would wait for chunks that never come). The first cause stays."""
+        if self.engine_state == LOST:
+            return
         self.engine_error = reason
         if self.engine_state != READY:
             self.engine_state = FAILED  # the start then fails, saying this
@@ -166,6 +176,18 @@ class BackendServer:
         log.error("the %s engine failed while serving: %s", self.engine.name, reason)
         for session in self.sessions:
             session.end_requests("engine_lost", self.engine_problem() or reason)
+
+    async def _watch_engine(self) -> None:
+        """Ask the ready engine every LOST_CHECK_S whether a process of its own has gone
+        (`Engine.lost_cause`); the first cause ends its running requests (`engine_lost`)."""
+        while True:
+            await asyncio.sleep(LOST_CHECK_S)
+            if self.engine_state != READY:
+                continue
+            cause = self.engine.lost_cause()
+            if cause is not None:
+                self.engine_lost(cause)
+                return
 
     async def _start_engine(self) -> None:
         try:
@@ -197,9 +219,10 @@ class BackendServer:
         if self._server is not None:
             self._server.close()
             await self._server.wait_closed()
-        if self._engine_task is not None:
-            self._engine_task.cancel()
-            await asyncio.gather(self._engine_task, return_exceptions=True)
+        for task in (self._engine_task, self._lost_watch):
+            if task is not None:
+                task.cancel()
+                await asyncio.gather(task, return_exceptions=True)
         if stop_engine:
             await self.engine.stop()
         if self._feed_task is not None:

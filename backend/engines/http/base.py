@@ -222,6 +222,11 @@ class HTTPEngine(Engine):
             "running_samples": sum(len(g.state.unfinished) for g in self.generations),
         }
 
+    async def failure_cause(self) -> str | None:
+        """What is known of why a stream from the server broke (a server this dashboard started
+        that exited), to say with the transport's error; None where nothing more is known."""
+        return None
+
     async def _watch(self) -> None:
         while True:
             await asyncio.sleep(HEALTH_INTERVAL_S)
@@ -307,12 +312,20 @@ class StreamingGeneration(QueuedGeneration):
                     self._put(self.on_payload(payload))
             self._put(self.tail())
             if self.state.unfinished:
-                self._put(self.state.fail_unfinished(f"{label} ended the stream before the sample finished"))
+                cause = await self.engine.failure_cause()
+                because = f"; {cause}" if cause else ""
+                self._put(
+                    self.state.fail_unfinished(
+                        f"{label} ended the stream before the sample finished{because}"
+                    )
+                )
         except httpx.HTTPError as exc:
             reason = describe_http_error(exc)
             if isinstance(exc, httpx.ConnectError):
                 self.engine.mark_unreachable(reason)
-            self._queue.put_nowait(EngineUnavailable(f"{label} at {url}: {reason}"))
+            cause = await self.engine.failure_cause()
+            because = f"; {cause}" if cause else ""
+            self._queue.put_nowait(EngineUnavailable(f"{label} at {url}: {reason}{because}"))
         except (EngineUnavailable, StreamProtocolError) as exc:
             self._queue.put_nowait(exc)
 

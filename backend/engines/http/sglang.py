@@ -30,13 +30,19 @@ from backend.engines.http.base import (
     StreamingGeneration,
     describe_http_error,
 )
-from backend.engines.http.sglang_launch import SGLangServerProcess
+from backend.engines.http.sglang_launch import SGLangServerProcess, exit_words
 from backend.engines.http.streams import SGLangStream
 
 if TYPE_CHECKING:
     from backend.engines import EngineOptions
 
 log = logging.getLogger("backend.engines.http.sglang")
+
+EXIT_WAIT_S = 1.0
+"""How long a broken stream waits to learn whether the launched server is exiting."""
+
+LOST_LOG_LINES = 8
+"""Lines of a launched server's log quoted when it exits while serving."""
 
 DEFAULT_SGLANG_URL = "http://127.0.0.1:30000"
 """Where `python -m sglang.launch_server` listens by default."""
@@ -67,9 +73,34 @@ class SGLangEngine(HTTPEngine):
         await super().start()
 
     async def stop(self) -> None:
-        await super().stop()
-        if self.launcher is not None:
-            await asyncio.to_thread(self.launcher.stop)
+        if self.launcher is None:
+            await super().stop()
+            return
+        # At once, not after the streams are closed: abort calls to a server that no longer answers
+        # would take their whole timeout, and a container gives the stop 10 s.
+        await asyncio.gather(super().stop(), asyncio.to_thread(self.launcher.stop))
+
+    async def failure_cause(self) -> str | None:
+        """Where the stream broke because the launched server is exiting (its scheduler died), that
+        cause: the server's exit is waited for up to EXIT_WAIT_S."""
+        if self.launcher is None:
+            return None
+        deadline = asyncio.get_running_loop().time() + EXIT_WAIT_S
+        while (cause := self.lost_cause()) is None and asyncio.get_running_loop().time() < deadline:  # noqa: ASYNC110 - a process's exit has no event here
+            await asyncio.sleep(0.1)
+        return cause
+
+    def lost_cause(self) -> str | None:
+        """Why the SGLang server this dashboard started can no longer serve: it exited by itself
+        (SGLang's server exits when its scheduler dies). None for a server given by URL, which the
+        periodic check follows instead."""
+        if self.launcher is None or self.served_model is None:
+            return None
+        code = self.launcher.exited()
+        if code is None:
+            return None
+        tail = self.launcher.log_tail(LOST_LOG_LINES)
+        return f"the SGLang server it started exited ({exit_words(code)}){tail}"
 
     @classmethod
     def from_options(cls, options: EngineOptions) -> SGLangEngine:
@@ -137,7 +168,9 @@ class SGLangEngine(HTTPEngine):
             health["router_workers"] = list(self.workers)
         if self.launcher is not None and self.served_model is None:
             log = f"; its output goes to {self.launcher.log_path}" if self.launcher.log_path else ""
-            health["loading_status"] = f"starting an SGLang server for {self.launcher.model}{log}"
+            health["loading_status"] = (
+                f"starting an SGLang server for {self.launcher.model}, {self.launcher.starting_words()}{log}"
+            )
         return health
 
     @property

@@ -2,34 +2,110 @@
 
 `--engine auto` on a GPU machine uses it to run SGLang for `--model`; the integration tests use it
 to run the real server on this CPU. Blocking calls (the engine runs them in a worker thread).
+
+The server's output goes through a pipe to a thread that writes it to a rotating log (`log_path`,
+then `log_path.1`), so it stays under LOG_MAX_BYTES * (LOG_BACKUPS + 1) however long the server
+runs; only that thread holds the file, and closes it when the server's output ends. Stopping it
+fits a container's 10 s grace:
+SIGTERM to its process group, STOP_TIMEOUT_S, then SIGKILL to the group.
 """
 
 from __future__ import annotations
 
 import atexit
 import contextlib
+import logging
+import logging.handlers
 import os
 import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 import urllib.error
 import urllib.request
 from collections.abc import Mapping, Sequence
 from pathlib import Path
+from typing import IO
 
 STARTUP_TIMEOUT_S = 600.0
-"""How long a fresh SGLang server may take to load weights and warm up before it counts as failed."""
+"""How long an SGLang server may take to load weights and warm up before it counts as failed."""
 
-STOP_TIMEOUT_S = 20.0
-"""How long the server may take to exit after SIGTERM before it is killed."""
+FIRST_START_TIMEOUT_S = 1800.0
+"""The same on a first start, when SGLang's compile cache is empty: on a GPU it then downloads the
+model, compiles its JIT kernels (and FlashInfer's) and captures CUDA graphs."""
+
+STOP_TIMEOUT_S = 3.0
+"""How long the server may take to exit after SIGTERM before its process group is killed: short, so
+that app.py, its backend and this server are all gone within a container's 10 s grace."""
+
+LOG_MAX_BYTES = 4 * 1024 * 1024
+"""Size at which the server's log is rotated."""
+
+LOG_BACKUPS = 1
+"""Rotated logs kept beside the current one (`log_path.1`)."""
 
 LOG_TAIL_LINES = 20
 """Lines of the server's output quoted when it fails to start."""
 
 HEALTH_POLL_S = 1.0
 """Pause between /health polls while the server starts."""
+
+
+def compile_cache(env: Mapping[str, str] = os.environ) -> Path:
+    """Where SGLang keeps its compiled JIT kernels (SGLANG_JIT_CACHE_DIR, by default ~/.cache/sglang/jit)."""
+    return Path(env.get("SGLANG_JIT_CACHE_DIR") or "~/.cache/sglang/jit").expanduser()
+
+
+def first_start(cache: Path) -> bool:
+    """Whether SGLang starts with an empty compile cache (it compiles its kernels during the start)."""
+    try:
+        return not any(cache.iterdir())
+    except OSError:
+        return True
+
+
+def start_timeout_of(given: float | None, first: bool) -> float:
+    """The start's time limit: the one given, else FIRST_START_TIMEOUT_S on a first start, else
+    STARTUP_TIMEOUT_S."""
+    if given is not None:
+        return given
+    return FIRST_START_TIMEOUT_S if first else STARTUP_TIMEOUT_S
+
+
+def rotating_log(path: Path) -> logging.Logger:
+    """A logger of its own writing bare lines to `path`, rotated at LOG_MAX_BYTES."""
+    handler = logging.handlers.RotatingFileHandler(
+        path, maxBytes=LOG_MAX_BYTES, backupCount=LOG_BACKUPS, encoding="utf-8"
+    )
+    handler.setFormatter(logging.Formatter("%(message)s"))
+    logger = logging.Logger(f"sglang-server:{path}", logging.INFO)  # not registered: no propagation
+    logger.addHandler(handler)
+    return logger
+
+
+def copy_output(pipe: IO[bytes], path: Path) -> None:
+    """Write the lines read from `pipe` to the rotating log at `path` until the pipe closes, then
+    close both (a thread's body)."""
+    logger = rotating_log(path)
+    try:
+        for line in iter(pipe.readline, b""):
+            logger.info(line.decode(errors="replace").rstrip("\n"))
+    finally:
+        pipe.close()
+        for handler in logger.handlers:
+            handler.close()
+
+
+def exit_words(code: int) -> str:
+    """A process's exit status in words: "exit status 1", "killed by SIGKILL"."""
+    if code < 0:
+        try:
+            return f"killed by {signal.Signals(-code).name}"
+        except ValueError:
+            return f"killed by signal {-code}"
+    return f"exit status {code}"
 
 
 def free_port() -> int:
@@ -51,7 +127,7 @@ class SGLangServerProcess:
         extra_args: Sequence[str] = (),
         env: Mapping[str, str] | None = None,
         log_path: Path | None = None,
-        start_timeout: float = STARTUP_TIMEOUT_S,
+        start_timeout: float | None = STARTUP_TIMEOUT_S,
     ) -> None:
         self.model = model
         self.python = python
@@ -59,9 +135,17 @@ class SGLangServerProcess:
         self.extra_args = list(extra_args)
         self.env = dict(env) if env is not None else None
         self.log_path = log_path
-        self.start_timeout = start_timeout
+        cache = compile_cache({**os.environ, **(self.env or {})})
+        self.first_start = start_timeout is None and first_start(cache)
+        """Whether this is a first start (no compile cache), which gets FIRST_START_TIMEOUT_S."""
+        self.start_timeout = start_timeout_of(start_timeout, self.first_start)
         """Seconds `start` waits for /health before it stops the server and fails."""
         self.process: subprocess.Popen[bytes] | None = None
+        self.started_at: float | None = None
+        """time.monotonic() at the start, None before it."""
+        self.exit_code: int | None = None
+        """The server's exit status once it has exited on its own while serving, else None."""
+        self._copier: threading.Thread | None = None
 
     @property
     def url(self) -> str:
@@ -89,18 +173,32 @@ class SGLangServerProcess:
         timeout = self.start_timeout if timeout is None else timeout
         if self.log_path is not None:
             self.log_path.parent.mkdir(parents=True, exist_ok=True)
-        output = open(self.log_path, "ab") if self.log_path else subprocess.DEVNULL
         env = {**os.environ, **self.env} if self.env is not None else None
         # Its own process group, so stop() ends the scheduler and detokenizer processes it spawns too.
         process = self.process = subprocess.Popen(
-            self.command(), stdout=output, stderr=subprocess.STDOUT, env=env, start_new_session=True
+            self.command(),
+            stdout=subprocess.PIPE if self.log_path else subprocess.DEVNULL,
+            stderr=subprocess.STDOUT,
+            env=env,
+            start_new_session=True,
         )
+        self.started_at = time.monotonic()
+        if self.log_path is not None:
+            assert process.stdout is not None
+            self._copier = threading.Thread(
+                target=copy_output,
+                args=(process.stdout, self.log_path),
+                name="sglang-server-log",
+                daemon=True,
+            )
+            self._copier.start()
         atexit.register(self.stop)
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if self.process is not process:  # `stop` ran (the dashboard is stopping) while it started
                 raise RuntimeError("the SGLang server was stopped while it started")
             if process.poll() is not None:
+                self._drain_output()
                 raise RuntimeError(
                     f"the SGLang server exited with {process.returncode} while starting{self.log_tail()}"
                 )
@@ -114,19 +212,50 @@ class SGLangServerProcess:
         self.stop()
         raise TimeoutError(f"the SGLang server did not answer /health within {timeout:g} s{self.log_tail()}")
 
+    def starting_words(self, now: float | None = None) -> str:
+        """How far the start is, for the page while it counts: seconds so far, of how many, and why
+        that many on a first start."""
+        if self.started_at is None:
+            return "not started yet"
+        elapsed = (time.monotonic() if now is None else now) - self.started_at
+        why = (
+            " (a first start: SGLang compiles its kernels, its compile cache being empty)"
+            if self.first_start
+            else ""
+        )
+        return f"{elapsed:.0f} s of at most {self.start_timeout:g} s{why}"
+
+    def exited(self) -> int | None:
+        """The server's exit status where it has exited by itself (not stopped by `stop`), else None."""
+        process = self.process
+        if process is None or process.poll() is None:
+            return None
+        self.exit_code = process.returncode
+        self._drain_output()
+        return self.exit_code
+
+    def _drain_output(self, limit_s: float = 2.0) -> None:
+        """Wait (briefly) until the server's last output is in its log."""
+        if self._copier is not None:
+            self._copier.join(limit_s)
+
     def log_tail(self, lines: int = LOG_TAIL_LINES) -> str:
         """The end of the server's output, to quote in an error ("" without a log)."""
         if self.log_path is None:
             return ""
         try:
-            text = self.log_path.read_text(errors="replace").splitlines()[-lines:]
+            text = self.log_path.read_text(errors="replace").splitlines()
+            if len(text) < lines:  # just rotated: the lines before are in the backup
+                backup = self.log_path.with_name(self.log_path.name + ".1")
+                if backup.exists():
+                    text = backup.read_text(errors="replace").splitlines() + text
         except OSError:
             return f"; its output was to go to {self.log_path}, which cannot be read"
-        return f"; the end of its output ({self.log_path}):\n" + "\n".join(text)
+        return f"; the end of its output ({self.log_path}):\n" + "\n".join(text[-lines:])
 
     def stop(self) -> None:
-        """Terminate the server's process group; kill it if it does not exit in time, and kill
-        what is left of the group (a scheduler still loading) once the server itself has exited."""
+        """Terminate the server's process group; kill the group if the server does not exit within
+        STOP_TIMEOUT_S, and kill what is left of it (a scheduler still loading) once it has."""
         process, self.process = self.process, None
         if process is None:
             return
@@ -139,3 +268,4 @@ class SGLangServerProcess:
         with contextlib.suppress(ProcessLookupError):
             os.killpg(process.pid, signal.SIGKILL)
         process.wait()
+        self._drain_output()

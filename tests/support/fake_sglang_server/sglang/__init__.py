@@ -1,0 +1,1 @@
+"""Stand-in SGLang package: only `sglang.launch_server` (see launch_server.py)."""

@@ -1,0 +1,167 @@
+"""The launched SGLang server's life, with a stand-in server (tests/support/fake_sglang_server): its
+log rotated and its handle closed, the first start's longer time limit said on the page while it
+counts, and a server whose scheduler dies ending the requests it ran with the cause."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import time
+from pathlib import Path
+
+import pytest
+from websockets.asyncio.client import connect
+
+import backend.engines.http.sglang_launch as launch
+from backend.engines.http.sglang import SGLangEngine
+from backend.engines.http.sglang_launch import (
+    FIRST_START_TIMEOUT_S,
+    STARTUP_TIMEOUT_S,
+    SGLangServerProcess,
+    exit_words,
+)
+from devkit.frames import recv_frame
+from devkit.local import ROOT
+from tests.support.backends import serving
+from ui.engine_info import engine_line_now
+
+STAND_IN = ROOT / "tests" / "support" / "fake_sglang_server"
+
+
+def stand_in_server(tmp_path: Path, **env: str) -> SGLangServerProcess:
+    """The launcher, running the stand-in server, its log under `tmp_path`."""
+    cache = tmp_path / "jit"
+    cache.mkdir(exist_ok=True)
+    (cache / "built").write_text("")  # not a first start
+    return SGLangServerProcess(
+        "stand-in/model",
+        extra_args=["--log-level", "warning"],
+        env={"PYTHONPATH": str(STAND_IN), "SGLANG_JIT_CACHE_DIR": str(cache), **env},
+        log_path=tmp_path / "logs" / "sglang-server.log",
+        start_timeout=None,
+    )
+
+
+def open_files(path: Path) -> list[str]:
+    """This process's descriptors open on `path` or its rotated copy."""
+    found = []
+    for fd in Path("/proc/self/fd").iterdir():
+        try:
+            target = os.readlink(fd)
+        except OSError:
+            continue
+        if target.startswith(str(path)):
+            found.append(target)
+    return found
+
+
+def children(pid: int) -> list[str]:
+    """The child process ids of `pid`, from /proc."""
+    return Path(f"/proc/{pid}/task/{pid}/children").read_text().split()
+
+
+def test_the_server_log_is_rotated_and_its_handle_closed(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(launch, "LOG_MAX_BYTES", 20_000)
+    server = stand_in_server(tmp_path, FAKE_SGLANG_LOG_LINES="2000")  # ~180 KB of output
+    server.start(timeout=60)
+    try:
+        deadline = time.monotonic() + 30
+        while "log line 1999" not in server.log_tail(5):
+            assert time.monotonic() < deadline, server.log_tail(5)
+            time.sleep(0.2)
+    finally:
+        server.stop()
+    log = server.log_path
+    assert log is not None
+    sizes = [log.stat().st_size, log.with_name(log.name + ".1").stat().st_size]
+    assert all(size <= 20_000 for size in sizes), sizes
+    assert sorted(p.name for p in log.parent.iterdir()) == ["sglang-server.log", "sglang-server.log.1"]
+    assert open_files(log) == []  # the copying thread closed the log when the server's output ended
+
+
+def test_a_first_start_gets_longer_and_a_given_limit_stays(tmp_path: Path) -> None:
+    empty = tmp_path / "empty-jit"
+    empty.mkdir()
+    first = SGLangServerProcess("m", env={"SGLANG_JIT_CACHE_DIR": str(empty)}, start_timeout=None)
+    assert first.first_start and first.start_timeout == FIRST_START_TIMEOUT_S
+    (empty / "kernel.so").write_text("")
+    again = SGLangServerProcess("m", env={"SGLANG_JIT_CACHE_DIR": str(empty)}, start_timeout=None)
+    assert not again.first_start and again.start_timeout == STARTUP_TIMEOUT_S
+    given = SGLangServerProcess("m", env={"SGLANG_JIT_CACHE_DIR": str(tmp_path / "none")}, start_timeout=42)
+    assert not given.first_start and given.start_timeout == 42
+
+
+async def test_the_page_says_how_long_a_first_start_may_take_while_it_counts(tmp_path: Path) -> None:
+    never_ready = tmp_path / "never-ready"
+    never_ready.write_text("#!/bin/sh\nexec sleep 600\n")
+    never_ready.chmod(0o755)
+    cache = tmp_path / "jit"
+    cache.mkdir()
+    launcher = SGLangServerProcess(
+        "org/model",
+        python=str(never_ready),
+        env={"SGLANG_JIT_CACHE_DIR": str(cache)},
+        log_path=tmp_path / "server.log",
+        start_timeout=None,
+    )
+    async with serving(SGLangEngine(launcher.url, launcher=launcher), background=True) as server:
+        await asyncio.sleep(1.5)
+        line, starting = await engine_line_now(server.url)
+    assert starting and "starting an SGLang server for org/model" in line, line
+    assert f"s of at most {FIRST_START_TIMEOUT_S:g} s (a first start: SGLang compiles its kernels" in line, (
+        line
+    )
+
+
+def test_exit_statuses_in_words() -> None:
+    assert exit_words(-9) == "killed by SIGKILL" and exit_words(1) == "exit status 1"
+
+
+async def test_a_launched_server_whose_scheduler_dies_ends_its_requests_with_the_cause(
+    tmp_path: Path,
+) -> None:
+    launcher = stand_in_server(tmp_path)
+    async with serving(SGLangEngine(launcher.url, launcher=launcher), background=True) as server:
+        await server.engine_settled()
+        assert server.health()["engine_state"] == "ready", server.health()
+        async with connect(server.url) as ws:
+            frame = {"type": "generate", "id": "a", "prompt": "Hi", "n": 3, "format": "raw"}
+            await ws.send(json.dumps(frame | {"params": {"max_tokens": 2000}}))
+            while (await recv_frame(ws))["type"] != "chunk":
+                pass
+            assert launcher.process is not None
+            (scheduler,) = children(launcher.process.pid)
+            killed_at = time.monotonic()
+            os.kill(int(scheduler), signal.SIGKILL)
+            frames = []
+            while not frames or frames[-1]["type"] != "done":
+                frames.append(await recv_frame(ws, 10))
+            ended_in = time.monotonic() - killed_at
+            finishes = [f for f in frames if f["type"] == "finish"]
+            assert sorted((f["index"], f["reason"]) for f in finishes) == [
+                (0, "error"),
+                (1, "error"),
+                (2, "error"),
+            ]
+            causes = {f["engine"]["error"] for f in finishes}
+            assert all("the SGLang server it started exited (exit status 1)" in c for c in causes), causes
+            assert all("crashed with exit code -9" in c for c in causes), causes
+            assert ended_in < 5, ended_in
+            await ws.send(
+                json.dumps({"type": "generate", "id": "b", "prompt": "Hi", "n": 1, "format": "raw"})
+            )
+            refused = await recv_frame(ws, 10)
+        deadline = time.monotonic() + 5
+        while server.health()["engine_state"] != "lost":
+            assert time.monotonic() < deadline, server.health()
+            await asyncio.sleep(0.2)
+        line, _ = await engine_line_now(server.url)
+    assert (
+        line.startswith("⚠️") and "stopped working while serving: the SGLang server it started exited" in line
+    )
+    assert "Subprocess scheduler_0" in line and "crashed with exit code -9" in line, line
+    assert refused["type"] == "error" and refused["code"] in ("engine_not_ready", "engine_error"), refused
