@@ -1,9 +1,10 @@
 """Take a screenshot of the dashboard mid-stream: `python -m scripts.screenshot [OUT.png]`.
 
-Starts `app.py` on the synthetic engine on free ports, drives Debian's chromium with Playwright
-(n=8, token confidence on, Generate), and saves the whole page while the samples are still
-streaming: coloured tokens, where each sample parts from the others, the answers panel, the trace
-with its task tree.
+Starts `app.py` on free ports replaying the shipped SGLang run `docs/runs/lighthouse-sglang-cpu.json`
+(n = 4 samples of SmolLM2-135M-Instruct with their logprobs, at their recorded pace), drives
+Debian's chromium with Playwright (token confidence on, Generate), and saves the page once the
+samples have streamed their text: coloured tokens, where each sample parts from the others, the
+token tree, the trace with its task tree.
 """
 
 from __future__ import annotations
@@ -20,9 +21,10 @@ from devkit.local import CHROMIUM_ARGS, chromium_path, free_port, start_app  # n
 
 
 def main(out: str = "docs/screenshot.png") -> int:
-    """Save a mid-stream screenshot to `out`."""
+    """Save a screenshot of the replayed run to `out`."""
     port = free_port()
-    app = start_app(port, rate=12.0)
+    run = ROOT / "docs" / "runs" / "lighthouse-sglang-cpu.json"
+    app = start_app(port, extra=["--engine", "replay", "--run", str(run)])
     try:
         with sync_playwright() as p:
             browser = p.chromium.launch(executable_path=chromium_path(), args=CHROMIUM_ARGS)
@@ -30,14 +32,11 @@ def main(out: str = "docs/screenshot.png") -> int:
             # (content-visibility), so a full-page capture of a shorter viewport leaves them blank.
             page = browser.new_page(viewport={"width": 1440, "height": 2300})
             page.goto(f"http://127.0.0.1:{port}/")
-            page.locator("#n input[type=number]").fill("8")
-            page.locator("#n input[type=number]").press("Enter")
             page.get_by_role("button", name="Why sample n times").click()
             page.locator("#logprobs input[type=checkbox]").check()
-            page.locator("#answer-pattern textarea").fill(r"(\w+)\.")
             page.locator("#generate").click()
             page.wait_for_function(
-                "document.querySelector('#sample-7')?.textContent.length > 120", timeout=30_000
+                "document.querySelector('#sample-3')?.textContent.length > 150", timeout=60_000
             )
             page.wait_for_selector("#trace pre", timeout=30_000)  # the task tree, once a second
             time.sleep(1.0)
