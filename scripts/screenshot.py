@@ -1,4 +1,4 @@
-"""Take a screenshot of the dashboard mid-stream: `python -m scripts.screenshot [OUT.png]`.
+"""Take a screenshot of the dashboard with a run on it: `python -m scripts.screenshot [OUT.png]`.
 
 Starts `app.py` on free ports replaying the shipped SGLang run `docs/runs/lighthouse-sglang-cpu.json`
 (n = 4 samples of SmolLM2-135M-Instruct with their logprobs, at their recorded pace), drives
