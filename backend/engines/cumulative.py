@@ -9,10 +9,13 @@ the bytes it reads over a sample grow with the square of its length.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable
 from dataclasses import replace
 
 from backend.engines.base import Chunk, Generation
+
+log = logging.getLogger("backend")
 
 
 class CumulativeGeneration(Generation):
@@ -52,19 +55,33 @@ class CumulativeGeneration(Generation):
 
 class DeltaReader:
     """A consumer of cumulative outputs: what is new in each (the text after what it has seen, the
-    tokens past its count), as a consumer of vLLM's cumulative outputs works it out."""
+    tokens past its count, the logprobs past those it has), as a consumer of vLLM's cumulative
+    outputs works it out. The one cumulative-to-delta of the project: the teaching consumer reads
+    the engine's cumulative outputs with it, and the SGLang stream parser a cumulative server's.
 
-    def __init__(self) -> None:
+    With `check_prefix` (a server's stream, which should never rewrite what it sent) it keeps each
+    sample's text and says in the log when an output does not start with it, then goes on past the
+    text already shown, so the deltas still add up to what the client shows. Without it (the
+    teaching consumer, whose time per output the trace measures) it only slices."""
+
+    def __init__(self, check_prefix: bool = False) -> None:
         self._seen: dict[int, tuple[int, int, int]] = {}
         """Per sample: characters, tokens and logprobs seen."""
+        self._texts: dict[int, str] | None = {} if check_prefix else None
 
     def delta(self, output: Chunk) -> Chunk:
         """The delta chunk of a cumulative output (its finish reason and meta kept)."""
         chars, tokens, logprobs = self._seen.get(output.index, (0, 0, 0))
         new_logprobs = None if output.logprobs is None else output.logprobs[logprobs:]
+        text = output.text[chars:]
+        if self._texts is not None:
+            shown = self._texts.get(output.index, "")
+            if not output.text.startswith(shown):
+                log.warning("sample %d: cumulative text changed its prefix; continuing past it", output.index)
+            self._texts[output.index] = shown + text
         self._seen[output.index] = (
-            len(output.text),
-            output.tokens,  # count = num_tokens: the output already counts them all
-            logprobs if output.logprobs is None else len(output.logprobs),
+            chars + len(text),
+            max(output.tokens, tokens),  # count = num_tokens: the output already counts them all
+            logprobs if output.logprobs is None else max(len(output.logprobs), logprobs),
         )
-        return replace(output, text=output.text[chars:], tokens=output.tokens - tokens, logprobs=new_logprobs)
+        return replace(output, text=text, tokens=max(0, output.tokens - tokens), logprobs=new_logprobs)

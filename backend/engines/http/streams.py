@@ -18,10 +18,12 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 from dataclasses import dataclass, field, replace
 from typing import Any
 
 from backend.engines.base import Chunk
+from backend.engines.cumulative import DeltaReader
 
 log = logging.getLogger("backend.engines.http.streams")
 
@@ -121,8 +123,6 @@ class SampleState:
     tokens: int = 0
     request_id: str | None = None
     finished: bool = False
-    logprobs: int = 0
-    """Token logprobs taken so far (a cumulative stream repeats the earlier ones)."""
 
 
 @dataclass
@@ -196,6 +196,8 @@ class SGLangStream(StreamState):
         super().__init__(n)
         self.incremental = incremental
         self.logprobs = logprobs
+        self._deltas = DeltaReader(check_prefix=True)
+        """What is new in each cumulative event (not used with `incremental`)."""
 
     def request_id(self, index: int) -> str | None:
         """The server's id of sample `index` (for /abort_request), once its first event arrived."""
@@ -220,35 +222,23 @@ class SGLangStream(StreamState):
         if sample.finished:
             return []
         text = event.get("text") or ""
-        if self.incremental:
-            delta = text
-            sample.text += text
-        elif text.startswith(sample.text):
-            delta = text[len(sample.text) :]
-            sample.text = text
-        else:
-            # A cumulative server never rewrites what it sent; if one did, the UI keeps the old text
-            # and gets only what is new past it, so its deltas still add up to what it showed.
-            log.warning("sample %d: cumulative text changed its prefix; continuing past it", index)
-            delta = text[len(sample.text) :]
-            sample.text = sample.text + delta
         tokens = self._token_count(event, meta_info, sample)
-        new_tokens = max(0, tokens - sample.tokens)
-        sample.tokens = max(tokens, sample.tokens)
-        logprobs = self._new_logprobs(meta_info, sample) if self.logprobs else None
+        entries = (meta_info.get("output_token_logprobs") or []) if self.logprobs else None
         reason = sglang_finish_reason(meta_info.get("finish_reason"))
+        if self.incremental:
+            delta, new_tokens = text, max(0, tokens - sample.tokens)
+            sample.tokens = max(tokens, sample.tokens)
+            logprobs = None if entries is None else _entry_logprobs(entries)
+        else:
+            # The whole text so far, as the server sends it: what is new past what was shown.
+            values = None if entries is None else _entry_values(entries)
+            cumulative = self._deltas.delta(Chunk(index, text, tokens, logprobs=values))
+            delta, new_tokens = cumulative.text, cumulative.tokens
+            logprobs = None if cumulative.logprobs is None else _numbers(cumulative.logprobs)
         if reason is None:
             return [Chunk(index, delta, new_tokens, logprobs=logprobs)] if delta or new_tokens else []
         sample.finished = True
         return [Chunk(index, delta, new_tokens, reason, sglang_meta(meta_info), logprobs)]
-
-    def _new_logprobs(self, meta_info: dict[str, Any], sample: SampleState) -> tuple[float, ...]:
-        entries = meta_info.get("output_token_logprobs") or []
-        new = entries if self.incremental else entries[sample.logprobs :]
-        sample.logprobs += len(new)
-        return token_logprobs(
-            entry[0] if isinstance(entry, list | tuple) and entry else None for entry in new
-        )
 
     def _token_count(self, event: dict[str, Any], meta_info: dict[str, Any], sample: SampleState) -> int:
         completion = meta_info.get("completion_tokens")
@@ -256,6 +246,30 @@ class SGLangStream(StreamState):
             return completion
         output_ids = event.get("output_ids") or []
         return sample.tokens + len(output_ids) if self.incremental else len(output_ids)
+
+
+def _entry_values(entries: list[Any]) -> tuple[float, ...]:
+    """Each `[logprob, token id, text]` entry's logprob, NaN where the server gave none (so that
+    entries keep their places while a cumulative stream's are sliced)."""
+    return tuple(
+        float(entry[0])
+        if isinstance(entry, list | tuple)
+        and entry
+        and isinstance(entry[0], int | float)
+        and not isinstance(entry[0], bool)
+        else math.nan
+        for entry in entries
+    )
+
+
+def _numbers(values: tuple[float, ...]) -> tuple[float, ...]:
+    """The values that are numbers (NaN stands for an entry without one)."""
+    return tuple(v for v in values if not math.isnan(v))
+
+
+def _entry_logprobs(entries: list[Any]) -> tuple[float, ...]:
+    """The logprobs of `[logprob, token id, text]` entries that have one."""
+    return _numbers(_entry_values(entries))
 
 
 def token_logprobs(values: Any) -> tuple[float, ...]:
