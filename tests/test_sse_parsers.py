@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import logging
 from pathlib import Path
 from typing import Any
 
@@ -346,3 +347,17 @@ def test_a_chat_token_with_empty_text_counts_when_its_logprob_comes() -> None:
         json.dumps({"choices": [{"index": 0, "delta": {"content": ""}, "finish_reason": "length"}]})
     )
     assert closing.tokens == 0
+
+
+def test_a_cumulative_server_that_rewrites_its_text_is_said_and_the_deltas_still_add_up(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    stream = SGLangStream(1)
+    shown = ""
+    with caplog.at_level(logging.WARNING, "backend"):
+        for text, tokens in (("Hello", 1), ("Hello wor", 2), ("Jello world", 3)):
+            event = {"index": 0, "text": text, "meta_info": {"completion_tokens": tokens}}
+            for chunk in stream.feed_event(event):
+                shown += chunk.text
+    assert shown == "Hello world"  # what was shown stays; only what is new past it is added
+    assert "changed its prefix" in caplog.text
