@@ -49,10 +49,10 @@ class LinearClock:
         model_module.linear, model_module.linear_add = self.saved
 
     def _timed(self, call: Callable[..., Any]) -> Callable[..., Any]:
-        def timed(*args: Any) -> Any:
+        def timed(*args: Any, **kwargs: Any) -> Any:
             start = time.perf_counter()
             try:
-                return call(*args)
+                return call(*args, **kwargs)
             finally:
                 self.seconds += time.perf_counter() - start
 
