@@ -5,9 +5,10 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 import pytest
-from playwright.sync_api import Browser, sync_playwright
+from playwright.sync_api import Browser, Page, expect, sync_playwright
 
-from devkit.local import CHROMIUM_ARGS, chromium_path
+from devkit.local import CHROMIUM_ARGS, chromium_path, free_port, start_app
+from tests.support.backends import RunningApp
 
 
 @pytest.fixture(scope="module")
@@ -17,6 +18,29 @@ def browser() -> Iterator[Browser]:
         browser = p.chromium.launch(executable_path=chromium_path(), args=CHROMIUM_ARGS)
         yield browser
         browser.close()
+
+
+@pytest.fixture(scope="module")
+def synthetic_app(request: pytest.FixtureRequest) -> Iterator[RunningApp]:
+    """`python app.py` on the synthetic engine at the module's `APP_RATE` tokens/s per sample (25
+    where it sets none), one for the module's tests, stopped after them."""
+    port, backend_port = free_port(), free_port()
+    process = start_app(port, rate=getattr(request.module, "APP_RATE", 25.0), backend_port=backend_port)
+    try:
+        yield RunningApp(f"http://127.0.0.1:{port}/", f"http://127.0.0.1:{backend_port}/health")
+    finally:
+        process.terminate()
+        process.wait(15)
+
+
+@pytest.fixture
+def page(browser: Browser, synthetic_app: RunningApp) -> Iterator[Page]:
+    """A chromium tab on the module's app, once its Generate button shows."""
+    page = browser.new_page(viewport={"width": 1400, "height": 1000})
+    page.goto(synthetic_app.url)
+    expect(page.locator("#generate")).to_be_visible(timeout=30_000)
+    yield page
+    page.close()
 
 
 ENGINE_GROUPS = ("server_sglang", "server_vllm", "app_serving", "app_failing")

@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import os
 import time
-from collections.abc import Iterator
 
 import pytest
 from playwright.sync_api import Browser, Page, expect
 
 from backend.engines.synthetic import synthetic_tokens
-from devkit.local import chromium_path, free_port, start_app
+from devkit.local import chromium_path
+from tests.support.backends import RunningApp
 from ui.answers import compile_answer_pattern, final_answer, tally
 from ui.examples import EXAMPLES
 
@@ -20,24 +20,8 @@ if chromium_path() is None:
     pytest.skip("chromium is not installed (apt-get install chromium)", allow_module_level=True)
 
 
-@pytest.fixture(scope="module")
-def app_url() -> Iterator[str]:
-    port = free_port()
-    process = start_app(port, rate=15.0)
-    try:
-        yield f"http://127.0.0.1:{port}/"
-    finally:
-        process.terminate()
-        process.wait(15)
-
-
-@pytest.fixture
-def page(browser: Browser, app_url: str) -> Iterator[Page]:
-    page = browser.new_page(viewport={"width": 1400, "height": 1000})
-    page.goto(app_url)
-    expect(page.locator("#generate")).to_be_visible(timeout=30_000)
-    yield page
-    page.close()
+APP_RATE = 15.0
+"""Tokens/s per sample of this module's app (the `synthetic_app` fixture)."""
 
 
 def sample_text(page: Page, index: int) -> str:
@@ -129,12 +113,14 @@ def test_the_prompt_format_and_system_prompt_reach_the_backend(page: Page) -> No
     )
 
 
-def test_on_a_phone_wide_screen_the_summary_scrolls_sideways(browser: Browser, app_url: str) -> None:
+def test_on_a_phone_wide_screen_the_summary_scrolls_sideways(
+    browser: Browser, synthetic_app: RunningApp
+) -> None:
     """390 px wide: the run summary's headers stay on one line each and the table scrolls sideways,
     instead of its columns squeezing the headers letter by letter."""
     page = browser.new_page(viewport={"width": 390, "height": 844})
     try:
-        page.goto(app_url)
+        page.goto(synthetic_app.url)
         expect(page.locator("#generate")).to_be_visible(timeout=30_000)
         start(page, "Tell me about lighthouses.", 4, 24)
         expect(page.locator("#status")).to_contain_text("finished", timeout=30_000)

@@ -5,14 +5,13 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from playwright.sync_api import Browser, Page, expect
+from playwright.sync_api import Page, expect
 
 from backend.saved_run import SAVED_RUN_BYTES_MAX, parse_saved_run, saved_run_dict
-from devkit.local import ROOT, chromium_path, free_port, start_app
+from devkit.local import ROOT, chromium_path
 
 if chromium_path() is None:
     if os.environ.get("CI"):
@@ -22,24 +21,8 @@ if chromium_path() is None:
 SHEEP = ROOT / "docs" / "runs" / "sheep-sglang-cpu.json"
 
 
-@pytest.fixture(scope="module")
-def app_url() -> Iterator[str]:
-    port = free_port()
-    process = start_app(port, rate=40.0)
-    try:
-        yield f"http://127.0.0.1:{port}/"
-    finally:
-        process.terminate()
-        process.wait(15)
-
-
-@pytest.fixture
-def page(browser: Browser, app_url: str) -> Iterator[Page]:
-    page = browser.new_page(viewport={"width": 1400, "height": 1000})
-    page.goto(app_url)
-    expect(page.locator("#generate")).to_be_visible(timeout=30_000)
-    yield page
-    page.close()
+APP_RATE = 40.0
+"""Tokens/s per sample of this module's app (the `synthetic_app` fixture)."""
 
 
 def column_texts(page: Page, n: int) -> list[str]:

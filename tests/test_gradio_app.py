@@ -10,7 +10,6 @@ import subprocess
 import sys
 import time
 import urllib.request
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -18,6 +17,7 @@ from gradio_client import Client
 
 from backend.engines.synthetic import synthetic_tokens
 from devkit.local import ROOT, free_port, start_app
+from tests.support.backends import RunningApp
 from ui.sample_tree import WORD_UNITS
 from ui.sample_tree_view import value_rows
 
@@ -39,19 +39,8 @@ def headers(output: Any) -> list[str]:
     return [sample["header"] for sample in output[SAMPLES]["samples"]]
 
 
-@pytest.fixture(scope="module")
-def app() -> Iterator[dict[str, Any]]:
-    port, backend_port = free_port(), free_port()
-    process = start_app(port, rate=25.0, backend_port=backend_port)
-    try:
-        yield {"url": f"http://127.0.0.1:{port}/", "health": f"http://127.0.0.1:{backend_port}/health"}
-    finally:
-        process.terminate()
-        process.wait(15)
-
-
-def running_samples(app: dict[str, Any]) -> int:
-    with urllib.request.urlopen(app["health"], timeout=5) as response:
+def running_samples(synthetic_app: RunningApp) -> int:
+    with urllib.request.urlopen(synthetic_app.health, timeout=5) as response:
         return json.loads(response.read())["running_samples"]
 
 
@@ -62,8 +51,8 @@ def wait_for(predicate: Any, limit_s: float = 15.0) -> None:
         time.sleep(0.05)
 
 
-def test_generate_streams_n_columns(app: dict[str, Any]) -> None:
-    client = Client(app["url"], verbose=False)
+def test_generate_streams_n_columns(synthetic_app: RunningApp) -> None:
+    client = Client(synthetic_app.url, verbose=False)
     job = client.submit("Tell a story.", 4, 40, 0.8, 0.95, 5, api_name="/generate")
     final = job.result(timeout=60)
     outputs = job.outputs()
@@ -84,21 +73,21 @@ def test_generate_streams_n_columns(app: dict[str, Any]) -> None:
     assert len(outputs) < sum(len(synthetic_tokens(5 + i, 40, 0.8)[0]) for i in range(4)) / 2
 
 
-def test_cancel_stops_every_sample_in_the_engine(app: dict[str, Any]) -> None:
-    client = Client(app["url"], verbose=False)
+def test_cancel_stops_every_sample_in_the_engine(synthetic_app: RunningApp) -> None:
+    client = Client(synthetic_app.url, verbose=False)
     job = client.submit("Tell a long story.", 4, 1000, 0.8, 0.95, 1, api_name="/generate")
     wait_for(lambda: len(job.outputs()) >= 3)
-    assert running_samples(app) == 4
+    assert running_samples(synthetic_app) == 4
     final = client.predict(api_name="/cancel")
     for index in range(4):
         assert statuses(final)[index] == "aborted"
         assert 0 < len(texts(final)[index]) < 1000 * 4
-    assert running_samples(app) == 0
+    assert running_samples(synthetic_app) == 0
     assert statuses(job.result(timeout=15)) == statuses(final)  # Generate ends with the run drawn
 
 
-def test_stop_one_column(app: dict[str, Any]) -> None:
-    client = Client(app["url"], verbose=False)
+def test_stop_one_column(synthetic_app: RunningApp) -> None:
+    client = Client(synthetic_app.url, verbose=False)
     job = client.submit("Tell a story.", 3, 60, 0, 0.95, 1, api_name="/generate")
     wait_for(lambda: len(job.outputs()) >= 2)
     client.predict(1, api_name="/stop_sample")
@@ -106,17 +95,17 @@ def test_stop_one_column(app: dict[str, Any]) -> None:
     assert statuses(final) == ["length", "aborted", "length"]
 
 
-def test_a_cancelled_event_aborts_the_backend_request(app: dict[str, Any]) -> None:
-    client = Client(app["url"], verbose=False)
+def test_a_cancelled_event_aborts_the_backend_request(synthetic_app: RunningApp) -> None:
+    client = Client(synthetic_app.url, verbose=False)
     job = client.submit("Tell a long story.", 2, 1000, 0.8, 0.95, 1, api_name="/generate")
     wait_for(lambda: len(job.outputs()) >= 2)
-    assert running_samples(app) == 2
+    assert running_samples(synthetic_app) == 2
     job.cancel()  # what Gradio does for cancels=[...] and for a closed tab
-    wait_for(lambda: running_samples(app) == 0, limit_s=10)
+    wait_for(lambda: running_samples(synthetic_app) == 0, limit_s=10)
 
 
-def test_backend_errors_are_shown(app: dict[str, Any]) -> None:
-    client = Client(app["url"], verbose=False)
+def test_backend_errors_are_shown(synthetic_app: RunningApp) -> None:
+    client = Client(synthetic_app.url, verbose=False)
     final = client.predict("   ", 4, 40, 0.8, 0.95, 5, api_name="/generate")
     assert "the prompt is empty" in final[STATUS]
 
@@ -175,21 +164,21 @@ def test_a_backend_that_dies_mid_run_is_reported_and_the_next_run_works_after_a_
         process.wait(15)
 
 
-def test_several_people_generate_at_once(app: dict[str, Any]) -> None:
-    clients = [Client(app["url"], verbose=False) for _ in range(3)]
+def test_several_people_generate_at_once(synthetic_app: RunningApp) -> None:
+    clients = [Client(synthetic_app.url, verbose=False) for _ in range(3)]
     jobs = [c.submit("Hello", 2, 1000, 0.8, 0.95, i, api_name="/generate") for i, c in enumerate(clients)]
     # all three stream at the same time: none waits for another to finish
     wait_for(lambda: all(len(job.outputs()) >= 3 for job in jobs), limit_s=30)
     assert not any(job.done() for job in jobs)
-    assert running_samples(app) == 6
+    assert running_samples(synthetic_app) == 6
     for client, job in zip(clients, jobs, strict=True):
         client.predict(api_name="/cancel")
         job.result(timeout=15)
-    wait_for(lambda: running_samples(app) == 0)
+    wait_for(lambda: running_samples(synthetic_app) == 0)
 
 
-def test_the_trace_of_a_run_exports_for_perfetto(app: dict[str, Any]) -> None:
-    client = Client(app["url"], verbose=False)
+def test_the_trace_of_a_run_exports_for_perfetto(synthetic_app: RunningApp) -> None:
+    client = Client(synthetic_app.url, verbose=False)
     final = client.predict("Hello", 2, 20, 0.8, 0.95, 4, "blocking", 5, "requests", api_name="/generate")
     assert "finished" in final[STATUS]
     update = client.predict(api_name="/export_trace")  # the file, downloaded, and shown in the page
@@ -300,8 +289,8 @@ EXPERIMENTS = ("cooperative", 0, "n", "chat", "")
 """consumer, block ms, fan-out, prompt format, system prompt: the defaults, before the options below."""
 
 
-def test_token_confidence_parting_points_and_the_answer_vote(app: dict[str, Any]) -> None:
-    client = Client(app["url"], verbose=False)
+def test_token_confidence_parting_points_and_the_answer_vote(synthetic_app: RunningApp) -> None:
+    client = Client(synthetic_app.url, verbose=False)
     # Temperature 0: four identical samples, none parts from the others, all vote the same.
     same = client.predict(
         "Tell a story.", 4, 30, 0, 0.95, 5, *EXPERIMENTS, "delta", 0, True, r"(\w+)\.", api_name="/generate"
@@ -339,8 +328,8 @@ def test_token_confidence_parting_points_and_the_answer_vote(app: dict[str, Any]
     assert sum(row["count"] for row in rows if row["level"] == 1) == 4
 
 
-def test_a_bad_answer_pattern_is_said_and_the_run_goes_on(app: dict[str, Any]) -> None:
-    client = Client(app["url"], verbose=False)
+def test_a_bad_answer_pattern_is_said_and_the_run_goes_on(synthetic_app: RunningApp) -> None:
+    client = Client(synthetic_app.url, verbose=False)
     final = client.predict(
         "Tell a story.",
         2,
@@ -360,8 +349,8 @@ def test_a_bad_answer_pattern_is_said_and_the_run_goes_on(app: dict[str, Any]) -
     assert "the vote uses the last number instead" in final[ANSWERS_LINE]
 
 
-def test_cancel_after_and_cumulative_outputs_through_the_page(app: dict[str, Any]) -> None:
-    client = Client(app["url"], verbose=False)
+def test_cancel_after_and_cumulative_outputs_through_the_page(synthetic_app: RunningApp) -> None:
+    client = Client(synthetic_app.url, verbose=False)
     cut = client.predict(
         "Tell a story.", 3, 200, 0.8, 0.95, 5, *EXPERIMENTS, "delta", 4, api_name="/generate"
     )

@@ -15,16 +15,15 @@ import math
 import threading
 import time
 import uuid
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import httpx
-import pytest
 from gradio_client import Client, handle_file
 from gradio_client.exceptions import AppError
 
-from devkit.local import ROOT, free_port, start_app
+from devkit.local import ROOT
+from tests.support.backends import RunningApp
 
 SAMPLES, STATUS = 0, 1
 
@@ -154,17 +153,6 @@ def replay_files(folder: Path) -> dict[str, Path]:
     return paths
 
 
-@pytest.fixture(scope="module")
-def app() -> Iterator[str]:
-    port = free_port()
-    process = start_app(port, rate=25.0)
-    try:
-        yield f"http://127.0.0.1:{port}/"
-    finally:
-        process.terminate()
-        process.wait(15)
-
-
 def inputs(*changes: tuple[str, Any]) -> list[Any]:
     values = list(BASE)
     for name, value in changes:
@@ -256,7 +244,10 @@ def raw_answer(url: str, values: list[Any]) -> str:
     return "no answer"
 
 
-def test_hostile_inputs_get_a_message_and_never_stall_another_visitor(app: str, tmp_path: Path) -> None:
+def test_hostile_inputs_get_a_message_and_never_stall_another_visitor(
+    synthetic_app: RunningApp, tmp_path: Path
+) -> None:
+    app = synthetic_app.url
     watcher = Watcher(app)
     while not watcher.arrivals:
         time.sleep(0.05)

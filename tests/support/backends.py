@@ -1,9 +1,11 @@
-"""The backend in the test's own loop: started on a free port, closed after, whatever the test does."""
+"""The backend in the test's own loop (started on a free port, closed after, whatever the test does),
+and what a test gets of `python app.py` running for it (the `synthetic_app` fixture of conftest)."""
 
 from __future__ import annotations
 
 import contextlib
 from collections.abc import AsyncIterator
+from dataclasses import dataclass
 from typing import Any
 
 from backend.config.settings import Limits
@@ -30,3 +32,11 @@ async def serving(
         yield server
     finally:
         await server.close(stop_engine=not keep_engine)
+
+
+@dataclass(frozen=True)
+class RunningApp:
+    """`python app.py` serving a test module: its page's URL and its backend's /health URL."""
+
+    url: str
+    health: str
