@@ -174,6 +174,48 @@ class Generation(ABC):
         """
 
 
+class SampleTasksGeneration(Generation):
+    """A generation made of one task per sample, each putting its chunks on one queue (the synthetic
+    and replay engines). Subclasses start `_tasks`; the iterator ends after every sample's finish
+    chunk; it is in `running` (the engine's set of running generations) until then or `aclose`."""
+
+    def __init__(self, n: int, running: set[Any]) -> None:
+        self._queue: asyncio.Queue[Chunk] = asyncio.Queue()
+        self._unfinished = n
+        self._tasks: list[asyncio.Task[None]] = []
+        self._running = running
+        running.add(self)
+
+    @property
+    def running_samples(self) -> int:
+        """Sample tasks still running."""
+        return sum(not task.done() for task in self._tasks)
+
+    async def __anext__(self) -> Chunk:
+        if self._unfinished == 0:
+            self._running.discard(self)
+            raise StopAsyncIteration
+        chunk = await self._queue.get()
+        if chunk.finish_reason is not None:
+            self._unfinished -= 1
+        return chunk
+
+    async def abort(self, index: int | None = None) -> None:
+        """Cancel sample `index`'s task, or every sample's."""
+        targets = self._tasks if index is None else [self._tasks[index]]
+        for task in targets:
+            task.cancel()
+
+    async def aclose(self) -> None:
+        """Cancel the tasks still running and wait for them."""
+        running = [task for task in self._tasks if not task.done()]
+        for task in running:
+            task.cancel()
+        if running:  # after a full run every sample task has ended: nothing to wait for
+            await asyncio.gather(*running, return_exceptions=True)
+        self._running.discard(self)
+
+
 class QueuedGeneration(Generation):
     """A generation whose chunks (or the exception that ends it) a reader task of its own puts on a
     queue, as the HTTP engines and in-process SGLang read their streams. It is in `running` (the

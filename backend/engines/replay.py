@@ -28,6 +28,7 @@ from backend.engines.base import (
     Generation,
     Prompt,
     RequestRejected,
+    SampleTasksGeneration,
     SamplingParams,
 )
 from backend.saved_run import SAVED_RUN_BYTES_MAX, SavedRun, SavedRunError, SavedSample, parse_saved_run
@@ -132,28 +133,22 @@ class ReplayEngine(Engine):
 
     def generate(self, prompt: Prompt, n: int, params: SamplingParams) -> Generation:
         generation = ReplayGeneration(self, self._samples(n, params))
-        self._generations.add(generation)
         return generation
 
     def health(self) -> dict[str, Any]:
         running = sum(g.running_samples for g in self._generations)
         return {**super().health(), "running_requests": len(self._generations), "running_samples": running}
 
-    def _forget(self, generation: ReplayGeneration) -> None:
-        self._generations.discard(generation)
 
-
-class ReplayGeneration(Generation):
+class ReplayGeneration(SampleTasksGeneration):
     """A task per recorded sample, each putting its chunks on one queue at their recorded times."""
 
     def __init__(self, engine: ReplayEngine, samples: list[SavedSample]) -> None:
+        super().__init__(len(samples), engine._generations)
         self._engine = engine
-        self._queue: asyncio.Queue[Chunk] = asyncio.Queue()
-        self._unfinished = len(samples)
         self._ended: set[int] = set()
         """Samples whose finish chunk is on the queue."""
         started = asyncio.get_running_loop().time()
-        self._tasks = []
         for index, sample in enumerate(samples):
             task = asyncio.create_task(
                 self._replay(index, sample, started, engine.speed), name=f"replay-sample-{index}"
@@ -167,11 +162,6 @@ class ReplayGeneration(Generation):
         if index not in self._ended:
             self._ended.add(index)
             self._queue.put_nowait(chunk or Chunk(index, "", 0, reason))
-
-    @property
-    def running_samples(self) -> int:
-        """Sample tasks still replaying."""
-        return sum(not task.done() for task in self._tasks)
 
     async def _replay(self, index: int, sample: SavedSample, started: float, speed: float) -> None:
         loop = asyncio.get_running_loop()
@@ -193,25 +183,3 @@ class ReplayGeneration(Generation):
                     "",
                     Chunk(index, chunk.text, chunk.tokens, finish, dict(sample.engine), chunk.logprobs),
                 )
-
-    async def __anext__(self) -> Chunk:
-        if self._unfinished == 0:
-            self._engine._forget(self)
-            raise StopAsyncIteration
-        chunk = await self._queue.get()
-        if chunk.finish_reason is not None:
-            self._unfinished -= 1
-        return chunk
-
-    async def abort(self, index: int | None = None) -> None:
-        targets = self._tasks if index is None else [self._tasks[index]]
-        for task in targets:
-            task.cancel()
-
-    async def aclose(self) -> None:
-        running = [task for task in self._tasks if not task.done()]
-        for task in running:
-            task.cancel()
-        if running:
-            await asyncio.gather(*running, return_exceptions=True)
-        self._engine._forget(self)

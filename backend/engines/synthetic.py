@@ -16,7 +16,7 @@ import math
 import random
 from typing import TYPE_CHECKING, Any
 
-from backend.engines.base import Chunk, Engine, Generation, Prompt, SamplingParams
+from backend.engines.base import Chunk, Engine, Generation, Prompt, SampleTasksGeneration, SamplingParams
 
 if TYPE_CHECKING:
     from backend.engines import EngineOptions
@@ -160,25 +160,20 @@ class SyntheticEngine(Engine):
 
     def generate(self, prompt: Prompt, n: int, params: SamplingParams) -> Generation:
         generation = SyntheticGeneration(self, n, params)
-        self._generations.add(generation)
         return generation
 
     def health(self) -> dict[str, Any]:
         running = sum(g.running_samples for g in self._generations)
         return {**super().health(), "running_requests": len(self._generations), "running_samples": running}
 
-    def _forget(self, generation: SyntheticGeneration) -> None:
-        self._generations.discard(generation)
 
-
-class SyntheticGeneration(Generation):
+class SyntheticGeneration(SampleTasksGeneration):
     """n sample tasks feeding one queue; the iterator ends after every sample's finish chunk."""
 
     def __init__(self, engine: SyntheticEngine, n: int, params: SamplingParams) -> None:
+        super().__init__(n, engine._generations)
         self._engine = engine
         self._params = params
-        self._queue: asyncio.Queue[Chunk] = asyncio.Queue()
-        self._unfinished = n
         self._loop = asyncio.get_running_loop()
         self._started = self._loop.time()
         """Every sample's deadlines count from here, so equal intervals give equal deadlines."""
@@ -190,11 +185,6 @@ class SyntheticGeneration(Generation):
             asyncio.create_task(self._run_sample(index), name=f"synthetic-sample-{index}")
             for index in range(n)
         ]
-
-    @property
-    def running_samples(self) -> int:
-        """Sample tasks still generating."""
-        return sum(not task.done() for task in self._tasks)
 
     def _text(self, seed: int) -> tuple[list[str], str]:
         params = self._params
@@ -249,25 +239,3 @@ class SyntheticGeneration(Generation):
         except asyncio.CancelledError:
             put(Chunk(index, "", 0, "abort"))
             raise
-
-    async def __anext__(self) -> Chunk:
-        if self._unfinished == 0:
-            self._engine._forget(self)
-            raise StopAsyncIteration
-        chunk = await self._queue.get()
-        if chunk.finish_reason is not None:
-            self._unfinished -= 1
-        return chunk
-
-    async def abort(self, index: int | None = None) -> None:
-        targets = self._tasks if index is None else [self._tasks[index]]
-        for task in targets:
-            task.cancel()
-
-    async def aclose(self) -> None:
-        running = [task for task in self._tasks if not task.done()]
-        for task in running:
-            task.cancel()
-        if running:  # after a full run every sample task has ended: nothing to wait for
-            await asyncio.gather(*running, return_exceptions=True)
-        self._engine._forget(self)
