@@ -1,5 +1,6 @@
-"""The launched SGLang server's life, with a stand-in server (tests/support/fake_sglang_server): its
-log rotated and its handle closed, the first start's longer time limit said on the page while it
+"""The launched SGLang server's life, with a stand-in server (tests/support/fake_sglang_server): a port
+that another program takes before the server binds it given up for a fresh one, its log rotated and
+its handle closed, the first start's longer time limit said on the page while it
 counts, and a server whose scheduler dies ending the requests it ran with the cause."""
 
 from __future__ import annotations
@@ -8,7 +9,9 @@ import asyncio
 import json
 import os
 import signal
+import socket
 import time
+import urllib.request
 from pathlib import Path
 
 import pytest
@@ -57,6 +60,12 @@ def open_files(path: Path) -> list[str]:
     return found
 
 
+def model_info(url: str) -> object:
+    """What the server at `url` answers to GET /model_info."""
+    with urllib.request.urlopen(url + "/model_info", timeout=5) as response:
+        return json.load(response)
+
+
 def children(pid: int) -> list[str]:
     """The child process ids of `pid`, from /proc."""
     return Path(f"/proc/{pid}/task/{pid}/children").read_text().split()
@@ -81,6 +90,52 @@ def test_the_server_log_is_rotated_and_its_handle_closed(
     assert all(size <= 20_000 for size in sizes), sizes
     assert sorted(p.name for p in log.parent.iterdir()) == ["sglang-server.log", "sglang-server.log.1"]
     assert open_files(log) == []  # the copying thread closed the log when the server's output ended
+
+
+async def test_a_port_another_program_takes_first_is_given_up_for_a_fresh_one(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The chosen port was free, but another program binds it before the server does: a dashboard
+    backend (it answers /health with 200, as SGLang does), then a listener that answers nothing. The
+    launcher does not take either for SGLang: it starts the server again on the next port and
+    returns once the server there answers as SGLang, the log saying why."""
+    mute = socket.socket()
+    mute.bind(("127.0.0.1", 0))
+    mute.listen()
+    server = stand_in_server(tmp_path)
+    free = launch.free_port
+    next_ports = iter([mute.getsockname()[1]])
+    monkeypatch.setattr(launch, "free_port", lambda: next(next_ports, None) or free())
+    try:
+        async with serving() as backend:
+            taken = [backend.port, mute.getsockname()[1]]
+            server.port = backend.port
+            await asyncio.to_thread(server.start, 60)
+            try:
+                assert server.port not in taken
+                assert await asyncio.to_thread(model_info, server.url) == {"model_path": "stand-in/model"}
+            finally:
+                server.stop()
+    finally:
+        mute.close()
+    log = server.log_tail(100)
+    assert f"port {taken[0]} is held by another program (GET /model_info answered HTTP 404)" in log, log
+    assert f"port {taken[1]} is held by another program (a program listening there)" in log, log
+
+
+async def test_a_launcher_whose_every_port_is_taken_says_so(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    async with serving() as backend:
+        monkeypatch.setattr(launch, "free_port", lambda: backend.port)
+        server = stand_in_server(tmp_path)
+        server.port = backend.port
+        with pytest.raises(RuntimeError) as raised:
+            await asyncio.to_thread(server.start, 60)
+    assert server.process is None
+    said = str(raised.value)
+    assert said.startswith("the SGLang server could not keep a port: another program took each one first")
+    assert said.count(f"port {backend.port}: GET /model_info answered HTTP 404") == launch.PORT_ATTEMPTS
 
 
 def test_a_first_start_gets_longer_and_a_given_limit_stays(tmp_path: Path) -> None:

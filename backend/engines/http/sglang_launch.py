@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import json
 import logging
 import logging.handlers
 import os
@@ -51,6 +52,9 @@ LOG_TAIL_LINES = 20
 
 HEALTH_POLL_S = 1.0
 """Pause between /health polls while the server starts."""
+
+PORT_ATTEMPTS = 3
+"""Ports tried in turn when another program takes the chosen one before SGLang binds it."""
 
 
 def compile_cache(env: Mapping[str, str] = os.environ) -> Path:
@@ -115,6 +119,45 @@ def free_port() -> int:
         return int(sock.getsockname()[1])
 
 
+def listening(port: int) -> bool:
+    """Whether a program accepts TCP connections on 127.0.0.1:`port`."""
+    try:
+        with socket.create_connection(("127.0.0.1", port), timeout=1):
+            return True
+    except OSError:
+        return False
+
+
+def http_status(url: str) -> int | None:
+    """The HTTP status a GET of `url` answers with, None where nothing answers."""
+    try:
+        with urllib.request.urlopen(url, timeout=5) as response:
+            return int(response.status)
+    except urllib.error.HTTPError as error:
+        return int(error.code)
+    except (urllib.error.URLError, OSError):
+        return None
+
+
+def port_holder(url: str) -> str | None:
+    """None where the server at `url` is SGLang (its /model_info names a model_path) or nothing
+    answers there; else what answered, in words: the port is held by another program."""
+    try:
+        with urllib.request.urlopen(url + "/model_info", timeout=5) as response:
+            body = response.read(4096)
+    except urllib.error.HTTPError as error:
+        return f"GET /model_info answered HTTP {error.code}"
+    except (urllib.error.URLError, OSError):
+        return None
+    try:
+        info = json.loads(body)
+    except ValueError:
+        return "GET /model_info answered something other than JSON"
+    if isinstance(info, dict) and "model_path" in info:
+        return None
+    return "GET /model_info answered without a model_path"
+
+
 class SGLangServerProcess:
     """`python -m sglang.launch_server --model-path MODEL` on 127.0.0.1 at a free port."""
 
@@ -168,11 +211,35 @@ class SGLangServerProcess:
         ]
 
     def start(self, timeout: float | None = None) -> None:
-        """Start the server and return once /health answers 200 (within `timeout`, by default
-        `start_timeout`); RuntimeError if it exits first, TimeoutError (the server stopped) if slower."""
+        """Start the server and return once it answers as SGLang (within `timeout`, by default
+        `start_timeout`); RuntimeError if it exits first, TimeoutError (the server stopped) if slower.
+
+        The port was free when chosen, but another program may bind it before SGLang does (SGLang
+        binds only once its model is loaded). A port answered by something other than SGLang, or one
+        that SGLang exited on while something else held it, is given up for a fresh one, up to
+        PORT_ATTEMPTS times, within the same time limit."""
         timeout = self.start_timeout if timeout is None else timeout
         if self.log_path is not None:
             self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        atexit.register(self.stop)
+        deadline = time.monotonic() + timeout
+        taken: list[str] = []
+        for _ in range(PORT_ATTEMPTS):
+            process = self._spawn()
+            holder = self._wait_until_serving(process, deadline, timeout)
+            if holder is None:
+                return
+            taken.append(f"port {self.port}: {holder}")
+            self.stop()
+            self._log_line(f"[dashboard] port {self.port} is held by another program ({holder}); next port")
+            self.port = free_port()
+        raise RuntimeError(
+            "the SGLang server could not keep a port: another program took each one first"
+            f" ({'; '.join(taken)})"
+        )
+
+    def _spawn(self) -> subprocess.Popen[bytes]:
+        """Start the server's process (in its own process group) and the thread that logs its output."""
         env = {**os.environ, **self.env} if self.env is not None else None
         # Its own process group, so stop() ends the scheduler and detokenizer processes it spawns too.
         process = self.process = subprocess.Popen(
@@ -182,7 +249,8 @@ class SGLangServerProcess:
             env=env,
             start_new_session=True,
         )
-        self.started_at = time.monotonic()
+        if self.started_at is None:
+            self.started_at = time.monotonic()
         if self.log_path is not None:
             assert process.stdout is not None
             self._copier = threading.Thread(
@@ -192,25 +260,39 @@ class SGLangServerProcess:
                 daemon=True,
             )
             self._copier.start()
-        atexit.register(self.stop)
-        deadline = time.monotonic() + timeout
+        return process
+
+    def _wait_until_serving(
+        self, process: subprocess.Popen[bytes], deadline: float, timeout: float
+    ) -> str | None:
+        """Poll until SGLang serves at the port (None) or another program is found holding it (what
+        answered there); RuntimeError if the server exits or is stopped, TimeoutError (`timeout` s
+        after the start) at `deadline`."""
         while time.monotonic() < deadline:
             if self.process is not process:  # `stop` ran (the dashboard is stopping) while it started
                 raise RuntimeError("the SGLang server was stopped while it started")
             if process.poll() is not None:
                 self._drain_output()
+                if listening(self.port):  # it exited, and another program holds its port
+                    return port_holder(self.url) or "a program listening there"
                 raise RuntimeError(
                     f"the SGLang server exited with {process.returncode} while starting{self.log_tail()}"
                 )
-            try:
-                with urllib.request.urlopen(self.url + "/health", timeout=5) as response:
-                    if response.status == 200:
-                        return
-            except (urllib.error.URLError, OSError):
-                pass
+            if http_status(self.url + "/health") == 200:
+                holder = port_holder(self.url)
+                if holder is None:
+                    return None
+                if process.poll() is None:  # SGLang still loading: the answer came from someone else
+                    return holder
             time.sleep(HEALTH_POLL_S)
         self.stop()
         raise TimeoutError(f"the SGLang server did not answer /health within {timeout:g} s{self.log_tail()}")
+
+    def _log_line(self, line: str) -> None:
+        """Add a line of the dashboard's own to the server's log (where there is one)."""
+        if self.log_path is not None:
+            with contextlib.suppress(OSError), self.log_path.open("a") as log:
+                log.write(line + "\n")
 
     def starting_words(self, now: float | None = None) -> str:
         """How far the start is, for the page while it counts: seconds so far, of how many, and why
