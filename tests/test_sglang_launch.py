@@ -123,6 +123,22 @@ async def test_a_port_another_program_takes_first_is_given_up_for_a_fresh_one(
     assert f"port {taken[1]} is held by another program (a program listening there)" in log, log
 
 
+def test_a_free_port_is_picked_under_the_ports_the_kernel_hands_out(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    low, _ = launch.ephemeral_ports()
+    picked = {launch.free_port() for _ in range(20)}
+    assert all(low - launch.PICKED_PORTS <= port < low for port in picked), (low, picked)
+    assert len(picked) > 1
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", picked.pop()))
+    no_room = tmp_path / "ip_local_port_range"
+    no_room.write_text("1024\t65535\n")
+    monkeypatch.setattr(launch, "EPHEMERAL_RANGE_FILE", no_room)
+    assert launch.ephemeral_ports() == (1024, 65535)
+    assert 1024 <= launch.free_port() <= 65535
+
+
 async def test_a_launcher_whose_every_port_is_taken_says_so(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -18,6 +18,7 @@ import json
 import logging
 import logging.handlers
 import os
+import random
 import signal
 import socket
 import subprocess
@@ -55,6 +56,15 @@ HEALTH_POLL_S = 1.0
 
 PORT_ATTEMPTS = 3
 """Ports tried in turn when another program takes the chosen one before SGLang binds it."""
+
+EPHEMERAL_RANGE_FILE = Path("/proc/sys/net/ipv4/ip_local_port_range")
+"""Where Linux says which ports it hands out by itself."""
+
+PICKED_PORTS = 12_000
+"""How many ports under the kernel's ephemeral range `free_port` picks from."""
+
+PICK_TRIES = 20
+"""Random ports `free_port` tries before it lets the kernel assign one."""
 
 
 def compile_cache(env: Mapping[str, str] = os.environ) -> Path:
@@ -112,8 +122,30 @@ def exit_words(code: int) -> str:
     return f"exit status {code}"
 
 
+def ephemeral_ports() -> tuple[int, int]:
+    """The range of ports the kernel assigns by itself (a bind to port 0, an outgoing connection),
+    from /proc; Linux's default where it cannot be read."""
+    try:
+        low, high = (int(word) for word in EPHEMERAL_RANGE_FILE.read_text().split())
+    except (OSError, ValueError):
+        return 32768, 60999
+    return low, high
+
+
 def free_port() -> int:
-    """A TCP port on 127.0.0.1 that nothing listens on right now."""
+    """A TCP port on 127.0.0.1 that nothing listens on right now, chosen at random below the
+    kernel's ephemeral range where there is room (PICKED_PORTS ports under it), so that a server
+    which binds it seconds later (SGLang binds once its model is loaded) does not lose it to a
+    program that asks the kernel for any free port in between. Else one the kernel assigns."""
+    low, _ = ephemeral_ports()
+    candidates = range(max(1024, low - PICKED_PORTS), low)
+    for port in random.sample(candidates, min(PICK_TRIES, len(candidates))):
+        with socket.socket() as sock:
+            try:
+                sock.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         return int(sock.getsockname()[1])
