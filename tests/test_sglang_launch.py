@@ -11,6 +11,7 @@ import os
 import signal
 import socket
 import time
+import urllib.error
 import urllib.request
 from pathlib import Path
 
@@ -119,8 +120,29 @@ async def test_a_port_another_program_takes_first_is_given_up_for_a_fresh_one(
     finally:
         mute.close()
     log = server.log_tail(100)
-    assert f"port {taken[0]} is held by another program (GET /model_info answered HTTP 404)" in log, log
+    backend_said = "GET /model_info answered HTTP 404; GET /v1/models answered HTTP 404"
+    assert f"port {taken[0]} is held by another program ({backend_said})" in log, log
     assert f"port {taken[1]} is held by another program (a program listening there)" in log, log
+
+
+def test_a_server_started_with_an_api_key_is_known_for_sglang_through_it(tmp_path: Path) -> None:
+    """SGLang with --api-key answers /model_info only with the key: the launcher sends it (from the
+    flags it starts the server with), and takes a refusal of another key for SGLang, not a stranger."""
+    server = stand_in_server(tmp_path)
+    server.extra_args += ["--api-key", "k-1"]
+    server.api_key = launch.api_key_of(server.extra_args)
+    assert server.api_key == "k-1" and launch.api_key_of(["--api-key=k-2", "--port", "1"]) == "k-2"
+    assert launch.api_key_of(["--api-key-file", "f"]) is None
+    server.start(timeout=60)
+    try:
+        assert launch.port_holder(server.url, "k-1") is None
+        assert launch.port_holder(server.url, "wrong") is None
+        with pytest.raises(urllib.error.HTTPError) as refused:
+            model_info(server.url)
+        assert refused.value.code == 401
+    finally:
+        server.stop()
+    assert "held by another program" not in server.log_tail(100)
 
 
 def test_a_free_port_is_picked_under_the_ports_the_kernel_hands_out(

@@ -12,6 +12,7 @@ SIGTERM to its process group, STOP_TIMEOUT_S, then SIGKILL to the group.
 
 from __future__ import annotations
 
+import argparse
 import atexit
 import contextlib
 import json
@@ -171,23 +172,43 @@ def http_status(url: str) -> int | None:
         return None
 
 
-def port_holder(url: str) -> str | None:
-    """None where the server at `url` is SGLang (its /model_info names a model_path) or nothing
-    answers there; else what answered, in words: the port is held by another program."""
-    try:
-        with urllib.request.urlopen(url + "/model_info", timeout=5) as response:
-            body = response.read(4096)
-    except urllib.error.HTTPError as error:
-        return f"GET /model_info answered HTTP {error.code}"
-    except (urllib.error.URLError, OSError):
-        return None
-    try:
-        info = json.loads(body)
-    except ValueError:
-        return "GET /model_info answered something other than JSON"
-    if isinstance(info, dict) and "model_path" in info:
-        return None
-    return "GET /model_info answered without a model_path"
+def api_key_of(args: Sequence[str]) -> str | None:
+    """The `--api-key` among launch_server's flags, None where none is given."""
+    parser = argparse.ArgumentParser(add_help=False, allow_abbrev=False)
+    parser.add_argument("--api-key")
+    known, _ = parser.parse_known_args(list(args))
+    return known.api_key
+
+
+def port_holder(url: str, api_key: str | None = None) -> str | None:
+    """None where the server at `url` answers as SGLang does, or nothing answers there; else what
+    answered, in words: the port is held by another program. SGLang's /model_info names a model_path
+    (its OpenAI model list is asked where /model_info is not found); a server that refuses the key
+    (HTTP 401 or 403) is taken for SGLang started with another one."""
+    headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+    said = ""
+    for path, field in (("/model_info", "model_path"), ("/v1/models", "data")):
+        try:
+            request = urllib.request.Request(url + path, headers=headers)
+            with urllib.request.urlopen(request, timeout=5) as response:
+                body = response.read(65536)
+        except urllib.error.HTTPError as error:
+            if error.code in (401, 403):
+                return None
+            said += f"{'; ' if said else ''}GET {path} answered HTTP {error.code}"
+            if error.code == 404:
+                continue
+            return said
+        except (urllib.error.URLError, OSError):
+            return None
+        try:
+            info = json.loads(body)
+        except ValueError:
+            return f"GET {path} answered something other than JSON"
+        if isinstance(info, dict) and field in info:
+            return None
+        return f"GET {path} answered without a {field}"
+    return said
 
 
 class SGLangServerProcess:
@@ -208,6 +229,8 @@ class SGLangServerProcess:
         self.python = python
         self.port = port or free_port()
         self.extra_args = list(extra_args)
+        self.api_key = api_key_of(self.extra_args)
+        """The server's `--api-key`, sent when the launcher asks it what it serves."""
         self.env = dict(env) if env is not None else None
         self.log_path = log_path
         cache = compile_cache({**os.environ, **(self.env or {})})
@@ -306,12 +329,12 @@ class SGLangServerProcess:
             if process.poll() is not None:
                 self._drain_output()
                 if listening(self.port):  # it exited, and another program holds its port
-                    return port_holder(self.url) or "a program listening there"
+                    return port_holder(self.url, self.api_key) or "a program listening there"
                 raise RuntimeError(
                     f"the SGLang server exited with {process.returncode} while starting{self.log_tail()}"
                 )
             if http_status(self.url + "/health") == 200:
-                holder = port_holder(self.url)
+                holder = port_holder(self.url, self.api_key)
                 if holder is None:
                     return None
                 if process.poll() is None:  # SGLang still loading: the answer came from someone else

@@ -5,7 +5,8 @@ PYTHONPATH: /health, /model_info, /server_info (incremental streaming output), a
 streaming one incremental word per sample every 0.1 s for max_new_tokens words. Like SGLang's
 server, it runs a "scheduler" child process in its process group and exits when that child dies
 (SGLang's SubprocessWatchdog). With FAKE_SGLANG_IGNORE_SIGTERM=1 it ignores SIGTERM, as a server
-stuck in its shutdown would; FAKE_SGLANG_LOG_LINES=N prints N log lines at start.
+stuck in its shutdown would; FAKE_SGLANG_LOG_LINES=N prints N log lines at start. With
+`--api-key K` every path but /health wants `Authorization: Bearer K`, as SGLang's do.
 """
 
 from __future__ import annotations
@@ -25,6 +26,15 @@ STEP_S = 0.1
 
 class Handler(BaseHTTPRequestHandler):
     model = ""
+    api_key = ""
+
+    def refused(self) -> bool:
+        """With --api-key, as SGLang: every path but /health wants the key (HTTP 401 without it)."""
+        if self.api_key and self.path != "/health":
+            if self.headers.get("Authorization") != f"Bearer {self.api_key}":
+                self.reply(401, {"error": "Unauthorized"})
+                return True
+        return False
 
     def log_message(self, format: str, *args: object) -> None:
         print(f"{self.address_string()} {format % args}", flush=True)
@@ -38,6 +48,8 @@ class Handler(BaseHTTPRequestHandler):
         self.wfile.write(data)
 
     def do_GET(self) -> None:
+        if self.refused():
+            return
         if self.path == "/health":
             self.reply(200, {})
         elif self.path == "/model_info":
@@ -48,6 +60,8 @@ class Handler(BaseHTTPRequestHandler):
             self.reply(404, {"message": "not found"})
 
     def do_POST(self) -> None:
+        if self.refused():
+            return
         body = json.loads(self.rfile.read(int(self.headers.get("Content-Length", "0"))) or b"{}")
         if self.path == "/abort_request":
             self.reply(200, {})
@@ -86,6 +100,7 @@ def main() -> None:
     parser.add_argument("--model-path", required=True)
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=30000)
+    parser.add_argument("--api-key", default="")
     args, _ = parser.parse_known_args()
     if os.environ.get("FAKE_SGLANG_IGNORE_SIGTERM") == "1":
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
@@ -102,6 +117,7 @@ def main() -> None:
     )
     threading.Thread(target=watch, args=(scheduler,), daemon=True).start()
     Handler.model = args.model_path
+    Handler.api_key = args.api_key
     server = ThreadingHTTPServer((args.host, args.port), Handler)
     server.daemon_threads = True
     print(f"stand-in SGLang serving {args.model_path} at {args.host}:{args.port}", flush=True)
