@@ -98,30 +98,37 @@ async def test_a_port_another_program_takes_first_is_given_up_for_a_fresh_one(
 ) -> None:
     """The chosen port was free, but another program binds it before the server does: a dashboard
     backend (it answers /health with 200, as SGLang does), then a listener that answers nothing. The
-    launcher does not take either for SGLang: it starts the server again on the next port and
-    returns once the server there answers as SGLang, the log saying why."""
+    launcher does not take either for SGLang: it starts the server again on the next port, the log
+    saying why, and the engine streams from the server there."""
     mute = socket.socket()
     mute.bind(("127.0.0.1", 0))
     mute.listen()
-    server = stand_in_server(tmp_path)
+    launcher = stand_in_server(tmp_path)
     free = launch.free_port
     next_ports = iter([mute.getsockname()[1]])
     monkeypatch.setattr(launch, "free_port", lambda: next(next_ports, None) or free())
     try:
-        async with serving() as backend:
-            taken = [backend.port, mute.getsockname()[1]]
-            server.port = backend.port
-            await asyncio.to_thread(server.start, 60)
-            try:
-                assert server.port not in taken
-                assert await asyncio.to_thread(model_info, server.url) == {"model_path": "stand-in/model"}
-            finally:
-                server.stop()
+        async with serving() as other:
+            taken = [other.port, mute.getsockname()[1]]
+            launcher.port = other.port
+            async with serving(SGLangEngine(launcher.url, launcher=launcher), background=True) as server:
+                await server.engine_settled()
+                health = server.health()
+                assert health["engine_state"] == "ready" and health["model"] == "stand-in/model", health
+                assert launcher.port not in taken and health["server"] == launcher.url, health
+                async with connect(server.url) as ws:
+                    frame = {"type": "generate", "id": "a", "prompt": "Hi", "n": 2, "format": "raw"}
+                    await ws.send(json.dumps(frame | {"params": {"max_tokens": 3}}))
+                    frames = []
+                    while not frames or frames[-1]["type"] != "done":
+                        frames.append(await recv_frame(ws, 10))
     finally:
         mute.close()
-    log = server.log_tail(100)
-    backend_said = "GET /model_info answered HTTP 404; GET /v1/models answered HTTP 404"
-    assert f"port {taken[0]} is held by another program ({backend_said})" in log, log
+    texts = ["".join(f["text"] for f in frames if f["type"] == "chunk" and f["index"] == i) for i in (0, 1)]
+    assert texts == [" w1 w2 w3"] * 2, frames  # the stand-in's three words, in both columns
+    log = launcher.log_tail(100)
+    other_said = "GET /model_info answered HTTP 404; GET /v1/models answered HTTP 404"
+    assert f"port {taken[0]} is held by another program ({other_said})" in log, log
     assert f"port {taken[1]} is held by another program (a program listening there)" in log, log
 
 

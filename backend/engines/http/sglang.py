@@ -70,6 +70,11 @@ class SGLangEngine(HTTPEngine):
     async def start(self) -> None:
         if self.launcher is not None:
             await asyncio.to_thread(self.launcher.start)
+            if self.launcher.url != self.url:  # another program took the port first: it moved
+                self.url = self.launcher.url
+                if self._client is not None:
+                    await self._client.aclose()
+                    self._client = None
         await super().start()
 
     async def stop(self) -> None:
