@@ -11,7 +11,15 @@ does not depend on them) and each row count, the best of 5 rounds of:
 - MKL packed: the weight packed once for this row count (`torch.ops.mkl._mkl_reorder_linear_weight`,
   the op inductor's weight prepacking uses; shown only where this build has it);
 - rows kernel: the engine's own AVX2 kernel for few rows (backend/engines/embedded/linear.py), the
-  weight as stored; shown where its C part is built and the CPU has AVX2 and FMA.
+  weight as stored; shown where its C part is built and the CPU has AVX2 and FMA;
+- bf16 `F.linear`: input and weight in bfloat16 (oneDNN's kernels; native on AVX-512-BF16 and AMX);
+- int8 weight-only: `torch.ops.aten._weight_int8pack_mm`, the weight rounded to int8 with a scale
+  per output row, float32 input;
+- int4 weight-only: `torch.ops.aten._weight_int4pack_mm_for_cpu` (what torchao's int4 weight-only
+  CPU layout calls), the weight in 4-bit groups of 32 with a scale and zero each, float32 input.
+
+The last three are shown where this torch build has them; their differences from `F.linear` include
+their rounding of the weight.
 
 Each column also prints the largest difference from `F.linear`'s result. With `--blocks`, the rows
 kernel on the bundled model's own GGUF blocks (packed as the engine packs them: layer 0's fused
@@ -47,6 +55,9 @@ from backend.engines.embedded.model import Llama, LlamaConfig, RowCache
 from backend.engines.embedded.quantized import load_blocks
 from backend.engines.embedded.weights import ModelFolder, read_config, read_tensors, resolve_model
 
+INT4_GROUP = 32
+"""Weights per scale and zero in the int4 layout (the GGUF's Q4_1 blocks hold 32 too)."""
+
 
 def best_us(call: Callable[[], torch.Tensor], rounds: int, calls: int) -> float:
     """Microseconds per call: the best of `rounds` rounds of `calls` calls, after one warm-up call."""
@@ -77,6 +88,32 @@ def layouts(x: torch.Tensor, w: torch.Tensor) -> dict[str, Callable[[], torch.Te
         found["MKL packed"] = lambda: mkl._mkl_linear(x, packed, w, None, x.shape[0])
     if engine_linear.kernel_status()[0] and x.shape[0] <= engine_linear.KERNEL_MAX_ROWS:
         found["rows kernel"] = lambda: engine_linear.linear(x, w)
+    found.update(library_kernels(x, w))
+    return found
+
+
+def library_kernels(x: torch.Tensor, w: torch.Tensor) -> dict[str, Callable[[], torch.Tensor]]:
+    """x @ w.T in bf16 and through PyTorch's weight-only int8 and int4 CPU kernels, each weight
+    converted once; a kernel this build lacks is left out."""
+    found: dict[str, Callable[[], torch.Tensor]] = {}
+    x_bf16, w_bf16 = x.to(torch.bfloat16), w.to(torch.bfloat16)
+    found["bf16 F.linear"] = lambda: F.linear(x_bf16, w_bf16)
+    aten = torch.ops.aten
+    if hasattr(aten, "_weight_int8pack_mm"):
+        scales = w.abs().amax(1).clamp(min=1e-12) / 127
+        w_int8 = torch.round(w / scales[:, None]).clamp(-128, 127).to(torch.int8)
+        found["int8 weight-only"] = lambda: aten._weight_int8pack_mm(x, w_int8, scales)
+    if hasattr(aten, "_weight_int4pack_mm_for_cpu") and w.shape[1] % INT4_GROUP == 0:
+        out, inner = w.shape
+        groups = w.reshape(out, inner // INT4_GROUP, INT4_GROUP)
+        low, high = groups.amin(-1), groups.amax(-1)
+        scale = (high - low).clamp(min=1e-12) / 15
+        q = torch.round((groups - low[..., None]) / scale[..., None]).clamp(0, 15).to(torch.int32)
+        packed = aten._convert_weight_to_int4pack_for_cpu(q.reshape(out, inner), 8)
+        # each weight is (q - 8) * scale + zero: zero is the group's middle
+        scales_zeros = torch.stack([scale, low + 8 * scale], -1).transpose(0, 1).contiguous()
+        int4_mm = aten._weight_int4pack_mm_for_cpu
+        found["int4 weight-only"] = lambda: int4_mm(x, packed, INT4_GROUP, scales_zeros)
     return found
 
 
@@ -196,7 +233,7 @@ def main() -> None:
                 cells = []
                 for label, call in layouts(x, w).items():
                     us = best_us(call, args.rounds, calls)
-                    diff = (call() - reference).abs().max().item()
+                    diff = (call().float() - reference).abs().max().item()
                     cells.append(f"{label} {us:9.0f} (diff {diff:.0e})")
                 print(f"rows {rows:>2}  {name:<24} {out:>5} x {inner:<4}  " + "  ".join(cells), flush=True)
         if args.blocks and folder.gguf:
