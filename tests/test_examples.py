@@ -8,6 +8,8 @@ from backend.config.settings import BLOCK_MS_MAX, TEMPERATURE_MAX
 from backend.protocol import CONSUMER_MODES
 from ui.answers import compile_answer_pattern, final_answer
 from ui.examples import EXAMPLES, LABEL_CHARS, RAINBOW_COLOURS, SHEEP, Example, example_rows
+from ui.run_request import run_request
+from ui.visitor_limits import VisitorLedger
 
 
 def test_each_example_has_a_short_label_a_one_line_lesson_and_settings_the_controls_take() -> None:
@@ -21,6 +23,18 @@ def test_each_example_has_a_short_label_a_one_line_lesson_and_settings_the_contr
         assert example.consumer in CONSUMER_MODES and 0 <= example.block_ms <= BLOCK_MS_MAX
         assert (example.block_ms > 0) == (example.consumer == "blocking")  # block time only where it acts
         compile_answer_pattern(example.answer_pattern)  # raises where it does not compile
+
+
+def test_each_example_runs_within_the_pages_own_limits() -> None:
+    """A click on an example then Generate sends its request: the page's input checks and a new
+    visitor's limits let every one through (a blocking one within the experiment's time budget)."""
+    for example in EXAMPLES:
+        request = run_request(
+            example.prompt, example.n, example.max_tokens, example.temperature, 0.95, None,
+            example.consumer, example.block_ms, "n", "chat", "", "delta", None, example.logprobs,
+            example.answer_pattern,
+        )  # fmt: skip
+        VisitorLedger().admit("a new visitor", request)  # raises VisitorLimitReached past a limit
 
 
 def test_the_lessons_the_page_teaches_each_have_an_example() -> None:

@@ -48,8 +48,8 @@ class Example:
 EXAMPLES = (
     Example(
         "Self-consistency: the sheep question, n 8",
-        "Self-consistency: one right answer (9); the answers panel votes over the n samples' numbers, "
-        "and the majority is the self-consistency answer.",
+        "Self-consistency: one right answer (9); the answers panel votes over the n samples' numbers; "
+        "the majority is the self-consistency answer, right or not with so small a model.",
         SHEEP,
         n=8,
         max_tokens=96,
@@ -76,7 +76,7 @@ EXAMPLES = (
     Example(
         "Token confidence: where samples part",
         "Token confidence: green tokens the model was sure of, red a toss-up; the samples part where "
-        "the colour is chosen, and the vote counts the colours.",
+        "they choose, and the vote counts the rainbow colours they name.",
         "Name one colour of the rainbow. Answer with one word.",
         n=8,
         max_tokens=24,
@@ -89,8 +89,8 @@ EXAMPLES = (
         "Blocking the loop: 30 ms of synchronous work per chunk on the backend's loop; in the trace, "
         "lag climbs, chunks bunch up, and a Cancel waits behind the backlog.",
         LONG_STORY,
-        n=8,
-        max_tokens=256,
+        n=4,
+        max_tokens=240,
         temperature=0.8,
         consumer="blocking",
         block_ms=30.0,
@@ -100,8 +100,8 @@ EXAMPLES = (
         "Cooperative: the same long stream with `await asyncio.sleep(0)` after each chunk; the loop "
         "stays free, lag stays low and each sample's chunks arrive evenly.",
         LONG_STORY,
-        n=8,
-        max_tokens=256,
+        n=4,
+        max_tokens=240,
         temperature=0.8,
     ),
 )
