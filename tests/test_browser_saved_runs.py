@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 from pathlib import Path
 
 import pytest
@@ -92,6 +93,48 @@ def test_a_shipped_sglang_run_replays_in_the_page(page: Page) -> None:
     expect(page.locator("#status")).to_contain_text("finished", timeout=30_000)
     assert column_texts(page, saved.n) == [sample.text for sample in saved.samples]
     expect(page.locator("#answers-line")).not_to_be_empty()
+
+
+def long_texts_run(path: Path) -> list[str]:
+    """A saved run of two long samples, written to `path`: paragraphs of a few hundred characters
+    apart, then one paragraph of 2,600 characters with no line break; their texts."""
+    words = "the keeper climbs the stair and lights the lamp before the storm comes in".split()
+    sentence = " ".join(words).capitalize() + "."
+    texts = ["\n\n".join(" ".join([sentence] * k) for k in (5, 2, 6, 4, 7)), " ".join([sentence] * 35)]
+    good = saved_run_dict(parse_saved_run(SHEEP.read_bytes()))
+    samples = []
+    for index, text in enumerate(texts):
+        pieces = [piece for piece in re.split(r"(?=[ \n])", text) if piece]
+        chunks = [[0.05 + 0.001 * i, piece, 1] for i, piece in enumerate(pieces)]
+        samples.append(
+            {**good["samples"][0], "index": index, "text": text, "tokens": len(pieces), "chunks": chunks,
+             "finish_reason": "length", "seed": good["samples"][index]["seed"],
+             "stats": {**good["samples"][index]["stats"], "tokens": len(pieces)}}
+        )  # fmt: skip
+    settings = {**good["settings"], "n": 2, "max_tokens": max(len(s["chunks"]) for s in samples)}
+    path.write_text(json.dumps({**good, "settings": settings, "samples": samples}))
+    parse_saved_run(path.read_bytes())  # a file the page takes
+    return texts
+
+
+def test_a_columns_text_breaks_lines_only_where_the_sample_does(page: Page, tmp_path: Path) -> None:
+    """A column lays its text out in blocks (one box each, for speed): a block ends only where the
+    sample's line ends, or after 2,048 characters of one paragraph, at a space; never mid-line."""
+    texts = long_texts_run(tmp_path / "long.json")
+    page.locator("#replay-speed input[type=number]").fill("50")
+    page.locator("#replay-speed input[type=number]").press("Enter")
+    upload(page, tmp_path / "long.json")
+    expect(page.locator("#status")).to_contain_text("finished", timeout=30_000)
+    for index, text in enumerate(texts):
+        blocks = page.locator(f"#sample-{index} > div").evaluate_all("divs => divs.map(d => d.textContent)")
+        assert "".join(blocks) == text
+        for block in blocks[:-1]:
+            assert block.endswith("\n") or (len(block) >= 2048 and block.endswith(" ")), block[-80:]
+    paragraphs = page.locator("#sample-0 > div").count()
+    assert paragraphs > 1  # long texts still come in blocks
+    lengths = "divs => divs.map(d => d.textContent.length)"
+    long_paragraph = page.locator("#sample-1 > div").evaluate_all(lengths)
+    assert len(long_paragraph) == 2 and long_paragraph[0] >= 2048, long_paragraph
 
 
 def bad_files(tmp_path: Path) -> list[tuple[Path, str]]:

@@ -56,7 +56,8 @@ JS_ON_LOAD = r"""
 const grid = element.querySelector('.sample-grid');
 const done = new Set(['stop', 'length', 'aborted', 'error']);
 const columns = [];
-const BLOCK = 256;  // characters per text block (see append)
+const BLOCK = 256;  // characters a text block holds before it may end, at a line's end (see append)
+const MAX_BLOCK = 2048;  // characters after which a block ends at any whitespace
 
 function column(index) {
   const col = document.createElement('div');
@@ -77,8 +78,8 @@ function column(index) {
   stop.textContent = 'Stop';
   col.append(header, scroll, stop);
   grid.appendChild(col);
-  return {col, header, text, stop, node: null, block: null, length: 0, shown: '', status: '',
-          marked: 0, partsAt: null, marker: null};
+  return {col, header, text, stop, node: null, block: null, length: 0, endsLine: false, shown: '',
+          status: '', marked: 0, partsAt: null, marker: null};
 }
 
 // A token's background: its probability p from red (unsure) through yellow to green (sure).
@@ -86,10 +87,16 @@ function colour(p) {
   return `hsla(${Math.round(120 * p)}, 85%, 55%, 0.35)`;
 }
 
+// Whether the text's next piece starts a new block: the block holds BLOCK characters and its text
+// ends a line, or it holds MAX_BLOCK and the piece starts at whitespace (see append).
+function blockEnds(c, next) {
+  return c.length >= BLOCK && (c.endsLine || (c.length >= MAX_BLOCK && /^\s/.test(next)));
+}
+
 // With logprobs, each piece of text is a span coloured by its tokens' mean probability, the value
-// on hover. Spans go into the same blocks of about BLOCK characters as plain text.
+// on hover. Spans go into the same blocks as plain text.
 function appendPiece(c, piece, p) {
-  if (!c.block || c.length >= BLOCK) {
+  if (!c.block || blockEnds(c, piece)) {
     c.block = document.createElement('div');
     c.text.appendChild(c.block);
     c.length = 0;
@@ -101,6 +108,7 @@ function appendPiece(c, piece, p) {
   span.textContent = piece;
   c.block.appendChild(span);
   c.length += piece.length;
+  c.endsLine = piece.endsWith('\n');
   c.node = null;  // plain text after a span starts a text node of its own
 }
 
@@ -128,37 +136,49 @@ function markParting(c, offset) {
   }
 }
 
-// A column's text is a run of blocks of about BLOCK characters, each ending at a whitespace: an
-// append lays out only the last block again, where one growing text node had the browser lay the
-// whole text out on every update (12 KB a column at n=32 fell behind the stream). 256 rather than
-// 1,024: shaping the last block's text was most of each frame's layout.
+// A column's text is a run of blocks (divs) of at least BLOCK characters, each ending where a line
+// of the sample ends: an append lays out only the last block again, where one growing text node
+// had the browser lay the whole text out on every update (12 KB a column at n=32 fell behind the
+// stream). A block is a box of its own, so it ends only at a newline of the text, where the text
+// breaks anyway; a paragraph longer than MAX_BLOCK ends its block at the next whitespace.
 function append(c, delta) {
-  if (delta && !c.node && c.block && c.length < BLOCK) {
+  while (delta) {
+    if (c.block && c.length >= BLOCK && !c.endsLine) {
+      // The block ends after the delta's first newline, or its first whitespace once the block
+      // holds MAX_BLOCK characters, whichever comes first; else it takes the whole delta.
+      const from = Math.max(MAX_BLOCK - c.length, 0);
+      const space = delta.slice(from).search(/\s/);
+      const cuts = [delta.indexOf('\n'), space < 0 ? -1 : from + space].filter((at) => at >= 0);
+      const cut = cuts.length ? Math.min(...cuts) : -1;
+      appendToBlock(c, cut < 0 ? delta : delta.slice(0, cut + 1));
+      delta = cut < 0 ? '' : delta.slice(cut + 1);
+      if (cut >= 0) c.endsLine = true;  // ended at a newline, or at whitespace: a new block
+      continue;
+    }
+    if (!c.block || blockEnds(c, delta)) {
+      c.block = document.createElement('div');
+      c.text.appendChild(c.block);
+      c.length = 0;
+      c.endsLine = false;
+      c.node = null;
+    }
+    const room = Math.max(BLOCK - c.length, 0);
+    const part = room && delta.length > room ? delta.slice(0, room) : delta;
+    appendToBlock(c, part);
+    delta = delta.slice(part.length);
+  }
+}
+
+// Text at the end of the current block, in its last text node (a new one after a span).
+function appendToBlock(c, part) {
+  if (!part) return;
+  if (!c.node) {
     c.node = document.createTextNode('');
     c.block.appendChild(c.node);
   }
-  while (delta) {
-    if (!c.node || c.length >= BLOCK) {
-      if (c.node) {
-        const cut = delta.search(/\s/);
-        if (cut < 0) { c.node.appendData(delta); c.length += delta.length; return; }
-        c.node.appendData(delta.slice(0, cut + 1));
-        delta = delta.slice(cut + 1);
-        if (!delta) return;
-      }
-      const block = document.createElement('div');
-      c.node = document.createTextNode('');
-      block.appendChild(c.node);
-      c.text.appendChild(block);
-      c.block = block;
-      c.length = 0;
-    }
-    const room = BLOCK - c.length;
-    const part = delta.length <= room ? delta : delta.slice(0, room);
-    c.node.appendData(part);
-    c.length += part.length;
-    delta = delta.slice(part.length);
-  }
+  c.node.appendData(part);
+  c.length += part.length;
+  c.endsLine = part.endsWith('\n');
 }
 
 function render(value) {
@@ -178,8 +198,8 @@ function render(value) {
     if (text !== c.shown || marks.length !== c.marked) {
       if (!text.startsWith(c.shown) || marks.length < c.marked) {
         c.text.replaceChildren();
-        Object.assign(c, {node: null, block: null, length: 0, shown: '', marked: 0, marker: null,
-                          partsAt: null});
+        Object.assign(c, {node: null, block: null, length: 0, endsLine: false, shown: '', marked: 0,
+                          marker: null, partsAt: null});
       }
       for (; c.marked < marks.length; c.marked++) {
         const [end, p] = marks[c.marked];
