@@ -66,7 +66,7 @@ def test_generate_then_cancel(page: Page) -> None:
     page.wait_for_timeout(1000)
     assert [sample_text(page, i) for i in range(4)] == stopped
     assert all(0 < len(text) for text in stopped)
-    expect(page.locator("#status")).to_contain_text("finished")
+    expect(page.locator("#status")).to_contain_text("· cancelled.")
     expect(page.locator("#summary")).to_contain_text("Run summary")
     latency = page.locator("#trace .trace-figures div", has_text="cancel latency").inner_text()
     assert "ms" in latency, latency

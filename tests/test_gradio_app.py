@@ -354,7 +354,7 @@ def test_cancel_after_and_cumulative_outputs_through_the_page(synthetic_app: Run
     cut = client.predict(
         "Tell a story.", 3, 200, 0.8, 0.95, 5, *EXPERIMENTS, "delta", 4, api_name="/generate"
     )
-    assert statuses(cut) == ["aborted"] * 3
+    assert statuses(cut) == ["aborted"] * 3 and "· cancelled." in cut[STATUS]
     for column in cut[SAMPLES]["samples"]:
         count = int(column["header"].split(" tok")[0].rsplit(" ", 1)[1])
         assert 4 <= count <= 6, column["header"]
@@ -402,6 +402,6 @@ async def test_cancel_answers_once_generate_has_drawn_the_end_of_the_run() -> No
         await generating
         for outputs in (final, drawn[-1]):
             assert [s["status"] for s in outputs[0]["samples"]] == ["aborted"] * 3
-            assert "finished" in outputs[1]
+            assert "· cancelled." in outputs[1]
             # what each column shows: the text it streamed before the Cancel, words of it
             assert all(len(s["text"].split()) >= 2 for s in outputs[0]["samples"]), outputs[0]

@@ -278,7 +278,8 @@ def test_hostile_inputs_get_a_message_and_never_stall_another_visitor(
         assert GENERIC not in message and "Traceback" not in message, (case, message)
     for changes in ACCEPTED:
         case = " ".join(f"{k}={str(v)[:20]!r}" for k, v in changes)
-        assert "finished" in said[case], (case, said[case])
+        ended = "cancelled" if dict(changes).get("cancel_after") else "finished"  # cut short: all aborted
+        assert ended in said[case], (case, said[case])
     assert "finished" in said["replay shipped"] and "replay" in said["replay shipped"]
     for name in ("not JSON", "empty", "huge", "wrong version", "n and samples differ", "nested deep"):
         assert "cannot be replayed" in said[f"replay {name}"], (name, said[f"replay {name}"])

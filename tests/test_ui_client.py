@@ -39,6 +39,25 @@ async def test_run_streams_into_the_view(backend_url: str) -> None:
     assert "| 2 |" in summary_markdown(view) and "**Request:**" in summary_markdown(view)
 
 
+async def test_the_status_line_says_a_cancelled_run_was_cancelled(backend_url: str) -> None:
+    """Cancel (every sample aborted) reads "cancelled", a run with one column stopped says how many
+    of its samples were stopped; neither reads plain "finished"."""
+    for stop_all in (True, False):
+        run = BackendRun(backend_url)
+        view = await run.start("Hello", 3, {"max_tokens": 400, "seed": 4})
+        async for _ in run.updates(0.05):
+            if any(sample.text for sample in view.samples):
+                break
+        await (run.cancel() if stop_all else run.cancel(0))
+        async for _ in run.updates(0.05):
+            pass
+        said = status_markdown(view).splitlines()[0]
+        if stop_all:
+            assert said.endswith("· seed 4 · cancelled."), said
+        else:
+            assert said.endswith("· seed 4 · finished, 1 of 3 samples stopped."), said
+
+
 async def test_the_final_state_is_yielded_even_if_the_run_ends_while_the_consumer_is_busy(
     backend_url: str,
 ) -> None:

@@ -232,7 +232,12 @@ def status_markdown(view: RunView) -> str:
     if view.accepted:
         seed = view.params.get("seed")
         streaming = sum(not s.finished for s in view.samples)
-        if view.done_stats is not None:
+        aborted = sum(s.status == "abort" for s in view.samples)
+        if view.done_stats is not None and aborted == view.n:
+            state = "cancelled"
+        elif view.done_stats is not None and aborted:
+            state = f"finished, {aborted} of {view.n} samples stopped"
+        elif view.done_stats is not None:
             state = "finished"
         elif view.closed:
             state = "stopped"
