@@ -146,6 +146,23 @@ def start_app(
     return process
 
 
+def start_logged(
+    command: list[str], log: Path, url: str, env: dict[str, str], cwd: Path = ROOT, limit_s: float = 240.0
+) -> subprocess.Popen[bytes]:
+    """`command` in a process group of its own, its output in `log`, once `url` answers 200; its
+    group stopped (`stop_process_group`) where it does not within `limit_s`."""
+    with log.open("wb") as out:
+        process = subprocess.Popen(
+            command, cwd=cwd, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True
+        )
+    try:
+        wait_for_http(url, process, limit_s)
+    except BaseException:
+        stop_process_group(process)
+        raise
+    return process
+
+
 def stop_process_group(process: subprocess.Popen[bytes]) -> None:
     """Stop a server started in its own process group, children included (vLLM's engine core is a
     child SIGTERM may leave behind): SIGTERM, up to 30 s, then SIGKILL."""

@@ -6,14 +6,13 @@ as a GPU machine that ran `pip install -r requirements.txt` instead of the GPU i
 from __future__ import annotations
 
 import os
-import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 from playwright.sync_api import Browser, expect
 
-from devkit.local import ROOT, chromium_path, free_port, stop_process_group, wait_for_http
+from devkit.local import chromium_path, free_port, start_logged, stop_process_group
 from tests.support.gpu_machine import executable
 
 if chromium_path() is None:
@@ -34,12 +33,8 @@ def test_a_gpu_sglang_cannot_use_is_said_on_the_page(browser: Browser, tmp_path:
     }
     env.pop("DASHBOARD_ASSUME_CUDA", None)
     command = [sys.executable, "app.py", "--port", str(port), "--backend-port", str(free_port())]
-    with (tmp_path / "app.log").open("wb") as out:
-        process = subprocess.Popen(
-            command, cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True
-        )
+    process = start_logged(command, tmp_path / "app.log", f"http://127.0.0.1:{port}/", env)
     try:
-        wait_for_http(f"http://127.0.0.1:{port}/", process, 240)
         page = browser.new_page()
         page.goto(f"http://127.0.0.1:{port}/")
         line = page.locator("#engine-info")

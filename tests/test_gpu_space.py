@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from devkit.local import ROOT, free_port, stop_process_group, wait_for_http
+from devkit.local import ROOT, free_port, start_logged, stop_process_group
 from tests.support.gpu_space import SPACE, dockerfile, entry_command, image_env
 
 STAND_IN = ROOT / "tests" / "support" / "fake_sglang_server"
@@ -102,17 +102,8 @@ def test_the_entry_command_serves_on_this_cpu(tmp_path: Path) -> None:
         "GRADIO_ANALYTICS_ENABLED": "False",
     }
     log = tmp_path / "app.log"
-    with log.open("wb") as out:
-        process = subprocess.Popen(
-            entry_command(sys.executable),
-            cwd=ROOT,
-            env=env,
-            stdout=out,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-        )
+    process = start_logged(entry_command(sys.executable), log, f"http://127.0.0.1:{port}/", env)
     try:
-        wait_for_http(f"http://127.0.0.1:{port}/", process, 240)
         client = Client(f"http://127.0.0.1:{port}/", verbose=False)
         raw = ("cooperative", 0, "n", "raw", "")
         final = client.predict("Once upon a time", 2, 6, 0.8, 0.95, 1, *raw, api_name="/generate")

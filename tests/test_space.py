@@ -22,7 +22,7 @@ from pathlib import Path
 import pytest
 from playwright.sync_api import Browser, Page, expect
 
-from devkit.local import ENGINE_CACHE, ROOT, chromium_path, free_port, stop_process_group, wait_for_http
+from devkit.local import ENGINE_CACHE, ROOT, chromium_path, free_port, start_logged, stop_process_group
 from tests.support.answers import COLOUR_PROMPT, answers_colours
 from tests.support.hub_model import REPO_ID, build_hub_folder
 from tests.support.hub_standin import HubStandIn
@@ -85,21 +85,8 @@ def start_space(
         "XDG_CACHE_HOME": str(hf_home.parent / "xdg"),
         "PYTHONUNBUFFERED": "1",
     }
-    with log.open("wb") as out:
-        process = subprocess.Popen(
-            [str(python), "app.py"],
-            cwd=repo,
-            env=env,
-            stdout=out,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-        )
-    try:
-        wait_for_http(f"http://127.0.0.1:{port}/", process, limit_s=240)
-    except BaseException:
-        stop_process_group(process)
-        raise
-    return process, f"http://127.0.0.1:{port}/"
+    url = f"http://127.0.0.1:{port}/"
+    return start_logged([str(python), "app.py"], log, url, env, cwd=repo), url
 
 
 def fill_number(page: Page, elem_id: str, value: float) -> None:
