@@ -50,15 +50,14 @@ VOTE_COLOURS = {MAJORITY: "#16a34a", TIED: "#d97706", FEWER: "#94a3b8"}
 
 
 def answers_chart() -> gr.BarPlot:
-    """The vote's bar chart, hidden until a finished sample gives it a bar (`AnswersPanel.outputs`
-    fills and shows it): an empty chart is a blank box, and Vega-Lite logs errors drawing no data.
+    """The vote's bar chart, empty until a sample finishes (`AnswersPanel.outputs` fills it).
 
     The y axis starts at zero (`y_lim`): Gradio asks Vega-Lite, which draws its plots, for an axis
     that need not include zero, and a chart without colours then starts it at the smallest count,
     where an answer with that many votes gets a bar of no height. The label is not shown: Gradio
     sizes the drawing to the whole box, and a label above it pushes the legend out of the box."""
     return gr.BarPlot(
-        pd.DataFrame(columns=CHART_COLUMNS),
+        empty_outputs()[0],
         x="answer",
         y="votes",
         color="vote",
@@ -70,7 +69,6 @@ def answers_chart() -> gr.BarPlot:
         height=280,
         label="votes per answer",
         show_label=False,
-        visible=False,
         elem_id="answers-chart",
     )
 
@@ -107,7 +105,7 @@ class AnswersPanel:
         vote = tally([self.answers[i] for i in voters])
         rows = chart_rows(vote)
         frame = pd.DataFrame(rows, columns=CHART_COLUMNS)
-        chart = gr.BarPlot(value=frame, sort=[row["answer"] for row in rows] or None, visible=bool(rows))
+        chart = gr.BarPlot(value=frame, sort=[row["answer"] for row in rows] or None)
         lines = [summary_line(vote, len(finished), view.n)]
         if self.problem:
             lines.append(f"**Answer pattern:** {self.problem}.")
@@ -141,9 +139,8 @@ class AnswersPanel:
 
 
 def empty_outputs() -> list[Any]:
-    """The panel before a run: the chart hidden, the line saying what comes."""
-    hidden = gr.BarPlot(value=pd.DataFrame(columns=CHART_COLUMNS), visible=False)
-    return [hidden, "Answers appear as samples finish."]
+    """The panel before a run."""
+    return [pd.DataFrame(columns=CHART_COLUMNS), "Answers appear as samples finish."]
 
 
 def _short(answer: str) -> str:
