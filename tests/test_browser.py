@@ -167,7 +167,7 @@ def test_token_confidence_parting_points_and_the_answer_vote(page: Page) -> None
     expect(line).to_contain_text("of 4 samples finished")
     assert "majority:" in line.inner_text() or "tie between" in line.inner_text()
     expect(page.locator("#answers-chart")).to_be_visible()
-    expect(page.locator("#answers-chart canvas, #answers-chart svg").first).to_be_visible(timeout=10_000)
+    expect(page.locator("#answers-chart path[aria-roledescription=bar]").first).to_be_visible(timeout=10_000)
 
 
 TREE_NODES = "#sample-tree button.tree-node"
@@ -295,6 +295,36 @@ def test_the_vote_chart_draws_every_answer_from_zero_most_votes_first(page: Page
         }"""
     )
     assert inside, "the legend is drawn outside the chart's box, where it is cut off"
+
+
+def test_the_vote_chart_is_empty_until_an_answer_and_draws_without_errors(
+    browser: Browser, synthetic_app: RunningApp
+) -> None:
+    """Before any run the answers panel shows Gradio's empty-chart mark, not axes drawn around no
+    data, and the page logs no error (Vega-Lite logged errors placing the axes of an empty chart).
+    A run then draws the vote's bars, still without an error."""
+    tab = browser.new_page(viewport={"width": 1400, "height": 1000})
+    problems: list[str] = []
+    tab.on("console", lambda message: problems.append(message.text) if message.type == "error" else None)
+    tab.on("pageerror", lambda error: problems.append(str(error)))
+    try:
+        tab.goto(synthetic_app.url)
+        expect(tab.locator("#generate")).to_be_visible(timeout=30_000)
+        tab.get_by_role("button", name="Why sample n times").click()
+        expect(tab.locator("#answers-chart")).to_be_visible()
+        expect(tab.locator("#answers-chart [aria-label='Empty value']")).to_be_visible()
+        expect(tab.locator("#answers-chart .role-axis")).to_have_count(0)
+        tab.wait_for_timeout(1_000)  # the time Vega took to log its errors on an empty chart
+        assert problems == []
+        tab.locator("#answer-pattern textarea").fill(r"(\w)\w*\.")  # the synthetic text has no numbers
+        start(tab, "Tell me about sheep.", 4, 12)
+        expect(tab.locator("#status")).to_contain_text("finished", timeout=30_000)
+        bars = tab.locator("#answers-chart path[aria-roledescription=bar]")
+        expect(bars.first).to_be_visible(timeout=10_000)
+        expect(tab.locator("#answers-chart [aria-label='Empty value']")).to_have_count(0)
+        assert problems == []
+    finally:
+        tab.close()
 
 
 def test_an_example_sets_the_prompt_and_settings_says_its_lesson_and_runs(page: Page) -> None:

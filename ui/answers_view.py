@@ -9,7 +9,9 @@ goes to the answer reached first. The panel is redrawn only when a sample finish
 
 The chart (`answers_chart`) has one bar per answer, most votes first, its axis from zero so an
 answer with one vote has a bar as tall as one vote; the majority's bar is green and named in the
-legend, answers tied for the most votes amber, the rest grey.
+legend, answers tied for the most votes amber, the rest grey. Until an answer has a vote the chart
+has no data (None), and Gradio shows its empty-chart mark: Vega-Lite, which draws the plots, cannot
+place the axes of a chart with no rows (it logs errors and leaves an empty box with a stray axis).
 """
 
 from __future__ import annotations
@@ -50,7 +52,8 @@ VOTE_COLOURS = {MAJORITY: "#16a34a", TIED: "#d97706", FEWER: "#94a3b8"}
 
 
 def answers_chart() -> gr.BarPlot:
-    """The vote's bar chart, empty until a sample finishes (`AnswersPanel.outputs` fills it).
+    """The vote's bar chart, empty until a finished sample has an answer (`AnswersPanel.outputs`
+    fills it).
 
     The y axis starts at zero (`y_lim`): Gradio asks Vega-Lite, which draws its plots, for an axis
     that need not include zero, and a chart without colours then starts it at the smallest count,
@@ -104,7 +107,7 @@ class AnswersPanel:
         voters = [i for i in self.answers if view.samples[i].status in VOTING_REASONS]
         vote = tally([self.answers[i] for i in voters])
         rows = chart_rows(vote)
-        frame = pd.DataFrame(rows, columns=CHART_COLUMNS)
+        frame = pd.DataFrame(rows, columns=CHART_COLUMNS) if rows else None
         chart = gr.BarPlot(value=frame, sort=[row["answer"] for row in rows] or None)
         lines = [summary_line(vote, len(finished), view.n)]
         if self.problem:
@@ -140,7 +143,7 @@ class AnswersPanel:
 
 def empty_outputs() -> list[Any]:
     """The panel before a run."""
-    return [pd.DataFrame(columns=CHART_COLUMNS), "Answers appear as samples finish."]
+    return [None, "Answers appear as samples finish."]
 
 
 def _short(answer: str) -> str:
