@@ -231,6 +231,22 @@ def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tenso
     return x * cos + rotated * sin
 
 
+def fused_blocks(blocks: dict[str, BlockMatrix], prefix: str) -> dict[str, BlockMatrix]:
+    """The GGUF blocks of the layer whose tensor names start with `prefix` ("model.layers.3."), fused
+    as the model fuses its tensors ("qkv", "out", "gate_up", "down"); those it lacks are left out."""
+
+    def get(name: str) -> BlockMatrix | None:
+        return blocks.get(prefix + name + ".weight")
+
+    fused = {
+        "qkv": concat([get(f"self_attn.{x}_proj") for x in "qkv"]),
+        "out": get("self_attn.o_proj"),
+        "gate_up": concat([get("mlp.gate_proj"), get("mlp.up_proj")]),
+        "down": get("mlp.down_proj"),
+    }
+    return {name: matrix for name, matrix in fused.items() if matrix is not None}
+
+
 class Llama:
     """Llama weights and the two passes the scheduler needs: prefill and batched decode."""
 
@@ -291,17 +307,7 @@ class Llama:
     @staticmethod
     def _layer_blocks(blocks: dict[str, BlockMatrix], prefix: str) -> dict[str, PackedMatrix]:
         """A layer's matrices as packed blocks, fused as its tensors are; those it lacks are left out."""
-
-        def get(name: str) -> BlockMatrix | None:
-            return blocks.get(prefix + name + ".weight")
-
-        fused = {
-            "qkv": concat([get(f"self_attn.{x}_proj") for x in "qkv"]),
-            "out": get("self_attn.o_proj"),
-            "gate_up": concat([get("mlp.gate_proj"), get("mlp.up_proj")]),
-            "down": get("mlp.down_proj"),
-        }
-        return {name: matrix.packed() for name, matrix in fused.items() if matrix is not None}
+        return {name: matrix.packed() for name, matrix in fused_blocks(blocks, prefix).items()}
 
     def drop_blocks(self) -> None:
         """Multiply the float32 weights from now on (the GGUF's blocks are freed)."""
