@@ -126,10 +126,11 @@ class BlockMatrix:
 @dataclass(frozen=True)
 class PackedMatrix:
     """A `BlockMatrix`'s blocks as the rows kernel reads them: the rows in groups of `PANEL_ROWS`
-    (24), each group's blocks of the same 32 columns side by side, scales first, then each column's
-    quantized weights for the group's rows together (rows_linear.c, `pack_nt`). The kernel
-    dequantizes a group's column of 24 weights with a few vector operations, into the layout its
-    tiles multiply by (each input row's value of a column broadcast against 24 weights)."""
+    (24), each group's blocks of the same 32 columns side by side, scales first, then the quantized
+    weights: Q8_0 a column's bytes for the group's rows together, Q4_1 eight columns of a row in
+    one 32-bit word, the group's words for those columns together (rows_linear.c, `pack_nt`). The
+    kernel dequantizes a group's column of 24 weights with a few vector operations, into the layout
+    its tiles multiply by (each input row's value of a column broadcast against 24 weights)."""
 
     data: torch.Tensor
     """uint8 [groups, in_features / 32 * PANEL_ROWS * block bytes], contiguous."""

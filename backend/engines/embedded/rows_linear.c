@@ -65,9 +65,10 @@ static inline void put(float *y, float v, int add) { *y = add ? *y + v : v; }
  * PANEL float16 scales, PANEL float16 minimums, then four chunks of PANEL 32-bit words, word j of
  * chunk c holding weight row j's q at k = 8c + t in its nibble t (bits 4t .. 4t + 3); Q8_0 keeps
  * PANEL scales, then 32 x PANEL signed bytes, byte k * PANEL + j row j's q at k. Eight rows' words
- * are one vector, and each of its eight columns comes out with a shift and a mask: unpacking bytes
- * of nibbles (a byte of two columns a row, widened to 32 bits a column) made a panel take 1.46x the
- * time on the AVX2 development machine. */
+ * are one vector, and each of its eight columns comes out with an immediate shift and a mask. With
+ * a byte of two columns a row instead (each widened to 32 bits a column), the Q4_1 matrices took
+ * 1.45-1.6x the time at one row, 1.3-1.4x at two and 1.1-1.2x at four and eight, on the AVX2
+ * development machine (`python -m bench.kernel_ab` against that build). */
 static Py_ssize_t group_block_bytes(int kind) { return PANEL * block_bytes(kind); }
 
 TARGET static inline __m256 halves(const uint8_t *p) { return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)p)); }
