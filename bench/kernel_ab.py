@@ -31,7 +31,7 @@ from types import ModuleType
 
 import torch
 
-from backend.engines.embedded import _rows_linear
+from backend.engines.embedded import linear as engine_linear
 from backend.engines.embedded.model import LlamaConfig, fused_blocks
 from backend.engines.embedded.quantized import PANEL_ROWS, BlockMatrix, load_blocks
 from backend.engines.embedded.weights import read_config, read_tensors, resolve_model
@@ -64,10 +64,11 @@ def packed(module: ModuleType, matrix: BlockMatrix) -> torch.Tensor:
     return data
 
 
-def race(modules: list[ModuleType], matrix: BlockMatrix, rows: int, rounds: int) -> tuple[list[float], bool]:
-    """Each module's best seconds for one product of `rows` rows by `matrix`, called in turn, and
-    whether their products are equal bit for bit."""
-    weights = [packed(module, matrix) for module in modules]
+def race(
+    modules: list[ModuleType], matrix: BlockMatrix, weights: list[torch.Tensor], rows: int, rounds: int
+) -> tuple[list[float], bool]:
+    """Each module's best seconds for one product of `rows` rows by `matrix` (`weights`: its blocks
+    as each module packed them), called in turn, and whether their products are equal bit for bit."""
     x = torch.randn(rows, matrix.in_features)
     outputs = [torch.empty(rows, matrix.out_features) for _ in modules]
     best = [float("inf")] * len(modules)
@@ -95,8 +96,12 @@ def main() -> None:
     parser.add_argument("--rows", default="1,2,4,8,16,32", help="row counts")
     parser.add_argument("--rounds", type=int, default=30, help="calls of each build per figure")
     args = parser.parse_args()
-    if not _rows_linear.available():
-        raise SystemExit("the rows kernel does not run on this CPU (it needs AVX2, FMA and F16C)")
+    torch.set_num_threads(1)  # as the engine runs the kernel
+    usable, reason = engine_linear.kernel_status()
+    if not usable:
+        raise SystemExit(f"the rows kernel cannot run here: {reason}")
+    from backend.engines.embedded import _rows_linear
+
     torch.manual_seed(0)
     folder = resolve_model()
     if folder.gguf is None:
@@ -112,9 +117,10 @@ def main() -> None:
         print(f"rows kernel: {args.baseline} / this checkout, microseconds per call (best of {args.rounds})")
         step = {rows: [0.0, 0.0] for rows in rows_list}
         for name, matrix in matrices.items():
+            weights = [packed(module, matrix) for module in modules]
             cells = []
             for rows in rows_list:
-                (old, new), same = race(modules, matrix, rows, args.rounds)
+                (old, new), same = race(modules, matrix, weights, rows, args.rounds)
                 times = config.layers if name != "output" else 1
                 step[rows][0] += old * times
                 step[rows][1] += new * times
