@@ -10,21 +10,22 @@
  * (`hsum`), so results match `torch.nn.functional.linear` to float32 rounding, not bit for bit.
  *
  * `linear_packed` multiplies from a GGUF's quantized blocks (Q4_1: 32 weights in 20 bytes, a
- * float16 scale d and minimum m and 4-bit q, each weight d * q + m; Q8_0: 32 weights in 34 bytes,
- * d and 8-bit q, each d * q), regrouped once by `pack`: PANEL (24) weight rows a group, a group's
- * 24 weights of one column side by side (Q4_1: eight columns of a row in one 32-bit word, so that
+ * float16 scale d and minimum m and 4-bit q, each weight d * q + m; Q8_0: 32 weights in 34 bytes, d
+ * and 8-bit q, each d * q), regrouped once by `pack`: PANEL (24) weight rows a group, a group's 24
+ * weights of one column side by side (Q4_1: eight columns of a row in one 32-bit word, so that
  * eight rows' words are one vector and a column comes out of it with a shift and a mask). A group
- * is dequantized with a few vector operations a column into a panel, panel[k][j] = w[n + j][k], and each tile of four input rows is multiplied by
- * it as a broadcast outer product: per column, three vectors of the panel, four broadcast inputs,
- * twelve fused multiply-adds into twelve accumulators that stay in registers (no horizontal sums,
- * and a column of weights loaded once for four rows). One or two input rows skip the panel: each
- * column's weights are dequantized in registers and used at once. Every output is one accumulator
- * summed over k = 0, 1, ..., K - 1 in order, whatever the tile, so a row's outputs do not depend on
- * the rows beside it (the sums differ from `linear`'s, within float32 rounding). Against the
- * dot-product alternative (six dequantized rows, 2 x 6 accumulators, a horizontal
- * sum per output) the linear layers of a decode step took 0.72-0.81x the time at n = 1 / 2 / 8 / 32
- * and 0.96x at n = 4, timed against each other in one process on the AVX2 development machine. A
- * decode step reads 0.625 (Q4_1) or 1.06 (Q8_0) bytes a weight from memory instead of 4.
+ * is dequantized with a few vector operations a column into a panel, panel[k][j] = w[n + j][k], and
+ * each tile of four input rows is multiplied by it as a broadcast outer product: per column, three
+ * vectors of the panel, four broadcast inputs, twelve fused multiply-adds into twelve accumulators
+ * that stay in registers (no horizontal sums, and a column of weights loaded once for four rows).
+ * One or two input rows skip the panel: each column's weights are dequantized in registers and used
+ * at once. Every output is one accumulator summed over k = 0, 1, ..., K - 1 in order, whatever the
+ * tile, so a row's outputs do not depend on the rows beside it (the sums differ from `linear`'s,
+ * within float32 rounding). Against the dot-product alternative (six dequantized rows, 2 x 6
+ * accumulators, a horizontal sum per output) the linear layers of a decode step took 0.72-0.81x the
+ * time at n = 1 / 2 / 8 / 32 and 0.96x at n = 4, timed against each other in one process on the AVX2
+ * development machine. A decode step reads 0.625 (Q4_1) or 1.06 (Q8_0) bytes a weight from memory
+ * instead of 4.
  *
  * The dequantized values are the ones gguf-py computes (d * q rounded to float32, then + m
  * rounded): this file is built with -ffp-contract=off, so that no compiler fuses the two into one
