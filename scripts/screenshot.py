@@ -32,15 +32,19 @@ def main(out: str = "docs/screenshot.png") -> int:
             # (content-visibility), so a full-page capture of a shorter viewport leaves them blank.
             page = browser.new_page(viewport={"width": 1440, "height": 2300})
             page.goto(f"http://127.0.0.1:{port}/")
-            page.get_by_role("button", name="Why sample n times").click()
+            why_n = page.get_by_role("button", name="Why sample n times")
+            why_n.click()
             page.locator("#logprobs input[type=checkbox]").check()
+            why_n.click()  # closed again: the page as a visitor finds it
             page.locator("#generate").click()
             page.wait_for_function(
                 "document.querySelector('#sample-3')?.textContent.length > 150", timeout=60_000
             )
             page.wait_for_selector("#trace pre", timeout=30_000)  # the task tree, once a second
             time.sleep(1.0)
-            page.screenshot(path=str(ROOT / out), full_page=False)
+            # The page down to the end of the token tree under the columns.
+            bottom = page.locator("#tree-panel").evaluate("e => e.getBoundingClientRect().bottom")
+            page.screenshot(path=str(ROOT / out), clip={"x": 0, "y": 0, "width": 1440, "height": bottom + 16})
             browser.close()
     finally:
         app.terminate()

@@ -11,6 +11,8 @@ from playwright.sync_api import Browser, Page, expect
 from backend.engines.synthetic import synthetic_tokens
 from devkit.local import chromium_path
 from tests.support.backends import RunningApp
+from tests.support.panels import EXAMPLES as EXAMPLES_PANEL
+from tests.support.panels import EXPERIMENTS, SETTINGS, WHY_N, open_panel
 from ui.answers import compile_answer_pattern, final_answer, tally
 from ui.examples import EXAMPLES
 
@@ -100,6 +102,7 @@ def test_backend_error_is_shown_in_the_page(page: Page) -> None:
 
 
 def test_the_prompt_format_and_system_prompt_reach_the_backend(page: Page) -> None:
+    open_panel(page, SETTINGS)
     system = page.locator("#system textarea")
     system.fill("You answer in one sentence.")
     start(page, "Say hello.", 2, 8)
@@ -138,7 +141,7 @@ def test_on_a_phone_wide_screen_the_summary_scrolls_sideways(
 
 
 def test_token_confidence_parting_points_and_the_answer_vote(page: Page) -> None:
-    page.get_by_role("button", name="Why sample n times").click()
+    open_panel(page, WHY_N)
     page.locator("#logprobs input[type=checkbox]").check()
     page.locator("#answer-pattern textarea").fill(r"(\w+)\.")
     start(page, "Tell me about lighthouses.", 4, 30)
@@ -177,8 +180,9 @@ BRANCHES = "#sample-tree .sample-tree > ul > li > ul > li > button.tree-node"
 
 def test_the_token_tree_grows_counts_its_branches_and_marks_the_columns_of_a_node(page: Page) -> None:
     # Temperature 0: four samples write the same tokens, one branch all four take.
-    page.get_by_role("button", name="Why sample n times").click()
+    open_panel(page, WHY_N)
     page.locator("#logprobs input[type=checkbox]").check()
+    open_panel(page, SETTINGS)
     temperature = page.locator("#temperature input[type=number]")
     temperature.fill("0")
     temperature.press("Enter")
@@ -235,7 +239,7 @@ def test_the_token_tree_grows_counts_its_branches_and_marks_the_columns_of_a_nod
 
 
 def test_cumulative_outputs_show_in_the_read_lane_and_the_task_tree_is_drawn(page: Page) -> None:
-    page.get_by_role("button", name="Event-loop experiments").click()
+    open_panel(page, EXPERIMENTS)
     page.locator("#output-kind label", has_text="cumulative").click()
     start(page, "Tell me about rivers.", 2, 120)
     expect(page.locator("#trace")).to_contain_text("Tasks: who awaits what", timeout=15_000)
@@ -257,8 +261,9 @@ def test_the_vote_chart_draws_every_answer_from_zero_most_votes_first(page: Page
         [final_answer("".join(synthetic_tokens(15 + i, 12, 0.8)[0]), compiled) for i in range(8)]
     ).counts
     assert [votes for _, votes in expected] == [3, 2, 1, 1, 1]  # some answers have one vote
-    page.get_by_role("button", name="Why sample n times").click()
+    open_panel(page, WHY_N)
     page.locator("#answer-pattern textarea").fill(pattern)
+    open_panel(page, SETTINGS)
     page.locator("#seed input").fill("15")
     start(page, "Tell me about sheep.", 8, 12)
     expect(page.locator("#status")).to_contain_text("finished", timeout=30_000)
@@ -310,7 +315,7 @@ def test_the_vote_chart_is_empty_until_an_answer_and_draws_without_errors(
     try:
         tab.goto(synthetic_app.url)
         expect(tab.locator("#generate")).to_be_visible(timeout=30_000)
-        tab.get_by_role("button", name="Why sample n times").click()
+        open_panel(tab, WHY_N)
         expect(tab.locator("#answers-chart")).to_be_visible()
         expect(tab.locator("#answers-chart [aria-label='Empty value']")).to_be_visible()
         expect(tab.locator("#answers-chart .role-axis")).to_have_count(0)
@@ -330,11 +335,12 @@ def test_the_vote_chart_is_empty_until_an_answer_and_draws_without_errors(
 def test_an_example_sets_the_prompt_and_settings_says_its_lesson_and_runs(page: Page) -> None:
     examples = {example.label.split(":")[0]: example for example in EXAMPLES}
     blocking = examples["Blocking the loop"]
+    open_panel(page, EXAMPLES_PANEL)
     page.locator("#examples").get_by_text(blocking.label).click()
     # the first click's event waits for a loaded machine's Gradio queue: more than the default 5 s
     expect(page.locator("#example-lesson textarea")).to_have_value(blocking.lesson, timeout=20_000)
     expect(page.locator("#prompt textarea")).to_have_value(blocking.prompt)
-    page.get_by_role("button", name="Event-loop experiments").click()
+    open_panel(page, EXPERIMENTS)
     expect(page.locator("#consumer input[value=blocking]")).to_be_checked()
     expect(page.locator("#block-ms input[type=number]")).to_have_value("30")
 
@@ -345,8 +351,9 @@ def test_an_example_sets_the_prompt_and_settings_says_its_lesson_and_runs(page: 
     expect(page.locator("#consumer input[value=cooperative]")).to_be_checked()
     for elem_id, value in (("n", confidence.n), ("max-tokens", confidence.max_tokens)):
         expect(page.locator(f"#{elem_id} input[type=number]")).to_have_value(str(value))
+    open_panel(page, SETTINGS)
     expect(page.locator("#temperature input[type=number]")).to_have_value("1")
-    page.get_by_role("button", name="Why sample n times").click()
+    open_panel(page, WHY_N)
     expect(page.locator("#logprobs input[type=checkbox]")).to_be_checked()
     expect(page.locator("#answer-pattern textarea")).to_have_value(confidence.answer_pattern)
 

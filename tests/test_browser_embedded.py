@@ -14,6 +14,8 @@ import pytest
 from playwright.sync_api import Browser, expect
 
 from devkit.local import chromium_path, free_port, start_app, stop_process
+from tests.support.panels import EXAMPLES as EXAMPLES_PANEL
+from tests.support.panels import open_panel
 from ui.examples import EXAMPLES, SHEEP
 
 if chromium_path() is None:
@@ -44,6 +46,7 @@ def test_the_sheep_example_pressed_while_the_model_loads_waits_then_answers_and_
     try:
         page.goto(embedded_app["url"])
         expect(page.locator("#generate")).to_be_visible(timeout=60_000)
+        open_panel(page, EXAMPLES_PANEL)
         page.locator("#examples").get_by_text(sheep.label).click()
         expect(page.locator("#prompt textarea")).to_have_value(SHEEP)
         expect(page.locator("#n input[type=number]")).to_have_value(str(sheep.n))

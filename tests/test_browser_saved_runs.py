@@ -13,6 +13,7 @@ from playwright.sync_api import Page, expect
 
 from backend.saved_run import SAVED_RUN_BYTES_MAX, parse_saved_run, saved_run_dict
 from devkit.local import ROOT, chromium_path
+from tests.support.panels import SETTINGS, open_panel
 
 if chromium_path() is None:
     if os.environ.get("CI"):
@@ -36,6 +37,7 @@ def generate(page: Page, prompt: str, n: int, max_tokens: int, seed: int) -> Non
         box = page.locator(f"#{elem_id} input[type=number]")
         box.fill(str(value))
         box.press("Enter")
+    open_panel(page, SETTINGS)
     page.locator("#seed input").fill(str(seed))
     before = page.locator("#status").inner_text()
     page.locator("#generate").click()

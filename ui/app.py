@@ -1,5 +1,11 @@
 """The Gradio page: controls, a grid of n sample columns, the loop trace beside them.
 
+The page is a stage: the controls on the left (the prompt, n and max tokens, Generate and Cancel in
+view, then the settings, examples, lessons and experiments as closed panels, one click each), the
+show on the right (the status line, the columns and, beside them, the loop trace), so that the
+columns and the trace are in view the moment Generate is pressed on a laptop's screen. On a
+phone-wide screen the same blocks stack, the columns right under Generate and the panels last.
+
 Layout plus wiring, in page order; the handlers are in `ui.handlers`, what a run looks like in
 `ui.view`. Generate is an async websocket client of the backend that updates the page at a frame
 rate; Cancel tells the backend, shows each column's finish reason once the Generate event has drawn
@@ -56,9 +62,18 @@ CSS = """
   background: #f8fafc; border: 1px solid #e2e8f0; border-radius: 6px; padding: 6px; }
 #summary table { display: block; overflow-x: auto; max-width: 100%; }
 #summary th, #summary td { white-space: nowrap; }
+#masthead h2 { margin: 0 0 2px 0; }
+@media (max-width: 640px) {
+  #stage { flex-direction: column; flex-wrap: nowrap; align-items: stretch; }
+  #controls { display: contents; }
+  #settings-stack { order: 2; }
+  #masthead p, #engine-info p, #status p { font-size: 0.85em; margin: 2px 0; }
+}
 """
-"""The page's own styles: the trace panel's parts, and a run summary that scrolls sideways on a narrow
-screen instead of wrapping its headers letter by letter."""
+"""The page's own styles: the trace panel's parts; a run summary that scrolls sideways on a narrow
+screen instead of wrapping its headers letter by letter; and, on a phone-wide screen, the controls'
+closed panels (settings, examples, lessons, experiments) moved after the show, so the columns come
+right under the prompt and Generate."""
 
 EXPLANATION = """
 **What the trace shows.** One thread, one asyncio loop, serving every sample. The loop lane is how
@@ -91,11 +106,11 @@ WHY_N = """
 **Why sample n times.** With **token confidence** on, each column colours its tokens by how likely
 the model found them (green sure, red unsure; the probability on hover) and its header gives the
 mean log probability and the perplexity. A violet bar marks where a sample parts from every other sample:
-the n samples share a prefix until one draws differently. The **answers** below take each
-finished sample's final answer (the last number, or what your pattern matches: its first group if
-it has one) and vote: a bar per answer, counted from zero, most votes first; the most common answer,
-the self-consistency answer, is green (answers tied for the most, amber). The **examples** above
-Generate set a prompt and settings that show one lesson each.
+the n samples share a prefix until one draws differently. The **answers** under the
+columns take each finished sample's final answer (the last number, or what your pattern matches: its
+first group if it has one) and vote: a bar per answer, counted from zero, most votes first; the most
+common answer, the self-consistency answer, is green (answers tied for the most, amber). The
+**examples** set a prompt and settings that show one lesson each.
 """
 """The explanation beside the controls for what sampling n times is for."""
 
@@ -118,43 +133,56 @@ def build_demo(
     and sending blocking-consumer runs to its experiment server at `experiment_url` where it has one."""
     handlers = Handlers(backend_url, token, experiment_url)
 
-    with gr.Blocks(title="Parallel sampling, live") as demo:
+    with gr.Blocks(title="Parallel sampling, live", fill_width=True) as demo:
         gr.Markdown(
             "## Parallel sampling, live\n"
             "Type a prompt, pick **n**, press **Generate**: the backend's single asyncio loop "
-            "consumes all n streams at once, and each sample fills its own column."
+            "consumes all n streams at once, and each sample fills its own column.",
+            elem_id="masthead",
         )
         engine_info = gr.Markdown(elem_id="engine-info")
         engine_timer = gr.Timer(ENGINE_POLL_S, active=False)
-        with gr.Row():
-            with gr.Column(scale=3):
-                prompt, prompt_format, system = _prompt_controls()
-            with gr.Column(scale=2):
-                sampling = _sampling_controls(n_max, max_tokens_max)
-        consumer, block_ms, fanout, output_kind, cancel_after = _experiment_controls()
-        logprobs, answer_pattern = _why_n_controls()
-        n, max_tokens, temperature = sampling[:3]
+        with gr.Row(equal_height=False, elem_id="stage"):
+            # The controls: what a run needs in view, then the rest one click away.
+            with gr.Column(scale=3, min_width=300, elem_id="controls"):
+                prompt = gr.Textbox(DEFAULT_PROMPT, label="Prompt", lines=4, elem_id="prompt")
+                with gr.Row():
+                    n, max_tokens = _size_controls(n_max, max_tokens_max)
+                with gr.Row():
+                    generate_btn = gr.Button("Generate", variant="primary", min_width=100, elem_id="generate")
+                    cancel_btn = gr.Button("Cancel", variant="stop", min_width=100, elem_id="cancel")
+                with gr.Column(elem_id="settings-stack"):
+                    prompt_format, system, temperature, top_p, seed = _settings_controls()
+                    with gr.Accordion("Examples: one lesson each", open=False, elem_id="examples-panel"):
+                        lesson_slot = gr.Column()
+                    logprobs, answer_pattern = _why_n_controls()
+                    consumer, block_ms, fanout, output_kind, cancel_after = _experiment_controls()
+            # The show: the status line, the columns and the loop trace beside them.
+            with gr.Column(scale=9, elem_id="show"):
+                status = gr.Markdown(elem_id="status")
+                with gr.Row(equal_height=False):
+                    with gr.Column(scale=6):
+                        samples = sample_grid()
+                        with gr.Accordion(
+                            "Token tree (where the samples part)", open=True, elem_id="tree-panel"
+                        ):
+                            gr.Markdown(TREE_HELP)
+                            tree = sample_tree()
+                        with gr.Accordion("Answers (self-consistency)", open=True, elem_id="answers"):
+                            answers_line = gr.Markdown(empty_answers()[1], elem_id="answers-line")
+                            answers_chart = answers_chart_component()
+                        summary = gr.Markdown(elem_id="summary")
+                    with gr.Column(scale=4, min_width=340):
+                        trace = gr.HTML(panel_html_empty(), elem_id="trace")
+                        export_btn = gr.Button(
+                            "Export trace (Perfetto JSON)", size="sm", elem_id="export-trace"
+                        )
+                        trace_file = gr.File(label="trace export", visible=False, elem_id="trace-file")
+                        download_btn, run_file, replay_upload, replay_speed = _saved_run_controls()
+        sampling = [n, max_tokens, temperature, top_p, seed]
         inputs = [prompt, n, max_tokens, temperature, consumer, block_ms, logprobs, answer_pattern]
-        examples_block(inputs, n_max, max_tokens_max)
-        with gr.Row():
-            generate_btn = gr.Button("Generate", variant="primary", elem_id="generate")
-            cancel_btn = gr.Button("Cancel", variant="stop", elem_id="cancel")
-        status = gr.Markdown(elem_id="status")
-        with gr.Row(equal_height=False):
-            with gr.Column(scale=7):
-                samples = sample_grid()
-                with gr.Accordion("Token tree (where the samples part)", open=True, elem_id="tree-panel"):
-                    gr.Markdown(TREE_HELP)
-                    tree = sample_tree()
-                with gr.Accordion("Answers (self-consistency)", open=True, elem_id="answers"):
-                    answers_line = gr.Markdown(empty_answers()[1], elem_id="answers-line")
-                    answers_chart = answers_chart_component()
-                summary = gr.Markdown(elem_id="summary")
-            with gr.Column(scale=4, min_width=360):
-                trace = gr.HTML(panel_html_empty(), elem_id="trace")
-                export_btn = gr.Button("Export trace (Perfetto JSON)", size="sm", elem_id="export-trace")
-                trace_file = gr.File(label="trace export", visible=False, elem_id="trace-file")
-                download_btn, run_file, replay_upload, replay_speed = _saved_run_controls()
+        with lesson_slot:
+            examples_block(inputs, n_max, max_tokens_max)
 
         # Wiring, in the order a person meets it.
         async def refresh_engine_line() -> tuple[str, Any]:
@@ -244,10 +272,26 @@ def _saved_run_controls() -> tuple[gr.Button, gr.File, gr.UploadButton, gr.Slide
     return download_btn, run_file, replay_upload, replay_speed
 
 
-def _prompt_controls() -> tuple[gr.Textbox, gr.Radio, gr.Textbox]:
-    """The prompt, its format and the system prompt."""
-    prompt = gr.Textbox(DEFAULT_PROMPT, label="Prompt", lines=6, elem_id="prompt")
-    with gr.Row():
+def _size_controls(n_max: int, max_tokens_max: int) -> tuple[gr.Slider, gr.Slider]:
+    """n and max tokens: the run's size, in view beside Generate."""
+    n = gr.Slider(
+        1, n_max, value=min(DEFAULT_N, n_max), step=1, label="n (samples)", min_width=140, elem_id="n"
+    )
+    max_tokens = gr.Slider(
+        1,
+        max_tokens_max,
+        value=min(DEFAULT_MAX_TOKENS, max_tokens_max),
+        step=1,
+        label="max tokens",
+        min_width=140,
+        elem_id="max-tokens",
+    )
+    return n, max_tokens
+
+
+def _settings_controls() -> tuple[gr.Radio, gr.Textbox, gr.Slider, gr.Slider, gr.Number]:
+    """The prompt's format and system prompt, temperature, top-p and seed, in one closed panel."""
+    with gr.Accordion("Settings: format, temperature, seed", open=False, elem_id="settings"):
         prompt_format = gr.Radio(
             list(PROMPT_FORMATS),
             value="chat",
@@ -259,32 +303,21 @@ def _prompt_controls() -> tuple[gr.Textbox, gr.Radio, gr.Textbox]:
         system = gr.Textbox(
             "", label="system prompt (chat; empty: the template's own)", lines=2, elem_id="system"
         )
-    return prompt, prompt_format, system
-
-
-def _sampling_controls(n_max: int, max_tokens_max: int) -> list[Any]:
-    """n, max tokens, temperature, top-p and seed, in the order Generate takes them."""
-    n = gr.Slider(1, n_max, value=min(DEFAULT_N, n_max), step=1, label="n (samples)", elem_id="n")
-    max_tokens = gr.Slider(
-        1,
-        max_tokens_max,
-        value=min(DEFAULT_MAX_TOKENS, max_tokens_max),
-        step=1,
-        label="max tokens",
-        elem_id="max-tokens",
-    )
-    with gr.Row():
-        temperature = gr.Slider(
-            0,
-            TEMPERATURE_MAX,
-            value=DEFAULT_TEMPERATURE,
-            step=0.05,
-            label="temperature",
-            elem_id="temperature",
-        )
-        top_p = gr.Slider(0.05, 1, value=DEFAULT_TOP_P, step=0.05, label="top-p", elem_id="top-p")
-    seed = gr.Number(value=33, precision=0, label="seed (empty: random)", minimum=0, elem_id="seed")
-    return [n, max_tokens, temperature, top_p, seed]
+        with gr.Row():
+            temperature = gr.Slider(
+                0,
+                TEMPERATURE_MAX,
+                value=DEFAULT_TEMPERATURE,
+                step=0.05,
+                label="temperature",
+                min_width=140,
+                elem_id="temperature",
+            )
+            top_p = gr.Slider(
+                0.05, 1, value=DEFAULT_TOP_P, step=0.05, label="top-p", min_width=140, elem_id="top-p"
+            )
+        seed = gr.Number(value=33, precision=0, label="seed (empty: random)", minimum=0, elem_id="seed")
+    return prompt_format, system, temperature, top_p, seed
 
 
 def _experiment_controls() -> tuple[gr.Radio, gr.Slider, gr.Radio, gr.Radio, gr.Number]:

@@ -24,6 +24,9 @@ them (re-rendering a template of all n texts per update kept the page's main thr
 
 CSS = """
 .sample-grid { display: grid; grid-template-columns: repeat(auto-fill, minmax(190px, 1fr)); gap: 10px; }
+.sample-grid:empty::before { grid-column: 1 / -1; padding: 40px 16px; text-align: center;
+  color: var(--body-text-color-subdued); border: 1px dashed var(--border-color-primary, #cbd5e1);
+  border-radius: 8px; content: "Press Generate: the n samples stream here, one column each."; }
 .sample-column { display: flex; flex-direction: column; gap: 4px; min-width: 0;
   border: 1px solid var(--border-color-primary, #e2e8f0); border-radius: 8px; padding: 6px; }
 .sample-header { font-size: 0.8em; font-variant-numeric: tabular-nums;
@@ -45,7 +48,8 @@ CSS = """
 .sample-text .parting { display: inline-block; width: 0; height: 1.15em; vertical-align: text-bottom;
   border-left: 3px solid #7c3aed; margin: 0 1px; }
 """
-"""Columns as many per row as fit, all the same width; each text box keeps its newest line in view
+"""Columns as many per row as fit, all the same width (before the first run, a line saying what
+comes there); each text box keeps its newest line in view
 (`column-reverse` anchors the scroll at the bottom while the text grows; a short text stays at the
 top). Columns picked in the token tree (`ui.sample_tree_view`) are outlined, the others faded.
 Text blocks scrolled out of view are not laid out or painted (`content-visibility: auto`,

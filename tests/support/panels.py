@@ -1,0 +1,20 @@
+"""The page's closed panels (Gradio accordions) opened in chromium, as a person opens them: one click
+on the panel's header."""
+
+from __future__ import annotations
+
+from playwright.sync_api import Page
+
+SETTINGS = "settings"
+EXAMPLES = "examples-panel"
+WHY_N = "why-n"
+EXPERIMENTS = "experiments"
+"""The panels' element ids: the prompt's format and the sampling settings; the examples; token
+confidence and the answer pattern; the event-loop experiments."""
+
+
+def open_panel(page: Page, elem_id: str) -> None:
+    """Open the panel `elem_id` with a click on its header, unless it is open already."""
+    header = page.locator(f"#{elem_id} > button.label-wrap")
+    if "open" not in (header.get_attribute("class") or "").split():
+        header.click()
