@@ -21,6 +21,7 @@ from backend.config.engine_flags import DEFAULT_BACKEND_PORT, ENGINE_SETTINGS, a
 from backend.config.server_flags import N_MAX, add_server_arguments, limits_from_args
 from backend.serving.process import BackendProcess
 from backend.trace import native_build
+from ui.engine_info import experiment_url_of
 
 DEFAULT_UI_PORT = 7860
 
@@ -31,19 +32,24 @@ APP_SETTINGS = (
         "--host",
         ("DASHBOARD_HOST",),
         "address the page binds",
-        in_a_space("0.0.0.0", "127.0.0.1"),
+        default=in_a_space("0.0.0.0", "127.0.0.1"),
         default_words="`127.0.0.1` (`0.0.0.0` in a Space)",
     ),
     Setting(
-        "port", "--port", ("DASHBOARD_PORT", "GRADIO_SERVER_PORT"), "port of the page", DEFAULT_UI_PORT, int
+        "port",
+        "--port",
+        ("DASHBOARD_PORT", "GRADIO_SERVER_PORT"),
+        "port of the page",
+        default=DEFAULT_UI_PORT,
+        kind=int,
     ),
     Setting(
         "backend_port",
         "--backend-port",
         ("DASHBOARD_BACKEND_PORT",),
         "port of the websocket backend (0: any free one)",
-        DEFAULT_BACKEND_PORT,
-        int,
+        default=DEFAULT_BACKEND_PORT,
+        kind=int,
     ),
     Setting(
         "backend_url",
@@ -144,8 +150,9 @@ def main(argv: list[str] | None = None) -> int:
         limits = limits_from_args(args)
         backend: BackendProcess | None = None
         backend_url = args.backend_url
-        experiment_url = None  # a backend of another's: its blocking experiments share its one loop
-        if not backend_url:
+        if backend_url:  # a backend of another's: its blocking experiments run where its /health says
+            experiment_url = experiment_url_of(backend_url)
+        else:
             # A backend of our own gets a token of our own: other local processes cannot use it.
             args.token = args.token or secrets.token_urlsafe(24)
             args.allowed_origin = [*(args.allowed_origin or ()), *page_origins(args.host, args.port)]

@@ -9,7 +9,7 @@ import logging
 import sys
 
 from backend.config.engine_flags import DEFAULT_BACKEND_PORT, add_engine_arguments, env
-from backend.config.server_flags import add_server_arguments, server_from_args
+from backend.config.server_flags import add_server_arguments, servers_from_args
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -29,9 +29,9 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     try:
-        server = server_from_args(args, args.host, args.port)
+        servers = servers_from_args(args, args.host, args.port)
         with contextlib.suppress(KeyboardInterrupt):
-            asyncio.run(server.serve_forever())
+            asyncio.run(servers.serve_forever())
     except (ValueError, OSError) as exc:
         print(f"backend: {exc}", file=sys.stderr)
         return 2

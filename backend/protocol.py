@@ -1,7 +1,8 @@
-"""Websocket protocol v2, without I/O: client frames parsed and validated, server frames built.
+"""Websocket protocol v2, without I/O: client frames built, parsed and validated; server frames built.
 
 Client to server: `generate`, `replay` (a saved run, `backend.saved_run`, streamed again as a
-request), `cancel` and `export_trace`. Server to client: `accepted`,
+request), `cancel` and `export_trace`, built by every client with `generate_frame`, `replay_frame`,
+`cancel_frame` and `export_trace_frame`. Server to client: `accepted`,
 `queued`, `chunk`, `finish`, `done`, `trace`, `trace_export`, `error`. Every rejection is a
 `ProtocolError` with a stable `code` and a message a person can act on; the server turns it into an
 `error` frame and keeps the connection open.
@@ -515,12 +516,74 @@ def encode(frame: dict[str, Any]) -> str:
     return encode_bytes(frame).decode()
 
 
+GENERATE_OPTIONS = (
+    "format",
+    "system",
+    "logprobs",
+    "consumer",
+    "fanout",
+    "trace",
+    "output_kind",
+    "cancel_after",
+)
+"""A `generate` frame's fields besides `id`, `prompt`, `n` and `params`, as the frame spells them."""
+
+REPLAY_OPTIONS = ("speed", "consumer", "fanout", "trace", "output_kind", "cancel_after")
+"""A `replay` frame's fields besides `id` and `run`."""
+
+
+def _client_frame(
+    kind: str, request_id: str, known: tuple[str, ...], options: dict[str, Any]
+) -> dict[str, Any]:
+    unknown = sorted(set(options) - set(known))
+    if unknown:
+        raise TypeError(f"a {kind} frame has no field {unknown[0]!r}; its fields: {', '.join(known)}")
+    return {"type": kind, "id": request_id, **{k: v for k, v in options.items() if v is not None}}
+
+
+def generate_frame(
+    request_id: str, prompt: str, n: int = 1, params: dict[str, Any] | None = None, **options: Any
+) -> dict[str, Any]:
+    """A client's `generate` frame: `n` samples of `prompt`, with `params` (PARAM_NAMES) and the frame's
+    other fields (GENERATE_OPTIONS, as the frame spells them: `consumer={"mode": "blocking",
+    "block_ms": 20}`); a field left None is left out, so the server's default applies. A name the
+    protocol does not know is a TypeError where the frame is built, not an error frame later."""
+    frame = _client_frame("generate", request_id, GENERATE_OPTIONS, options)
+    frame["prompt"] = prompt
+    frame["n"] = n
+    if params:
+        frame["params"] = params
+    return frame
+
+
+def replay_frame(request_id: str, run: dict[str, Any], **options: Any) -> dict[str, Any]:
+    """A client's `replay` frame: the saved run `run` (`backend.saved_run`'s JSON object) streamed
+    again as request `request_id`, with REPLAY_OPTIONS (`speed`, the consumer, ...) as `generate_frame`."""
+    frame = _client_frame("replay", request_id, REPLAY_OPTIONS, options)
+    frame["run"] = run
+    return frame
+
+
+def cancel_frame(request_id: str, index: int | None = None) -> dict[str, Any]:
+    """A client's `cancel` frame: every sample of the request, or only sample `index` (a column's Stop)."""
+    frame: dict[str, Any] = {"type": "cancel", "id": request_id}
+    if index is not None:
+        frame["index"] = index
+    return frame
+
+
+def export_trace_frame(request_id: str) -> dict[str, Any]:
+    """A client's `export_trace` frame: the request's trace, answered with a `trace_export` frame."""
+    return {"type": "export_trace", "id": request_id}
+
+
 def accepted_frame(
     request_id: str,
     n: int,
     engine: str,
     model: str,
     params: SamplingParams,
+    *,
     prompt_format: str = "chat",
     format_reason: str = "",
     trace_off: str | None = None,

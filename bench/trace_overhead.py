@@ -51,6 +51,7 @@ from typing import Any
 
 from websockets.asyncio.client import connect
 
+from backend.config.settings import ServerOptions
 from backend.engines.base import Chunk, SamplingParams
 from backend.engines.synthetic import SyntheticEngine
 from backend.protocol import encode
@@ -169,7 +170,7 @@ def measure_backend(
 
 async def _record_backend_ring(rate: float) -> tuple[Sequence[int], list[Any], int, int]:
     """The tracer's ring after an in-process backend served one traced n=32 request."""
-    server = BackendServer(SyntheticEngine(rate=rate, jitter=0), port=0)
+    server = BackendServer(SyntheticEngine(rate=rate, jitter=0), ServerOptions(port=0))
     await server.start()
     try:
         async with connect(f"ws://127.0.0.1:{server.port}/ws") as ws:

@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import json
+import re
 import time
 import urllib.request
 from collections.abc import Iterator
@@ -60,8 +61,14 @@ def generate(request_id: str, n: int, max_tokens: int, mode: str = "cooperative"
 
 
 async def blocked_and_watched(urls: dict[str, str]) -> dict[str, Any]:
-    """A blocks at the most per chunk on the experiment loop; B streams on the main loop meanwhile."""
-    async with connect(urls["experiments"], max_size=None, ping_interval=None) as a:
+    """A, a direct client of the main server, asks it for a blocking run, is refused with the
+    experiment server's URL, and runs there, blocking at the most per chunk; B streams on the main
+    server meanwhile."""
+    async with connect(urls["main"], max_size=None, ping_interval=None) as door:
+        await door.send(generate("a", 2, 30, "blocking", BLOCK_MS_MAX))
+        refusal = await recv_frame(door, 30)
+    [sent_to] = re.findall(r"ws://\S+/ws", refusal.get("message", ""))
+    async with connect(sent_to, max_size=None, ping_interval=None) as a:
         await a.send(generate("a", 2, 30, "blocking", BLOCK_MS_MAX))
         while (await recv_frame(a, 30))["type"] != "chunk":
             pass
@@ -78,6 +85,8 @@ async def blocked_and_watched(urls: dict[str, str]) -> dict[str, Any]:
             if frame["type"] == "trace":
                 lags.extend(lag for _, lag in frame["lag"])
     return {
+        "refusal": refusal,
+        "sent_to": sent_to,
         "gaps": [later - earlier for earlier, later in itertools.pairwise(arrivals)],
         "texts": texts,
         "a_lag_ms": max(lags, default=0.0),
@@ -86,6 +95,9 @@ async def blocked_and_watched(urls: dict[str, str]) -> dict[str, Any]:
 
 def test_a_blocking_experiment_blocks_its_own_loop_and_no_one_elses(backend: dict[str, str]) -> None:
     seen = asyncio.run(blocked_and_watched(backend))
+    # the main server runs no blocking consumer: it names the loop where one runs
+    assert seen["refusal"]["type"] == "error" and seen["refusal"]["code"] == "blocking_elsewhere"
+    assert seen["refusal"]["id"] == "a" and seen["sent_to"] == backend["experiments"]
     # B's two samples streamed to the end with no long wait between chunks (on a loop shared with
     # the experiment, B waited for its whole backlog: `python -m bench.blocking_neighbour`)
     assert all(len(text.split()) > 20 for text in seen["texts"])
@@ -110,18 +122,20 @@ def test_a_second_blocking_experiment_is_refused_while_one_runs(backend: dict[st
 
 
 def test_the_experiment_loop_serves_the_engines_samples(backend: dict[str, str]) -> None:
-    async def both() -> list[dict[str, str]]:
+    # The same request, cooperative on the main loop and blocking on the experiment loop, gets the
+    # same samples: both loops drive the one engine.
+    async def both() -> list[dict[int, str]]:
         results = []
-        for url in (backend["main"], backend["experiments"]):
+        for url, mode in ((backend["main"], "cooperative"), (backend["experiments"], "blocking")):
             async with connect(url) as ws:
-                await ws.send(generate("same", 3, 30, "blocking", 1))
+                await ws.send(generate("same", 3, 30, mode, 1))
                 texts = {0: "", 1: "", 2: ""}
                 frames = []
                 while (frame := await recv_frame(ws, 30))["type"] != "done":
                     frames.append(frame)
                     if frame["type"] == "chunk":
                         texts[frame["index"]] += frame["text"]
-                assert any(f["type"] == "trace" for f in frames), "the experiment loop is traced too"
+                assert any(f["type"] == "trace" for f in frames), "both loops are traced"
                 results.append(texts)
         return results
 

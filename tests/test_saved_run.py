@@ -44,7 +44,16 @@ def request_frames(started: float = 1000.0) -> list[dict[str, Any]]:
     """The frames a client gets for REQUEST, as the server builds them, interleaved by sample."""
     params = SamplingParams(16, 0.7, 0.9, seed=40, top_k=20, stop=("\n\n",), logprobs=True)
     frames = [
-        accepted_frame("r1", 3, "sglang", "smollm2", params, "chat", "the model's chat template", at=started)
+        accepted_frame(
+            "r1",
+            3,
+            "sglang",
+            "smollm2",
+            params,
+            prompt_format="chat",
+            format_reason="the model's chat template",
+            at=started,
+        )
     ]
     for step in range(4):
         for index, texts in enumerate(TEXTS):

@@ -21,7 +21,7 @@ from backend.engines.base import Generation
 from backend.engines.synthetic import SyntheticEngine, synthetic_tokens
 from backend.protocol import frames_in
 from backend.serving import connection as connection_module
-from backend.serving.connection import ClientSession
+from backend.serving.connection import ClientSession, ServerSide
 from backend.serving.server import BackendServer
 from devkit.frames import recv_frame
 from devkit.local import ROOT, free_port
@@ -412,7 +412,7 @@ async def test_done_is_written_without_waiting_out_the_send_interval(monkeypatch
     monkeypatch.setattr(connection_module, "BURST_POLLS", 1)
     for kind in ("finish", "done"):
         socket = _RecordingSocket()
-        session = ClientSession(socket, SyntheticEngine(), Limits())  # type: ignore[arg-type]
+        session = ClientSession(socket, ServerSide(SyntheticEngine()))  # type: ignore[arg-type]
         sender = asyncio.create_task(session._send_loop())
         try:
             async with asyncio.timeout(2):
@@ -445,7 +445,7 @@ async def test_a_stream_of_frames_is_written_once_an_interval_without_polling_ag
     monkeypatch.setattr(connection_module, "BURST_POLL_S", 0.0)
     monkeypatch.setattr(connection_module, "BURST_POLLS", 1)
     socket = _RecordingSocket()
-    session = ClientSession(socket, SyntheticEngine(), Limits())  # type: ignore[arg-type]
+    session = ClientSession(socket, ServerSide(SyntheticEngine()))  # type: ignore[arg-type]
     sender = asyncio.create_task(session._send_loop())
     chunk = {"type": "chunk", "id": "r1", "index": 0, "text": "x", "tokens": 1}
     try:

@@ -99,6 +99,24 @@ def fetch_health(backend_url: str) -> dict[str, Any]:
         return json.loads(response.read())
 
 
+def experiment_url_of(backend_url: str) -> str | None:
+    """The experiment server of the running backend at `backend_url`, from its /health (where a
+    backend bound to all addresses names it by a wildcard, by `backend_url`'s host instead); None
+    where it has none or did not answer (its blocking-run refusals then name the URL)."""
+    try:
+        named = fetch_health(backend_url).get("experiment_url")
+    except (urllib.error.URLError, OSError, ValueError):
+        return None
+    if not isinstance(named, str):
+        return None
+    parts = urlsplit(named)
+    if parts.hostname in ("0.0.0.0", "::"):
+        host = urlsplit(backend_url).hostname or "127.0.0.1"
+        host = f"[{host}]" if ":" in host else host
+        parts = parts._replace(netloc=f"{host}:{parts.port}")
+    return urlunsplit(parts)
+
+
 def fetch_engine_line(backend_url: str) -> tuple[str, bool]:
     """engine_line of the backend's /health now (or a sentence saying the backend did not answer),
     and whether the engine is still starting."""

@@ -134,4 +134,6 @@ def run_request(
         options["cancel_after"] = int(cancel_after)
     if logprobs_value:
         options["logprobs"] = True
-    return RunRequest(prompt, int(n), params, options, _text(answer_pattern_value, "answer pattern"))  # type: ignore[arg-type]
+    return RunRequest(
+        prompt, int(n), params, options, answer_pattern=_text(answer_pattern_value, "answer pattern")
+    )  # type: ignore[arg-type]

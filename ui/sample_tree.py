@@ -94,7 +94,7 @@ class SampleTree:
         self.finished = 0
         """Samples that ended, a bit each."""
         everyone = (1 << n) - 1
-        self.root = Node(0, None, 0, 0, -1, everyone, everyone)
+        self.root = Node(0, None, 0, 0, owner=-1, samples=everyone, ends=everyone)
         self.node_count = 1
         self._at = [self.root] * n
         self._next_id = 1
@@ -154,11 +154,19 @@ class SampleTree:
         node.ends &= ~bit
         child = node.children.get(unit)
         if child is None:
-            child = Node(self._new_id(), node, depth, depth + 1, s, bit, bit)
+            child = Node(self._new_id(), node, depth, depth + 1, owner=s, samples=bit, ends=bit)
             node.children[unit] = child
         else:
             if child.length > 1:  # step into a longer edge: its first unit becomes a node of its own
-                head = Node(self._new_id(), node, child.start, child.start + 1, child.owner, child.samples, 0)
+                head = Node(
+                    self._new_id(),
+                    node,
+                    child.start,
+                    child.start + 1,
+                    owner=child.owner,
+                    samples=child.samples,
+                    ends=0,
+                )
                 child.start += 1
                 child.parent = head
                 head.children[self.units[child.owner][child.start]] = child

@@ -31,7 +31,7 @@ ENGINE_SETTINGS: tuple[Setting, ...] = (
         ("DASHBOARD_ENGINE",),
         "engine that produces the samples: `auto`, `embedded`, `sglang`, `sglang-engine`, `openai`, "
         "`synthetic`, `replay` ([docs/engines.md](docs/engines.md))",
-        DEFAULT_ENGINE,
+        default=DEFAULT_ENGINE,
         choices=(AUTO, *sorted(ENGINES)),
     ),
     Setting(
@@ -108,7 +108,7 @@ ENGINE_SETTINGS: tuple[Setting, ...] = (
         ("DASHBOARD_DEFAULT_MODEL",),
         "embedded engine without `--model`: SmolLM2-135M-Instruct from the bundled GGUF, or from the "
         "Hugging Face Hub (falling back to the bundled GGUF)",
-        in_a_space("hub", "bundled"),
+        default=in_a_space("hub", "bundled"),
         choices=("bundled", "hub"),
         default_words="`hub` in a Space, else `bundled`",
     ),

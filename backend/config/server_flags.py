@@ -8,20 +8,20 @@ from dataclasses import replace
 
 from backend.config.declared import Setting, add_settings
 from backend.config.engine_flags import engine_from_args, env
-from backend.config.settings import Limits
-from backend.serving.server import BackendServer
+from backend.config.settings import Limits, ServerOptions
+from backend.serving.servers import Servers
 
 N_MAX = Setting(
     "n_max",
     "--n-max",
     ("DASHBOARD_N_MAX",),
     "most samples per request, and columns in the page",
-    Limits.n_max,
-    int,
+    default=Limits.n_max,
+    kind=int,
 )
 
 LIMIT_SETTINGS = tuple(
-    Setting(field, flag, (env_name,), what, getattr(Limits, field), type(getattr(Limits, field)))
+    Setting(field, flag, (env_name,), what, default=getattr(Limits, field), kind=type(getattr(Limits, field)))
     for field, flag, env_name, what in (
         (
             "max_total_samples",
@@ -59,8 +59,8 @@ EXPERIMENT_PORT = Setting(
     ("DASHBOARD_EXPERIMENT_PORT",),
     "port of the experiment server, where the page runs blocking-consumer experiments on a loop of "
     "their own so they do not stall other users' streams; 0: any free port, -1: none",
-    0,
-    int,
+    default=0,
+    kind=int,
 )
 
 
@@ -95,22 +95,26 @@ def add_server_arguments(parser: argparse.ArgumentParser) -> None:
     add_settings(parser, [EXPERIMENT_PORT, *LIMIT_SETTINGS])
 
 
-def server_from_args(args: argparse.Namespace, host: str, port: int) -> BackendServer:
-    """The backend server (engine, limits, tracing, access rules) the parsed arguments describe."""
+def server_options(args: argparse.Namespace, host: str, port: int) -> ServerOptions:
+    """The server options (limits, tracing, access rules, experiment port) the parsed arguments give."""
     limits = replace(
         limits_from_args(args), **{setting.name: getattr(args, setting.name) for setting in LIMIT_SETTINGS}
     )
-    return BackendServer(
-        engine_from_args(args),
-        limits,
-        host,
-        port,
+    return ServerOptions(
+        limits=limits,
+        host=host,
+        port=port,
         trace=not args.no_trace,
         allowed_origins=tuple(args.allowed_origin or ()),
         token=args.token,
         log_prompts=args.log_prompts,
         experiment_port=args.experiment_port if args.experiment_port >= 0 else None,
     )
+
+
+def servers_from_args(args: argparse.Namespace, host: str, port: int) -> Servers:
+    """The engine and servers the parsed arguments describe, not yet started."""
+    return Servers(engine_from_args(args), server_options(args, host, port))
 
 
 def limits_from_args(args: argparse.Namespace) -> Limits:

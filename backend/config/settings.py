@@ -93,3 +93,24 @@ class Limits:
 
     send_stall_s: float = 15.0
     """A client whose socket takes nothing for this long is dropped and its requests aborted."""
+
+
+@dataclass(frozen=True)
+class ServerOptions:
+    """How one websocket server serves: its limits, address, tracing, access rules and prompt logging."""
+
+    limits: Limits = Limits()
+    host: str = "127.0.0.1"
+    port: int = 8765
+    """The port to bind, 0 for any free one."""
+    trace: bool = True
+    """Trace the server's loop, where the tracer's C parts are built (else it serves untraced, saying why)."""
+    allowed_origins: tuple[str, ...] = ()
+    """Web pages (https://host:port) allowed to open the websocket from a browser."""
+    token: str | None = None
+    """A bearer token every websocket client must send, or None for none."""
+    log_prompts: bool = False
+    """Log each request's prompt (off by default: prompts stay out of logs)."""
+    experiment_port: int | None = None
+    """Where `Servers` runs the experiment server (blocking-consumer runs on a loop of their own): its
+    port, 0 for any free one, None for no experiment server."""

@@ -251,6 +251,11 @@ class Engine(ABC):
     chose the engine: `--engine auto` serving the CPU model on a machine whose GPU SGLang cannot
     use says why here); empty for nothing."""
 
+    runs_on_any_loop: bool = False
+    """Whether any loop may drive the engine: it holds nothing on the loop it started on (a saved
+    run's replay). Others run their requests on their own loop, and a server on another loop (the
+    experiment server) hands them across (`backend.serving.experiments.BridgedEngine`)."""
+
     @property
     @abstractmethod
     def model(self) -> str:

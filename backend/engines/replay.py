@@ -64,6 +64,7 @@ class ReplayEngine(Engine):
     """Streams `run` to every request, `speed` times as fast as it was recorded."""
 
     name = "replay"
+    runs_on_any_loop = True
 
     def __init__(self, run: SavedRun, speed: float = DEFAULT_SPEED, label: str = "") -> None:
         if not speed > 0:
@@ -168,7 +169,7 @@ class ReplayGeneration(SampleTasksGeneration):
         put = self._queue.put_nowait
         last = len(sample.chunks) - 1
         if last < 0:  # nothing was streamed (a stop string at the start, an early abort)
-            self._end(index, "", Chunk(index, "", 0, sample.finish_reason, dict(sample.engine)))
+            self._end(index, "", Chunk(index, "", 0, sample.finish_reason, meta=dict(sample.engine)))
             return
         for position, chunk in enumerate(sample.chunks):
             wait = started + chunk.at / speed - loop.time()
@@ -181,5 +182,12 @@ class ReplayGeneration(SampleTasksGeneration):
                 self._end(
                     index,
                     "",
-                    Chunk(index, chunk.text, chunk.tokens, finish, dict(sample.engine), chunk.logprobs),
+                    Chunk(
+                        index,
+                        chunk.text,
+                        chunk.tokens,
+                        finish,
+                        meta=dict(sample.engine),
+                        logprobs=chunk.logprobs,
+                    ),
                 )

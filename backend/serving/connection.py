@@ -15,7 +15,7 @@ import random
 import time
 from collections import OrderedDict
 from collections.abc import Callable
-from dataclasses import replace
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from websockets.asyncio.server import ServerConnection
@@ -96,35 +96,45 @@ def _no_problem() -> str | None:
     return None
 
 
+@dataclass(frozen=True)
+class ServerSide:
+    """What every connection of one server shares: its engine, limits, tracer, admission and rules."""
+
+    engine: Engine
+    limits: Limits = field(default_factory=Limits)
+    tracer: LoopTracer | None = None
+    feed: TraceFeed | None = None
+    """The live trace frames' feed, where the server traces its loop."""
+    admission: Admission | None = None
+    """The server's admission (None: one for this connection alone)."""
+    log_prompts: bool = False
+    trace_off: str = "tracing is off on this server"
+    """Why there is no `tracer`, for `export_trace` to answer."""
+    engine_problem: Callable[[], str | None] = _no_problem
+    """Why the engine cannot take requests now, or None (default: it can)."""
+    experiment_url: str | None = None
+    """Where blocking-consumer runs go (`blocking_elsewhere`), or None: this server runs them."""
+
+
 class ClientSession:
     """One websocket client: any number of requests (up to the limit), told apart by `id`."""
 
     def __init__(
-        self,
-        ws: ServerConnection,
-        engine: Engine,
-        limits: Limits,
-        label: str = "c0",
-        tracer: LoopTracer | None = None,
-        admission: Admission | None = None,
-        address: str = "",
-        log_prompts: bool = False,
-        feed: TraceFeed | None = None,
-        engine_problem: Callable[[], str | None] | None = None,
-        trace_off: str | None = None,
+        self, ws: ServerConnection, server: ServerSide, label: str = "c0", address: str = ""
     ) -> None:
-        """`engine_problem` says why the engine cannot take requests now, or None (default: it can);
-        `trace_off` why there is no `tracer`, for `export_trace` to answer."""
-        self.trace_off = trace_off or "tracing is off on this server"
+        """`label` names the connection in task names and the trace; `address` is the client's,
+        for the per-address limits."""
+        self.trace_off = server.trace_off
         self.ws = ws
-        self.engine_problem = engine_problem or _no_problem
-        self.engine = engine
-        self.limits = limits
+        self.engine_problem = server.engine_problem
+        self.engine = server.engine
+        self.limits = server.limits
         self.label = label
-        self.tracer = tracer
-        self.admission = admission or Admission(limits)
+        self.tracer = server.tracer
+        self.admission = server.admission or Admission(server.limits)
         self.address = address
-        self.log_prompts = log_prompts
+        self.log_prompts = server.log_prompts
+        self.experiment_url = server.experiment_url
         self.requests: dict[str, RunningRequest] = {}
         self.outbox = Outbox()
         self.reads = ReadLog()
@@ -136,7 +146,7 @@ class ClientSession:
         """While the send loop waits out SEND_INTERVAL_S: what ends the wait early (see `send`)."""
         self._side_tasks: set[asyncio.Task[None]] = set()
         self._closing = False
-        self.feed = feed
+        self.feed = server.feed
 
     async def serve(self) -> None:
         """Read frames until the client leaves, then abort whatever it left running."""
@@ -250,6 +260,13 @@ class ClientSession:
                 "connection; wait for one to finish",
                 command.id,
             )
+        if command.consumer.blocks and self.experiment_url is not None:
+            raise ProtocolError(
+                "blocking_elsewhere",
+                "a blocking consumer holds the loop it runs on, so this server runs blocking "
+                f"experiments on a loop of their own: send this request to {self.experiment_url}",
+                command.id,
+            )
         engine = self.engine
         if command.replay is not None:
             # A saved run replays from an engine of its own: the server's engine, ready or not,
@@ -278,7 +295,7 @@ class ClientSession:
         try:
             if command.fanout == "requests":
                 label = f"{command.id} @{self.label}"
-                generation: Generation = FanoutGeneration(engine, prompt, command.n, params, label)
+                generation: Generation = FanoutGeneration(engine, prompt, command.n, params, label=label)
             else:
                 generation = engine.generate(prompt, command.n, params)
             if command.output_kind == "cumulative":
@@ -303,10 +320,10 @@ class ClientSession:
                 engine.name,
                 engine.model,
                 params,
-                prompt.format,
-                choice.reason,
-                self.trace_off if command.trace and self.feed is None else None,
-                state.started_at,
+                prompt_format=prompt.format,
+                format_reason=choice.reason,
+                trace_off=self.trace_off if command.trace and self.feed is None else None,
+                at=state.started_at,
             )
         )
         request_id = command.id

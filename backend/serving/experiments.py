@@ -25,8 +25,9 @@ import threading
 from collections.abc import Callable, Coroutine
 from concurrent.futures import Future
 from dataclasses import replace
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
+from backend.config.settings import ServerOptions
 from backend.engines.base import (
     Chunk,
     Engine,
@@ -36,9 +37,7 @@ from backend.engines.base import (
     RequestRejected,
     SamplingParams,
 )
-
-if TYPE_CHECKING:
-    from backend.serving.server import BackendServer
+from backend.serving.server import BackendServer
 
 log = logging.getLogger("backend")
 
@@ -50,12 +49,19 @@ _END = object()
 
 
 class BridgedEngine(Engine):
-    """The main server's engine as seen from the experiment loop: generations run on `engine_loop`."""
+    """An engine of another loop as seen from the experiment loop: generations run on `engine_loop`."""
 
-    def __init__(self, main: BackendServer, engine_loop: asyncio.AbstractEventLoop) -> None:
-        self.main = main
-        self.engine = main.engine
+    def __init__(
+        self,
+        engine: Engine,
+        engine_loop: asyncio.AbstractEventLoop,
+        engine_problem: Callable[[], str | None],
+    ) -> None:
+        """`engine_problem`: why the engine cannot take requests now (the main server knows: the
+        engine starts there), or None."""
+        self.engine = engine
         self.engine_loop = engine_loop
+        self.engine_problem = engine_problem
         self.name = self.engine.name
 
     @property
@@ -79,7 +85,7 @@ class BridgedEngine(Engine):
 
     def validate(self, prompt: Prompt, n: int, params: SamplingParams) -> None:
         """The main engine must be ready (it starts on the main loop), then its own checks."""
-        problem = self.main.engine_problem()
+        problem = self.engine_problem()
         if problem is not None:
             raise RequestRejected("engine_not_ready", problem)
         self.engine.validate(prompt, n, params)
@@ -154,11 +160,19 @@ class BridgedGeneration(Generation):
 
 
 class ExperimentServer:
-    """The experiment server: a `BackendServer` on a loop of its own, in a thread of this process."""
+    """The experiment server: a `BackendServer` for `engine` on a loop of its own, in a thread of this
+    process; `options` are the main server's (its port is `options.experiment_port`)."""
 
-    def __init__(self, main: BackendServer, port: int = 0) -> None:
-        self.main = main
-        self.port = port
+    def __init__(
+        self, engine: Engine, engine_problem: Callable[[], str | None], options: ServerOptions
+    ) -> None:
+        self.engine = engine
+        self.engine_problem = engine_problem
+        # One experiment at a time, one request's worth of samples: it has this loop to itself.
+        limits = replace(options.limits, max_blocking_requests=1, max_total_samples=options.limits.n_max)
+        self.options = replace(
+            options, limits=limits, port=options.experiment_port or 0, experiment_port=None
+        )
         self.server: BackendServer | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._stop: asyncio.Event | None = None
@@ -185,34 +199,17 @@ class ExperimentServer:
             raise RuntimeError(f"the experiment server did not listen within {START_TIMEOUT_S:g} s")
         log.info("blocking experiments run on their own loop at %s", self.url)
 
-    def _serve(self, engine_loop: asyncio.AbstractEventLoop) -> None:
-        from backend.engines.replay import ReplayEngine
-        from backend.serving.server import BackendServer
+    def _engine_here(self, engine_loop: asyncio.AbstractEventLoop) -> Engine:
+        """The engine as this loop drives it: bridged to its own loop, unless it holds nothing on one."""
+        if self.engine.runs_on_any_loop:
+            return self.engine
+        return BridgedEngine(self.engine, engine_loop, self.engine_problem)
 
+    def _serve(self, engine_loop: asyncio.AbstractEventLoop) -> None:
         async def main() -> None:
-            main_server = self.main
-            # One experiment at a time, one request's worth of samples: it has this loop to itself.
-            limits = replace(
-                main_server.limits,
-                max_blocking_requests=1,
-                max_total_samples=main_server.limits.n_max,
-            )
             self._stop = asyncio.Event()
             self._loop = asyncio.get_running_loop()
-            engine: Engine = BridgedEngine(main_server, engine_loop)
-            if isinstance(main_server.engine, ReplayEngine):
-                # A saved run's engine holds nothing on a loop: it plays on this one itself.
-                engine = main_server.engine
-            server = BackendServer(
-                engine,
-                limits,
-                main_server.host,
-                self.port,
-                trace=main_server.tracer is not None,
-                allowed_origins=main_server.allowed_origins,
-                token=main_server.token,
-                log_prompts=main_server.log_prompts,
-            )
+            server = BackendServer(self._engine_here(engine_loop), self.options)
             try:
                 await server.start()
             except BaseException as exc:
@@ -224,7 +221,7 @@ class ExperimentServer:
             try:
                 await self._stop.wait()
             finally:
-                await server.close(stop_engine=False)
+                await server.close()
 
         try:
             asyncio.run(main())

@@ -3,8 +3,9 @@
 In one process, the page's threads and the backend's loop take turns holding the GIL, and the
 trace then shows the page's work as stalls of the loop (tens of ms, measured). In its own process
 the backend's loop only ever waits for its own work, which is what the trace is there to show.
-The child builds the engine and server from the parsed command line, listens, sends its URL (or why
-it could not listen) through a pipe, starts the engine, and serves until it is terminated. The
+The child builds the engine and servers (`servers`) from the parsed command line, listens, sends
+their URLs (or why it could not listen) through a pipe, starts the engine, and serves until it is
+terminated. The
 engine starts after the server listens, so the page comes up at once and says what a long first
 start is doing (a model download, a conversion) or why it failed.
 """
@@ -46,7 +47,7 @@ def _serve(args: argparse.Namespace, host: str, port: int, ready: Connection, pa
     """Child process: build, start, report the URL, serve until SIGTERM or until app.py is gone."""
     import logging
 
-    from backend.config.server_flags import server_from_args
+    from backend.config.server_flags import servers_from_args
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
 
@@ -57,7 +58,7 @@ def _serve(args: argparse.Namespace, host: str, port: int, ready: Connection, pa
         loop = asyncio.get_running_loop()
         stop = asyncio.Event()
         try:
-            server = server_from_args(args, host, port)
+            servers = servers_from_args(args, host, port)
         except Exception as exc:  # noqa: BLE001 - reported to the parent, which says it plainly
             ready.send(("error", str(exc) or type(exc).__name__, None))
             return
@@ -66,20 +67,21 @@ def _serve(args: argparse.Namespace, host: str, port: int, ready: Connection, pa
             loop.add_signal_handler(signal.SIGTERM, stop.set)
             # An engine's child process (SGLang's scheduler) sends SIGQUIT when it fails; by default
             # that would end this process without a word.
+            main = servers.main
             loop.add_signal_handler(
-                signal.SIGQUIT, lambda: server.engine_lost(server.engine.lost_cause() or CHILD_FAILED)
+                signal.SIGQUIT, lambda: main.engine_lost(main.engine.lost_cause() or CHILD_FAILED)
             )
 
         handle_signals()
         try:
             # Listen at once: the page then shows what a long first start does, or why it failed.
-            await server.start(engine_in_background=True)
+            await servers.start(engine_in_background=True)
         except Exception as exc:  # noqa: BLE001 - reported to the parent, which says it plainly
             ready.send(("error", str(exc) or type(exc).__name__, None))
             return
-        ready.send(("ready", server.url, server.experiment_url))
+        ready.send(("ready", servers.url, servers.experiment_url))
         watcher = asyncio.create_task(_stop_when_orphaned(parent, stop), name="parent watch")
-        settled = asyncio.create_task(server.engine_settled(), name="engine settled")
+        settled = asyncio.create_task(servers.main.engine_settled(), name="engine settled")
         # An engine may put its own handlers on the loop as it starts (in-process SGLang does): this
         # process's stop stays this process's.
         settled.add_done_callback(lambda _: handle_signals())
@@ -88,7 +90,7 @@ def _serve(args: argparse.Namespace, host: str, port: int, ready: Connection, pa
         finally:
             watcher.cancel()
             settled.cancel()
-            await server.close()
+            await servers.close()
             closed.append(True)
 
     with contextlib.suppress(KeyboardInterrupt):

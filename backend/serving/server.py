@@ -22,19 +22,14 @@ from websockets.asyncio.server import Server, ServerConnection, serve
 from websockets.datastructures import Headers
 from websockets.http11 import Request, Response
 
-from backend.config.settings import (
-    SEND_BUFFER_BYTES,
-    WS_MAX_MESSAGE_BYTES,
-    Limits,
-)
+from backend.config.settings import SEND_BUFFER_BYTES, WS_MAX_MESSAGE_BYTES, ServerOptions
 from backend.engines.base import Engine
 from backend.protocol import (
     encode,
     error_frame,
 )
 from backend.serving.admission import Admission, client_address
-from backend.serving.connection import ClientSession
-from backend.serving.experiments import ExperimentServer
+from backend.serving.connection import ClientSession, ServerSide
 from backend.trace.feed import TraceFeed
 from backend.trace.recorder import NOT_BUILT as TRACER_NOT_BUILT
 from backend.trace.recorder import LoopTracer
@@ -54,31 +49,25 @@ HEALTH_PATH = "/health"
 
 
 class BackendServer:
-    """The engine plus the websocket server in front of it, on the running loop."""
+    """The websocket server in front of an engine, on the running loop.
 
-    def __init__(
-        self,
-        engine: Engine,
-        limits: Limits | None = None,
-        host: str = "127.0.0.1",
-        port: int = 8765,
-        trace: bool = True,
-        allowed_origins: tuple[str, ...] = (),
-        token: str | None = None,
-        log_prompts: bool = False,
-        experiment_port: int | None = None,
-    ) -> None:
-        """`trace`: trace this loop, where the tracer's C parts are built (else it serves untraced and
-        says why in `trace_off` and `/health`). `experiment_port`: also serve blocking-consumer
-        experiments on a loop of their own at this port (0: any free one), `experiments`."""
+    It starts the engine (`start`) and watches it, but does not stop it: the engine is its owner's
+    (`backend.serving.servers.Servers`), which may put more than one server in front of it.
+    """
+
+    def __init__(self, engine: Engine, options: ServerOptions | None = None) -> None:
+        """`options.trace`: trace this loop, where the tracer's C parts are built (else it serves
+        untraced and says why in `trace_off` and `/health`)."""
+        options = options or ServerOptions()
         self.engine = engine
-        self.limits = limits or Limits()
-        self.host = host
-        self.port = port
+        self.options = options
+        self.limits = options.limits
+        self.host = options.host
+        self.port = options.port
         self.sessions: set[ClientSession] = set()
         self.trace_off: str | None = None
         """Why this server does not trace its loop, or None when it does."""
-        if not trace:
+        if not options.trace:
             self.trace_off = "tracing is off on this server (--no-trace)"
         elif not tracer_available():
             self.trace_off = f"tracing is off on this server: {TRACER_NOT_BUILT}"
@@ -87,9 +76,10 @@ class BackendServer:
         self.feed = TraceFeed(self.tracer) if self.tracer is not None else None
         self._feed_task: asyncio.Task[None] | None = None
         self.admission = Admission(self.limits)
-        self.allowed_origins = allowed_origins
-        self.token = token
-        self.log_prompts = log_prompts
+        self.experiment_url: str | None = None
+        """Where this server's clients send blocking-consumer runs (they are refused here, with this
+        URL), or None: it runs them itself. Set by whoever runs that server, before `start`."""
+        self._side: ServerSide | None = None
         self._server: Server | None = None
         self._labels = itertools.count(1)
         self.engine_state = STARTING
@@ -97,12 +87,6 @@ class BackendServer:
         self.engine_error: str | None = None
         self._engine_task: asyncio.Task[None] | None = None
         self._lost_watch: asyncio.Task[None] | None = None
-        self.experiments = ExperimentServer(self, experiment_port) if experiment_port is not None else None
-
-    @property
-    def experiment_url(self) -> str | None:
-        """The experiment server's websocket URL, where it runs one."""
-        return self.experiments.url if self.experiments is not None else None
 
     async def start(self, engine_in_background: bool = False) -> None:
         """Trace this loop, start the engine, then listen; `port` becomes the bound port.
@@ -115,8 +99,17 @@ class BackendServer:
             self.tracer.install(asyncio.get_running_loop())
         if self.feed is not None:
             self._feed_task = asyncio.create_task(self.feed.run(), name="trace")
-        if self.experiments is not None:  # before listening: /health then names its URL
-            await self.experiments.start()
+        self._side = ServerSide(
+            self.engine,
+            limits=self.limits,
+            tracer=self.tracer,
+            feed=self.feed,
+            admission=self.admission,
+            log_prompts=self.options.log_prompts,
+            trace_off=self.trace_off or "tracing is off on this server",
+            engine_problem=self.engine_problem,
+            experiment_url=self.experiment_url,
+        )
         if engine_in_background:
             self._engine_task = asyncio.create_task(self._start_engine(), name="engine start")
         else:
@@ -134,7 +127,7 @@ class BackendServer:
             compression=None,
             # Browsers send Origin: only the listed pages may connect; clients without one (the
             # Gradio app's server side, scripts) may. This stops other sites' pages hijacking it.
-            origins=[None, *self.allowed_origins],
+            origins=[None, *self.options.allowed_origins],
         )
         self.port = self._server.sockets[0].getsockname()[1]
         log.info("serving %s engine (%s) at %s", self.engine.name, self.engine.model, self.url)
@@ -211,11 +204,9 @@ class BackendServer:
         host = f"[{self.host}]" if ":" in self.host else self.host
         return f"ws://{host}:{self.port}{WS_PATH}"
 
-    async def close(self, stop_engine: bool = True) -> None:
-        """Stop listening, close every connection (aborting its requests), stop the engine (unless
-        not `stop_engine`: an experiment server's engine is the main server's)."""
-        if self.experiments is not None:
-            await self.experiments.close()
+    async def close(self) -> None:
+        """Stop listening and close every connection (aborting its requests); the engine stays
+        (its owner stops it)."""
         if self._server is not None:
             self._server.close()
             await self._server.wait_closed()
@@ -223,21 +214,11 @@ class BackendServer:
             if task is not None:
                 task.cancel()
                 await asyncio.gather(task, return_exceptions=True)
-        if stop_engine:
-            await self.engine.stop()
         if self._feed_task is not None:
             self._feed_task.cancel()
             await asyncio.gather(self._feed_task, return_exceptions=True)
         if self.tracer is not None:
             self.tracer.uninstall()
-
-    async def serve_forever(self) -> None:
-        """Run until cancelled."""
-        await self.start()
-        try:
-            await asyncio.Future()
-        finally:
-            await self.close()
 
     def health(self) -> dict[str, Any]:
         """What /health reports: the engine's load and the open connections."""
@@ -272,19 +253,8 @@ class BackendServer:
             await ws.send(encode(error_frame("too_many_connections", refusal)))
             await ws.close(1008, "too many connections")
             return
-        session = ClientSession(
-            ws,
-            self.engine,
-            self.limits,
-            f"c{next(self._labels)}",
-            self.tracer,
-            self.admission,
-            address,
-            self.log_prompts,
-            self.feed,
-            self.engine_problem,
-            self.trace_off,
-        )
+        assert self._side is not None, "connections come only once the server started"
+        session = ClientSession(ws, self._side, f"c{next(self._labels)}", address)
         self.sessions.add(session)
         if self.feed is not None:
             self.feed.add(session)
@@ -304,17 +274,18 @@ class BackendServer:
             return _json_response(HTTPStatus.OK, self.health())
         if path != WS_PATH:
             return connection.respond(HTTPStatus.NOT_FOUND, f"the websocket endpoint is {WS_PATH}\n")
-        if self.token is not None and not self._authorised(request):
+        if self.options.token is not None and not self._authorised(request):
             return connection.respond(
                 HTTPStatus.UNAUTHORIZED, "this backend needs its token: Authorization: Bearer <token>\n"
             )
         return None
 
     def _authorised(self, request: Request) -> bool:
-        assert self.token is not None
+        token = self.options.token
+        assert token is not None
         header = request.headers.get("Authorization", "")
         given = header.removeprefix("Bearer ").strip() if header.startswith("Bearer ") else ""
-        return hmac.compare_digest(given.encode(), self.token.encode())
+        return hmac.compare_digest(given.encode(), token.encode())
 
 
 def _json_response(status: HTTPStatus, body: dict[str, Any]) -> Response:

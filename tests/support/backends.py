@@ -8,7 +8,7 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Any
 
-from backend.config.settings import Limits
+from backend.config.settings import Limits, ServerOptions
 from backend.engines.base import Engine
 from backend.engines.synthetic import SyntheticEngine
 from backend.serving.server import BackendServer
@@ -23,15 +23,21 @@ async def serving(
     **options: Any,
 ) -> AsyncIterator[BackendServer]:
     """A `BackendServer` for `engine` (the synthetic engine at 100 tokens/s by default) with `limits`
-    and the server's other `options`, listening on a free port; its engine started before it serves,
-    or on a task while it does (`background`, as app.py's backend starts it); closed on the way out,
-    its engine too unless `keep_engine` (an engine a test module shares, loaded once)."""
-    server = BackendServer(engine or SyntheticEngine(rate=100, jitter=0.2), limits, port=0, **options)
+    and the server's other `options` (`ServerOptions` fields), listening on a free port; its engine
+    started before it serves, or on a task while it does (`background`, as app.py's backend starts
+    it); closed on the way out, its engine stopped too unless `keep_engine` (an engine a test module
+    shares, loaded once)."""
+    server = BackendServer(
+        engine or SyntheticEngine(rate=100, jitter=0.2),
+        ServerOptions(limits=limits or Limits(), port=0, **options),
+    )
     await server.start(engine_in_background=background)
     try:
         yield server
     finally:
-        await server.close(stop_engine=not keep_engine)
+        await server.close()
+        if not keep_engine:
+            await server.engine.stop()
 
 
 @dataclass(frozen=True)

@@ -15,8 +15,9 @@ import sys
 import time
 from typing import Any
 
+from backend.config.settings import ServerOptions
 from backend.engines.synthetic import SyntheticEngine
-from backend.serving.server import BackendServer
+from backend.serving.servers import Servers
 from devkit.local import ROOT, stop_process, wait_for_http
 
 
@@ -42,12 +43,12 @@ class SlowStartEngine(SyntheticEngine):
 
 async def serve(port: int, start_s: float, failure: str, rate: float) -> None:
     """Serve on 127.0.0.1:`port` until killed, the engine starting in the background."""
-    server = BackendServer(SlowStartEngine(start_s, failure, rate), host="127.0.0.1", port=port)
-    await server.start(engine_in_background=True)
+    servers = Servers(SlowStartEngine(start_s, failure, rate), ServerOptions(host="127.0.0.1", port=port))
+    await servers.start(engine_in_background=True)
     try:
         await asyncio.Future()
     finally:
-        await server.close()
+        await servers.close()
 
 
 def start_slow_backend(port: int, start_s: float, failure: str = "") -> subprocess.Popen[bytes]:

@@ -155,7 +155,14 @@ def build_scheduler(setup: WorkerSetup, on_pass_end: Callable[[], None]) -> Any:
     stops = stop_token_ids(tokenizer)
     chosen = {"path": path.name, "batch_invariant": path.batch_invariant, "why": reason}
     return BatchScheduler(
-        model, tokenizer, stops, setup.max_rows, setup.context, on_pass_end, linear_path, chosen
+        model,
+        tokenizer,
+        stops,
+        max_rows=setup.max_rows,
+        context=setup.context,
+        on_pass_end=on_pass_end,
+        linear_path=linear_path,
+        compute=chosen,
     )
 
 

@@ -143,7 +143,12 @@ class EmbeddedEngine(Engine):
         config = LlamaConfig.from_hf(read_config(folder.path))
         self.context = min(self.context, config.max_positions)
         setup = WorkerSetup(
-            str(folder.path), self.compute, self.threads, self.max_rows, self.context, str(folder.gguf or "")
+            str(folder.path),
+            self.compute,
+            threads=self.threads,
+            max_rows=self.max_rows,
+            context=self.context,
+            gguf=str(folder.gguf or ""),
         )
         worker = WorkerProcess(setup, self._on_message)
         # The child loads while this process reads its own tokenizer (seconds each, mostly imports).
@@ -324,7 +329,7 @@ class EmbeddedEngine(Engine):
                 if generation is None:
                     continue
                 chunks = [
-                    Chunk(i, text, tokens, reason, meta or {}, logprobs)
+                    Chunk(i, text, tokens, reason, meta=meta or {}, logprobs=logprobs)
                     for i, text, tokens, reason, meta, logprobs in raw
                 ]
                 for chunk in chunks:

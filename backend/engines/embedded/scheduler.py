@@ -302,7 +302,7 @@ class BatchScheduler:
 
     @staticmethod
     def _abort_chunk(job: Job, index: int, tokens_after_abort: int, text: str = "") -> Chunk:
-        return Chunk(index, text, 0, "abort", {"tokens_after_abort": tokens_after_abort})
+        return Chunk(index, text, 0, "abort", meta={"tokens_after_abort": tokens_after_abort})
 
     def _remove(self, slot: int) -> None:
         moved = self.cache.remove_row(slot)

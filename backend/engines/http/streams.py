@@ -152,7 +152,7 @@ class StreamState:
         chunks = []
         for index in self.unfinished:
             self.samples[index].finished = True
-            chunks.append(Chunk(index, "", 0, "error", {"error": message}))
+            chunks.append(Chunk(index, "", 0, "error", meta={"error": message}))
         return chunks
 
 
@@ -238,7 +238,7 @@ class SGLangStream(StreamState):
         if reason is None:
             return [Chunk(index, delta, new_tokens, logprobs=logprobs)] if delta or new_tokens else []
         sample.finished = True
-        return [Chunk(index, delta, new_tokens, reason, sglang_meta(meta_info), logprobs)]
+        return [Chunk(index, delta, new_tokens, reason, meta=sglang_meta(meta_info), logprobs=logprobs)]
 
     def _token_count(self, event: dict[str, Any], meta_info: dict[str, Any], sample: SampleState) -> int:
         completion = meta_info.get("completion_tokens")
@@ -352,7 +352,14 @@ class OpenAIStream(StreamState):
         stop_reason = choice.get("stop_reason") or choice.get("matched_stop")
         if stop_reason is not None:
             meta["matched_stop"] = stop_reason
-        chunk = Chunk(index, text, new_tokens, OPENAI_FINISH_REASONS.get(raw_reason, "stop"), meta, logprobs)
+        chunk = Chunk(
+            index,
+            text,
+            new_tokens,
+            OPENAI_FINISH_REASONS.get(raw_reason, "stop"),
+            meta=meta,
+            logprobs=logprobs,
+        )
         if self.hold_last_finish and not self.unfinished:
             self._held = chunk
             return []
