@@ -24,6 +24,7 @@ from typing import Any
 from websockets.asyncio.client import connect
 
 from backend.config.settings import BLOCK_MS_MAX
+from backend.protocol import generate_frame
 from backend.serving.server import WS_PATH
 from devkit.frames import recv_frame
 from devkit.local import LOCAL_LOAD_FLAGS, start_backend, stop_process
@@ -32,14 +33,13 @@ from devkit.local import LOCAL_LOAD_FLAGS, start_backend, stop_process
 def generate(request_id: str, n: int, max_tokens: int, mode: str, block_ms: float) -> str:
     """A generate frame on the synthetic engine with consumer `mode`."""
     return json.dumps(
-        {
-            "type": "generate",
-            "id": request_id,
-            "prompt": "neighbours",
-            "n": n,
-            "params": {"max_tokens": max_tokens, "seed": 1},
-            "consumer": {"mode": mode, "block_ms": block_ms},
-        }
+        generate_frame(
+            request_id,
+            "neighbours",
+            n,
+            {"max_tokens": max_tokens, "seed": 1},
+            consumer={"mode": mode, "block_ms": block_ms},
+        )
     )
 
 

@@ -23,6 +23,8 @@ from typing import Any
 
 from websockets.asyncio.client import connect
 
+from backend.protocol import generate_frame
+
 ROOT = Path(__file__).resolve().parent.parent
 
 from devkit.frames import recv_frame  # noqa: E402
@@ -37,13 +39,7 @@ async def read_request(url: str, n: int, max_tokens: int, stall_s: float) -> dic
     texts: dict[int, str] = {}
     # No client pings: a stalled reader would not answer the server's either way.
     async with connect(url, max_size=None, ping_interval=None) as ws:
-        request = {
-            "type": "generate",
-            "id": "bench",
-            "prompt": "bench",
-            "n": n,
-            "params": {"max_tokens": max_tokens, "temperature": 0, "seed": 1},
-        }
+        request = generate_frame("bench", "bench", n, {"max_tokens": max_tokens, "temperature": 0, "seed": 1})
         await ws.send(json.dumps(request))
         await asyncio.sleep(stall_s)
         while True:

@@ -32,6 +32,8 @@ from typing import Any
 
 from websockets.asyncio.client import connect
 
+from backend.protocol import generate_frame
+
 ROOT = Path(__file__).resolve().parent.parent
 
 from backend.serving.stats import percentile  # noqa: E402
@@ -55,13 +57,12 @@ def step_seconds(figures: dict[str, Any]) -> float:
 
 async def one_user(url: str, index: int, n: int, tokens: int) -> dict[str, float]:
     """One connection, one request; tokens received, seconds to done, and TTFT."""
-    request = {
-        "type": "generate",
-        "id": f"e{index}",
-        "prompt": "Write a short poem about the sea.",
-        "n": n,
-        "params": {"max_tokens": tokens, "temperature": 0.8, "seed": 100 + index * 64},
-    }
+    request = generate_frame(
+        f"e{index}",
+        "Write a short poem about the sea.",
+        n,
+        {"max_tokens": tokens, "temperature": 0.8, "seed": 100 + index * 64},
+    )
     received = 0
     first = None
     async with connect(url, max_size=None, open_timeout=60) as ws:

@@ -28,6 +28,8 @@ from pathlib import Path
 
 from websockets.asyncio.client import connect
 
+from backend.protocol import generate_frame
+
 ROOT = Path(__file__).resolve().parent.parent
 
 from bench.transport import max_tokens_for, p, process_cpu_s, start_backend, stop  # noqa: E402
@@ -37,13 +39,9 @@ from devkit.load import rss_mb  # noqa: E402
 
 async def one_request(url: str, index: int, n: int, max_tokens: int, added: list[float]) -> int:
     """One connection, one request; the tokens it received."""
-    request = {
-        "type": "generate",
-        "id": f"s{index}",
-        "prompt": "scaling",
-        "n": n,
-        "params": {"max_tokens": max_tokens, "temperature": 0, "seed": 1},
-    }
+    request = generate_frame(
+        f"s{index}", "scaling", n, {"max_tokens": max_tokens, "temperature": 0, "seed": 1}
+    )
     tokens = 0
     async with connect(url, max_size=None, open_timeout=60) as ws:
         await ws.send(json.dumps(request))

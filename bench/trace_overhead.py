@@ -54,7 +54,7 @@ from websockets.asyncio.client import connect
 from backend.config.settings import ServerOptions
 from backend.engines.base import Chunk, SamplingParams
 from backend.engines.synthetic import SyntheticEngine
-from backend.protocol import encode
+from backend.protocol import encode, generate_frame
 from backend.serving.outbox import Outbox
 from backend.serving.request import RequestState
 from backend.serving.server import BackendServer
@@ -174,7 +174,7 @@ async def _record_backend_ring(rate: float) -> tuple[Sequence[int], list[Any], i
     await server.start()
     try:
         async with connect(f"ws://127.0.0.1:{server.port}/ws") as ws:
-            frame = {"type": "generate", "id": "r1", "prompt": "hi", "n": 32, "trace": True}
+            frame = generate_frame("r1", "hi", 32, trace=True)
             frame["params"] = {"max_tokens": 300, "seed": 1}
             await ws.send(json.dumps(frame))
             while (await recv_frame(ws))["type"] != "done":

@@ -53,6 +53,8 @@ from typing import Any
 
 from websockets.asyncio.client import connect
 
+from backend.protocol import generate_frame
+
 ROOT = Path(__file__).resolve().parent.parent
 
 from backend.engines.base import Prompt, SamplingParams  # noqa: E402
@@ -142,14 +144,9 @@ async def run_websocket(
 ) -> Run:
     """(b): one request through the backend's websocket, read as fast as this process can; with
     `trace` it asks for live trace frames, as the page does."""
-    request = {
-        "type": "generate",
-        "id": "bench",
-        "prompt": "bench",
-        "n": n,
-        "params": {"max_tokens": max_tokens, "temperature": temperature, "seed": SEED},
-        "trace": trace,
-    }
+    request = generate_frame(
+        "bench", "bench", n, {"max_tokens": max_tokens, "temperature": temperature, "seed": SEED}, trace=trace
+    )
     added: list[float] = []
     lags: list[float] = []
     tokens = frames = 0

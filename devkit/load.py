@@ -10,7 +10,6 @@ engine for them; `rss_mb` reads a process's memory.
 from __future__ import annotations
 
 import asyncio
-import json
 import subprocess
 import time
 from dataclasses import dataclass, field
@@ -19,6 +18,7 @@ from pathlib import Path
 from websockets.asyncio.client import connect
 
 from backend.engines.synthetic import synthetic_tokens
+from backend.protocol import cancel_frame, encode, generate_frame
 from devkit.frames import recv_frame
 from devkit.local import LOCAL_LOAD_FLAGS
 from devkit.local import start_backend as start_backend_process
@@ -42,18 +42,12 @@ class LoadReport:
 async def one_client(url: str, index: int, n: int, max_tokens: int, cancel: bool, report: LoadReport) -> None:
     """One request; checks one finish per index, then done, and the text against the engine's."""
     seed = 1000 + index * 64
-    frame = {
-        "type": "generate",
-        "id": f"load-{index}",
-        "prompt": "load",
-        "n": n,
-        "trace": False,
-        "params": {"max_tokens": max_tokens, "seed": seed, "temperature": 0.8},
-    }
+    params = {"max_tokens": max_tokens, "seed": seed, "temperature": 0.8}
+    frame = generate_frame(f"load-{index}", "load", n, params, trace=False)
     texts: dict[int, str] = {}
     finishes: dict[int, str] = {}
     async with connect(url, max_size=None) as ws:
-        await ws.send(json.dumps(frame))
+        await ws.send(encode(frame))
         received = 0
         while True:
             message = await recv_frame(ws)
@@ -70,7 +64,7 @@ async def one_client(url: str, index: int, n: int, max_tokens: int, cancel: bool
                 report.latencies_ms.append((now - message["at"]) * 1000)
                 received += 1
                 if cancel and received == 10:
-                    await ws.send(json.dumps({"type": "cancel", "id": frame["id"]}))
+                    await ws.send(encode(cancel_frame(frame["id"])))
             elif kind == "finish":
                 if message["index"] in finishes:
                     report.broken_promises.append(f"client {index}: two finishes for {message['index']}")

@@ -22,6 +22,7 @@ from backend.engines.base import Prompt
 from backend.engines.embedded import compute
 from backend.engines.embedded.engine import EmbeddedEngine
 from backend.engines.embedded.weights import resolve_model
+from backend.protocol import generate_frame
 from devkit.frames import recv_frame
 from tests.support.backends import serving
 from tests.support.embedded import PROMPT, collect, kernel_status_on_one_thread, params
@@ -178,12 +179,8 @@ async def test_a_users_seeded_run_shows_the_same_columns_while_another_client_ge
     """Through the websocket, as the page sends it: a seeded n = 4 run, then the same run again
     while a second client streams its own request."""
     _invariant(engine)
-    frame = {
-        "type": "generate",
-        "prompt": "Name a famous scientist and say why.",
-        "n": 4,
-        "params": {"max_tokens": 40, "temperature": 0.9, "top_p": 0.95, "seed": 21},
-    }
+    params = {"max_tokens": 40, "temperature": 0.9, "top_p": 0.95, "seed": 21}
+    frame = generate_frame("", "Name a famous scientist and say why.", 4, params)
 
     async def run(ws: object, request_id: str, request: dict) -> list[str]:
         await ws.send(json.dumps({**request, "id": request_id}))  # type: ignore[attr-defined]

@@ -35,6 +35,7 @@ from backend.engines.embedded.weights import (
     read_tensors,
     resolve_model,
 )
+from backend.protocol import generate_frame
 from devkit.frames import recv_frame
 from devkit.local import ROOT
 from tests.support.backends import serving
@@ -166,7 +167,7 @@ async def test_the_server_sends_the_engines_rejection_as_an_error_frame(engine: 
     # the engine is loaded already: its start() returns at once
     async with serving(engine, Limits(), keep_engine=True) as server:
         async with connect(server.url) as ws:
-            frame = {"type": "generate", "id": "r1", "prompt": PROMPT, "n": 1, "params": {"max_tokens": 600}}
+            frame = generate_frame("r1", PROMPT, 1, {"max_tokens": 600})
             await ws.send(json.dumps(frame))
             reply = await recv_frame(ws)
             assert reply["type"] == "error"
@@ -182,14 +183,7 @@ async def test_the_server_sends_the_engines_rejection_as_an_error_frame(engine: 
 async def test_cancel_after_k_tokens_stops_each_sample_at_most_one_token_late(engine: EmbeddedEngine) -> None:
     async with serving(engine, Limits(), keep_engine=True) as server:
         async with connect(server.url) as ws:
-            frame = {
-                "type": "generate",
-                "id": "r1",
-                "prompt": PROMPT,
-                "n": 3,
-                "cancel_after": 5,
-                "trace": False,
-            }
+            frame = generate_frame("r1", PROMPT, 3, trace=False, cancel_after=5)
             frame["params"] = {"max_tokens": 200, "seed": 3, "temperature": 0.8}
             await ws.send(json.dumps(frame))
             tokens = [0, 0, 0]

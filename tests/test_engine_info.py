@@ -13,6 +13,7 @@ from backend.engines.http.base import refused_key
 from backend.engines.http.sglang import SGLangEngine
 from backend.engines.http.sglang_launch import free_port
 from backend.engines.synthetic import SyntheticEngine
+from backend.protocol import generate_frame
 from devkit.frames import recv_frame
 from tests.support.backends import serving
 from ui.engine_info import (
@@ -71,7 +72,7 @@ async def test_a_starting_engine_is_said_and_requests_are_refused_until_it_is_re
         line, starting = await engine_line_now(server.url)
         assert starting and line.startswith("⏳") and "downloading weights" in line
         async with connect(server.url) as ws:
-            await ws.send(json.dumps({"type": "generate", "id": "r1", "prompt": "Hi", "n": 2}))
+            await ws.send(json.dumps(generate_frame("r1", "Hi", 2)))
             frame = await recv_frame(ws)
             assert (frame["type"], frame["code"], frame["id"]) == ("error", "engine_not_ready", "r1")
             assert "still starting (downloading weights)" in frame["message"]
@@ -79,7 +80,7 @@ async def test_a_starting_engine_is_said_and_requests_are_refused_until_it_is_re
             await asyncio.sleep(0.05)
             line, starting = await engine_line_now(server.url)
             assert not starting and "synthetic" in line and "⏳" not in line
-            await ws.send(json.dumps({"type": "generate", "id": "r2", "prompt": "Hi", "n": 2}))
+            await ws.send(json.dumps(generate_frame("r2", "Hi", 2)))
             assert (await recv_frame(ws))["type"] == "accepted"
 
 
@@ -93,7 +94,7 @@ async def test_an_engine_that_failed_to_start_is_said_and_the_backend_keeps_answ
         assert "set DASHBOARD_MODEL" in line
         async with connect(server.url) as ws:
             for request_id in ("r1", "r2"):
-                await ws.send(json.dumps({"type": "generate", "id": request_id, "prompt": "Hi", "n": 1}))
+                await ws.send(json.dumps(generate_frame(request_id, "Hi", 1)))
                 frame = await recv_frame(ws)
                 assert (frame["code"], frame["id"]) == ("engine_not_ready", request_id)
                 assert "could not start: the embedded model is not installed" in frame["message"]
@@ -115,7 +116,7 @@ async def test_an_engine_lost_while_serving_ends_every_running_request_and_says_
         await server.engine_settled()
         async with connect(server.url) as first, connect(server.url) as second:
             for ws, request_id in ((first, "a"), (second, "b")):
-                frame = {"type": "generate", "id": request_id, "prompt": "Hi", "n": 2}
+                frame = generate_frame(request_id, "Hi", 2)
                 await ws.send(json.dumps(frame | {"params": {"max_tokens": 500}}))
                 assert (await recv_frame(ws))["type"] == "accepted"
                 while (await recv_frame(ws))["type"] != "chunk":
@@ -130,7 +131,7 @@ async def test_an_engine_lost_while_serving_ends_every_running_request_and_says_
                 assert "stopped working: the scheduler died" in errors[0]["message"]
                 finishes = sorted((f["index"], f["reason"]) for f in frames if f["type"] == "finish")
                 assert finishes == [(0, "error"), (1, "error")]
-            await first.send(json.dumps({"type": "generate", "id": "c", "prompt": "Hi", "n": 1}))
+            await first.send(json.dumps(generate_frame("c", "Hi", 1)))
             refused = await recv_frame(first)
             assert (refused["code"], refused["id"]) == ("engine_not_ready", "c")
         line, _ = await engine_line_now(server.url)

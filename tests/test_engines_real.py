@@ -32,6 +32,7 @@ from backend.engines.http.base import HTTPEngine
 from backend.engines.http.openai import OpenAIEngine
 from backend.engines.http.sglang import SGLangEngine
 from backend.engines.http.sglang_launch import SGLangServerProcess, free_port
+from backend.protocol import cancel_frame, generate_frame
 from backend.serving.server import BackendServer
 from devkit.frames import recv_frame
 from devkit.local import (
@@ -259,9 +260,8 @@ def generate(
     rid: str, n: int, max_tokens: int, prompt: str = LONG_PROMPT, temperature: float = 0.8, **fields: Any
 ) -> str:
     """A generate frame; a chat prompt (the model's template) unless `fields` says otherwise."""
-    frame = {"type": "generate", "id": rid, "prompt": prompt, "n": n, **fields}
-    frame["params"] = {"max_tokens": max_tokens, "temperature": temperature, "top_p": 0.95}
-    return json.dumps(frame)
+    params = {"max_tokens": max_tokens, "temperature": temperature, "top_p": 0.95}
+    return json.dumps(generate_frame(rid, prompt, n, params, **fields))
 
 
 async def assert_stopped_on_server(
@@ -289,7 +289,7 @@ async def stop_one_then_the_rest(url: str, rid: str, stopped_on: Any) -> None:
             return
         action = watch.see(frame["index"], frame.get("text", ""), frame.get("reason"))
         if action:
-            cancel = {"type": "cancel", "id": rid} | ({"index": 1} if action == "one" else {})
+            cancel = cancel_frame(rid) | ({"index": 1} if action == "one" else {})
             await ws.send(json.dumps(cancel))
 
     async with connect(url) as ws:
@@ -399,7 +399,7 @@ async def test_cancel_all_aborts_on_the_server(backend: tuple[BackendServer, Rea
     async def cancel_after_some(frame: dict[str, Any], texts: dict[int, str]) -> None:
         if frame["type"] == "chunk" and sum(len(t) for t in texts.values()) > 20 and not sent:
             sent.append(True)
-            await ws.send(json.dumps({"type": "cancel", "id": "r3"}))
+            await ws.send(json.dumps(cancel_frame("r3")))
 
     sent: list[bool] = []
     async with connect(server.url) as ws:

@@ -19,7 +19,7 @@ import pytest
 from websockets.asyncio.client import connect
 
 from backend.config.settings import BLOCK_MS_MAX, Limits
-from backend.protocol import ProtocolError
+from backend.protocol import ProtocolError, generate_frame
 from backend.serving.admission import Admission
 from devkit.frames import recv_frame
 from devkit.local import LOCAL_LOAD_FLAGS, start_backend, stop_process
@@ -49,14 +49,13 @@ def backend() -> Iterator[dict[str, str]]:
 
 def generate(request_id: str, n: int, max_tokens: int, mode: str = "cooperative", block_ms: float = 0) -> str:
     return json.dumps(
-        {
-            "type": "generate",
-            "id": request_id,
-            "prompt": "neighbours",
-            "n": n,
-            "params": {"max_tokens": max_tokens, "seed": 3},
-            "consumer": {"mode": mode, "block_ms": block_ms},
-        }
+        generate_frame(
+            request_id,
+            "neighbours",
+            n,
+            {"max_tokens": max_tokens, "seed": 3},
+            consumer={"mode": mode, "block_ms": block_ms},
+        )
     )
 
 

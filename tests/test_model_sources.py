@@ -20,6 +20,7 @@ from websockets.asyncio.client import connect
 
 from backend.engines.embedded import weights
 from backend.engines.embedded.weights import ModelFileError, resolve_model
+from backend.protocol import cancel_frame, generate_frame
 from devkit.frames import recv_frame
 from devkit.local import free_port, start_backend, stop_process
 from tests.support.answers import COLOUR_PROMPT, answers_colours
@@ -47,8 +48,8 @@ async def ask(
     """One request on a fresh connection: its `accepted` frame, each sample's text and finish reason.
     A second request on the same connection checks that it is still usable."""
     async with connect(f"ws://127.0.0.1:{port}/ws") as ws:
-        frame = {"type": "generate", "id": "r1", "prompt": prompt, "n": n, **fields}
-        frame.setdefault("params", {"max_tokens": 48, "temperature": 0.3, "seed": 11})
+        params = fields.pop("params", {"max_tokens": 48, "temperature": 0.3, "seed": 11})
+        frame = generate_frame("r1", prompt, n, params, **fields)
         await ws.send(json.dumps(frame))
         texts, reasons, accepted = [""] * n, [""] * n, {}
         async with asyncio.timeout(120):
@@ -65,7 +66,7 @@ async def ask(
                     reasons[message["index"]] = message["reason"]
                 elif kind == "done":
                     break
-            await ws.send(json.dumps({"type": "cancel", "id": "gone"}))
+            await ws.send(json.dumps(cancel_frame("gone")))
             while (reply := await recv_frame(ws))["type"] == "trace":
                 pass
             assert reply["code"] == "unknown_id"  # the connection is still open and answering

@@ -1,4 +1,4 @@
-"""Protocol v1 parsing and validation, without a socket."""
+"""Protocol v2 without a socket: client frames built, parsed and validated; server frames built."""
 
 from __future__ import annotations
 
@@ -11,13 +11,18 @@ from backend.config.settings import DEFAULT_MAX_TOKENS, Limits
 from backend.engines.base import Prompt, choose_format
 from backend.protocol import (
     CancelCommand,
+    Consumer,
+    ExportTraceCommand,
     GenerateCommand,
     ProtocolError,
     batch_messages,
+    cancel_frame,
     chunk_frame,
     encode,
     encode_bytes,
+    export_trace_frame,
     frames_in,
+    generate_frame,
     parse_client_frame,
 )
 
@@ -25,9 +30,60 @@ LIMITS = Limits()
 
 
 def generate(**overrides: object) -> str:
-    frame: dict[str, object] = {"type": "generate", "id": "r1", "prompt": "hello", "n": 4}
+    """A generate frame of 4 samples of "hello", its fields overridden, bad values included."""
+    frame = generate_frame("r1", "hello", 4)
     frame.update(overrides)
     return json.dumps(frame)
+
+
+def test_client_frames_as_built_parse_back_to_what_they_ask() -> None:
+    frame = generate_frame(
+        "r1",
+        "hi",
+        3,
+        {"max_tokens": 8, "seed": 5, "top_k": 4, "stop": ["."]},
+        format="chat",
+        system="be brief",
+        logprobs=True,
+        consumer={"mode": "blocking", "block_ms": 5},
+        fanout="requests",
+        trace=False,
+        output_kind="cumulative",
+        cancel_after=4,
+    )
+    command = parse_client_frame(encode(frame), LIMITS)
+    assert isinstance(command, GenerateCommand)
+    assert (command.id, command.prompt, command.n, command.format, command.system) == (
+        "r1",
+        "hi",
+        3,
+        "chat",
+        "be brief",
+    )
+    params = command.params
+    assert (params.max_tokens, params.seed, params.top_k, params.stop, params.logprobs) == (
+        8,
+        5,
+        4,
+        (".",),
+        True,
+    )
+    assert command.consumer == Consumer("blocking", 5.0) and command.consumer.blocks
+    assert (command.fanout, command.trace, command.output_kind, command.cancel_after) == (
+        "requests",
+        False,
+        "cumulative",
+        4,
+    )
+    assert parse_client_frame(encode(cancel_frame("r1")), LIMITS) == CancelCommand("r1")
+    assert parse_client_frame(encode(cancel_frame("r1", 2)), LIMITS) == CancelCommand("r1", 2)
+    assert parse_client_frame(encode(export_trace_frame("r1")), LIMITS) == ExportTraceCommand("r1")
+
+
+def test_a_frame_field_left_none_is_left_out_and_an_unknown_one_fails_where_it_is_built() -> None:
+    assert generate_frame("r1", "hi", system=None, consumer=None) == generate_frame("r1", "hi", 1)
+    with pytest.raises(TypeError, match="no field 'cancel_afterr'"):
+        generate_frame("r1", "hi", cancel_afterr=3)
 
 
 def test_generate_with_defaults() -> None:
@@ -78,7 +134,7 @@ def test_cancel_all_and_one() -> None:
         ('{"type": "generate", "prompt": "x"}', "missing_field", None),
         ('{"type": "generate", "id": 5, "prompt": "x"}', "bad_field", None),
         ('{"type": "generate", "id": "", "prompt": "x"}', "bad_field", None),
-        (json.dumps({"type": "generate", "id": "x" * 200, "prompt": "x"}), "bad_field", None),
+        (json.dumps(generate_frame("x" * 200, "x")), "bad_field", None),
         ('{"type": "generate", "id": "r1"}', "missing_field", "r1"),
         (generate(prompt=7), "bad_field", "r1"),
         (generate(prompt=""), "empty_prompt", "r1"),

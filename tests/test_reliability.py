@@ -20,7 +20,7 @@ from websockets.exceptions import ConnectionClosed, InvalidStatus
 
 from backend.config.settings import Limits
 from backend.engines.synthetic import SyntheticEngine
-from backend.protocol import ProtocolError, parse_client_frame
+from backend.protocol import ProtocolError, cancel_frame, generate_frame, parse_client_frame
 from backend.serving.admission import Admission, client_address
 from backend.serving.server import BackendServer
 from devkit.frames import recv_frame
@@ -52,9 +52,7 @@ async def next_of(ws: Any, kind: str, limit_s: float = 10) -> dict[str, Any]:
 
 
 def generate(request_id: str, n: int = 2, max_tokens: int = 20) -> str:
-    return json.dumps(
-        {"type": "generate", "id": request_id, "prompt": "hi", "n": n, "params": {"max_tokens": max_tokens}}
-    )
+    return json.dumps(generate_frame(request_id, "hi", n, {"max_tokens": max_tokens}))
 
 
 # Admission, without sockets.
@@ -135,15 +133,7 @@ async def test_a_client_that_stops_reading_is_dropped_without_slowing_others() -
     async with synthetic(rate=400, limits=Limits(send_stall_s=1.0)) as backend:
         stalled = await connect(backend.url, max_queue=1, ping_interval=None)
         await stalled.send(
-            json.dumps(
-                {
-                    "type": "generate",
-                    "id": "flood",
-                    "prompt": "x",
-                    "n": 32,
-                    "params": {"max_tokens": 2048, "temperature": 0},
-                }
-            )
+            json.dumps(generate_frame("flood", "x", 32, {"max_tokens": 2048, "temperature": 0}))
         )
         # it never reads again; meanwhile another client streams normally
         async with connect(backend.url) as other:
@@ -163,9 +153,10 @@ def test_a_killed_client_process_aborts_its_work() -> None:
     port = url.split(":")[2].split("/")[0]
     script = (
         "import asyncio, json, websockets.asyncio.client as c\n"
+        "from backend.protocol import generate_frame\n"
         "async def main():\n"
         f"    ws = await c.connect('{url}')\n"
-        "    frame = {'type': 'generate', 'id': 'r', 'prompt': 'x', 'n': 4, 'params': {'max_tokens': 2000}}\n"
+        "    frame = generate_frame('r', 'x', 4, {'max_tokens': 2000})\n"
         "    await ws.send(json.dumps(frame))\n"
         "    while True:\n"
         "        message = json.loads(await ws.recv())  # one frame, or a batch of them\n"
@@ -268,7 +259,7 @@ async def test_a_flood_of_fuzzed_frames_never_breaks_the_connection(server: Back
         for frame in frames:
             await ws.send(frame)
         for _ in range(50):  # a flood of cancels for a running request, then for a finished one
-            await ws.send(json.dumps({"type": "cancel", "id": "live"}))
+            await ws.send(json.dumps(cancel_frame("live")))
         errors = 0
         async with asyncio.timeout(20):
             while errors < len(frames):
@@ -301,14 +292,13 @@ async def embedded_round(url: str, clients: int) -> dict[str, str]:
     texts: dict[str, str] = {}
 
     async def client(index: int) -> None:
-        request = {
-            "type": "generate",
-            "id": f"e{index}",
-            "prompt": f"Name a colour. ({index})",
-            "n": 2,
-            "trace": False,
-            "params": {"max_tokens": 8, "seed": 100 + 2 * index, "temperature": 0.8},
-        }
+        request = generate_frame(
+            f"e{index}",
+            f"Name a colour. ({index})",
+            2,
+            {"max_tokens": 8, "seed": 100 + 2 * index, "temperature": 0.8},
+            trace=False,
+        )
         finishes: dict[int, str] = {}
         async with connect(url) as ws:
             await ws.send(json.dumps(request))

@@ -20,7 +20,7 @@ from backend.config.settings import Limits
 from backend.engines.base import RequestRejected
 from backend.engines.replay import ReplayEngine
 from backend.engines.synthetic import SyntheticEngine
-from backend.protocol import GenerateCommand, ProtocolError, parse_client_frame
+from backend.protocol import GenerateCommand, ProtocolError, generate_frame, parse_client_frame, replay_frame
 from backend.saved_run import SavedRun, SavedSample, parse_saved_run, saved_run_dict, saved_run_json
 from backend.serving.server import BackendServer
 from devkit.frames import recv_frame
@@ -156,18 +156,16 @@ async def test_bad_replays_are_refused_and_the_connection_stays_usable(server: B
     for number, sample in enumerate(too_many["samples"]):
         sample.update(index=number, seed=7 + number)
     # A replay frame past its limit (and under the websocket library's hard cap, which closes).
-    over = (
-        Limits().max_replay_frame_bytes + 1000 - len(json.dumps({"type": "replay", "id": "g", "run": good}))
-    )
+    over = Limits().max_replay_frame_bytes + 1000 - len(json.dumps(replay_frame("g", good)))
     cases: list[tuple[dict[str, Any], str]] = [
         ({"type": "replay", "id": "a"}, "missing_field"),
-        ({"type": "replay", "id": "b", "run": wrong_version}, "bad_run"),
-        ({"type": "replay", "id": "c", "run": mismatched}, "bad_run"),
-        ({"type": "replay", "id": "d", "run": "not a run"}, "bad_run"),
-        ({"type": "replay", "id": "e", "run": good, "speed": 0}, "bad_field"),
-        ({"type": "replay", "id": "f", "run": too_many}, "n_out_of_range"),
+        (replay_frame("b", wrong_version), "bad_run"),
+        (replay_frame("c", mismatched), "bad_run"),
+        (replay_frame("d", "not a run"), "bad_run"),
+        (replay_frame("e", good, speed=0), "bad_field"),
+        (replay_frame("f", too_many), "n_out_of_range"),
         ({"type": "replay", "id": "g", "run": good, "padding": "x" * over}, "frame_too_large"),
-        ({"type": "generate", "id": "h", "prompt": "x" * 70_000}, "frame_too_large"),
+        (generate_frame("h", "x" * 70_000), "frame_too_large"),
     ]
     async with connect(url(server), max_size=None) as ws:
         for frame, code in cases:
@@ -176,7 +174,7 @@ async def test_bad_replays_are_refused_and_the_connection_stays_usable(server: B
             while reply["type"] == "trace":
                 reply = await recv_frame(ws, 10)
             assert reply["type"] == "error" and reply["code"] == code, (frame.get("id"), reply)
-        await ws.send(json.dumps({"type": "replay", "id": "ok", "run": good, "speed": 10}))
+        await ws.send(json.dumps(replay_frame("ok", good, speed=10)))
         kinds = []
         while "done" not in kinds:
             frame = await recv_frame(ws, 10)
@@ -189,7 +187,7 @@ async def test_a_bad_run_error_says_what_is_wrong(server: BackendServer) -> None
     good = saved_run_dict(saved)
     mismatched = {**good, "settings": {**good["settings"], "n": 3}}
     async with connect(url(server)) as ws:
-        await ws.send(json.dumps({"type": "replay", "id": "x", "run": mismatched}))
+        await ws.send(json.dumps(replay_frame("x", mismatched)))
         reply = await recv_frame(ws, 10)
         assert reply["message"] == (
             'the saved run cannot be replayed: "settings.n" is 3 but "samples" has 2; '
@@ -249,15 +247,9 @@ def test_engine_replay_with_a_bad_run_exits_saying_why(
 
 def test_a_replay_frame_becomes_the_runs_request_with_the_frames_options() -> None:
     saved = parse_saved_run(SHEEP.read_bytes())
-    frame = {
-        "type": "replay",
-        "id": "r9",
-        "run": saved_run_dict(saved),
-        "speed": 2.5,
-        "consumer": {"mode": "greedy"},
-        "fanout": "requests",
-        "trace": False,
-    }
+    frame = replay_frame(
+        "r9", saved_run_dict(saved), speed=2.5, consumer={"mode": "greedy"}, fanout="requests", trace=False
+    )
     command = parse_client_frame(json.dumps(frame), Limits())
     assert isinstance(command, GenerateCommand) and command.replay is not None
     assert command.replay.speed == 2.5 and command.replay.run == saved

@@ -12,6 +12,7 @@ from websockets.asyncio.client import connect
 
 from backend.config.settings import Limits
 from backend.engines.synthetic import SyntheticEngine, synthetic_logprobs, synthetic_tokens
+from backend.protocol import generate_frame
 from backend.serving.server import BackendServer
 from devkit.frames import recv_frame
 from tests.support.backends import serving
@@ -23,14 +24,8 @@ async def run(
     backend: BackendServer, n: int = 3, max_tokens: int = 40, **options: Any
 ) -> list[dict[str, Any]]:
     """Every frame of one request, up to its `done` (or the first error)."""
-    frame = {
-        "type": "generate",
-        "id": "r1",
-        "prompt": "Tell a story.",
-        "n": n,
-        "params": {"max_tokens": max_tokens, "seed": SEED, "temperature": 1.0},
-        **options,
-    }
+    params = {"max_tokens": max_tokens, "seed": SEED, "temperature": 1.0}
+    frame = generate_frame("r1", "Tell a story.", n, params, **options)
     frames = []
     async with connect(backend.url) as ws:
         await ws.send(json.dumps(frame))
@@ -145,7 +140,7 @@ async def test_logprobs_and_cumulative_together(backend: BackendServer) -> None:
 async def test_bad_values_get_a_clear_error_and_the_connection_serves_on(
     backend: BackendServer, options: dict[str, Any], message: str
 ) -> None:
-    frame = {"type": "generate", "id": "bad", "prompt": "x", "n": 2, "params": {"max_tokens": 40}, **options}
+    frame = generate_frame("bad", "x", 2, {"max_tokens": 40}, **options)
     async with connect(backend.url) as ws:
         await ws.send(json.dumps(frame))
         error = await recv_frame(ws, 10)

@@ -9,7 +9,14 @@ from typing import Any
 import pytest
 
 from backend.engines.base import FINISH_REASONS, SamplingParams
-from backend.protocol import accepted_frame, chunk_frame, done_frame, finish_frame
+from backend.protocol import (
+    accepted_frame,
+    chunk_frame,
+    done_frame,
+    finish_frame,
+    generate_frame,
+    replay_frame,
+)
 from backend.saved_run import (
     SAVED_RUN_BYTES_MAX,
     SAVED_RUN_KIND,
@@ -26,15 +33,14 @@ from devkit.local import ROOT
 RUNS = ROOT / "docs" / "runs"
 SHIPPED = sorted(RUNS.glob("*.json"))
 
-REQUEST = {
-    "type": "generate",
-    "id": "r1",
-    "prompt": "A farmer has 17 sheep. All but 9 run away. How many sheep are left?",
-    "n": 3,
-    "system": "You answer with a number.",
-    "params": {"max_tokens": 16, "temperature": 0.7, "top_p": 0.9, "seed": 40, "top_k": 20, "stop": ["\n\n"]},
-    "logprobs": True,
-}
+REQUEST = generate_frame(
+    "r1",
+    "A farmer has 17 sheep. All but 9 run away. How many sheep are left?",
+    3,
+    {"max_tokens": 16, "temperature": 0.7, "top_p": 0.9, "seed": 40, "top_k": 20, "stop": ["\n\n"]},
+    system="You answer with a number.",
+    logprobs=True,
+)
 TEXTS = [["The", " answer", " is", " 9"], ["9"], []]
 """Each sample's chunks; sample 2 streamed nothing (an early cancel)."""
 REASONS = ["stop", "length", "abort"]
@@ -119,7 +125,7 @@ def test_an_unfinished_run_cannot_be_saved_yet() -> None:
 
 def test_a_replay_request_records_the_replayed_runs_prompt_and_settings() -> None:
     original = recorded()
-    recorder = RunRecorder({"type": "replay", "id": "r1", "run": saved_run_dict(original), "speed": 2})
+    recorder = RunRecorder(replay_frame("r1", saved_run_dict(original), speed=2))
     for frame in request_frames(started=50.0):
         recorder.apply(frame)
     again = recorder.saved_run({"machine": "test"})

@@ -19,7 +19,7 @@ from websockets.asyncio.client import ClientConnection, connect
 from backend.config.settings import Limits
 from backend.engines.base import Generation
 from backend.engines.synthetic import SyntheticEngine, synthetic_tokens
-from backend.protocol import frames_in
+from backend.protocol import cancel_frame, frames_in, generate_frame
 from backend.serving import connection as connection_module
 from backend.serving.connection import ClientSession, ServerSide
 from backend.serving.server import BackendServer
@@ -68,9 +68,7 @@ def finishes_of(frames: list[dict[str, Any]], request_id: str) -> list[dict[str,
 
 
 def generate(request_id: str = "r1", n: int = 4, **params: Any) -> str:
-    return json.dumps(
-        {"type": "generate", "id": request_id, "prompt": "Tell a story.", "n": n, "params": params}
-    )
+    return json.dumps(generate_frame(request_id, "Tell a story.", n, params))
 
 
 def health(backend: BackendServer) -> dict[str, Any]:
@@ -127,7 +125,7 @@ async def test_cancel_one_sample_leaves_the_others_running(server: BackendServer
         frames: list[dict[str, Any]] = []
         while len([f for f in frames if f["type"] == "chunk"]) < 8:
             frames.append(await recv(ws))
-        await ws.send(json.dumps({"type": "cancel", "id": "r1", "index": 2}))
+        await ws.send(json.dumps(cancel_frame("r1", 2)))
         frames += await until_done(ws, "r1")
     reasons = {f["index"]: f["reason"] for f in finishes_of(frames, "r1")}
     assert reasons == {0: "length", 1: "length", 2: "abort", 3: "length"}
@@ -143,7 +141,7 @@ async def test_cancel_all_stops_the_engine(server: BackendServer) -> None:
         for _ in range(6):
             await recv(ws)
         assert server.engine.health()["running_samples"] == 4
-        await ws.send(json.dumps({"type": "cancel", "id": "r1"}))
+        await ws.send(json.dumps(cancel_frame("r1")))
         frames = await until_done(ws, "r1", limit_s=2.0)
         assert {f["reason"] for f in finishes_of(frames, "r1")} == {"abort"}
         assert len(finishes_of(frames, "r1")) == 4
@@ -195,8 +193,8 @@ BAD_FRAMES = [
     ('{"type": "generate", "id": "x", "prompt": "hi", "n": 0}', "n_out_of_range"),
     ('{"type": "generate", "id": "x", "prompt": "hi", "n": 33}', "n_out_of_range"),
     ('{"type": "generate", "id": "x", "prompt": ""}', "empty_prompt"),
-    (json.dumps({"type": "generate", "id": "x", "prompt": "y" * 20_000}), "prompt_too_long"),
-    (json.dumps({"type": "generate", "id": "x", "prompt": "y" * 100_000}), "frame_too_large"),
+    (json.dumps(generate_frame("x", "y" * 20_000)), "prompt_too_long"),
+    (json.dumps(generate_frame("x", "y" * 100_000)), "frame_too_large"),
     (
         '{"type": "generate", "id": "x", "prompt": "hi", "params": {"max_tokens": 0}}',
         "max_tokens_out_of_range",
@@ -237,7 +235,7 @@ async def test_duplicate_id_index_out_of_range_and_request_limit(server: Backend
             frame = await recv(ws)
         assert (frame["type"], frame["code"], frame["id"]) == ("error", "duplicate_id", "r1")
 
-        await ws.send(json.dumps({"type": "cancel", "id": "r1", "index": 2}))
+        await ws.send(json.dumps(cancel_frame("r1", 2)))
         frame = await recv(ws)
         while frame["type"] == "chunk":
             frame = await recv(ws)
@@ -252,7 +250,7 @@ async def test_duplicate_id_index_out_of_range_and_request_limit(server: Backend
                 frame = await recv(ws)
                 codes.append(frame.get("code"))
         for request_id in ("r1", "r2", "r3"):
-            await ws.send(json.dumps({"type": "cancel", "id": request_id}))
+            await ws.send(json.dumps(cancel_frame(request_id)))
         frames: list[dict[str, Any]] = []
         async with asyncio.timeout(5):
             while len([f for f in frames if f["type"] == "done"]) < 3:
@@ -377,7 +375,7 @@ class FailingEngine(SyntheticEngine):
 async def test_an_engine_failure_ends_the_request_with_errors_and_keeps_serving() -> None:
     async with serving(FailingEngine(rate=200)) as backend:
         async with connect(backend.url) as ws:
-            await ws.send(json.dumps({"type": "generate", "id": "r1", "prompt": "refuse", "n": 2}))
+            await ws.send(json.dumps(generate_frame("r1", "refuse", 2)))
             frame = await recv(ws)
             assert (frame["type"], frame["code"], frame["id"]) == ("error", "engine_error", "r1")
             assert "out of memory" in frame["message"]
@@ -480,7 +478,7 @@ class BrokenValidationEngine(SyntheticEngine):
 async def test_an_internal_error_on_a_frame_is_an_error_frame_and_the_connection_stays() -> None:
     async with serving(BrokenValidationEngine(rate=200)) as backend:
         async with connect(backend.url) as ws:
-            await ws.send(json.dumps({"type": "generate", "id": "r1", "prompt": "break", "n": 2}))
+            await ws.send(json.dumps(generate_frame("r1", "break", 2)))
             frame = await recv(ws)
             assert (frame["type"], frame["code"], frame["id"]) == ("error", "internal_error", "r1")
             assert "chat_template is not set" in frame["message"] and "still usable" in frame["message"]
@@ -495,11 +493,11 @@ async def test_an_internal_error_on_a_frame_is_an_error_frame_and_the_connection
 
 async def test_accepted_says_which_format_and_why(server: BackendServer) -> None:
     async with connect(server.url) as ws:
-        await ws.send(json.dumps({"type": "generate", "id": "a", "prompt": "Hi", "n": 1, "format": "raw"}))
+        await ws.send(json.dumps(generate_frame("a", "Hi", 1, format="raw")))
         accepted = await recv(ws)
         assert (accepted["format"], accepted["format_reason"]) == ("raw", "plain completion, as asked")
         await until_done(ws, "a")
-        frame = {"type": "generate", "id": "b", "prompt": "Hi", "n": 1, "system": "Be brief."}
+        frame = generate_frame("b", "Hi", 1, system="Be brief.")
         await ws.send(json.dumps(frame))
         accepted = await recv(ws)
         assert accepted["format"] == "chat" and "with the system prompt" in accepted["format_reason"]

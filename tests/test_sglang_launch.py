@@ -26,6 +26,7 @@ from backend.engines.http.sglang_launch import (
     SGLangServerProcess,
     exit_words,
 )
+from backend.protocol import generate_frame
 from devkit.frames import recv_frame
 from devkit.local import ROOT
 from tests.support.backends import serving
@@ -117,7 +118,7 @@ async def test_a_port_another_program_takes_first_is_given_up_for_a_fresh_one(
                 assert health["engine_state"] == "ready" and health["model"] == "stand-in/model", health
                 assert launcher.port not in taken and health["server"] == launcher.url, health
                 async with connect(server.url) as ws:
-                    frame = {"type": "generate", "id": "a", "prompt": "Hi", "n": 2, "format": "raw"}
+                    frame = generate_frame("a", "Hi", 2, format="raw")
                     await ws.send(json.dumps(frame | {"params": {"max_tokens": 3}}))
                     frames = []
                     while not frames or frames[-1]["type"] != "done":
@@ -229,7 +230,7 @@ async def test_a_launched_server_whose_scheduler_dies_ends_its_requests_with_the
         await server.engine_settled()
         assert server.health()["engine_state"] == "ready", server.health()
         async with connect(server.url) as ws:
-            frame = {"type": "generate", "id": "a", "prompt": "Hi", "n": 3, "format": "raw"}
+            frame = generate_frame("a", "Hi", 3, format="raw")
             await ws.send(json.dumps(frame | {"params": {"max_tokens": 2000}}))
             while (await recv_frame(ws))["type"] != "chunk":
                 pass
@@ -251,9 +252,7 @@ async def test_a_launched_server_whose_scheduler_dies_ends_its_requests_with_the
             assert all("the SGLang server it started exited (exit status 1)" in c for c in causes), causes
             assert all("crashed with exit code -9" in c for c in causes), causes
             assert ended_in < 5, ended_in
-            await ws.send(
-                json.dumps({"type": "generate", "id": "b", "prompt": "Hi", "n": 1, "format": "raw"})
-            )
+            await ws.send(json.dumps(generate_frame("b", "Hi", 1, format="raw")))
             refused = await recv_frame(ws, 10)
         deadline = time.monotonic() + 5
         while server.health()["engine_state"] != "lost":

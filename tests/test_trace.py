@@ -16,6 +16,7 @@ import pytest
 from websockets.asyncio.client import ClientConnection, connect
 
 from backend.engines.synthetic import SyntheticEngine, synthetic_tokens
+from backend.protocol import cancel_frame, export_trace_frame, generate_frame
 from backend.serving import server as server_module
 from backend.serving.server import BackendServer
 from backend.trace.feed import TraceFeed
@@ -34,9 +35,8 @@ async def server() -> AsyncIterator[BackendServer]:
 
 
 def generate(request_id: str, n: int = 2, **extra: Any) -> str:
-    frame = {"type": "generate", "id": request_id, "prompt": "hi", "n": n, **extra}
-    frame.setdefault("params", {"max_tokens": 30, "seed": 3})
-    return json.dumps(frame)
+    params = extra.pop("params", {"max_tokens": 30, "seed": 3})
+    return json.dumps(generate_frame(request_id, "hi", n, params, **extra))
 
 
 async def frames_until_done(
@@ -133,11 +133,11 @@ async def test_export_is_a_chrome_trace_with_every_event_kind(server: BackendSer
     async with connect(server.url, max_size=None) as ws:
         await ws.send(generate("r1", n=2))
         await frames_until_done(ws, "r1")
-        await ws.send(json.dumps({"type": "export_trace", "id": "r1"}))
+        await ws.send(json.dumps(export_trace_frame("r1")))
         async with asyncio.timeout(10):
             while (export := await recv_frame(ws))["type"] != "trace_export":
                 pass
-        await ws.send(json.dumps({"type": "export_trace", "id": "nope"}))
+        await ws.send(json.dumps(export_trace_frame("nope")))
         async with asyncio.timeout(10):
             while (error := await recv_frame(ws))["type"] != "error":
                 pass
@@ -164,7 +164,7 @@ async def cancel_latency_ms(server: BackendServer, mode: str) -> float:
             if (await recv_frame(ws))["type"] == "chunk":
                 chunks += 1
         sent = time.perf_counter()
-        await ws.send(json.dumps({"type": "cancel", "id": "r"}))
+        await ws.send(json.dumps(cancel_frame("r")))
         frames = await frames_until_done(ws, "r")
         assert {f["reason"] for f in frames if f["type"] == "finish"} == {"abort"}
         return (time.perf_counter() - sent) * 1000
@@ -181,9 +181,9 @@ async def test_cancel_chain_is_traced(server: BackendServer) -> None:
         await ws.send(generate("r1", n=2, params={"max_tokens": 1000, "seed": 1}))
         while (await recv_frame(ws))["type"] != "chunk":
             pass
-        await ws.send(json.dumps({"type": "cancel", "id": "r1", "index": 1}))
+        await ws.send(json.dumps(cancel_frame("r1", 1)))
         await asyncio.sleep(0.1)
-        await ws.send(json.dumps({"type": "cancel", "id": "r1"}))
+        await ws.send(json.dumps(cancel_frame("r1")))
         frames = await frames_until_done(ws, "r1")
     cancels = [c for f in frames if f["type"] == "trace" for c in f["cancels"]]
     stages = [(stage, index) for _, _, index, stage in cancels]
@@ -230,7 +230,7 @@ async def test_tracing_can_be_turned_off() -> None:
             assert not [f for f in frames if f["type"] == "trace"]
             accepted = next(f for f in frames if f["type"] == "accepted")
             assert accepted["trace_off"] == "tracing is off on this server (--no-trace)"
-            await ws.send(json.dumps({"type": "export_trace", "id": "r1"}))
+            await ws.send(json.dumps(export_trace_frame("r1")))
             assert (await recv_frame(ws))["code"] == "trace_disabled"
 
 

@@ -13,6 +13,7 @@ import pytest
 from websockets.asyncio.client import connect
 
 from backend.engines.synthetic import SyntheticEngine
+from backend.protocol import cancel_frame, generate_frame
 from backend.trace import recorder
 from backend.trace.frames import connection_frame, digest_ring
 from backend.trace.recorder import CANCEL, CHUNK, FRAME, IDLE, LAG, STEP
@@ -28,7 +29,7 @@ MS = 1_000_000
 
 async def _generate(port: int, request_id: str, cancel: dict[str, Any] | None, mode: str) -> None:
     async with connect(f"ws://127.0.0.1:{port}/ws") as ws:
-        frame = {"type": "generate", "id": request_id, "prompt": "hi", "n": 4, "trace": True}
+        frame = generate_frame(request_id, "hi", 4, trace=True)
         frame["params"] = {"max_tokens": 120, "seed": 5}
         frame["consumer"] = {"mode": mode, "block_ms": 2}
         await ws.send(json.dumps(frame))
@@ -40,7 +41,7 @@ async def _generate(port: int, request_id: str, cancel: dict[str, Any] | None, m
                 # Early, while the request surely runs: when this client lags, chunks merge, and a
                 # request of a few hundred tokens can arrive in only a few frames.
                 if cancel is not None and received == 3:
-                    await ws.send(json.dumps({"type": "cancel", "id": request_id, **cancel}))
+                    await ws.send(json.dumps(cancel_frame(request_id, cancel.get("index"))))
             if reply["type"] == "done":
                 return
 

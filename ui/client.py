@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import logging
 import time
 import uuid
@@ -23,7 +22,14 @@ from typing import Any
 from websockets.asyncio.client import ClientConnection, connect
 from websockets.exceptions import ConnectionClosed, InvalidHandshake, InvalidStatus, InvalidURI
 
-from backend.protocol import frames_in
+from backend.protocol import (
+    cancel_frame,
+    encode,
+    export_trace_frame,
+    frames_in,
+    generate_frame,
+    replay_frame,
+)
 from backend.saved_run import RunRecorder, SavedRun, saved_run_dict
 from ui.view import RunView
 
@@ -97,23 +103,15 @@ class BackendRun:
 
         BackendError says why if that fails.
         """
-        frame = {
-            "type": "generate",
-            "id": self.request_id,
-            "prompt": prompt,
-            "n": n,
-            "params": params,
-            **(options or {}),
-        }
-        return await self._open(frame)
+        return await self._open(generate_frame(self.request_id, prompt, n, params, **(options or {})))
 
     async def replay(
         self, run: SavedRun, speed: float = 1.0, options: dict[str, Any] | None = None
     ) -> RunView:
         """Connect, send `replay` (the saved `run`, streamed `speed` times as fast as it was
         recorded, with `options` such as consumer and fanout), wait for `accepted`; as `start`."""
-        frame = {"type": "replay", "id": self.request_id, "run": saved_run_dict(run), "speed": speed}
-        return await self._open({**frame, **(options or {})})
+        frame = replay_frame(self.request_id, saved_run_dict(run), speed=speed, **(options or {}))
+        return await self._open(frame)
 
     async def _open(self, frame: dict[str, Any]) -> RunView:
         """Connect, send `frame`, wait for `accepted`; BackendError says why if that fails."""
@@ -138,7 +136,7 @@ class BackendRun:
             raise BackendError(f"the backend is unreachable ({_reason(exc)}); is it running?") from None
         recorder = self.recorder = RunRecorder(frame)
         try:
-            await self._ws.send(json.dumps(frame))
+            await self._ws.send(encode(frame))
             async with asyncio.timeout(ACCEPT_TIMEOUT_S):
                 while not self.view.accepted:
                     # A batch may carry the first chunks with `accepted`: the view takes them all.
@@ -206,7 +204,7 @@ class BackendRun:
             raise BackendError("this run's connection is closed; generate again to export a trace")
         future: asyncio.Future[list[dict[str, Any]]] = asyncio.get_running_loop().create_future()
         self._exports.append(future)
-        await self._ws.send(json.dumps({"type": "export_trace", "id": self.request_id}))
+        await self._ws.send(encode(export_trace_frame(self.request_id)))
         try:
             async with asyncio.timeout(EXPORT_TIMEOUT_S):
                 return await future
@@ -239,11 +237,8 @@ class BackendRun:
         """Ask the backend to stop every sample, or only sample `index`."""
         if self._ws is None or self.view.finished:
             return
-        frame: dict[str, Any] = {"type": "cancel", "id": self.request_id}
-        if index is not None:
-            frame["index"] = index
         with contextlib.suppress(ConnectionClosed):
-            await self._ws.send(json.dumps(frame))
+            await self._ws.send(encode(cancel_frame(self.request_id, index)))
 
     async def wait_finished(self, limit_s: float = CLOSE_TIMEOUT_S) -> bool:
         """Wait until the run has ended; False if it had not after `limit_s` seconds."""
