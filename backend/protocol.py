@@ -108,6 +108,9 @@ class GenerateCommand:
     """"chat" or "raw" as asked; None: chat where the model has a chat template, else raw."""
     system: str = ""
     """The system prompt of a chat prompt; empty: the chat template's own default."""
+    prefix: str = ""
+    """Text the samples continue from (`Prompt.prefix`): the start of the assistant's answer in the
+    chat format, more text after the prompt raw; empty: none."""
     output_kind: str = "delta"
     """What the consumer reads per engine output (OUTPUT_KINDS); client frames carry deltas either way."""
     cancel_after: int | None = None
@@ -212,6 +215,7 @@ def _parse_generate(frame: dict[str, Any], limits: Limits) -> GenerateCommand:
         return ProtocolError(code, message, request_id)
 
     prompt, prompt_format, system = _parse_prompt(frame, limits, fail)
+    prefix = _parse_prefix(frame, limits, len(prompt) + len(system), fail)
     n = _parse_n(frame, limits, fail)
     params = _parse_params(frame, limits, fail)
     logprobs = frame.get("logprobs", False)
@@ -220,7 +224,13 @@ def _parse_generate(frame: dict[str, Any], limits: Limits) -> GenerateCommand:
     params = replace(params, logprobs=logprobs)
     return _with_options(
         GenerateCommand(
-            id=request_id, prompt=prompt, n=n, params=params, format=prompt_format, system=system
+            id=request_id,
+            prompt=prompt,
+            n=n,
+            params=params,
+            format=prompt_format,
+            system=system,
+            prefix=prefix,
         ),
         frame,
         fail,
@@ -352,6 +362,23 @@ def _parse_prompt(frame: dict[str, Any], limits: Limits, fail: Fail) -> tuple[st
         )
 
     return prompt, prompt_format, system
+
+
+def _parse_prefix(frame: dict[str, Any], limits: Limits, used: int, fail: Fail) -> str:
+    """The text the samples continue from (empty: none); with the prompt and system prompt
+    (`used` characters) it must fit the prompt limit."""
+    prefix = frame.get("prefix", "")
+    if prefix is None:
+        return ""
+    if not isinstance(prefix, str):
+        raise fail("bad_field", '"prefix" must be a string (the text the samples continue from)')
+    if used + len(prefix) > limits.max_prompt_chars:
+        raise fail(
+            "prompt_too_long",
+            f"the prompt and the text to continue from have {used + len(prefix)} characters; "
+            f"the limit is {limits.max_prompt_chars}",
+        )
+    return prefix
 
 
 def _parse_n(frame: dict[str, Any], limits: Limits, fail: Fail) -> int:

@@ -50,6 +50,24 @@ def engine() -> Iterator[EmbeddedEngine]:
     engine.shutdown()
 
 
+async def test_a_continuation_writes_on_from_the_branch_it_continues(engine: EmbeddedEngine) -> None:
+    """Greedy, a continuation from the first words of an answer writes the rest of that answer: the
+    prefix is the start of the assistant's turn (chat; no end of turn between them), more text (raw)."""
+    tokenizer = engine.tokenizer
+    story = "Write one sentence about a lighthouse keeper."
+    whole, _, _ = await collect(engine.generate(Prompt(story), 1, params(24, temperature=0)), 1)
+    cut = whole[0].index(" ", len(whole[0]) // 3)  # a word boundary a third of the way in
+    prefix = whole[0][:cut]
+    continued = Prompt(story, prefix=prefix)
+    ids = engine.prompt_ids(continued)
+    assert ids == engine.prompt_ids(Prompt(story)) + tokenizer.encode(prefix, add_special_tokens=False)
+    rest, _, _ = await collect(engine.generate(continued, 1, params(6, temperature=0)), 1)
+    assert len(rest[0]) > 8 and whole[0].startswith(prefix + rest[0][:8]), (prefix, rest[0], whole[0])
+    # raw: the prefix is more text after the prompt's
+    raw = Prompt("The capital of France is", "raw", prefix=" Paris, and the capital of")
+    assert engine.prompt_ids(raw) == list(tokenizer(raw.text + raw.prefix)["input_ids"])
+
+
 async def test_abort_one_sample_then_all(engine: EmbeddedEngine) -> None:
     generation = engine.generate(Prompt(PROMPT), 3, params(200))
     seen = 0

@@ -230,9 +230,26 @@ def test_prompt_format_and_system_prompt() -> None:
     assert isinstance(command, GenerateCommand) and command.format == "raw"
 
 
+def test_a_continuation_carries_the_text_it_continues_from() -> None:
+    command = parse_client_frame(generate(prefix="Once upon a time, "), LIMITS)
+    assert isinstance(command, GenerateCommand) and command.prefix == "Once upon a time, "
+    assert parse_client_frame(generate(prefix=None), LIMITS).prefix == ""  # type: ignore[union-attr]
+    chat = Prompt("Tell a story.", "chat", "Be brief.", prefix="Once")
+    assert chat.continued_messages() == [
+        {"role": "system", "content": "Be brief."},
+        {"role": "user", "content": "Tell a story."},
+        {"role": "assistant", "content": "Once"},
+    ]
+    assert chat.messages()[-1] == {"role": "user", "content": "Tell a story."}
+    assert Prompt("Once upon", "raw", prefix=" a time").raw_text == "Once upon a time"
+
+
 @pytest.mark.parametrize(
     ("overrides", "words"),
     [
+        ({"prefix": 3}, '"prefix" must be a string'),
+        ({"prefix": ["a"]}, '"prefix" must be a string'),
+        ({"prompt": "x" * 8_000, "prefix": "y" * 8_001}, "the text to continue from have 16001 characters"),
         ({"format": "markdown"}, '"format" must be "chat"'),
         ({"format": 1}, '"format" must be "chat"'),
         ({"system": 3}, '"system" must be a string'),

@@ -361,3 +361,20 @@ def test_a_cumulative_server_that_rewrites_its_text_is_said_and_the_deltas_still
                 shown += chunk.text
     assert shown == "Hello world"  # what was shown stays; only what is new past it is added
     assert "changed its prefix" in caplog.text
+
+
+def test_a_continuation_asks_each_server_to_continue_the_assistants_turn() -> None:
+    """Chat: the OpenAI-compatible request ends with the assistant's turn begun with the prefix,
+    continued (`continue_final_message`), not closed; raw: the prefix is more prompt text."""
+    from backend.engines.base import Prompt, SamplingParams
+    from backend.engines.http.openai import completions_request
+
+    params = SamplingParams(max_tokens=8, temperature=0.8, top_p=0.95, seed=1)
+    path, body = completions_request("m", Prompt("Tell a story.", prefix="Once upon"), 2, params)
+    assert path == "/v1/chat/completions"
+    assert body["messages"][-1] == {"role": "assistant", "content": "Once upon"}
+    assert body["continue_final_message"] is True and body["add_generation_prompt"] is False
+    path, body = completions_request("m", Prompt("Tell a story."), 2, params)
+    assert "continue_final_message" not in body and body["messages"][-1]["role"] == "user"
+    path, body = completions_request("m", Prompt("Once upon", "raw", prefix=" a time"), 2, params)
+    assert path == "/v1/completions" and body["prompt"] == "Once upon a time"

@@ -37,6 +37,10 @@ class Prompt:
     format: str = "chat"
     system: str = ""
     """The system prompt of a chat prompt; empty: the template's own default (if it has one)."""
+    prefix: str = ""
+    """Text the samples continue from (a continuation of an earlier run's branch): in the chat
+    format the start of the assistant's answer, after the template has opened its turn; raw, more
+    text after `text`. Empty: the samples start from the prompt."""
 
     def __post_init__(self) -> None:
         if self.format not in PROMPT_FORMATS:
@@ -47,17 +51,32 @@ class Prompt:
         """Whether the prompt goes through the chat template."""
         return self.format == "chat"
 
+    @property
+    def raw_text(self) -> str:
+        """What a raw prompt sends: the text, then the prefix it continues from."""
+        return self.text + self.prefix
+
     def messages(self) -> list[dict[str, str]]:
-        """The chat turns: the system prompt where one is given, then the user's message."""
+        """The chat turns: the system prompt where one is given, then the user's message (the
+        assistant's turn, opened by the template, is not among them: see `prefix`)."""
         turns = [{"role": "system", "content": self.system}] if self.system else []
         return [*turns, {"role": "user", "content": self.text}]
 
+    def continued_messages(self) -> list[dict[str, str]]:
+        """`messages`, then the assistant's turn begun with the prefix: what an OpenAI-compatible
+        server continues with `continue_final_message` (the prefix must not be empty)."""
+        return [*self.messages(), {"role": "assistant", "content": self.prefix}]
 
-def template_token_ids(tokenizer: Any, messages: list[dict[str, str]]) -> list[int]:
+
+def template_token_ids(tokenizer: Any, messages: list[dict[str, str]], prefix: str = "") -> list[int]:
     """The token ids of `messages` in a Hugging Face tokenizer's chat template, the assistant's turn
-    opened; ValueError from the tokenizer where it has no template."""
+    opened, then those of `prefix`, the start of the assistant's answer (as SGLang's server renders
+    `continue_final_message`); ValueError from the tokenizer where it has no template."""
     ids = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
-    return list(ids["input_ids"] if hasattr(ids, "keys") else ids)
+    ids = list(ids["input_ids"] if hasattr(ids, "keys") else ids)
+    if prefix:
+        ids.extend(tokenizer.encode(prefix, add_special_tokens=False))
+    return ids
 
 
 @dataclass(frozen=True)

@@ -173,8 +173,9 @@ class SGLangInProcessEngine(Engine):
         return "none in the tokenizer SGLang loaded"
 
     def chat_token_ids(self, prompt: Prompt) -> list[int]:
-        """A chat prompt's tokens in the model's chat template, the assistant's turn opened."""
-        return template_token_ids(self.tokenizer, prompt.messages())
+        """A chat prompt's tokens in the model's chat template, the assistant's turn opened (and
+        begun with the prefix of a continuation)."""
+        return template_token_ids(self.tokenizer, prompt.messages(), prompt.prefix)
 
     def generate(self, prompt: Prompt, n: int, params: SamplingParams) -> Generation:
         if self.sglang is None:
@@ -205,7 +206,7 @@ class SGLangInProcessGeneration(QueuedGeneration):
         self._sampling = sglang_request(prompt.text, n, params)["sampling_params"]
         self._logprob = {"return_logprob": True} if params.logprobs else {}
         self._source: dict[str, Any] = (
-            {"input_ids": engine.chat_token_ids(prompt)} if prompt.chat else {"prompt": prompt.text}
+            {"input_ids": engine.chat_token_ids(prompt)} if prompt.chat else {"prompt": prompt.raw_text}
         )
         super().__init__(n, engine.generations)
         self._pending_aborts: set[int] = set()

@@ -285,6 +285,9 @@ class ClientSession:
         params = replace(command.params, seed=seed)
         choice = engine.choose_format(command.prompt, command.format, command.system)
         prompt = choice.prompt
+        if command.prefix and not isinstance(engine, ReplayEngine):
+            # A continuation: in the format the request runs in (a replay runs its recorded prompt).
+            prompt = replace(prompt, prefix=command.prefix)
         try:
             engine.validate(prompt, command.n, params)
         except RequestRejected as exc:

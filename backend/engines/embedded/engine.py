@@ -211,14 +211,15 @@ class EmbeddedEngine(Engine):
 
     def prompt_ids(self, prompt: Prompt) -> list[int]:
         """The prompt's tokens: a chat prompt as its turns of the chat template, ready for the
-        assistant's answer; a raw prompt as its text."""
+        assistant's answer (begun with the prefix of a continuation); a raw prompt as its text and
+        prefix."""
         if not prompt.chat:
-            return list(self.tokenizer(prompt.text)["input_ids"])
+            return list(self.tokenizer(prompt.raw_text)["input_ids"])
         if self.tokenizer.chat_template is None:
             raise RequestRejected(
                 "no_chat_template", "the model has no chat template; send the prompt with format raw"
             )
-        return template_token_ids(self.tokenizer, prompt.messages())
+        return template_token_ids(self.tokenizer, prompt.messages(), prompt.prefix)
 
     def validate(self, prompt: Prompt, n: int, params: SamplingParams) -> None:
         self._check(prompt, n, params)

@@ -172,12 +172,15 @@ class HTTPEngine(Engine):
         forward it sends it to a worker)."""
         return await self.client.post("/tokenize", json=body)
 
-    async def chat_token_ids(self, messages: list[dict[str, str]]) -> list[int]:
+    async def chat_token_ids(self, messages: list[dict[str, str]], continued: bool = False) -> list[int]:
         """The prompt tokens of `messages` in the served model's chat template, rendered by the
-        server's `/tokenize` with the assistant's turn opened."""
+        server's `/tokenize` with the assistant's turn opened; `continued`: the last message is the
+        start of the assistant's answer, continued rather than closed (`continue_final_message`)."""
         # Without add_generation_prompt both servers render as for a chat completion: the
         # assistant's turn opened (SGLang refuses the flag for its own named templates).
-        body = {"model": self.served_model, "messages": messages}
+        body: dict[str, Any] = {"model": self.served_model, "messages": messages}
+        if continued:
+            body["continue_final_message"] = True
         try:
             response = await self.post_tokenize(body)
         except httpx.HTTPError as exc:

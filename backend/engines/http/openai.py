@@ -84,10 +84,14 @@ def completions_request(
     if prompt.chat:
         if params.logprobs:
             body["logprobs"] = True  # the chosen tokens' own (top_logprobs left out)
+        if prompt.prefix:
+            # A continuation: the assistant's turn begun with the prefix, continued, not closed.
+            continued = {"continue_final_message": True, "add_generation_prompt": False}
+            return "/v1/chat/completions", {**body, "messages": prompt.continued_messages(), **continued}
         return "/v1/chat/completions", {**body, "messages": prompt.messages()}
     if params.logprobs:
         body["logprobs"] = 0  # the completions API's count of alternatives: the chosen token's only
-    return "/v1/completions", {**body, "prompt": prompt.text}
+    return "/v1/completions", {**body, "prompt": prompt.raw_text}
 
 
 class OpenAIGeneration(StreamingGeneration):

@@ -243,7 +243,7 @@ class SGLangGeneration(StreamingGeneration):
         if n < 1:
             raise ValueError(f"n must be at least 1, got {n}")  # SGLang itself would answer n=0 with 1
         self._prompt = prompt
-        self._body = sglang_request(prompt.text, n, params)
+        self._body = sglang_request(prompt.raw_text, n, params)
         self._pending_aborts: set[int] = set()
         super().__init__(engine, SGLangStream(n, incremental=engine.incremental, logprobs=params.logprobs))
 
@@ -251,7 +251,11 @@ class SGLangGeneration(StreamingGeneration):
         if self._prompt.chat:
             # The server renders its own template (/tokenize); /generate then takes the token ids and
             # streams as it does for text: per-sample ids for /abort_request, every meta_info figure.
-            ids = await self.engine.chat_token_ids(self._prompt.messages())
+            prompt = self._prompt
+            if prompt.prefix:  # a continuation: the assistant's turn begun with the prefix
+                ids = await self.engine.chat_token_ids(prompt.continued_messages(), continued=True)
+            else:
+                ids = await self.engine.chat_token_ids(prompt.messages())
             body = {key: value for key, value in self._body.items() if key != "text"}
             self._body = {"input_ids": ids, **body}
 
