@@ -364,3 +364,30 @@ def test_an_example_sets_the_prompt_and_settings_says_its_lesson_and_runs(page: 
         assert len(sample_text(page, index).split()) > 1
     expect(page.locator("#column-8")).to_be_hidden()
     expect(page.locator("#answers-line")).to_contain_text(f"of {confidence.n} samples finished")
+
+
+def test_a_branch_of_the_tree_is_continued_as_a_new_run_of_n_samples(page: Page) -> None:
+    """Generate, click a branch of the finished run's tree, Continue from here: n new columns start
+    from that branch's text (shown above each), a new run with its own tree."""
+    start(page, "Tell me about lighthouses.", 3, 12)
+    expect(page.locator("#status")).to_contain_text("finished", timeout=30_000)
+    first_run = page.locator("#status code").first.inner_text()
+    # Seeds 33-35 part at once: each branch of the root is one sample's whole text.
+    branch = page.locator(BRANCHES).first
+    samples = branch.get_attribute("data-samples").split(",")
+    assert len(samples) == 1, samples
+    branch_text = sample_text(page, int(samples[0]))
+    assert 0 < len(branch_text) < 160, branch_text  # shown whole above the new columns
+    expect(page.locator("#tree-continue")).to_have_count(0)  # nothing picked, nothing to continue
+    branch.click()
+    page.locator("#tree-continue").click()
+    expect(page.locator("#status")).to_contain_text("Continuing from a branch", timeout=15_000)
+    expect(page.locator("#status code").first).not_to_have_text(first_run)
+    expect(page.locator("#status")).to_contain_text("finished", timeout=30_000)
+    for index in range(3):
+        expect(page.locator(f"#prefix-{index}")).to_have_text(branch_text)
+        assert len(sample_text(page, index)) > 0  # each column's own text, after the prefix
+    expect(page.locator("#column-3")).to_be_hidden()
+    # The new run's tree: every sample in it, the root's branches adding up to n.
+    counts = [int(c) for c in page.locator(BRANCHES + " > .tree-count").all_inner_texts()]
+    assert sum(counts) == 3, counts

@@ -419,3 +419,16 @@ def test_a_node_keeps_its_id_when_samples_that_ran_ahead_are_caught_up() -> None
     tree.add(2, "c ")  # caught up: one node again, the one a page may have picked
     assert tree.node_count == 2 and all(tree.at(i) is shared for i in range(3))
     assert tree.edge_text(shared) == "a b c"
+
+
+def test_a_nodes_text_runs_from_the_root_to_its_end_and_a_node_is_found_by_its_id() -> None:
+    tree = SampleTree(3)
+    for index, text in enumerate(["The cat sat.", "The cat ran.", "A dog."]):
+        tree.add(index, text)
+        tree.finish(index)
+    texts = {tree.text_to(node): node for node, _ in tree.walk()}
+    assert set(texts) == {"", "The cat ", "The cat sat.", "The cat ran.", "A dog."}
+    assert texts[""] is tree.root
+    for node, _ in tree.walk():
+        assert tree.find(node.id) is node
+    assert tree.find(10_000) is None

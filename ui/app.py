@@ -117,7 +117,8 @@ common answer, the self-consistency answer, is green (answers tied for the most,
 TREE_HELP = (
     "The n samples as a prefix tree of their tokens (with token confidence on; otherwise words): "
     "each branch says how many samples took it and, with token confidence, the probability of its "
-    "first token. Click a branch to mark its samples' columns."
+    "first token. Click a branch to mark its samples' columns; once the run has finished, "
+    "**Continue from here** samples n more from the prompt plus that branch's text."
 )
 """The line above the token tree."""
 
@@ -240,13 +241,31 @@ def build_demo(
             show_progress="hidden",
             api_name="replay",
         )
+        # A branch of the token tree continued: n new samples from the prompt plus its text.
+        continue_event = tree.select(
+            handlers.continue_from,
+            inputs=[
+                *sampling,
+                consumer,
+                block_ms,
+                fanout,
+                output_kind,
+                cancel_after,
+                logprobs,
+                answer_pattern,
+            ],
+            outputs=outputs,
+            concurrency_limit=CONCURRENCY_LIMIT,
+            show_progress="hidden",
+            api_visibility="private",
+        )
         cancel_btn.click(
             handlers.cancel,
             outputs=outputs,
             concurrency_limit=None,
             show_progress="hidden",
             api_name="cancel",
-        ).then(None, cancels=[generate_event, replay_event], api_visibility="private")
+        ).then(None, cancels=[generate_event, replay_event, continue_event], api_visibility="private")
         export_btn.click(handlers.export, outputs=trace_file, concurrency_limit=None, api_name="export_trace")
         demo.unload(handlers.close_session_run)
         samples.select(

@@ -17,11 +17,14 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import json
 import os
 import tempfile
 import time
+import weakref
 from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass
 from typing import Any
 
 import gradio as gr
@@ -75,6 +78,27 @@ def error_outputs(message: str) -> list[Any]:
 
 OUTPUTS = 7
 """How many outputs `outputs_for` fills."""
+
+
+def status_only(line: str) -> list[Any]:
+    """The page's outputs that change the status line only: the columns, tree and the rest stay."""
+    return [gr.skip(), line, *[gr.skip()] * (OUTPUTS - 2)]
+
+
+class CannotContinue(Exception):
+    """A branch of the token tree that cannot be continued; the message says why, for the page."""
+
+
+@dataclass(frozen=True)
+class Origin:
+    """What a run's samples were sampled from, as a continuation of one of its branches needs it:
+    the prompt, the format it ran in, the system prompt, and the text it continued from."""
+
+    prompt: str
+    prompt_format: str
+    system: str
+    prefix: str
+
 
 CANCELLED_WAIT = "Cancelled while waiting for the engine to start; press Generate to try again."
 """The status line of a Generate whose wait for the engine was cancelled."""
@@ -130,6 +154,8 @@ class Handlers:
         self._waiting: dict[str, asyncio.Event] = {}
         """Each browser session's Generate that waits for the engine to start; set to stop it."""
         self._background: set[asyncio.Task[Any]] = set()
+        self._origins: weakref.WeakKeyDictionary[BackendRun, Origin] = weakref.WeakKeyDictionary()
+        """Each run's prompt, format, system prompt and prefix, for continuing its branches."""
 
     async def generate(
         self,
@@ -173,9 +199,102 @@ class Handlers:
         except (InputProblem, VisitorLimitReached) as exc:
             yield error_outputs(str(exc))
             return
+        options = wanted.options
+        system = options.get("system", "")
+        self._origins[run] = Origin(wanted.prompt, options["format"], system, "")
         start = lambda: run.start(wanted.prompt, wanted.n, wanted.params, wanted.options)  # noqa: E731
         async for outputs in self._stream(session, run, ticket, wanted.answer_pattern, start, True):
             yield outputs
+
+    async def continue_from(
+        self,
+        n_value: float,
+        max_tokens_value: float,
+        temperature_value: float,
+        top_p_value: float,
+        seed_value: float | None,
+        consumer_mode: str,
+        block_ms_value: float,
+        fanout_value: str,
+        output_kind_value: str,
+        cancel_after_value: float | None,
+        logprobs_value: bool,
+        answer_pattern_value: str,
+        event: gr.SelectData,
+        request: gr.Request,
+    ) -> AsyncIterator[list[Any]]:
+        """Continue a branch of the token tree (the tree's select event: the node's id as `index`, the
+        tree's run as `value`): n new samples, with the settings as set, from the run's prompt plus
+        the text up to the end of that node, streamed into the columns as a new run. A branch that
+        cannot be continued (the run is gone, not the one on the page, still streaming, or the
+        backend refuses) is said in the status line, and the columns and tree stay as they are."""
+        session = _session(request)
+        try:
+            origin = self._continuable(session, event.index, event.value)
+            base = run_request(
+                origin.prompt,
+                n_value,
+                max_tokens_value,
+                temperature_value,
+                top_p_value,
+                seed_value,
+                consumer_mode,
+                block_ms_value,
+                fanout_value,
+                origin.prompt_format,
+                origin.system,
+                output_kind_value,
+                cancel_after_value,
+                logprobs_value,
+                answer_pattern_value,
+            )
+            wanted = dataclasses.replace(base, options={**base.options, "prefix": origin.prefix})
+            previous = self._runs.get(session)
+            session, run, ticket = self._new_run(request, wanted)
+        except (InputProblem, VisitorLimitReached, CannotContinue) as exc:
+            yield status_only(f"**Error:** {exc}")
+            return
+        run.view.prefix = origin.prefix
+        self._origins[run] = origin
+        start = lambda: run.start(wanted.prompt, wanted.n, wanted.params, wanted.options)  # noqa: E731
+
+        def refused(message: str) -> list[Any]:
+            # The earlier run stays the session's: its columns and tree are still on the page.
+            if previous is not None and self._runs.get(session) is None:
+                self._runs[session] = previous
+            return status_only(f"**Error:** the branch could not be continued: {message}")
+
+        async for outputs in self._stream(session, run, ticket, wanted.answer_pattern, start, True, refused):
+            yield outputs
+
+    def _continuable(self, session: str, node_id: Any, run_id: Any) -> Origin:
+        """What continuing node `node_id` of run `run_id`'s tree asks for; CannotContinue says why
+        it cannot be."""
+        run = self._runs.get(session)
+        if run is None:
+            raise CannotContinue(
+                "this page has no run to continue (the server restarted, or the run was closed): "
+                "press Generate"
+            )
+        if run_id != run.request_id:
+            raise CannotContinue(
+                f"this tree is of run {str(run_id)[:40]!r}, but the page's run is now {run.request_id}: "
+                "continue from a branch of the tree shown now"
+            )
+        view = run.view
+        if not view.finished:
+            raise CannotContinue("the run is still streaming: let it finish, or Cancel it, then continue")
+        node = view.tree.find(node_id) if isinstance(node_id, int) else None
+        if node is None:
+            raise CannotContinue(
+                f"run {run.request_id}'s tree has no branch {str(node_id)[:20]!r} (any more)"
+            )
+        known = self._origins.get(run)
+        if known is None:
+            raise CannotContinue("this run cannot be continued: the page does not know its prompt")
+        prompt_format = view.prompt_format or known.prompt_format
+        system = known.system if prompt_format == "chat" else ""
+        return Origin(known.prompt, prompt_format, system, known.prefix + view.tree.text_to(node))
 
     async def replay(
         self,
@@ -226,6 +345,8 @@ class Handlers:
             yield [gr.skip(), f"**Error:** {exc}", *[gr.skip()] * (OUTPUTS - 2)]
             return
         options = {key: wanted.options[key] for key in EXPERIMENT_FIELDS if key in wanted.options}
+        # A branch of a replayed run continues on this server's engine, from the recorded prompt.
+        self._origins[run] = Origin(saved.prompt, saved.prompt_format, saved.system, "")
         speed = float(speed_value or 1.0)
         start = lambda: run.replay(saved, speed, options)  # noqa: E731
         async for outputs in self._stream(session, run, ticket, wanted.answer_pattern, start):
@@ -257,9 +378,12 @@ class Handlers:
         answer_pattern: str,
         start: Callable[[], Awaitable[RunView]],
         wait_for_engine: bool = False,
+        refused: Callable[[str], list[Any]] | None = None,
     ) -> AsyncIterator[list[Any]]:
         """Start `run` (`start`) as this session's run, once the engine has started where
-        `wait_for_engine`, and stream its view until it is done; its visitor's count ends with it."""
+        `wait_for_engine`, and stream its view until it is done; its visitor's count ends with it.
+        `refused` gives the outputs of a run the backend refused (default: the page cleared, the
+        error in the status line)."""
         try:
             answers = self._answers[session] = AnswersPanel(answer_pattern)
             if wait_for_engine:
@@ -270,7 +394,7 @@ class Handlers:
                         yield outputs
                 if not started:
                     return
-            async for outputs in self._streamed(session, run, answers, start):
+            async for outputs in self._streamed(session, run, answers, start, refused):
                 yield outputs
         finally:
             self.visitors.release(ticket)
@@ -304,6 +428,7 @@ class Handlers:
         run: BackendRun,
         answers: AnswersPanel,
         start: Callable[[], Awaitable[RunView]],
+        refused: Callable[[str], list[Any]] | None = None,
     ) -> AsyncIterator[list[Any]]:
         """Start the run and stream its view until it is done."""
         streaming = self._streaming[run] = asyncio.Event()
@@ -312,7 +437,7 @@ class Handlers:
                 view = await start()
             except BackendError as exc:
                 self._forget(session, run)
-                yield error_outputs(str(exc))
+                yield (refused or error_outputs)(str(exc))
                 return
             yield outputs_for(view, answers)
             count = 0

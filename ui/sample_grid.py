@@ -9,7 +9,7 @@ CPU per update and the browser its update rate (docs/benchmarks.md, "What the br
 Texts go into text nodes, never parsed as HTML (a sample may contain anything). A column's Stop
 button triggers the component's `select` event with the column's index, which the app turns into a
 `cancel` of that sample. Element ids stay what tests and scripts look for: `column-i`, `header-i`,
-`sample-i` (the text), `stop-i`.
+`sample-i` (the text), `stop-i`, and `prefix-i` (a continuation's text it goes on from).
 """
 
 from __future__ import annotations
@@ -43,6 +43,9 @@ CSS = """
   background: var(--button-secondary-background-fill); }
 .sample-stop:disabled { opacity: 0.4; }
 .sample-text .tok { border-radius: 2px; }
+.sample-prefix { font-size: 0.8em; line-height: 1.3; color: var(--body-text-color-subdued);
+  white-space: pre-wrap; overflow-wrap: anywhere; max-height: 4em; overflow: hidden;
+  border-left: 3px solid #cbd5e1; padding-left: 6px; }
 .sample-column[data-picked] { border-color: #7c3aed; box-shadow: 0 0 0 2px rgba(124, 58, 237, 0.35); }
 .sample-grid[data-picking] .sample-column:not([data-picked]) { opacity: 0.45; }
 .sample-text .parting { display: inline-block; width: 0; height: 1.15em; vertical-align: text-bottom;
@@ -51,7 +54,8 @@ CSS = """
 """Columns as many per row as fit, all the same width (before the first run, a line saying what
 comes there); each text box keeps its newest line in view
 (`column-reverse` anchors the scroll at the bottom while the text grows; a short text stays at the
-top). Columns picked in the token tree (`ui.sample_tree_view`) are outlined, the others faded.
+top). A continued run's columns show, dimmed above the text, the end of the text they continue from
+(`prefix-i`). Columns picked in the token tree (`ui.sample_tree_view`) are outlined, the others faded.
 Text blocks scrolled out of view are not laid out or painted (`content-visibility: auto`,
 keeping the size they had when last shown): without it each update laid out every column's whole
 text, 15 ms a frame at the start of an n = 32 run and 78 ms at its end."""
@@ -69,6 +73,10 @@ function column(index) {
   const header = document.createElement('div');
   header.className = 'sample-header';
   header.id = `header-${index}`;
+  const prefix = document.createElement('div');
+  prefix.className = 'sample-prefix';
+  prefix.id = `prefix-${index}`;
+  prefix.hidden = true;
   const scroll = document.createElement('div');
   scroll.className = 'sample-scroll';
   const text = document.createElement('div');
@@ -80,9 +88,9 @@ function column(index) {
   stop.id = `stop-${index}`;
   stop.dataset.index = String(index);
   stop.textContent = 'Stop';
-  col.append(header, scroll, stop);
+  col.append(header, prefix, scroll, stop);
   grid.appendChild(col);
-  return {col, header, text, stop, node: null, block: null, length: 0, endsLine: false, shown: '',
+  return {col, header, prefix, text, stop, node: null, block: null, length: 0, endsLine: false, shown: '',
           status: '', marked: 0, partsAt: null, marker: null};
 }
 
@@ -188,9 +196,14 @@ function appendToBlock(c, part) {
 function render(value) {
   const samples = (value && value.samples) || [];
   while (columns.length > samples.length) columns.pop().col.remove();
+  const prefix = (value && value.prefix) || '';
   samples.forEach((sample, index) => {
     const c = columns[index] || (columns[index] = column(index));
     if (c.header.textContent !== sample.header) c.header.textContent = sample.header;
+    if (c.prefix.textContent !== prefix) {
+      c.prefix.textContent = prefix;
+      c.prefix.hidden = !prefix;
+    }
     if (c.status !== sample.status) {
       c.status = sample.status;
       c.col.className = `sample-column status-${sample.status}`;

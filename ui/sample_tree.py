@@ -211,6 +211,16 @@ class SampleTree:
             children = sorted(node.children.values(), key=lambda c: (-c.count, c.id))
             stack.extend((child, level + 1) for child in reversed(children))
 
+    def find(self, node_id: int) -> Node | None:
+        """The node with id `node_id`, or None where the tree has none (a node merged into its
+        parent, or an id from another run's tree)."""
+        return next((node for node, _ in self.walk() if node.id == node_id), None)
+
+    def text_to(self, node: Node) -> str:
+        """The text from the root to the end of `node`: what every sample through it wrote up to
+        there (the root: nothing)."""
+        return "".join(self.units[node.owner][: node.end]) if node is not self.root else ""
+
     def at(self, index: int) -> Node:
         """The node where sample `index`'s units so far end."""
         return self._at[index]

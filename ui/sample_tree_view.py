@@ -10,7 +10,10 @@ in rows would also meet a fault of Gradio's update diff, which gives wrong paths
 a list that loses items.)
 A script in the page (`JS_ON_LOAD`) draws the rows as nested lists, text in text nodes (a sample
 may contain anything); clicking a node marks its samples' columns in the sample grid
-(`data-picked` on `column-i`, styled by `ui.sample_grid`), clicking it again clears the mark.
+(`data-picked` on `column-i`, styled by `ui.sample_grid`), clicking it again clears the mark. A
+picked node gets a "Continue from here" button (`tree-continue`): its click is the component's
+`select` event, with the node's id as the index and the tree's run as the value, which the app turns
+into a continuation of that branch (`ui.handlers.Handlers.continue_from`).
 Element ids: the component is `sample-tree`; each node's button carries `data-id` and
 `data-samples`.
 """
@@ -107,6 +110,9 @@ CSS = """
 .tree-text { white-space: pre-wrap; overflow-wrap: anywhere; font-family: var(--font-mono, monospace); }
 .tree-size, .tree-end { color: var(--body-text-color-subdued, #64748b); font-size: 0.85em; }
 .tree-empty { color: var(--body-text-color-subdued, #64748b); padding: 8px; }
+.tree-continue { margin-left: 8px; font: inherit; font-size: 0.9em; padding: 1px 10px; border-radius: 6px;
+  border: 1px solid #7c3aed; background: #7c3aed; color: white; cursor: pointer; }
+.tree-continue:disabled { opacity: 0.5; cursor: default; }
 """
 """Each level indented under a rule; a node is a button: its count in a pill, the branch's
 probability coloured as the columns colour tokens, its text, its size and how many samples end there."""
@@ -117,6 +123,13 @@ let run;
 let top = null;
 const items = new Map();  // node id -> its list item, button and parts, kept while the node exists
 let picked = null;  // {id, samples}: the clicked node and its samples
+// "Continue from here", shown beside the picked node: n new samples from the prompt plus the text
+// up to the end of that node (the app's select event, with the node's id and this tree's run).
+const cont = document.createElement('button');
+cont.className = 'tree-continue';
+cont.id = 'tree-continue';
+cont.textContent = 'Continue from here \u25b8';
+cont.title = 'n new samples from the prompt plus the text up to the end of this branch, as a new run';
 
 function colour(p) {
   return `hsla(${Math.round(120 * p)}, 85%, 55%, 0.35)`;
@@ -146,7 +159,12 @@ function highlight() {
     const on = picked !== null && id === picked.id;
     it.button.classList.toggle('picked', on);
     it.button.setAttribute('aria-pressed', on ? 'true' : 'false');
+    if (on && cont.previousSibling !== it.button) {
+      cont.disabled = false;
+      it.li.insertBefore(cont, it.button.nextSibling);
+    }
   }
+  if (picked === null || !items.has(picked.id)) cont.remove();
 }
 
 function part(button, name) {
@@ -248,6 +266,13 @@ function render(value) {
 render(props.value);
 watch('value', () => render(props.value));
 element.addEventListener('click', (event) => {
+  if (event.target === cont) {
+    if (picked !== null && run) {
+      cont.disabled = true;  // one continuation per click; a new run's tree brings it back
+      trigger('select', {index: picked.id, value: run});
+    }
+    return;
+  }
   const button = event.target.closest('button.tree-node');
   if (!button) return;
   const id = Number(button.dataset.id);

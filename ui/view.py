@@ -96,6 +96,8 @@ class RunView:
     trace: TraceView = field(init=False)
     tree: SampleTree = field(default_factory=lambda: SampleTree(0))
     """The samples as a prefix tree of their tokens or words, grown from the same chunks."""
+    prefix: str = ""
+    """The text the samples continue from, where the run continues a branch of an earlier run."""
 
     def __post_init__(self) -> None:
         self.trace = TraceView(self.request_id)
@@ -201,14 +203,14 @@ def sample_header(sample: SampleView, started_at: float, now: float) -> str:
 def samples_value(view: RunView, now: float) -> dict[str, Any]:
     """The sample grid's value: a column per sample with its header, status and text, where it parts
     from every other sample (`parts_at`, a character offset, or None) and, with logprobs, its
-    `marks` (see SampleView).
+    `marks` (see SampleView); for a continuation, the end of the text it continues from (`prefix`).
 
     The page sends this as JSON; between two updates Gradio sends only what changed (a column's new
     text is an append), and the page's template redraws only the columns that changed.
     """
     if not view.accepted:
         return {"samples": []}
-    columns = []
+    columns: list[dict[str, Any]] = []
     for sample, parts_at in zip(view.samples, view.tree.parting_points(), strict=True):
         text = sample.text
         column: dict[str, Any] = {
@@ -223,7 +225,18 @@ def samples_value(view: RunView, now: float) -> dict[str, Any]:
             # and marks past the text taken here would colour the wrong characters.
             column["marks"] = sample.marks[:]
         columns.append(column)
+    if view.prefix:
+        return {"samples": columns, "prefix": prefix_tail(view.prefix)}
     return {"samples": columns}
+
+
+PREFIX_TAIL_CHARS = 160
+"""A continued run's columns show the end of the text they continue from, up to this many characters."""
+
+
+def prefix_tail(prefix: str) -> str:
+    """The end of a continuation's prefix, as each column shows it above the sample's own text."""
+    return prefix if len(prefix) <= PREFIX_TAIL_CHARS else "…" + prefix[-PREFIX_TAIL_CHARS:]
 
 
 def status_markdown(view: RunView) -> str:
@@ -248,6 +261,12 @@ def status_markdown(view: RunView) -> str:
         )
         if view.format_reason:
             lines.append(f"Prompt format **{view.prompt_format}**: {view.format_reason}.")
+        if view.prefix:
+            words = len(view.prefix.split())
+            lines.append(
+                f"Continuing from a branch: the prompt, then {len(view.prefix)} characters "
+                f"({words} words) of text the samples go on from, shown above each column."
+            )
     return "\n\n".join(lines)
 
 
