@@ -61,8 +61,16 @@ async def test_a_continuation_writes_on_from_the_branch_it_continues(engine: Emb
     continued = Prompt(story, prefix=prefix)
     ids = engine.prompt_ids(continued)
     assert ids == engine.prompt_ids(Prompt(story)) + tokenizer.encode(prefix, add_special_tokens=False)
-    rest, _, _ = await collect(engine.generate(continued, 1, params(6, temperature=0)), 1)
+    rest, _, finals = await collect(engine.generate(continued, 1, params(6, temperature=0)), 1)
     assert len(rest[0]) > 8 and whole[0].startswith(prefix + rest[0][:8]), (prefix, rest[0], whole[0])
+    # The continuation copied the kept sample's keys and values: all its prompt but the last token
+    # (whose logits it needs) where the prefix's tokens are those the sample drew.
+    figures = finals[0].meta
+    assert figures["prompt_tokens"] == len(ids)
+    assert len(engine.prompt_ids(Prompt(story))) < figures["cached_tokens"] <= len(ids) - 1, figures
+    # A fresh prompt copies only the chat template's head, whatever was kept before it.
+    _, _, fresh = await collect(engine.generate(Prompt(story), 1, params(2, temperature=0)), 1)
+    assert 0 < fresh[0].meta["cached_tokens"] < len(engine.prompt_ids(Prompt(story))) - 5, fresh[0].meta
     # raw: the prefix is more text after the prompt's
     raw = Prompt("The capital of France is", "raw", prefix=" Paris, and the capital of")
     assert engine.prompt_ids(raw) == list(tokenizer(raw.text + raw.prefix)["input_ids"])

@@ -12,6 +12,7 @@ per-step messages into each `Generation`'s async stream on the caller's loop, wi
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import itertools
 import logging
 import math
@@ -268,7 +269,11 @@ class EmbeddedEngine(Engine):
 
     def generate(self, prompt: Prompt, n: int, params: SamplingParams) -> Generation:
         ids = self._check(prompt, n, params)
-        return self.submit(ids, n, self.decode_params(params))
+        decode = self.decode_params(params)
+        if prompt.prefix:
+            # A continuation copies what it shares with a kept sample (the branch it continues).
+            decode = dataclasses.replace(decode, reuse_branches=True)
+        return self.submit(ids, n, decode)
 
     @staticmethod
     def decode_params(params: SamplingParams, ignore_eos: bool = False) -> DecodeParams:

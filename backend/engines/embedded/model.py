@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -374,18 +374,23 @@ class Llama:
 
     @torch.inference_mode()
     def prefill_many(
-        self, prompts: list[tuple[list[int], range]], cache: RowCache, reuse: PromptKV | None = None
+        self,
+        prompts: list[tuple[list[int], range]],
+        cache: RowCache,
+        reuse: PromptKV | Sequence[PromptKV | None] | None = None,
     ) -> list[tuple[torch.Tensor, PromptKV]]:
         """`prefill` for several prompts in one pass: their new tokens go through every linear layer
         together (the weights read once for all), each attends to its own positions only. Every
         op but the linear layers works row by row, so a prompt's results are the same whatever
         else is in the pass wherever the linear layers are too (the rows kernel is; a matrix
-        product of another row count may round differently)."""
+        product of another row count may round differently). `reuse` is one earlier prompt's keys
+        and values for all of them, or one (or None) per prompt."""
         c = self.config
+        reuses = list(reuse) if isinstance(reuse, Sequence) else [reuse] * len(prompts)
         plans = []
-        for tokens, rows in prompts:
+        for (tokens, rows), source in zip(prompts, reuses, strict=True):
             length = len(tokens)
-            start = reuse.reusable(tokens) if reuse is not None else 0
+            start = source.reusable(tokens) if source is not None else 0
             keep = min(length, PROMPT_KV_KEEP)
             shape = (c.layers, c.kv_heads, keep, c.head_dim)
             kept = PromptKV(
@@ -395,14 +400,14 @@ class Llama:
             mask = None
             if start:
                 mask = torch.arange(length)[None, :] <= torch.arange(start, length)[:, None]
-            plans.append((rows, length, start, kept, mask))
-        cache.reserve(max(length for _, length, _, _, _ in plans))
+            plans.append((rows, length, start, kept, mask, source))
+        cache.reserve(max(plan[1] for plan in plans))
         x = self.embed[
             torch.tensor(
                 [t for (tokens, _), plan in zip(prompts, plans, strict=True) for t in tokens[plan[2] :]]
             )
         ]
-        positions = torch.cat([torch.arange(start, length) for _, length, start, _, _ in plans])
+        positions = torch.cat([torch.arange(plan[2], plan[1]) for plan in plans])
         cos, sin = self.cos[positions][:, None, :], self.sin[positions][:, None, :]
         total = x.shape[0]
         for index, layer in enumerate(self.layers):
@@ -413,16 +418,16 @@ class Llama:
             v = v.view(total, c.kv_heads, c.head_dim)
             attended = []
             offset = 0
-            for rows, length, start, kept, mask in plans:
+            for rows, length, start, kept, mask, source in plans:
                 new = length - start
                 qi = q[offset : offset + new].transpose(0, 1)
                 ki = k[offset : offset + new].transpose(0, 1)
                 vi = v[offset : offset + new].transpose(0, 1)
                 offset += new
                 if start:
-                    assert reuse is not None
-                    ki = torch.cat((reuse.keys[index, :, :start], ki), dim=1)
-                    vi = torch.cat((reuse.values[index, :, :start], vi), dim=1)
+                    assert source is not None
+                    ki = torch.cat((source.keys[index, :, :start], ki), dim=1)
+                    vi = torch.cat((source.values[index, :, :start], vi), dim=1)
                 keep = len(kept.tokens)
                 kept.keys[index] = ki[:, :keep]
                 kept.values[index] = vi[:, :keep]
@@ -438,7 +443,7 @@ class Llama:
             x = self._mlp(x, layer)
         results = []
         last = -1
-        for rows, length, start, kept, _ in plans:
+        for rows, length, start, kept, _, _ in plans:
             cache.lengths[rows.start : rows.stop] = length
             cache.share(rows, length)
             kept.reused = start

@@ -28,7 +28,7 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Protocol
 
 import torch
@@ -59,6 +59,9 @@ class DecodeParams:
     """Keep going past the end-of-turn token (benchmarks that need exactly max_tokens)."""
     logprobs: bool = False
     """Give each token's log probability under the model (`token_logprobs`)."""
+    reuse_branches: bool = False
+    """A continuation: the prompt may copy the keys and values of an earlier sample's text
+    (`BatchScheduler.branches`) instead of computing them, rounding as that sample's steps did."""
 
 
 class Sink(Protocol):
@@ -84,6 +87,8 @@ class Job:
     submitted_at: float = field(default_factory=time.perf_counter)
     position: int = 0
     """Last queue position reported to the sink (0: not waiting)."""
+    cached_tokens: int = 0
+    """Prompt positions its prefill copied instead of computing (the engine's own prefix cache)."""
 
 
 @dataclass(eq=False)
@@ -96,6 +101,8 @@ class Row:
     text: TextStream
     last_token: int = 0
     tokens: int = 0
+    ids: list[int] = field(default_factory=list)
+    """The tokens drawn so far, in order."""
 
 
 @dataclass
@@ -115,6 +122,11 @@ class SchedulerStats:
     """Decode steps whose batch held rows of more than one request."""
     step_seconds: float = 0.0
     last_step_ms: float = 0.0
+
+
+BRANCH_POSITIONS = 2048
+"""Positions of finished samples' keys and values kept for continuations (`BatchScheduler.branches`):
+94 MB in fp32, about four samples of 512 tokens."""
 
 
 END_OF_TURN = "<|im_end|>"
@@ -169,6 +181,10 @@ class BatchScheduler:
         starts with it copies them instead of computing them. Always this head and never the last
         prompt: a prompt is then computed the same way every time, so a seed gives the same text
         whatever ran before (a prefill split at another position rounds differently)."""
+        self.branches: deque[PromptKV] = deque()
+        """Keys and values of the latest finished samples (prompt and text), newest last, at most
+        BRANCH_POSITIONS positions together: a continuation of one of them (`reuse_branches`) copies
+        what it shares with the prompt instead of computing it, as SGLang's radix cache does."""
         self.rows: list[Row] = []
         self.waiting: deque[Job] = deque()
         self.stats = SchedulerStats()
@@ -295,10 +311,18 @@ class BatchScheduler:
             row = self.rows[slot]
             if row.job is job and row.index in job.aborted:
                 after = min(row.tokens, self.stats.steps - job.aborted[row.index])
-                chunks.append(self._abort_chunk(job, row.index, after, row.text.flush()))
+                chunk = self._abort_chunk(job, row.index, after, row.text.flush())
+                chunks.append(replace(chunk, meta={**chunk.meta, **self._prompt_figures(job)}))
+                self._keep_branch(row, slot)
                 self._remove(slot)
         if chunks:
             job.sink.deliver(chunks)
+
+    @staticmethod
+    def _prompt_figures(job: Job) -> dict[str, int]:
+        """A finishing sample's prompt figures, as SGLang names its own: the prompt's tokens, and
+        those its prefill copied (the template head, or a kept sample's) instead of computing."""
+        return {"prompt_tokens": len(job.prompt_ids), "cached_tokens": job.cached_tokens}
 
     @staticmethod
     def _abort_chunk(job: Job, index: int, tokens_after_abort: int, text: str = "") -> Chunk:
@@ -356,9 +380,37 @@ class BatchScheduler:
         return group
 
     def _new_tokens(self, job: Job) -> int:
-        """The prompt positions a prefill computes (those after the template head it copies)."""
-        ids = job.prompt_ids
-        return len(ids) - (self.prompt_kv.reusable(ids) if self.prompt_kv is not None else 0)
+        """The prompt positions a prefill computes (those after the head it copies)."""
+        reuse = self._reuse_for(job)
+        return len(job.prompt_ids) - (reuse.reusable(job.prompt_ids) if reuse is not None else 0)
+
+    def _reuse_for(self, job: Job) -> PromptKV | None:
+        """What the job's prefill copies from: the template head, or for a continuation the kept
+        sample (`branches`) that shares the most leading tokens with its prompt where that is more."""
+        best = self.prompt_kv
+        if job.params.reuse_branches:
+            ids = job.prompt_ids
+            most = best.reusable(ids) if best is not None else 0
+            for branch in reversed(self.branches):
+                shared = branch.reusable(ids)
+                if shared > most:
+                    best, most = branch, shared
+        return best
+
+    def _keep_branch(self, row: Row, slot: int) -> None:
+        """Keep a finishing sample's keys and values (its prompt and the tokens it has stepped) for
+        a continuation to copy, the oldest kept ones dropped past BRANCH_POSITIONS."""
+        filled = int(self.cache.lengths[slot])
+        prompt = row.job.prompt_ids
+        if filled <= len(prompt) or filled > BRANCH_POSITIONS:
+            return
+        tokens = prompt + row.ids[: filled - len(prompt)]
+        keys = self.cache.keys[:, slot, :, :filled].clone()
+        values = self.cache.values[:, slot, :, :filled].clone()
+        self.branches.append(PromptKV(tokens, keys, values))
+        total = sum(len(branch.tokens) for branch in self.branches)
+        while total > BRANCH_POSITIONS:
+            total -= len(self.branches.popleft().tokens)
 
     def _template_head_kv(self) -> PromptKV | None:
         """The chat template's head (what two different user turns share), prefilled once."""
@@ -380,7 +432,7 @@ class BatchScheduler:
         results = self.model.prefill_many(
             [(job.prompt_ids, rows) for job, rows in zip(group, slots, strict=True)],
             self.cache,
-            self.prompt_kv,
+            [self._reuse_for(job) for job in group],
         )
         self.stats.prefills += len(group)
         if len(group) > 1:
@@ -390,6 +442,7 @@ class BatchScheduler:
         logprobs: list[float | None] = []
         for job, (logits, kept) in zip(group, results, strict=True):
             self.stats.reused_prompt_tokens += kept.reused
+            job.cached_tokens = kept.reused
             params = job.params
             rows = []
             for index in range(job.n):
@@ -441,6 +494,7 @@ class BatchScheduler:
         for offset, (row, token) in enumerate(zip(rows, tokens, strict=True)):
             row.tokens += 1
             row.last_token = token
+            row.ids.append(token)
             self.stats.tokens += 1
             params = row.job.params
             reason = None
@@ -453,10 +507,12 @@ class BatchScheduler:
                 elif row.tokens >= params.max_tokens:
                     text, reason = text + row.text.flush(), "length"
             logprob = None if logprobs is None else logprobs[offset]
-            chunk = Chunk(row.index, text, 1, reason, logprobs=None if logprob is None else (logprob,))
+            meta = self._prompt_figures(row.job) if reason is not None else {}
+            chunk = Chunk(row.index, text, 1, reason, meta, None if logprob is None else (logprob,))
             by_job.setdefault(row.job, []).append(chunk)
             if reason is not None:
                 finished.append(start + offset)
+                self._keep_branch(row, start + offset)
         for slot in sorted(finished, reverse=True):
             self._remove(slot)
         for job, chunks in by_job.items():
