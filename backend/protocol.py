@@ -546,6 +546,7 @@ def encode(frame: dict[str, Any]) -> str:
 GENERATE_OPTIONS = (
     "format",
     "system",
+    "prefix",
     "logprobs",
     "consumer",
     "fanout",
