@@ -16,9 +16,15 @@ import socket
 import sys
 from typing import Any
 
-from backend.config.declared import Setting, add_settings, in_a_space
-from backend.config.engine_flags import DEFAULT_BACKEND_PORT, ENGINE_SETTINGS, add_engine_arguments
-from backend.config.server_flags import N_MAX, add_server_arguments, limits_from_args
+from backend.config.declared import Setting, add_settings
+from backend.config.engine_flags import add_engine_arguments, all_engine_settings
+from backend.config.server_flags import (
+    BACKEND_PORT,
+    HOST,
+    SERVER_SETTINGS,
+    add_server_arguments,
+    limits_from_args,
+)
 from backend.serving.process import BackendProcess
 from backend.trace import native_build
 from ui.engine_info import experiment_url_of
@@ -26,51 +32,41 @@ from ui.engine_info import experiment_url_of
 DEFAULT_UI_PORT = 7860
 
 
-APP_SETTINGS = (
-    Setting(
-        "host",
-        "--host",
-        ("DASHBOARD_HOST",),
-        "address the page binds",
-        default=in_a_space("0.0.0.0", "127.0.0.1"),
-        default_words="`127.0.0.1` (`0.0.0.0` in a Space)",
-    ),
-    Setting(
-        "port",
-        "--port",
-        ("DASHBOARD_PORT", "GRADIO_SERVER_PORT"),
-        "port of the page",
-        default=DEFAULT_UI_PORT,
-        kind=int,
-    ),
-    Setting(
-        "backend_port",
-        "--backend-port",
-        ("DASHBOARD_BACKEND_PORT",),
-        "port of the websocket backend (0: any free one)",
-        default=DEFAULT_BACKEND_PORT,
-        kind=int,
-    ),
-    Setting(
-        "backend_url",
-        "--backend-url",
-        ("DASHBOARD_BACKEND_URL",),
-        "use a running backend instead of starting one",
-    ),
+PAGE_PORT = Setting(
+    "port",
+    "--port",
+    ("DASHBOARD_PORT", "GRADIO_SERVER_PORT"),
+    "port of the page",
+    default=DEFAULT_UI_PORT,
+    kind=int,
 )
-"""The page's own settings (the engines' and the backend's are `backend.config`'s)."""
 
-README_SETTINGS = (*ENGINE_SETTINGS, *APP_SETTINGS, N_MAX)
+BACKEND_URL = Setting(
+    "backend_url",
+    "--backend-url",
+    ("DASHBOARD_BACKEND_URL",),
+    "use a running backend instead of starting one",
+)
+
+APP_SETTINGS = (HOST, PAGE_PORT, BACKEND_PORT, BACKEND_URL)
+"""The page's settings (the engines' and the backend's own are `backend.config`'s)."""
+
+README_SETTINGS = (*all_engine_settings(), *APP_SETTINGS, *SERVER_SETTINGS)
 """The settings in the README's table, in its order (tests/test_readme.py checks they agree)."""
+
+
+def parser() -> argparse.ArgumentParser:
+    """app.py's arguments: the engines', the page's, the backend's."""
+    arguments = argparse.ArgumentParser(prog="python app.py", description=__doc__)
+    add_engine_arguments(arguments)
+    add_settings(arguments, APP_SETTINGS)
+    add_server_arguments(arguments)
+    return arguments
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     """Flags, each defaulting to its environment variable."""
-    parser = argparse.ArgumentParser(prog="python app.py", description=__doc__)
-    add_engine_arguments(parser)
-    add_settings(parser, APP_SETTINGS)
-    add_server_arguments(parser)
-    return parser.parse_args(argv)
+    return parser().parse_args(argv)
 
 
 def _exit_on_signal(signum: int, frame: object) -> None:

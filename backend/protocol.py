@@ -293,6 +293,26 @@ def check_replayable(run: SavedRun, limits: Limits, request_id: str | None = Non
         )
 
 
+def replayed_command(command: GenerateCommand, run: SavedRun, limits: Limits) -> GenerateCommand:
+    """`command` (a `generate` to an engine that plays `run` whatever it is asked, `Engine.plays`)
+    with the run's prompt, n and settings in place of its own; its consumer, fan-out and trace stay,
+    and `cancel_after` where the run's max_tokens allows it. ProtocolError where this server's limits
+    do not let it replay the run."""
+    check_replayable(run, limits, command.id)
+    cancel_after = command.cancel_after
+    if cancel_after is not None and cancel_after >= run.params.max_tokens:
+        cancel_after = None
+    return replace(
+        command,
+        prompt=run.prompt,
+        n=run.n,
+        params=run.params,
+        format=run.prompt_format,
+        system=run.system,
+        cancel_after=cancel_after,
+    )
+
+
 def _with_options(command: GenerateCommand, frame: dict[str, Any], fail: Fail) -> GenerateCommand:
     """`command` with the frame's options: consumer, fanout, trace, output kind, cancel_after."""
     params = command.params
@@ -616,17 +636,20 @@ def accepted_frame(
     format_reason: str = "",
     trace_off: str | None = None,
     at: float | None = None,
+    engine_tasks: str = "",
 ) -> dict[str, Any]:
     """The server took the request; `params` echo what it will run with (the resolved seed too),
     `format` the prompt format it runs in and `format_reason` why; `trace_off`, when the request
     asked for the trace and the server has none, says why; `at` is when the request started, on the
-    clock of the chunk frames' `at` (so a client has each chunk's time into the request)."""
+    clock of the chunk frames' `at` (so a client has each chunk's time into the request);
+    `engine_tasks` how the engine's task names begin (`Engine.task_prefix`), for the client's trace."""
     frame = {
         "type": "accepted",
         "id": request_id,
         "n": n,
         "engine": engine,
         "model": model,
+        "engine_tasks": engine_tasks,
         "format": prompt_format,
         "format_reason": format_reason,
         "params": {

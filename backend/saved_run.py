@@ -16,6 +16,7 @@ import json
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from backend.config.settings import (
@@ -558,3 +559,20 @@ class RunRecorder:
             "stats": self._done,
         }
         return saved_run_from_dict(data)
+
+
+def load_saved_run(path: str | Path) -> SavedRun:
+    """The saved run in the file at `path`; SavedRunError says why it is not one (or cannot be read),
+    without naming the file (the caller does: a page's upload has a temporary name)."""
+    path = Path(path)
+    try:
+        size = path.stat().st_size
+        if size > SAVED_RUN_BYTES_MAX:
+            raise SavedRunError(
+                f"the file has {size:,} bytes; a saved run has at most {SAVED_RUN_BYTES_MAX:,} "
+                "(SAVED_RUN_BYTES_MAX)"
+            )
+        data = path.read_bytes()
+    except OSError as exc:
+        raise SavedRunError(f"the file cannot be read: {exc.strerror or exc}") from None
+    return parse_saved_run(data)

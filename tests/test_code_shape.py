@@ -7,6 +7,7 @@ every change of its signature; an import circle makes two modules one.
 from __future__ import annotations
 
 import ast
+import graphlib
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -56,3 +57,45 @@ def test_no_constructor_takes_more_than_four_arguments_by_position() -> None:
         if len(call.args) > POSITIONAL_MAX
     ]
     assert not found, "name the arguments past the fourth: " + "; ".join(found)
+
+
+def module_name(path: Path) -> str:
+    """`backend/serving/server.py` -> `backend.serving.server` (a package's `__init__`: the package)."""
+    parts = path.relative_to(ROOT).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def imported(tree: ast.Module, modules: set[str]) -> set[str]:
+    """The product modules `tree` imports as it runs, at its top or in a function; imports for type
+    checkers only (`if TYPE_CHECKING:`) load nothing and are left out."""
+    typing_only = {
+        id(inner)
+        for node in ast.walk(tree)
+        if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test)
+        for statement in node.body
+        for inner in ast.walk(statement)
+    }
+    found: set[str] = set()
+    for node in ast.walk(tree):
+        if id(node) in typing_only:
+            continue
+        if isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            found.update(
+                f"{node.module}.{a.name}" if f"{node.module}.{a.name}" in modules else node.module
+                for a in node.names
+            )
+        elif isinstance(node, ast.Import):
+            found.update(a.name for a in node.names)
+    return found & modules
+
+
+def test_no_import_circle() -> None:
+    parsed = {module_name(path): tree for path, tree in trees() if path.name != "app.py"}
+    modules = set(parsed)
+    graph = graphlib.TopologicalSorter(
+        {name: imported(tree, modules) - {name} for name, tree in parsed.items()}
+    )
+    try:
+        graph.prepare()
+    except graphlib.CycleError as circle:
+        raise AssertionError(f"an import circle: {' -> '.join(circle.args[1])}") from None

@@ -47,7 +47,11 @@ def test_categories_colour_the_loop_lane() -> None:
     assert category("consume r1") == "consume"
     assert category("send") == "send"
     assert category("ws reader") == "socket" and category("socket read") == "socket"
-    assert category("synthetic-sample-3") == "engine"
+    # an engine's tasks are the engine's by the names its run's `accepted` frame gives, whatever engine
+    assert category("synthetic-sample-3", "synthetic-") == "engine"
+    assert category("replay-sample-0", "replay-") == "engine"
+    assert category("synthetic-sample-3", "replay-") == "other"  # another engine: another client's
+    assert category("fanout 2 r1 @c1", "replay-") == "engine"  # the server's fan-out drives the engine
     assert category("heartbeat") == "tracer"
     assert category("other connection") == "other"
 

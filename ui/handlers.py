@@ -29,8 +29,7 @@ from typing import Any
 
 import gradio as gr
 
-from backend.engines.replay import load_saved_run
-from backend.saved_run import SAVED_RUN_BYTES_MAX, SavedRunError, saved_run_json
+from backend.saved_run import SAVED_RUN_BYTES_MAX, SavedRunError, load_saved_run, saved_run_json
 from ui.answers_view import AnswersPanel
 from ui.answers_view import empty_outputs as empty_answers
 from ui.client import CLOSE_TIMEOUT_S, BackendError, BackendRun

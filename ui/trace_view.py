@@ -45,15 +45,20 @@ CATEGORY_COLORS = {
 }
 
 
-def category(task: str) -> str:
-    """The kind of work a task name stands for, for the loop lane's colours."""
+SERVER_ENGINE_TASKS = ("fanout", "engine")
+"""The server's own tasks that drive the engine: fan-out's pumps, the engine's start and watch."""
+
+
+def category(task: str, engine_tasks: str = "") -> str:
+    """The kind of work a task name stands for, for the loop lane's colours; `engine_tasks` is how
+    the run's engine's task names begin (its `accepted` frame's `engine_tasks`)."""
     if task.startswith("consume"):
         return "consume"
     if task.startswith("send"):
         return "send"
     if task.startswith(("ws reader", "socket", "accept")):
         return "socket"
-    if task.startswith(("synthetic", "fanout", "engine", "embedded", "sglang", "openai")):
+    if task.startswith(SERVER_ENGINE_TASKS) or (engine_tasks and task.startswith(engine_tasks)):
         return "engine"
     if task.startswith(("heartbeat", "trace")):
         return "tracer"
@@ -83,6 +88,8 @@ class TraceView:
     record_ns: float | None = None
     """The tracer's own cost per recorded step, from the latest frame."""
     off: str | None = None
+    engine_tasks: str = ""
+    """How the run's engine's task names begin, as its `accepted` frame says (`Engine.task_prefix`)."""
     """Why the backend sends no trace for this run (from `accepted`), or None."""
     reads: list[tuple[float, int, int, float]] = field(default_factory=list)
     """The consumer's reads of this run: (t ms, index, largest output's bytes, us per output)."""
@@ -209,7 +216,7 @@ def trace_svg(view: TraceView, n: int) -> str:
         first = max(0, min(columns - 1, int((start - t0) / column_ms)))
         last = max(first, min(columns - 1, int((end - t0) / column_ms)))
         share = work / (last - first + 1)
-        lane = busy[category(name)]
+        lane = busy[category(name, view.engine_tasks)]
         for col in range(first, last + 1):
             lane[col] += share
     parts.append(_label("loop", y + LOOP_H / 2))

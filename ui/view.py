@@ -127,6 +127,7 @@ class RunView:
             self.format_reason = frame.get("format_reason", "")
             self.params = frame.get("params", {})
             self.trace.off = frame.get("trace_off")
+            self.trace.engine_tasks = frame.get("engine_tasks", "")
             self.samples = [SampleView(i) for i in range(self.n)]
             self.tree = SampleTree(self.n)
         elif kind == "chunk" and self._has(frame):

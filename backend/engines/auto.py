@@ -16,21 +16,19 @@ import os
 import shlex
 from collections.abc import Callable, Collection
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 from backend.config.settings import CACHE_ROOT, DEFAULT_MODEL_ID
-from backend.engines import gpu_probe
+from backend.engines import ENGINES, EngineOptions, create_engine, engine_class, gpu_probe
 from backend.engines.base import Engine
 from backend.engines.gpu_preflight import GpuFacts, Preflight, check, needs_fp16
+from backend.engines.http.sglang_launch import SGLangServerProcess
 from backend.engines.sglang_settings import launch_flags
 
 log = logging.getLogger("backend.engines.auto")
 
-if TYPE_CHECKING:
-    from backend.engines import EngineOptions
-
 AUTO = "auto"
 """The --engine value that chooses by itself."""
+
 
 LAUNCHED_SERVER_LOG = CACHE_ROOT / "sglang-server.log"
 """Where the SGLang server that `--engine auto` starts writes its output (rotated, see
@@ -107,11 +105,11 @@ def sglang_importable() -> bool:
 
 
 def auto_engine(
-    options: EngineOptions, registered: Collection[str], probe: Callable[[], GpuFacts] = gpu_probe.probe
+    options: EngineOptions,
+    registered: Collection[str] = tuple(ENGINES),
+    probe: Callable[[], GpuFacts] = gpu_probe.probe,
 ) -> Engine:
     """Build the engine `choose_engine` picks on this machine, configured from `options`."""
-    from backend.engines import create_engine
-
     facts = GpuFacts() if os.environ.get(ASSUME_CUDA_ENV) == "1" else probe()
     preflight = check(facts) if facts.has_device else None
     choice = choose_engine(
@@ -125,7 +123,7 @@ def auto_engine(
     for finding in preflight.findings if preflight is not None else ():
         log.warning("GPU preflight: %s", finding.sentence())
     log.info("engine auto: %s (%s)", choice.name, choice.why)
-    engine = launched_sglang(options, facts) if choice.launch_sglang else create_engine(choice.name, options)  # type: ignore[arg-type]
+    engine = launched_sglang(options, facts) if choice.launch_sglang else create_engine(choice.name, options)
     engine.notice = choice.notice
     return engine
 
@@ -133,9 +131,6 @@ def auto_engine(
 def launched_sglang(options: EngineOptions, facts: GpuFacts) -> Engine:
     """The `sglang` engine on an SGLang server started for `--model`, with the flags this GPU needs
     (`backend.engines.sglang_settings.launch_flags`) and the user's `--sglang-server-args` after them."""
-    from backend.engines.http.sglang import SGLangEngine
-    from backend.engines.http.sglang_launch import SGLangServerProcess
-
     try:
         more = shlex.split(options.sglang_server_args)
     except ValueError as exc:
@@ -146,4 +141,4 @@ def launched_sglang(options: EngineOptions, facts: GpuFacts) -> Engine:
         log_path=LAUNCHED_SERVER_LOG,
         start_timeout=options.sglang_start_timeout,
     )
-    return SGLangEngine(server.url, launcher=server, api_key=options.sglang_api_key)
+    return engine_class("sglang")(server.url, launcher=server, api_key=options.sglang_api_key)  # type: ignore[call-arg]

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from backend.engines import EngineOptions
+    from backend.saved_run import SavedRun
 
 FINISH_REASONS = ("stop", "length", "abort", "error")
 """Why a sample ended: natural stop, max_tokens reached, cancelled, engine failure."""
@@ -270,6 +271,10 @@ class Engine(ABC):
     chose the engine: `--engine auto` serving the CPU model on a machine whose GPU SGLang cannot
     use says why here); empty for nothing."""
 
+    plays: SavedRun | None = None
+    """The saved run this engine streams whatever a request asks (a replay's), or None: the server
+    then runs the run's request in place of the client's (`backend.protocol.replayed_command`)."""
+
     runs_on_any_loop: bool = False
     """Whether any loop may drive the engine: it holds nothing on the loop it started on (a saved
     run's replay). Others run their requests on their own loop, and a server on another loop (the
@@ -279,6 +284,12 @@ class Engine(ABC):
     @abstractmethod
     def model(self) -> str:
         """What produces the text, as shown to the user."""
+
+    @property
+    def task_prefix(self) -> str:
+        """How the names of the tasks the engine starts begin, `{name}-` (`synthetic-sample-3`): the
+        page's trace draws the tasks of the engine its run's `accepted` frame names as the engine's."""
+        return f"{self.name}-"
 
     async def start(self) -> None:  # noqa: B027 - optional hook, most engines need no start-up
         """Load weights or connect; called once on the server's loop before serving."""
@@ -304,7 +315,8 @@ class Engine(ABC):
 
     @classmethod
     def from_options(cls, options: EngineOptions) -> Engine:
-        """Build from the command line's settings (`backend.engines.EngineOptions`)."""
+        """Build from the command line's settings (`backend.engines.EngineOptions`): those its module
+        declares in `SETTINGS`, and `--model`."""
         return cls()
 
     def validate(self, prompt: Prompt, n: int, params: SamplingParams) -> None:  # noqa: B027 - optional hook

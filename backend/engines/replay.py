@@ -4,10 +4,11 @@ recorded with, or `speed` times faster.
 Each sample is a task that puts each recorded chunk on the queue at its recorded time into the
 request (divided by `speed`), with its tokens' log probabilities where the run has them; the last
 chunk carries the sample's finish reason and the engine's own figures, as the recording engine
-sent them. A request replays the run whatever prompt and settings it asked: the server runs it
-with the run's own (`replayed_command`), so the page shows the recorded prompt's settings, seed
-and format. Samples are chosen by seed (sample i of the run has the run's seed + i), so fan-out
-`requests`, which asks for n requests of one sample each with seeds seed + i, replays them too.
+sent them. A request replays the run whatever prompt and settings it asked: the engine says it
+`plays` the run, and the server runs the run's own request (`backend.protocol.replayed_command`),
+so the page shows the recorded prompt's settings, seed and format. Samples are chosen by seed
+(sample i of the run has the run's seed + i), so fan-out `requests`, which asks for n requests of
+one sample each with seeds seed + i, replays them too.
 
 `--engine replay --run FILE` serves one saved run to every request; a `replay` frame
 (`backend.protocol`) replays the run it carries through an engine of its own, whatever engine the
@@ -17,10 +18,10 @@ server runs.
 from __future__ import annotations
 
 import asyncio
-from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from backend.config.declared import Setting
 from backend.engines.base import (
     Chunk,
     Engine,
@@ -31,33 +32,29 @@ from backend.engines.base import (
     SampleTasksGeneration,
     SamplingParams,
 )
-from backend.saved_run import SAVED_RUN_BYTES_MAX, SavedRun, SavedRunError, SavedSample, parse_saved_run
+from backend.saved_run import SavedRun, SavedRunError, SavedSample, load_saved_run
 
 if TYPE_CHECKING:
     from backend.engines import EngineOptions
 
-if TYPE_CHECKING:
-    from backend.protocol import GenerateCommand
-
-DEFAULT_SPEED = 1.0
+RUN = Setting(
+    "run",
+    "--run",
+    ("DASHBOARD_RUN",),
+    'engine `replay`: the saved run to stream ([docs/protocol.md](docs/protocol.md), "Saved runs")',
+    default="",
+)
+SPEED = Setting(
+    "replay_speed",
+    "--replay-speed",
+    ("REPLAY_SPEED",),
+    "engine `replay`: how many times faster than recorded",
+    default=1.0,
+    kind=float,
+)
 """A replay keeps the recorded timing unless told to go faster (`--replay-speed`, a frame's `speed`)."""
 
-
-def load_saved_run(path: str | Path) -> SavedRun:
-    """The saved run in the file at `path`; SavedRunError says why it is not one (or cannot be read),
-    without naming the file (the caller does: a page's upload has a temporary name)."""
-    path = Path(path)
-    try:
-        size = path.stat().st_size
-        if size > SAVED_RUN_BYTES_MAX:
-            raise SavedRunError(
-                f"the file has {size:,} bytes; a saved run has at most {SAVED_RUN_BYTES_MAX:,} "
-                "(SAVED_RUN_BYTES_MAX)"
-            )
-        data = path.read_bytes()
-    except OSError as exc:
-        raise SavedRunError(f"the file cannot be read: {exc.strerror or exc}") from None
-    return parse_saved_run(data)
+SETTINGS = (RUN, SPEED)
 
 
 class ReplayEngine(Engine):
@@ -66,7 +63,7 @@ class ReplayEngine(Engine):
     name = "replay"
     runs_on_any_loop = True
 
-    def __init__(self, run: SavedRun, speed: float = DEFAULT_SPEED, label: str = "") -> None:
+    def __init__(self, run: SavedRun, speed: float = SPEED.default, label: str = "") -> None:
         if not speed > 0:
             raise ValueError(f"--replay-speed must be > 0, got {speed}")
         self.run = run
@@ -74,6 +71,11 @@ class ReplayEngine(Engine):
         self.label = label
         """Where the run came from, for the model line (a file name)."""
         self._generations: set[ReplayGeneration] = set()
+
+    @property
+    def plays(self) -> SavedRun:  # type: ignore[override]
+        """The saved run, whatever a request asks."""
+        return self.run
 
     @classmethod
     def from_options(cls, options: EngineOptions) -> ReplayEngine:
@@ -98,23 +100,6 @@ class ReplayEngine(Engine):
         run = self.run
         recorded = f": {run.format_reason}" if run.format_reason else ""
         return FormatChoice(Prompt(run.prompt, run.prompt_format, run.system), f"as recorded{recorded}")
-
-    def replayed_command(self, command: GenerateCommand) -> GenerateCommand:
-        """`command` (a `generate`) with the run's prompt, n and settings in place of its own; its
-        consumer, fan-out and trace stay. `cancel_after` stays where the run's max_tokens allows it."""
-        run = self.run
-        cancel_after = command.cancel_after
-        if cancel_after is not None and cancel_after >= run.params.max_tokens:
-            cancel_after = None
-        return replace(
-            command,
-            prompt=run.prompt,
-            n=run.n,
-            params=run.params,
-            format=run.prompt_format,
-            system=run.system,
-            cancel_after=cancel_after,
-        )
 
     def validate(self, prompt: Prompt, n: int, params: SamplingParams) -> None:
         self._samples(n, params)

@@ -18,8 +18,9 @@ from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from backend.config.declared import Setting
 from backend.config.settings import DEFAULT_MODEL_ID
-from backend.engines import gpu_probe
+from backend.engines import MODEL, gpu_probe
 from backend.engines.base import (
     Chunk,
     Engine,
@@ -39,6 +40,16 @@ if TYPE_CHECKING:
     from backend.engines import EngineOptions
 
 log = logging.getLogger("backend.engines.sglang_inprocess")
+
+ARGS = Setting(
+    "sglang_args",
+    "--sglang-args",
+    ("SGLANG_ENGINE_ARGS",),
+    "engine `sglang-engine`: `sglang.Engine` arguments as a JSON object, e.g. "
+    '`{"tp_size": 2, "mem_fraction_static": 0.8}`',
+    default="",
+)
+SETTINGS = (ARGS, MODEL)
 
 
 def process_title(pid: int) -> str:

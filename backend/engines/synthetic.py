@@ -16,6 +16,7 @@ import math
 import random
 from typing import TYPE_CHECKING, Any
 
+from backend.config.declared import Setting
 from backend.engines.base import Chunk, Engine, Generation, Prompt, SampleTasksGeneration, SamplingParams
 
 if TYPE_CHECKING:
@@ -124,11 +125,22 @@ def _wake(waiters: list[asyncio.Future[None]]) -> None:
             waiter.set_result(None)
 
 
-DEFAULT_RATE = 20.0
+RATE = Setting(
+    "rate", "--rate", ("SYNTHETIC_RATE",), "synthetic engine: tokens/s per sample", default=20.0, kind=float
+)
 """Tokens per second per sample: about what a small model gives one sample on a modest GPU."""
 
-DEFAULT_JITTER = 0.3
+JITTER = Setting(
+    "jitter",
+    "--jitter",
+    ("SYNTHETIC_JITTER",),
+    "synthetic engine: each token interval varies by ± this fraction",
+    default=0.3,
+    kind=float,
+)
 """Each token interval is 1/rate scaled by a uniform factor in [1 - jitter, 1 + jitter]."""
+
+SETTINGS = (RATE, JITTER)
 
 
 class SyntheticEngine(Engine):
@@ -136,7 +148,7 @@ class SyntheticEngine(Engine):
 
     name = "synthetic"
 
-    def __init__(self, rate: float = DEFAULT_RATE, jitter: float = DEFAULT_JITTER) -> None:
+    def __init__(self, rate: float = RATE.default, jitter: float = JITTER.default) -> None:
         if not rate > 0:
             raise ValueError(f"--rate must be > 0 tokens/s, got {rate}")
         if not 0 <= jitter < 1:

@@ -26,9 +26,9 @@ from backend.config.settings import (
     SEED_MAX,
     Limits,
 )
+from backend.engines import replaying
 from backend.engines.base import Engine, Generation, RequestRejected
 from backend.engines.cumulative import CumulativeGeneration, DeltaReader
-from backend.engines.replay import ReplayEngine
 from backend.protocol import (
     CancelCommand,
     ExportTraceCommand,
@@ -36,10 +36,10 @@ from backend.protocol import (
     ProtocolError,
     accepted_frame,
     batch_messages,
-    check_replayable,
     error_frame,
     parse_client_frame,
     queued_frame,
+    replayed_command,
     trace_export_frame,
 )
 from backend.serving.admission import Admission
@@ -271,21 +271,20 @@ class ClientSession:
         if command.replay is not None:
             # A saved run replays from an engine of its own: the server's engine, ready or not,
             # takes no part.
-            engine = ReplayEngine(command.replay.run, command.replay.speed)
+            engine = replaying(command.replay.run, command.replay.speed)
         else:
             problem = self.engine_problem()
             if problem is not None:
                 raise ProtocolError("engine_not_ready", problem, command.id)
-            if isinstance(engine, ReplayEngine):
-                check_replayable(engine.run, self.limits, command.id)
-                command = engine.replayed_command(command)
+            if engine.plays is not None:
+                command = replayed_command(command, engine.plays, self.limits)
         seed = command.params.seed
         if seed is None:
             seed = random.randrange(SEED_MAX - self.limits.n_max)
         params = replace(command.params, seed=seed)
         choice = engine.choose_format(command.prompt, command.format, command.system)
         prompt = choice.prompt
-        if command.prefix and not isinstance(engine, ReplayEngine):
+        if command.prefix and engine.plays is None:
             # A continuation: in the format the request runs in (a replay runs its recorded prompt).
             prompt = replace(prompt, prefix=command.prefix)
         try:
@@ -327,6 +326,7 @@ class ClientSession:
                 format_reason=choice.reason,
                 trace_off=self.trace_off if command.trace and self.feed is None else None,
                 at=state.started_at,
+                engine_tasks=engine.task_prefix,
             )
         )
         request_id = command.id

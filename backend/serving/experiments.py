@@ -37,6 +37,7 @@ from backend.engines.base import (
     RequestRejected,
     SamplingParams,
 )
+from backend.saved_run import SavedRun
 from backend.serving.server import BackendServer
 
 log = logging.getLogger("backend")
@@ -78,6 +79,16 @@ class BridgedEngine(Engine):
     def template_note(self) -> str:
         """The main engine's note."""
         return self.engine.template_note
+
+    @property
+    def plays(self) -> SavedRun | None:  # type: ignore[override]
+        """The main engine's saved run, where it plays one."""
+        return self.engine.plays
+
+    @property
+    def task_prefix(self) -> str:
+        """The main engine's: its tasks run on the main loop."""
+        return self.engine.task_prefix
 
     def choose_format(self, text: str, requested: str | None, system: str = "") -> FormatChoice:
         """As the main engine chooses."""

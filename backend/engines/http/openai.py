@@ -15,6 +15,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from backend.config.declared import Setting
+from backend.engines import MODEL
 from backend.engines.base import Chunk, Generation, Prompt, SamplingParams
 from backend.engines.http.base import HTTPEngine, StreamingGeneration
 from backend.engines.http.streams import OpenAIStream
@@ -24,6 +26,22 @@ if TYPE_CHECKING:
 
 DEFAULT_OPENAI_URL = "http://127.0.0.1:8000"
 """Where vLLM's OpenAI-compatible server listens by default."""
+
+URL = Setting(
+    "openai_url",
+    "--openai-url",
+    ("OPENAI_URL",),
+    "engine `openai` (and `auto`): an OpenAI-compatible server such as vLLM",
+    default="",
+)
+API_KEY = Setting(
+    "openai_api_key",
+    "--openai-api-key",
+    ("OPENAI_API_KEY",),
+    "engine `openai`: the server's API key (vLLM's `--api-key`)",
+    default="",
+)
+SETTINGS = (URL, API_KEY, MODEL)
 
 
 class OpenAIEngine(HTTPEngine):

@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any
 
 import httpx
 
+from backend.config.declared import Setting
 from backend.engines.base import Chunk, Generation, Prompt, SamplingParams
 from backend.engines.http.base import (
     CONTROL_TIMEOUT_S,
@@ -30,7 +31,7 @@ from backend.engines.http.base import (
     StreamingGeneration,
     describe_http_error,
 )
-from backend.engines.http.sglang_launch import SGLangServerProcess, exit_words
+from backend.engines.http.sglang_launch import SERVER_ARGS, START_TIMEOUT, SGLangServerProcess, exit_words
 from backend.engines.http.streams import SGLangStream
 
 if TYPE_CHECKING:
@@ -46,6 +47,24 @@ LOST_LOG_LINES = 8
 
 DEFAULT_SGLANG_URL = "http://127.0.0.1:30000"
 """Where `python -m sglang.launch_server` listens by default."""
+
+URL = Setting(
+    "sglang_url",
+    "--sglang-url",
+    ("SGLANG_URL",),
+    "engine `sglang` (and `auto`): an SGLang server or router",
+    default="",
+)
+API_KEY = Setting(
+    "sglang_api_key",
+    "--sglang-api-key",
+    ("SGLANG_API_KEY",),
+    "engine `sglang`: the key of a server started with `--api-key` (sent as a bearer token; prefer "
+    "the variable, a flag shows in `ps`)",
+    default="",
+)
+SETTINGS = (URL, API_KEY, SERVER_ARGS, START_TIMEOUT)
+"""Its own, and those of the SGLang server `--engine auto` starts for it (`sglang_launch`)."""
 
 
 class SGLangEngine(HTTPEngine):

@@ -32,12 +32,35 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import IO
 
+from backend.config.declared import Setting
+
 STARTUP_TIMEOUT_S = 600.0
 """How long an SGLang server may take to load weights and warm up before it counts as failed."""
 
 FIRST_START_TIMEOUT_S = 1800.0
 """The same on a first start, when SGLang's compile cache is empty: on a GPU it then downloads the
 model, compiles its JIT kernels (and FlashInfer's) and captures CUDA graphs."""
+
+SERVER_ARGS = Setting(
+    "sglang_server_args",
+    "--sglang-server-args",
+    ("SGLANG_SERVER_ARGS",),
+    "engine `auto` where it starts an SGLang server: more `launch_server` flags, shell-quoted, "
+    "e.g. `--tp-size 2`",
+    default="",
+)
+START_TIMEOUT = Setting(
+    "sglang_start_timeout",
+    "--sglang-start-timeout",
+    ("SGLANG_START_TIMEOUT",),
+    "engine `auto` where it starts an SGLang server: seconds it may take to answer `/health` "
+    "before it is stopped and the engine fails",
+    kind=float,
+    default_words=f"{STARTUP_TIMEOUT_S:g}, or {FIRST_START_TIMEOUT_S:g} on a first start (SGLang's "
+    "compile cache empty)",
+)
+"""None: STARTUP_TIMEOUT_S, or FIRST_START_TIMEOUT_S where SGLang's compile cache is empty
+(`sglang_launch.start_timeout`)."""
 
 STOP_TIMEOUT_S = 3.0
 """How long the server may take to exit after SIGTERM before its process group is killed: short, so
