@@ -378,3 +378,51 @@ def test_a_continuation_asks_each_server_to_continue_the_assistants_turn() -> No
     assert "continue_final_message" not in body and body["messages"][-1]["role"] == "user"
     path, body = completions_request("m", Prompt("Once upon", "raw", prefix=" a time"), 2, params)
     assert path == "/v1/completions" and body["prompt"] == "Once upon a time"
+
+
+def _view_of(engine: str, n: int, chunks: list[Chunk]) -> Any:
+    """The page's view of a request whose finish frames carry these chunks' figures (as
+    backend.serving.request builds them: `engine` is the finishing chunk's meta)."""
+    from ui.view import RunView
+
+    view = RunView("r1", 0.0)
+    view.apply({"type": "accepted", "id": "r1", "n": n, "engine": engine, "model": "m"}, 0.0)
+    for index, chunk in finishes(chunks).items():
+        frame = {"type": "finish", "id": "r1", "index": index, "reason": chunk.finish_reason, "stats": {}}
+        view.apply({**frame, **({"engine": dict(chunk.meta)} if chunk.meta else {})}, 0.0)
+    return view
+
+
+def test_the_prefix_cache_line_says_what_each_recorded_engine_reported() -> None:
+    """SGLang's cached_tokens per sample, vLLM's usage without a cached count (said, not 0), a usage
+    with one, and an engine that reports nothing."""
+    from ui.view import prefix_cache_line
+
+    _, chunks = run_sglang(fixture("sglang-generate-n4-cumulative.sse"), 4)
+    line = prefix_cache_line(_view_of("sglang", 4, chunks))
+    assert line == "**Prefix cache:** prompt 4 tokens: 3 reused from the engine's cache, 1 computed."
+    _, chunks = run_sglang(fixture("sglang-generate-n3-abort-request.sse"), 3)
+    assert "prompt 8 tokens: 7 reused from the engine's cache, 1 computed" in prefix_cache_line(
+        _view_of("sglang", 3, chunks)
+    )
+    _, chunks = run_openai(fixture("vllm-v1-chat-completions-n4.sse"), 4, hold=True, chat=True)
+    line = prefix_cache_line(_view_of("openai", 4, chunks))
+    assert "prompt 39 tokens; the engine did not report cached tokens" in line and " 0 " not in line
+    with_details = [
+        Chunk(
+            0, "", 0, "stop", {"usage": {"prompt_tokens": 39, "prompt_tokens_details": {"cached_tokens": 32}}}
+        )
+    ]
+    assert "prompt 39 tokens: 32 reused from the engine's cache, 7 computed" in prefix_cache_line(
+        _view_of("openai", 1, with_details)
+    )
+    nothing = [Chunk(i, "", 0, "stop") for i in range(2)]
+    assert prefix_cache_line(_view_of("synthetic", 2, nothing)) == (
+        "**Prefix cache:** not reported by the synthetic engine."
+    )
+    differ = [
+        Chunk(i, "", 0, "stop", {"prompt_tokens": 40, "cached_tokens": c}) for i, c in enumerate([0, 39])
+    ]
+    assert prefix_cache_line(_view_of("sglang", 2, differ)) == (
+        "**Prefix cache:** prompt 40 tokens: reused from the engine's cache per sample: #0 0, #1 39."
+    )

@@ -47,6 +47,9 @@ class SampleView:
     logprob_count: int = 0
     length: int = 0
     """Characters of text so far."""
+    engine: dict[str, Any] = field(default_factory=dict)
+    """The engine's own figures from the `finish` frame (SGLang's `meta_info`, vLLM's usage, the
+    embedded engine's prompt counts), `{}` where it sent none."""
 
     @property
     def text(self) -> str:
@@ -149,6 +152,8 @@ class RunView:
             if frame["reason"] == "error" and engine_error and engine_error not in self.errors:
                 self.errors.append(engine_error)
             sample.stats = frame.get("stats")
+            if isinstance(frame.get("engine"), dict):
+                sample.engine = frame["engine"]
             if sample.stats:
                 sample.tokens = sample.stats.get("tokens", sample.tokens)
         elif kind == "done":
@@ -301,7 +306,60 @@ def summary_markdown(view: RunView) -> str:
             f"mean TPOT {_fmt(d.get('tpot_mean_ms'), 'ms', 1)} · "
             f"ITL p50/p99 {_fmt(d.get('itl_p50_ms'), digits=1)}/{_fmt(d.get('itl_p99_ms'), 'ms', 1)}"
         )
-    return "### Run summary\n\n" + "\n".join(rows) + totals
+    cache = prefix_cache_line(view)
+    return "### Run summary\n\n" + "\n".join(rows) + totals + (f"\n\n{cache}" if cache else "")
+
+
+def _count(value: Any) -> int | None:
+    return value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else None
+
+
+def prefix_cache_line(view: RunView) -> str:
+    """The prompt tokens the engine computed and those it reused from its prefix cache, as the
+    engine reported them once the samples finished: SGLang's and the embedded engine's
+    `cached_tokens` per sample, vLLM's `usage.prompt_tokens_details.cached_tokens` per request;
+    where the engine reports no such count the line says so rather than showing 0. Empty until a
+    sample has finished."""
+    finished = [s for s in view.samples if s.stats is not None or s.engine]
+    if not finished:
+        return ""
+    recorded = " (as recorded)" if view.engine == "replay" else ""
+    counts = [
+        (_count(s.engine.get("prompt_tokens")), _count(s.engine.get("cached_tokens")))
+        for s in finished
+        if _count(s.engine.get("cached_tokens")) is not None
+    ]
+    if counts:
+        prompt = counts[0][0]
+        if len(set(counts)) == 1 and prompt is not None:
+            cached = counts[0][1] or 0
+            return (
+                f"**Prefix cache{recorded}:** prompt {prompt} tokens: {cached} reused from the "
+                f"engine's cache, {prompt - cached} computed."
+            )
+        each = ", ".join(
+            f"#{s.index} {_count(s.engine.get('cached_tokens'))}"
+            for s in finished
+            if _count(s.engine.get("cached_tokens")) is not None
+        )
+        size = f"prompt {prompt} tokens: " if prompt is not None else ""
+        return f"**Prefix cache{recorded}:** {size}reused from the engine's cache per sample: {each}."
+    usage = next((s.engine["usage"] for s in finished if isinstance(s.engine.get("usage"), dict)), None)
+    if usage is not None:
+        prompt = _count(usage.get("prompt_tokens"))
+        details = usage.get("prompt_tokens_details")
+        cached = _count(details.get("cached_tokens")) if isinstance(details, dict) else None
+        if prompt is not None and cached is not None:
+            return (
+                f"**Prefix cache{recorded}:** prompt {prompt} tokens: {cached} reused from the "
+                f"engine's cache, {prompt - cached} computed (for the request's n samples together)."
+            )
+        size = f"prompt {prompt} tokens; " if prompt is not None else ""
+        return (
+            f"**Prefix cache{recorded}:** {size}the engine did not report cached tokens (vLLM reports "
+            "them with `--enable-prompt-tokens-details`)."
+        )
+    return f"**Prefix cache{recorded}:** not reported by the {view.engine or 'engine'} engine."
 
 
 def _cell(value: Any) -> str:
