@@ -69,3 +69,52 @@ def test_the_sheep_example_pressed_while_the_model_loads_waits_then_answers_and_
         assert heights and all(height > 0 for height in heights), heights
     finally:
         page.close()
+
+
+def test_a_branch_continued_on_the_model_reuses_the_branchs_cache_and_says_so(
+    browser: Browser, embedded_app: dict[str, str]
+) -> None:
+    """Generate on the model, click a sample's branch of the tree, Continue from here: four new
+    columns go on from that sample's text (shown above them) in the chat template, and the run
+    summary says the engine reused that text from its cache and computed little of the prompt."""
+    page = browser.new_page(viewport={"width": 1440, "height": 900})
+    try:
+        page.goto(embedded_app["url"])
+        expect(page.locator("#generate")).to_be_visible(timeout=60_000)
+        page.locator("#prompt textarea").fill("Write one sentence about a lighthouse keeper.")
+        box = page.locator("#max-tokens input[type=number]")
+        box.fill("24")
+        box.press("Enter")
+        page.locator("#generate").click()
+        status = page.locator("#status")
+        expect(status).to_contain_text("finished", timeout=300_000)
+        summary = page.locator("#summary")
+        expect(summary).to_contain_text("Prefix cache:")
+        first = summary.inner_text()
+        fresh = re.search(r"prompt (\d+) tokens: (\d+) reused from the engine's cache, (\d+) computed", first)
+        assert fresh, first
+        # The deepest branch one sample alone took: its text is that sample's whole answer.
+        leaf = page.locator(
+            "#sample-tree button.tree-node", has=page.locator(".tree-count", has_text="1")
+        ).first
+        sample = int(leaf.get_attribute("data-samples"))
+        text = page.locator(f"#sample-{sample}").text_content() or ""
+        assert len(text.split()) > 3, text
+        leaf.click()
+        page.locator("#tree-continue").click()
+        expect(status).to_contain_text("Continuing from a branch", timeout=30_000)
+        expect(status).to_contain_text("finished", timeout=300_000)
+        for index in range(4):
+            expect(page.locator(f"#prefix-{index}")).to_have_text(
+                text[-160:] if len(text) <= 160 else "…" + text[-160:]
+            )
+        continued = summary.inner_text()
+        found = re.search(
+            r"prompt (\d+) tokens: (\d+) reused from the engine's cache, (\d+) computed", continued
+        )
+        assert found, continued
+        prompt, reused, computed = map(int, found.groups())
+        assert prompt > int(fresh.group(1)) + 3  # the prompt and the sample's text
+        assert reused > int(fresh.group(2)) and computed <= 3, continued  # the sample's text was kept
+    finally:
+        page.close()
