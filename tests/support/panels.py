@@ -12,9 +12,16 @@ EXPERIMENTS = "experiments"
 """The panels' element ids: the prompt's format and the sampling settings; the examples; token
 confidence and the answer pattern; the event-loop experiments."""
 
+SETTLED_MS = 500
+"""How long an opened panel's controls take to settle: Gradio mounts a closed panel's controls when
+it first opens and sets their values then, so a value typed in the first moments was seen to be
+replaced by the control's initial one (a person cannot type that fast)."""
+
 
 def open_panel(page: Page, elem_id: str) -> None:
-    """Open the panel `elem_id` with a click on its header, unless it is open already."""
+    """Open the panel `elem_id` with a click on its header, unless it is open already, and let its
+    controls settle."""
     header = page.locator(f"#{elem_id} > button.label-wrap")
     if "open" not in (header.get_attribute("class") or "").split():
         header.click()
+        page.wait_for_timeout(SETTLED_MS)
