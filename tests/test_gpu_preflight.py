@@ -26,6 +26,7 @@ from backend.engines.gpu_preflight import (
 from backend.engines.gpu_probe import probe, run_command, sglang_facts, torch_facts
 from backend.engines.http.sglang import SGLangEngine
 from backend.engines.sglang_inprocess import SGLangInProcessEngine
+from backend.engines.sglang_model import SGLangModel
 from tests.support.backends import serving
 from tests.support.gpu_machine import L4, T4, GpuMachine, executable
 from ui.engine_info import engine_line_now
@@ -246,11 +247,29 @@ async def test_in_process_sglang_gets_incremental_output_sleep_on_idle_and_this_
     expected: dict[str, Any],
 ) -> None:
     facts = GpuMachine(tmp_path / "m", smi_lines=[smi]).facts()
-    engine = SGLangInProcessEngine("org/model", probe=lambda: facts, **user)
+    engine = SGLangInProcessEngine("org/model", locate=SGLangModel, probe=lambda: facts, **user)
     await engine.start()
     assert engine.incremental == expected["incremental_streaming_output"]
     await engine.stop()
     assert stand_in_sglang == [{"model_path": "org/model", **expected}]
+
+
+async def test_in_process_sglang_loads_the_model_found_for_it_and_says_why(
+    stand_in_sglang: list[dict[str, Any]],
+) -> None:
+    """Without --model, SGLang gets what `sglang_model` found (the bundled copy where the hub is out
+    of reach), and the engine's notice says so."""
+    asked: list[str] = []
+
+    def locate(model: str) -> SGLangModel:
+        asked.append(model)
+        return SGLangModel("/cache/models/SmolLM2-135M-Instruct", "the bundled SmolLM2-135M-Instruct, ...")
+
+    engine = SGLangInProcessEngine("", locate=locate, device="cpu")
+    await engine.start()
+    await engine.stop()
+    assert asked == [""] and stand_in_sglang[0]["model_path"] == "/cache/models/SmolLM2-135M-Instruct"
+    assert engine.notice == "the bundled SmolLM2-135M-Instruct, ..." and engine.health()["notice"]
 
 
 async def test_in_process_sglang_on_the_cpu_skips_the_preflight(
@@ -259,7 +278,7 @@ async def test_in_process_sglang_on_the_cpu_skips_the_preflight(
     def no_probe() -> GpuFacts:
         raise AssertionError("a CPU start must not probe the GPU")
 
-    engine = SGLangInProcessEngine("org/model", probe=no_probe, device="cpu")
+    engine = SGLangInProcessEngine("org/model", locate=SGLangModel, probe=no_probe, device="cpu")
     await engine.start()
     await engine.stop()
     assert (
@@ -271,7 +290,7 @@ async def test_in_process_sglang_on_a_gpu_it_cannot_use_fails_to_start_naming_wh
     tmp_path: Path, stand_in_sglang: list[dict[str, Any]], caplog: pytest.LogCaptureFixture
 ) -> None:
     facts = GpuMachine(tmp_path / "m", cxx=False, glibc=(2, 31)).facts()
-    engine = SGLangInProcessEngine("org/model", probe=lambda: facts)
+    engine = SGLangInProcessEngine("org/model", locate=SGLangModel, probe=lambda: facts)
     with caplog.at_level(logging.WARNING, "backend.engines.sglang_inprocess"):
         async with serving(engine, background=True) as server:
             await server.engine_settled()

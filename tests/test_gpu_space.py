@@ -98,6 +98,7 @@ def test_the_entry_command_serves_on_this_cpu(tmp_path: Path) -> None:
         "DASHBOARD_PORT": str(port),
         "DASHBOARD_BACKEND_PORT": "0",
         "DASHBOARD_ASSUME_CUDA": "1",  # tests only: the GPU path without a GPU
+        "DASHBOARD_MODEL": str(STAND_IN / "model"),  # the Space's variable: the stand-in server's model
         "PYTHONPATH": f"{ROOT}:{STAND_IN}",
         "GRADIO_ANALYTICS_ENABLED": "False",
     }

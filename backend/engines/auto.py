@@ -129,8 +129,10 @@ def auto_engine(
 
 
 def launched_sglang(options: EngineOptions, facts: GpuFacts) -> Engine:
-    """The `sglang` engine on an SGLang server started for `--model`, with the flags this GPU needs
-    (`backend.engines.sglang_settings.launch_flags`) and the user's `--sglang-server-args` after them."""
+    """The `sglang` engine on an SGLang server started for `--model` (found before the start, the
+    bundled model where none is given and the hub is out of reach: `backend.engines.sglang_model`),
+    with the flags this GPU needs (`backend.engines.sglang_settings.launch_flags`) and the user's
+    `--sglang-server-args` after them."""
     try:
         more = shlex.split(options.sglang_server_args)
     except ValueError as exc:
@@ -141,4 +143,6 @@ def launched_sglang(options: EngineOptions, facts: GpuFacts) -> Engine:
         log_path=LAUNCHED_SERVER_LOG,
         start_timeout=options.sglang_start_timeout,
     )
-    return engine_class("sglang")(server.url, launcher=server, api_key=options.sglang_api_key)  # type: ignore[call-arg]
+    return engine_class("sglang")(  # type: ignore[call-arg]
+        server.url, launcher=server, api_key=options.sglang_api_key, model_request=options.model
+    )

@@ -220,7 +220,8 @@ def main() -> int:
         print("no NVIDIA device here: no /dev/nvidia* and no nvidia-smi on PATH")
         return 1
     print(f"driver {facts.driver_version or '?'}; torch {facts.torch_version} (CUDA {facts.torch_cuda})")
-    print(f"SGLang {facts.sglang_version}; needs CUDA {facts.cuda_needed} ({facts.cuda_needed_by})")
+    sglang = facts.sglang_version or "not installed"
+    print(f"SGLang {sglang}; needs CUDA {facts.cuda_needed} ({(facts.cuda_needed_by or '?').rstrip(',')})")
     for index, gpu in enumerate(facts.gpus):
         capability = ".".join(map(str, gpu.compute_capability))
         memory = f"{gpu.memory_free_mib} of {gpu.memory_total_mib} MiB free"

@@ -5,6 +5,13 @@ processes, so the model step never blocks this loop). `async_generate(..., strea
 the same per-sample events as the HTTP `/generate` stream, so the same parser turns them into
 deltas; abort goes to the tokenizer manager by each sample's own request id. A chat prompt is
 rendered with the chat template of the tokenizer SGLang loaded and sent as token ids.
+
+The ids are SGLang's, read from each sample's first event: with n > 1, SGLang 0.5.23 gives every
+sample (and the prompt's prefix warm-up) a fresh id whatever `rid` was passed
+(`TokenizerManager._handle_batch_request`), and its `abort_request` drops an id it has not
+dispatched yet. A Stop on a sample not named yet is sent with its first event; a Cancel before
+then ends the stream (the reader task cancelled), on which SGLang's `generate_request` aborts every
+sample it dispatched and forgets the others, queued, in prefill or decoding alike.
 """
 
 from __future__ import annotations
@@ -20,7 +27,7 @@ from typing import TYPE_CHECKING, Any
 
 from backend.config.declared import Setting
 from backend.config.settings import DEFAULT_MODEL_ID
-from backend.engines import MODEL, gpu_probe
+from backend.engines import MODEL, gpu_probe, sglang_model
 from backend.engines.base import (
     Chunk,
     Engine,
@@ -34,6 +41,7 @@ from backend.engines.gpu_preflight import GpuFacts, check, needs_fp16
 from backend.engines.http.sglang import sglang_request
 from backend.engines.http.sglang_launch import exit_words
 from backend.engines.http.streams import SGLangStream
+from backend.engines.sglang_model import ModelNotFound, SGLangModel
 from backend.engines.sglang_settings import engine_kwargs
 
 if TYPE_CHECKING:
@@ -82,11 +90,17 @@ class SGLangInProcessEngine(Engine):
 
     def __init__(
         self,
-        model_path: str = DEFAULT_MODEL_ID,
+        model_path: str = "",
         probe: Callable[[], GpuFacts] = gpu_probe.probe,
+        locate: Callable[[str], SGLangModel] = sglang_model.resolve,
         **engine_args: Any,
     ) -> None:
-        self.model_path = model_path
+        self.requested_model = model_path
+        """`--model` as given; empty for the default (`backend.engines.sglang_model`)."""
+        self.model_path = model_path or DEFAULT_MODEL_ID
+        """What SGLang loads: `requested_model` until `start` has found it (a folder, or a hub id)."""
+        self.locate = locate
+        """Finds what SGLang loads for `requested_model` (`sglang_model.resolve`; a stand-in in tests)."""
         self.engine_args = engine_args
         """The user's `sglang.Engine` arguments (`--sglang-args`)."""
         self.probe = probe
@@ -97,12 +111,16 @@ class SGLangInProcessEngine(Engine):
         self.generations: set[SGLangInProcessGeneration] = set()
         self.children: dict[int, tuple[multiprocessing.process.BaseProcess, str]] = {}
         """SGLang's processes (scheduler, detokenizer) by pid, with their titles, once started."""
+        self.sglang_requests: int | None = None
+        """Requests SGLang's scheduler runs or queues, its own count (`/v1/loads`' figures), as last
+        read by `health()`; None before the first reading."""
+        self._load_task: asyncio.Task[None] | None = None
 
     @classmethod
     def from_options(cls, options: EngineOptions) -> SGLangInProcessEngine:
         """Build from the command line's `--model` and `--sglang-args` (a JSON object of
         `sglang.Engine` keyword arguments, such as `{"tp_size": 2, "mem_fraction_static": 0.8}`)."""
-        return cls(options.model or DEFAULT_MODEL_ID, **parse_engine_args(options))
+        return cls(options.model, **parse_engine_args(options))
 
     @property
     def model(self) -> str:
@@ -129,6 +147,12 @@ class SGLangInProcessEngine(Engine):
         import sglang
 
         facts = await self.preflight()
+        try:
+            chosen = await asyncio.to_thread(self.locate, self.requested_model)
+        except ModelNotFound as exc:
+            raise RuntimeError(str(exc)) from None
+        self.model_path = chosen.path
+        self.notice = "; ".join(said for said in (self.notice, chosen.note) if said)
         self.started_args = engine_kwargs(self.engine_args, fp16=needs_fp16(facts))
         # Loading weights and starting the scheduler processes blocks for seconds to minutes.
         try:
@@ -200,12 +224,32 @@ class SGLangInProcessEngine(Engine):
         self.sglang.tokenizer_manager.abort_request(rid=rid)
 
     def health(self) -> dict[str, Any]:
+        self._refresh_load()
         return {
             **super().health(),
             "loaded": self.sglang is not None,
             "running_requests": len(self.generations),
             "running_samples": sum(len(g.state.unfinished) for g in self.generations),
+            "sglang_requests": self.sglang_requests,
         }
+
+    def _refresh_load(self) -> None:
+        """Ask SGLang's scheduler for its load (what `/v1/loads` reads) on a task, for the next
+        `health()`: asked only when health is, so an idle dashboard's loop does nothing for it."""
+        if self.sglang is None or (self._load_task is not None and not self._load_task.done()):
+            return
+        try:
+            self._load_task = asyncio.get_running_loop().create_task(self._read_load(), name="sglang-load")
+        except RuntimeError:
+            return  # not on the loop (a test's plain call): the last reading stands
+
+    async def _read_load(self) -> None:
+        try:
+            loads = await self.sglang.tokenizer_manager.get_loads()
+        except Exception as exc:  # noqa: BLE001 - a reading that fails says nothing new
+            log.debug("SGLang's load could not be read: %s", exc)
+            return
+        self.sglang_requests = sum(load.num_running_reqs + load.num_waiting_reqs for load in loads)
 
 
 class SGLangInProcessGeneration(QueuedGeneration):
@@ -250,15 +294,26 @@ class SGLangInProcessGeneration(QueuedGeneration):
         targets = self.state.unfinished if index is None else [index]
         self._pending_aborts.update(i for i in targets if not self.state.samples[i].finished)
         self._abort_pending()
+        if index is None and self._pending_aborts:
+            # Samples SGLang has not named yet (queued, in prefill, the prefix warm-up of n > 1):
+            # ending the stream makes SGLang abort whatever of the request it has sent to its
+            # scheduler, and drop the rest.
+            await self._close_stream()
 
-    async def aclose(self) -> None:
-        if self.state.unfinished:
-            await self.abort(None)
+    async def _close_stream(self) -> None:
+        """Cancel the reader: SGLang's `generate_request` then aborts every sample of the request
+        it dispatched and forgets the others; open samples end as `abort`."""
         if not self._reader.done():
             self._reader.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await asyncio.gather(self._reader, return_exceptions=True)
+        self._pending_aborts.clear()
         for index in self.state.unfinished:
             self.state.samples[index].finished = True
             self._queue.put_nowait(Chunk(index, "", 0, "abort"))
+
+    async def aclose(self) -> None:
+        if self.state.unfinished:
+            await self.abort(None)
+        await self._close_stream()
         self.engine.generations.discard(self)

@@ -7,7 +7,11 @@ and through SGLang's router.
 from __future__ import annotations
 
 MAX_TOKENS = 400
-"""Every sample may run this long, so none can end on its own before its stop reaches the engine."""
+"""Every sample may run this long, so none can end on its own before its stop reaches the engine
+(on this CPU a sample writes 5-20 tokens a second)."""
+MAX_TOKENS_ON_GPU = 1900
+"""The same on a GPU, where SmolLM2-135M writes 400 tokens in about a second: nearly the test servers'
+2048-token context, within the page's own max_tokens limit (2048)."""
 GOING_ON = 4
 """Chunks with text each other sample must get after sample 1's finish before the rest is stopped."""
 

