@@ -12,7 +12,7 @@ TEST_WORKERS ?= -n 3 --dist loadfile
 # The tracer's C parts, built in place (without a C compiler the dashboard serves untraced and says why).
 NATIVE := backend/trace/_step_recorder$(shell $(PYTHON) -c 'import sysconfig; print(sysconfig.get_config_var("EXT_SUFFIX"))')
 
-.PHONY: run setup test test-engines gpu-check check-gpu-install lint bench screenshot chromium clean
+.PHONY: run setup test test-engines gpu-check gpu-device-check check-gpu-install lint bench screenshot chromium clean
 
 run: $(VENV)/.runtime $(NATIVE)  ## the dashboard on http://127.0.0.1:7860 (ARGS="--engine synthetic ...")
 	$(PY) app.py $(ARGS)
@@ -27,8 +27,11 @@ test: setup  ## lint, then every test (the browser ones included)
 test-engines: $(VENV)/.dev $(NATIVE)  ## the sglang/openai engines against real SGLang and vLLM servers on this CPU
 	scripts/test-engines.sh $(PY) $(PYTEST_ARGS)
 
-gpu-check:  ## on a GPU machine with requirements-gpu.txt installed: the preflight, then the SGLang tests on the GPU
+gpu-check:  ## on a GPU machine with requirements-gpu.txt installed: the preflight, each SGLang engine once, then the SGLang tests on the GPU
 	scripts/gpu-check.sh $(GPU_PYTHON) $(PYTEST_ARGS)
+
+gpu-device-check:  ## on a GPU machine without SGLang or a package index: driver, preflight, toolchain, a CUDA kernel built and run
+	scripts/gpu-device-check.sh $(GPU_PYTHON)
 
 check-gpu-install:  ## resolve requirements-gpu.txt against PyPI (dry run): SGLang's pins must hold
 	scripts/check-gpu-install.sh
