@@ -28,6 +28,7 @@ from typing import Any
 
 from websockets.asyncio.client import connect
 
+from backend.protocol import generate_frame
 from devkit.frames import recv_frame
 from devkit.local import ROOT, free_port, start_logged, stop_process_group
 
@@ -70,13 +71,8 @@ def wait_engine(port: int, limit_s: float) -> dict[str, Any]:
 async def one_request(port: int, n: int, max_tokens: int) -> dict[int, dict[str, Any]]:
     """Each sample's text and finish frame for one chat request of `n` samples."""
     samples: dict[int, dict[str, Any]] = {i: {"text": ""} for i in range(n)}
-    frame = {
-        "type": "generate",
-        "id": "smoke",
-        "prompt": PROMPT,
-        "n": n,
-        "params": {"max_tokens": max_tokens, "temperature": 0.7, "top_p": 0.95},
-    }
+    params = {"max_tokens": max_tokens, "temperature": 0.7, "top_p": 0.95}
+    frame = generate_frame("smoke", PROMPT, n, params)
     async with connect(f"ws://127.0.0.1:{port}/ws", max_size=None) as ws:
         await ws.send(json.dumps(frame))
         while True:

@@ -347,7 +347,7 @@ async def cancel_at_once(
             assert time.monotonic() < deadline, "SGLang never counted the request"
             await asyncio.sleep(0.02)
         cancelled_at = time.monotonic()
-        await ws.send(json.dumps({"type": "cancel", "id": rid}))
+        await ws.send(json.dumps(cancel_frame(rid)))
         result = await run_request(ws, rid)
     assert [f["reason"] for f in result["finishes"].values()] == ["abort"] * 4, result["finishes"]
     assert all(f["stats"]["tokens"] < LONG for f in result["finishes"].values()), result["finishes"]
@@ -364,7 +364,7 @@ async def stop_one_at_once(ws_url: str, rid: str, headers: dict[str, str] | None
     few tokens while 0 and 2 stream on, then Cancel ends them."""
     async with connect(ws_url, additional_headers=headers) as ws:
         await ws.send(generate(rid, 3, LONG))
-        await ws.send(json.dumps({"type": "cancel", "id": rid, "index": 1}))
+        await ws.send(json.dumps(cancel_frame(rid, 1)))
         going: dict[int, int] = {0: 0, 2: 0}
         sent: list[bool] = []
 
@@ -373,7 +373,7 @@ async def stop_one_at_once(ws_url: str, rid: str, headers: dict[str, str] | None
                 going[frame["index"]] += 1
             if not sent and all(count >= 4 for count in going.values()):
                 sent.append(True)
-                await ws.send(json.dumps({"type": "cancel", "id": rid}))
+                await ws.send(json.dumps(cancel_frame(rid)))
 
         result = await run_request(ws, rid, on_frame)
     finishes = result["finishes"]

@@ -37,7 +37,8 @@ MODEL = Setting(
     ("DASHBOARD_MODEL",),
     "embedded engine: a local HF-format Llama folder instead (a hub id where the hub is reachable); "
     "`openai`: the served model name (default the first listed); `sglang-engine` and `auto` on a "
-    "GPU: the model SGLang loads",
+    "GPU: the model SGLang loads, a folder or a hub id (without it, the bundled copy where the hub "
+    "is out of reach)",
     default="",
     default_words="SmolLM2-135M-Instruct",
 )
