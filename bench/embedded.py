@@ -7,7 +7,8 @@ heartbeat measures how late the event loop wakes (the engine steps in its own pr
 lag the backend's loop would see). Both sides run one after the other, so a loaded machine slows
 both alike: read the ratios.
 
-Usage: python -m bench.embedded [--ns 1,8,32] [--tokens 64] [--threads 1]
+Usage: python -m bench.embedded [--ns 1,8,32] [--tokens 64] [--threads 1] [--compute PATH]
+(`--compute` as the engine's: the table in docs/benchmarks.md is `--compute fp32-torch`)
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ import psutil
 import torch
 
 from backend.engines.base import Prompt
+from backend.engines.embedded import COMPUTE, THREADS
 from backend.engines.embedded.engine import EmbeddedEngine
 from backend.engines.embedded.scheduler import DecodeParams
 from backend.engines.embedded.weights import resolve_model
@@ -121,9 +123,10 @@ async def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=formatter)
     parser.add_argument("--ns", default="1,8,32")
     parser.add_argument("--tokens", type=int, default=64)
-    parser.add_argument("--threads", type=int, default=1)
+    THREADS.add_to(parser)
+    COMPUTE.add_to(parser)
     args = parser.parse_args()
-    engine = EmbeddedEngine(threads=args.threads)
+    engine = EmbeddedEngine(threads=args.threads, compute=args.compute)
     engine.load()
     from transformers import AutoModelForCausalLM
 

@@ -67,7 +67,7 @@ from bench.embedded import PeakMemory
 from bench.matmul_layouts import matmul_rate
 from devkit.local import CONVERTED_MODEL as MODEL
 from devkit.local import ENGINE_CACHE as CACHE
-from devkit.local import SERVED_NAME, SERVER_START_S, free_port, stop_process_group, wait_for_http
+from devkit.local import SERVED_NAME, SERVER_START_S, free_port, start_logged, stop_process_group
 
 PROMPT = "Write a short poem about the sea."
 VLLM_PYTHON = CACHE / "envs" / "vllm" / "bin" / "python"
@@ -146,16 +146,8 @@ def start_vllm(dtype: str, threads: int, mode: str) -> tuple[subprocess.Popen[by
         "OMP_NUM_THREADS": str(threads),
         "VLLM_CPU_OMP_THREADS_BIND": thread_binding(threads),
     }
-    with open(VLLM_LOG, "ab") as log:
-        process = subprocess.Popen(
-            command, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True
-        )
-    try:
-        wait_for_http(url + "/health", process, SERVER_START_S if mode == "eager" else COMPILED_START_S)
-    except BaseException:
-        stop_process_group(process)
-        raise
-    return process, url
+    limit_s = SERVER_START_S if mode == "eager" else COMPILED_START_S
+    return start_logged(command, VLLM_LOG, url + "/health", env, limit_s=limit_s), url
 
 
 def completion_body(ids: list[int], n: int, tokens: int) -> dict[str, Any]:

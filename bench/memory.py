@@ -14,22 +14,14 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import subprocess
 import sys
+import tempfile
 import threading
 import time
 import urllib.request
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-
-
-def free_port() -> int:
-    import socket
-
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
+from devkit.local import ROOT, free_port, start_logged, stop_process_group
 
 
 def descendants(pid: int) -> list[int]:
@@ -99,7 +91,8 @@ def main() -> None:
     if args.model:
         command += ["--model", args.model]
     env = {**os.environ, "GRADIO_ANALYTICS_ENABLED": "False"}
-    app = subprocess.Popen(command, cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    log = Path(tempfile.mkdtemp(prefix="bench-memory-")) / "app.log"
+    app = start_logged(command, log, f"http://127.0.0.1:{port}/", env, limit_s=300)
     try:
         wait_ready(f"http://127.0.0.1:{backend_port}/health")
         from gradio_client import Client
@@ -127,8 +120,7 @@ def main() -> None:
         sampler.join()
         elapsed = time.monotonic() - started
     finally:
-        app.terminate()
-        app.wait(30)
+        stop_process_group(app)
     print(f"n = {args.n} x {args.max_tokens} tokens, {elapsed:.1f} s; resident memory (MB):")
     print(f"{'process':<52} {'idle':>6} {'peak':>6}")
     for name in idle:

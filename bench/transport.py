@@ -46,6 +46,7 @@ import os
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -62,7 +63,7 @@ from backend.engines.synthetic import SyntheticEngine, synthetic_tokens  # noqa:
 from backend.serving.stats import percentile  # noqa: E402
 from bench.done_relay import DoneRelay  # noqa: E402
 from devkit.frames import recv_frame  # noqa: E402
-from devkit.local import LOCAL_LOAD_FLAGS, free_port, wait_for_http  # noqa: E402
+from devkit.local import LOCAL_LOAD_FLAGS, free_port, start_logged, stop_process_group  # noqa: E402
 from devkit.local import start_backend as harness_start_backend  # noqa: E402
 from devkit.local import stop_process as stop  # noqa: E402
 
@@ -295,24 +296,10 @@ def gradio_table(ns: list[int], rate: float, seconds: float) -> None:
     relay.start()
     port = free_port()
     env = {**os.environ, "GRADIO_ANALYTICS_ENABLED": "False"}
-    app = subprocess.Popen(
-        [
-            sys.executable,
-            str(ROOT / "app.py"),
-            "--host",
-            "127.0.0.1",
-            "--port",
-            str(port),
-            "--backend-url",
-            relay.url,
-        ],
-        cwd=ROOT,
-        env=env,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
+    command = [sys.executable, str(ROOT / "app.py"), "--host", "127.0.0.1", "--port", str(port)]
+    log = Path(tempfile.mkdtemp(prefix="bench-transport-")) / "app.log"
+    app = start_logged([*command, "--backend-url", relay.url], log, f"http://127.0.0.1:{port}/", env)
     try:
-        wait_for_http(f"http://127.0.0.1:{port}/", app)
         client = Client(f"http://127.0.0.1:{port}/", verbose=False)
         print(f"\n(c) gradio: /generate through app.py at {rate:g} tok/s per sample, ~{seconds:g} s runs")
         print(
@@ -350,7 +337,7 @@ def gradio_table(ns: list[int], rate: float, seconds: float) -> None:
             )
         client.close()
     finally:
-        stop(app)
+        stop_process_group(app)
         relay.stop()
         stop(backend)
 

@@ -2,24 +2,19 @@
 
 from __future__ import annotations
 
-import os
 import time
 
-import pytest
 from playwright.sync_api import Browser, Page, expect
 
 from backend.engines.synthetic import synthetic_tokens
-from devkit.local import chromium_path
 from tests.support.backends import RunningApp
+from tests.support.chromium import require_chromium
 from tests.support.panels import EXAMPLES as EXAMPLES_PANEL
 from tests.support.panels import EXPERIMENTS, SETTINGS, WHY_N, open_panel
 from ui.answers import compile_answer_pattern, final_answer, tally
 from ui.examples import EXAMPLES
 
-if chromium_path() is None:
-    if os.environ.get("CI"):
-        raise RuntimeError("chromium is not installed; CI must run the browser tests (see .ci/run)")
-    pytest.skip("chromium is not installed (apt-get install chromium)", allow_module_level=True)
+require_chromium()
 
 
 APP_RATE = 15.0

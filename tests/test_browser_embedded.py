@@ -5,7 +5,6 @@ wait, then answers to the question, then the vote over them."""
 from __future__ import annotations
 
 import json
-import os
 import re
 import urllib.request
 from collections.abc import Iterator
@@ -13,15 +12,13 @@ from collections.abc import Iterator
 import pytest
 from playwright.sync_api import Browser, expect
 
-from devkit.local import chromium_path, free_port, start_app, stop_process
+from devkit.local import free_port, start_app, stop_process
+from tests.support.chromium import require_chromium
 from tests.support.panels import EXAMPLES as EXAMPLES_PANEL
 from tests.support.panels import open_panel
 from ui.examples import EXAMPLES, SHEEP
 
-if chromium_path() is None:
-    if os.environ.get("CI"):
-        raise RuntimeError("chromium is not installed; CI must run the browser tests (see .ci/run)")
-    pytest.skip("chromium is not installed (apt-get install chromium)", allow_module_level=True)
+require_chromium()
 
 ON_TOPIC = re.compile(r"\d|sheep", re.IGNORECASE)
 """An answer to the sheep question names a number or the sheep."""

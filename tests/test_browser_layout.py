@@ -5,19 +5,15 @@ lessons and experiments one click away."""
 
 from __future__ import annotations
 
-import os
 from typing import Any
 
 import pytest
 from playwright.sync_api import Browser, Page, expect
 
-from devkit.local import chromium_path
 from tests.support.backends import RunningApp
+from tests.support.chromium import require_chromium
 
-if chromium_path() is None:
-    if os.environ.get("CI"):
-        raise RuntimeError("chromium is not installed; CI must run the browser tests (see .ci/run)")
-    pytest.skip("chromium is not installed (apt-get install chromium)", allow_module_level=True)
+require_chromium()
 
 APP_RATE = 8.0
 """Tokens/s per sample: a run streams on while the page is measured."""

@@ -4,21 +4,17 @@ and watch the run replayed into the columns; a bad file gets a clear error and t
 from __future__ import annotations
 
 import json
-import os
 import re
 from pathlib import Path
 
-import pytest
 from playwright.sync_api import Page, expect
 
 from backend.saved_run import SAVED_RUN_BYTES_MAX, parse_saved_run, saved_run_dict
-from devkit.local import ROOT, chromium_path
+from devkit.local import ROOT
+from tests.support.chromium import require_chromium
 from tests.support.panels import SETTINGS, open_panel
 
-if chromium_path() is None:
-    if os.environ.get("CI"):
-        raise RuntimeError("chromium is not installed; CI must run the browser tests (see .ci/run)")
-    pytest.skip("chromium is not installed (apt-get install chromium)", allow_module_level=True)
+require_chromium()
 
 SHEEP = ROOT / "docs" / "runs" / "sheep-sglang-cpu.json"
 

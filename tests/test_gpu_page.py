@@ -9,16 +9,13 @@ import os
 import sys
 from pathlib import Path
 
-import pytest
 from playwright.sync_api import Browser, expect
 
-from devkit.local import chromium_path, free_port, start_logged, stop_process_group
+from devkit.local import free_port, start_logged, stop_process_group
+from tests.support.chromium import require_chromium
 from tests.support.gpu_machine import executable
 
-if chromium_path() is None:
-    if os.environ.get("CI"):
-        raise RuntimeError("chromium is not installed; CI must run the browser tests (see .ci/run)")
-    pytest.skip("chromium is not installed (apt-get install chromium)", allow_module_level=True)
+require_chromium()
 
 
 def test_a_gpu_sglang_cannot_use_is_said_on_the_page(browser: Browser, tmp_path: Path) -> None:

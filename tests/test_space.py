@@ -22,15 +22,13 @@ from pathlib import Path
 import pytest
 from playwright.sync_api import Browser, Page, expect
 
-from devkit.local import ENGINE_CACHE, ROOT, chromium_path, free_port, start_logged, stop_process_group
+from devkit.local import ENGINE_CACHE, ROOT, free_port, start_logged, stop_process_group
 from tests.support.answers import COLOUR_PROMPT, answers_colours
+from tests.support.chromium import require_chromium
 from tests.support.hub_model import REPO_ID, build_hub_folder
 from tests.support.hub_standin import HubStandIn
 
-if chromium_path() is None:
-    if os.environ.get("CI"):
-        raise RuntimeError("chromium is not installed; CI must run the browser tests (see .ci/run)")
-    pytest.skip("chromium is not installed (apt-get install chromium)", allow_module_level=True)
+require_chromium()
 
 pytestmark = pytest.mark.timeout(1800)  # the first run builds the Space's environment (minutes)
 

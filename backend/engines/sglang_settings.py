@@ -4,7 +4,7 @@
 Defaults, each one the user's own setting overrides:
 - incremental streaming output: each event carries only the new text, not the sample's whole text
   again (cumulative output makes SGLang and this backend's loop redo work that grows with the square
-  of the length; bench/sglang_stream_bytes.py measures the bytes);
+  of the length: 4.7x the bytes at 256 tokens a sample, docs/engines.md);
 - sleep on idle: an idle scheduler otherwise polls for work nonstop, a CPU core taken from the
   backend and the page;
 - fp16 on a GPU below compute capability 8.0 (T4, V100), which has no bf16: SmolLM2 and Qwen2.5

@@ -1,0 +1,117 @@
+"""Greedy tokens of the embedded engine's model against transformers' forward of the same weights, on
+every compute path this machine runs.
+
+For each prompt (chat-templated), greedy tokens two ways: the engine's `Llama` as the engine runs it
+on the path (every prompt a row of one batch: prefilled, then decoded together; on the default
+path, the rows kernel from the GGUF's packed blocks and the C decode ops) and transformers'
+`generate(do_sample=False)` on the converted weights in the path's dtype, one prompt at a time. The
+end of turn is ignored on both sides (its logit -inf; `min_new_tokens` for transformers), so every
+answer is exactly that long. The two forwards sum in other orders, so they may part only where the
+reference's two best tokens are within the dtype's rounding of each other: each prompt agrees on
+every token, or parts at such a near-tie.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from backend.engines.base import template_token_ids
+from backend.engines.embedded import compute, decode_ops
+from backend.engines.embedded import linear as engine_linear
+from backend.engines.embedded.model import Llama, LlamaConfig, RowCache
+from backend.engines.embedded.quantized import load_blocks
+from backend.engines.embedded.weights import read_config, read_tensors, resolve_model
+from tests.support.embedded import kernel_status_on_one_thread
+
+PROMPTS = (
+    "Name three colours.",
+    "Why is the sky blue?",
+    "What is the capital of France?",
+    "What is 12 times 7?",
+)
+
+TOKENS = 32
+"""Greedy tokens a prompt: long enough to part where the forwards can, short enough for 2 cores."""
+
+NEAR_TIE = {"float32": 1e-3, "bfloat16": 0.25}
+"""Logits (about 10 to 30) within this of each other are a tie at the dtype's rounding: float32
+keeps 24 bits (a sum in another order moves a logit by about 1e-5), bfloat16 8 (0.125 steps at 16-32)."""
+
+
+@torch.inference_mode()
+def engine_greedy(model: Llama, config: LlamaConfig, prompts: list[list[int]], eos: int) -> list[list[int]]:
+    """Greedy tokens of every prompt, all decoded together as rows of one batch."""
+    cache = RowCache(config, len(prompts), max(map(len, prompts)) + TOKENS + 1, model.dtype)
+    firsts = []
+    for ids in prompts:
+        logits, _ = model.prefill(ids, cache, cache.add_rows(1))
+        logits[eos] = float("-inf")
+        firsts.append(int(logits.argmax()))
+    out = [[first] for first in firsts]
+    step = torch.tensor(firsts)
+    for _ in range(TOKENS - 1):
+        logits = model.decode(step, cache).float()
+        logits[:, eos] = float("-inf")
+        step = logits.argmax(-1)
+        for row, token in zip(out, step.tolist(), strict=True):
+            row.append(token)
+    return out
+
+
+@torch.inference_mode()
+def reference_greedy(
+    reference: torch.nn.Module, ids: list[int], eos: int
+) -> tuple[list[int], list[torch.Tensor]]:
+    """transformers' greedy tokens and each step's logits."""
+    out = reference.generate(
+        torch.tensor([ids]),
+        max_new_tokens=TOKENS,
+        min_new_tokens=TOKENS,
+        do_sample=False,
+        eos_token_id=eos,
+        pad_token_id=eos,
+        output_scores=True,
+        return_dict_in_generate=True,
+    )
+    return out.sequences[0, len(ids) :].tolist(), [score[0].float() for score in out.scores]
+
+
+@pytest.mark.parametrize("name", list(compute.PATHS))
+def test_greedy_tokens_agree_with_transformers_or_part_at_a_near_tie(name: str) -> None:
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    path = compute.PATHS[name]
+    why = compute.unavailable(path, kernel_status_on_one_thread(), has_gguf=True)
+    if why is not None:
+        pytest.skip(f"{name} does not run here: {why}")
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # as the engine's process runs
+    dtype = getattr(torch, path.dtype)
+    engine_linear.configure(allow=path.rows_kernel)
+    decode_ops.configure(allow=path.rows_kernel)
+    try:
+        folder = resolve_model()
+        config = LlamaConfig.from_hf(read_config(folder.path))
+        tensors = read_tensors(folder.path)
+        blocks = load_blocks(folder.path, folder.gguf, tensors) if path.gguf_blocks and folder.gguf else {}
+        model = Llama(config, tensors, dtype, blocks)
+        tokenizer = AutoTokenizer.from_pretrained(folder.path)
+        eos = int(tokenizer.eos_token_id)
+        prompts = [template_token_ids(tokenizer, [{"role": "user", "content": text}]) for text in PROMPTS]
+        reference = AutoModelForCausalLM.from_pretrained(folder.path, dtype=dtype)
+        partings = []
+        for text, ids, ours in zip(PROMPTS, prompts, engine_greedy(model, config, prompts, eos), strict=True):
+            theirs, scores = reference_greedy(reference, ids, eos)
+            agree = next((i for i, (a, b) in enumerate(zip(ours, theirs, strict=True)) if a != b), TOKENS)
+            if agree < TOKENS:
+                margin = float(scores[agree][theirs[agree]] - scores[agree][ours[agree]])
+                partings.append((text, agree, margin))
+    finally:
+        engine_linear.configure()
+        decode_ops.configure()
+        torch.set_num_threads(threads)
+    far = [(text, at, margin) for text, at, margin in partings if margin > NEAR_TIE[path.dtype]]
+    assert not far, f"{name} parts from transformers where its best token was clear: {far}"
+    if path.dtype == "float32":
+        assert len(partings) <= 1, f"{name}: more than one prompt parted at a float32 near-tie: {partings}"
