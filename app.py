@@ -25,9 +25,10 @@ from backend.config.server_flags import (
     add_server_arguments,
     limits_from_args,
 )
+from backend.config.settings import Limits
 from backend.serving.process import BackendProcess
 from backend.trace import native_build
-from ui.engine_info import experiment_url_of
+from ui.engine_info import running_backend
 
 DEFAULT_UI_PORT = 7860
 
@@ -125,52 +126,54 @@ def launch_page(demo: Any, attempts: int = PAGE_CHECK_ATTEMPTS, **launch_args: A
             demo.close()
 
 
+def build_tracer_in_a_space() -> None:
+    """A Space installs requirements.txt only: build the tracer's C parts before the backend starts;
+    if that fails it serves untraced and says why."""
+    if not os.environ.get("SPACE_ID") or native_build.built():
+        return
+    ok, message = native_build.build_in_place()
+    log = logging.getLogger("app")
+    if ok:
+        log.info("built the tracer's C parts")
+    else:
+        log.warning("the tracer's C parts did not build; serving without the loop trace: %s", message)
+
+
+def start_backend(args: argparse.Namespace) -> tuple[BackendProcess | None, str, str | None, Limits]:
+    """The backend the page talks to: its process (None: --backend-url's, someone else's), its URL,
+    its experiment server's URL and its limits. ValueError, RuntimeError or TimeoutError say why not."""
+    limits = limits_from_args(args)
+    if args.backend_url:  # a backend of another's: what it serves, as its /health says
+        experiment_url, limits = running_backend(args.backend_url, limits)
+        return None, args.backend_url, experiment_url, limits
+    # A backend of our own gets a token of our own: other local processes cannot use it.
+    args.token = args.token or secrets.token_urlsafe(24)
+    args.allowed_origin = [*(args.allowed_origin or ()), *page_origins(args.host, args.port)]
+    # The backend listens on loopback only: the page is its one client here.
+    backend = BackendProcess(args, "127.0.0.1", args.backend_port)
+    url = backend.start_and_wait()
+    return backend, url, backend.experiment_url, limits
+
+
 def main(argv: list[str] | None = None) -> int:
     """Start the backend (unless --backend-url) and serve the page until interrupted."""
     args = parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
-    if os.environ.get("SPACE_ID") and not native_build.built():
-        # A Space installs requirements.txt only: build the tracer's C parts before the backend
-        # starts; if that fails it serves untraced and says why.
-        ok, message = native_build.build_in_place()
-        log = logging.getLogger("app")
-        if ok:
-            log.info("built the tracer's C parts")
-        else:
-            log.warning("the tracer's C parts did not build; serving without the loop trace: %s", message)
+    build_tracer_in_a_space()
     problem = page_port_problem(args.host, args.port)
     if problem is not None:
         print(f"app: {problem}", file=sys.stderr)
         return 2
     try:
-        limits = limits_from_args(args)
-        backend: BackendProcess | None = None
-        backend_url = args.backend_url
-        if backend_url:  # a backend of another's: its blocking experiments run where its /health says
-            experiment_url = experiment_url_of(backend_url)
-        else:
-            # A backend of our own gets a token of our own: other local processes cannot use it.
-            args.token = args.token or secrets.token_urlsafe(24)
-            args.allowed_origin = [*(args.allowed_origin or ()), *page_origins(args.host, args.port)]
-            # The backend listens on loopback only: the page is its one client here.
-            backend = BackendProcess(args, "127.0.0.1", args.backend_port)
-            backend_url = backend.start_and_wait()
-            experiment_url = backend.experiment_url
+        backend, backend_url, experiment_url, limits = start_backend(args)
     except (ValueError, RuntimeError, TimeoutError) as exc:
         print(f"app: {exc}", file=sys.stderr)
         return 2
-
     # No usage reporting to a third party unless the operator asks for it.
     os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")
     from ui.app import CSS, build_demo  # imported late: Gradio takes seconds to import
 
-    demo = build_demo(
-        backend_url,
-        n_max=limits.n_max,
-        max_tokens_max=limits.max_tokens_max,
-        token=args.token,
-        experiment_url=experiment_url,
-    )
+    demo = build_demo(backend_url, limits, token=args.token, experiment_url=experiment_url)
     print(f"backend: {backend_url}", flush=True)
     # SIGTERM (a supervisor, a Space restarting) ends the process like Ctrl-C does, so the
     # `finally` below stops the backend process instead of leaving it running.

@@ -449,6 +449,21 @@ def _parse_params(frame: dict[str, Any], limits: Limits, fail: Fail) -> Sampling
     if not 0 < top_p <= 1:
         raise fail("top_p_out_of_range", f"top_p must be in (0, 1], got {top_p}")
 
+    seed, top_k, stop = _parse_seed_top_k_stop(raw_params, limits, fail)
+    return SamplingParams(
+        max_tokens=max_tokens,
+        temperature=float(temperature),
+        top_p=float(top_p),
+        seed=seed,
+        top_k=top_k,
+        stop=tuple(stop),
+    )
+
+
+def _parse_seed_top_k_stop(
+    raw_params: dict[str, Any], limits: Limits, fail: Fail
+) -> tuple[int | None, int, list[str]]:
+    """The seed (None: the server picks one), top-k (0: no limit) and stop strings, each checked."""
     seed = raw_params.get("seed")
     if seed is not None:
         if not _is_int(seed):
@@ -474,14 +489,7 @@ def _parse_params(frame: dict[str, Any], limits: Limits, fail: Fail) -> Sampling
             f'"stop" must be a string or a list of at most {STOP_STRINGS_MAX} non-empty strings '
             f"of at most {STOP_CHARS_MAX} characters",
         )
-    return SamplingParams(
-        max_tokens=max_tokens,
-        temperature=float(temperature),
-        top_p=float(top_p),
-        seed=seed,
-        top_k=top_k,
-        stop=tuple(stop),
-    )
+    return seed, top_k, stop
 
 
 def _parse_consumer(raw: Any, fail: Fail) -> Consumer:

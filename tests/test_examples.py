@@ -29,11 +29,7 @@ def test_each_example_runs_within_the_pages_own_limits() -> None:
     """A click on an example then Generate sends its request: the page's input checks and a new
     visitor's limits let every one through (a blocking one within the experiment's time budget)."""
     for example in EXAMPLES:
-        request = run_request(
-            example.prompt, example.n, example.max_tokens, example.temperature, 0.95, None,
-            example.consumer, example.block_ms, "n", "chat", "", "delta", None, example.logprobs,
-            example.answer_pattern,
-        )  # fmt: skip
+        request = run_request({"top_p": 0.95, **example.settings})  # the rest as the page leaves them
         VisitorLedger().admit("a new visitor", request)  # raises VisitorLimitReached past a limit
 
 

@@ -388,8 +388,9 @@ async def test_cancel_answers_once_generate_has_drawn_the_end_of_the_run() -> No
         streaming = asyncio.Event()
 
         async def page() -> None:
-            args = ("Tell a long story.", 3, 1000, 0.8, 0.95, 1, "cooperative", 0, "n", "chat", "", "delta")
-            async for outputs in handlers.generate(*args, None, False, "", request):
+            settings = {"prompt": "Tell a long story.", "n": 3, "max_tokens": 1000, "temperature": 0.8}
+            settings.update(top_p=0.95, seed=1, consumer="cooperative", block_ms=0, fanout="n", format="chat")
+            async for outputs in handlers.generate(request, **settings):
                 drawn.append(outputs)
                 if len(drawn) == 3:
                     streaming.set()

@@ -11,30 +11,30 @@ from ui.run_request import InputProblem, RunRequest, run_request
 from ui.visitor_limits import VisitorLedger, VisitorLimitReached, VisitorLimits, visitor_address
 
 GOOD: dict[str, Any] = {
-    "prompt_text": "Tell a story.",
-    "n_value": 4,
-    "max_tokens_value": 64,
-    "temperature_value": 0.8,
-    "top_p_value": 0.95,
-    "seed_value": 5,
-    "consumer_mode": "cooperative",
-    "block_ms_value": 20,
-    "fanout_value": "n",
-    "format_value": "chat",
-    "system_value": "",
-    "output_kind_value": "delta",
-    "cancel_after_value": 0,
-    "logprobs_value": False,
-    "answer_pattern_value": "",
+    "prompt": "Tell a story.",
+    "n": 4,
+    "max_tokens": 64,
+    "temperature": 0.8,
+    "top_p": 0.95,
+    "seed": 5,
+    "consumer": "cooperative",
+    "block_ms": 20,
+    "fanout": "n",
+    "format": "chat",
+    "system": "",
+    "output_kind": "delta",
+    "cancel_after": 0,
+    "logprobs": False,
+    "answer_pattern": "",
 }
 
 
 def request(**changes: Any) -> RunRequest:
-    return run_request(**{**GOOD, **changes})
+    return run_request({**GOOD, **changes})
 
 
 def test_good_inputs_make_the_request_the_backend_expects() -> None:
-    wanted = request(system_value="Be brief.", logprobs_value=True, cancel_after_value=7)
+    wanted = request(system="Be brief.", logprobs=True, cancel_after=7)
     assert (wanted.prompt, wanted.n) == ("Tell a story.", 4)
     assert wanted.params == {"max_tokens": 64, "temperature": 0.8, "top_p": 0.95, "seed": 5}
     assert wanted.options == {
@@ -46,36 +46,36 @@ def test_good_inputs_make_the_request_the_backend_expects() -> None:
         "logprobs": True,
     }
     assert not wanted.blocking and wanted.tokens == 256
-    assert request(seed_value=None).params["seed"] is None
-    assert request(consumer_mode="blocking").blocking
-    assert not request(consumer_mode="blocking", block_ms_value=0).blocking
-    raw = request(format_value="raw", system_value="ignored", output_kind_value="cumulative")
+    assert request(seed=None).params["seed"] is None
+    assert request(consumer="blocking").blocking
+    assert not request(consumer="blocking", block_ms=0).blocking
+    raw = request(format="raw", system="ignored", output_kind="cumulative")
     assert "system" not in raw.options and raw.options["output_kind"] == "cumulative"
 
 
 @pytest.mark.parametrize(
     ("field", "value", "words"),
     [
-        ("n_value", None, "n must be a number"),
-        ("n_value", "4", "n must be a number"),
-        ("n_value", True, "n must be a number"),
-        ("n_value", math.nan, "n must be a finite number"),
-        ("n_value", 2.5, "n must be a whole number"),
-        ("max_tokens_value", math.inf, "max tokens must be a finite number"),
-        ("temperature_value", [1], "temperature must be a number"),
-        ("top_p_value", -math.inf, "top-p must be a finite number"),
-        ("seed_value", 1.5, "seed must be a whole number"),
-        ("block_ms_value", "fast", "block per chunk must be a number"),
-        ("cancel_after_value", math.nan, "cancel after k tokens must be a finite number"),
-        ("prompt_text", "a\ud800b", "lone UTF-16 surrogates"),
-        ("system_value", "\udfff", "system prompt holds characters that are not text"),
-        ("answer_pattern_value", "(\ud83d)", "answer pattern holds characters"),
-        ("prompt_text", 12, "prompt must be text"),
-        ("consumer_mode", "sleepy", "consumer must be one of cooperative, greedy, blocking"),
-        ("fanout_value", "all", "fan-out must be one of"),
-        ("format_value", "markdown", "format must be one of"),
-        ("output_kind_value", "x" * 500, "engine outputs must be one of"),
-        ("logprobs_value", "yes", "token confidence must be true or false"),
+        ("n", None, "n must be a number"),
+        ("n", "4", "n must be a number"),
+        ("n", True, "n must be a number"),
+        ("n", math.nan, "n must be a finite number"),
+        ("n", 2.5, "n must be a whole number"),
+        ("max_tokens", math.inf, "max tokens must be a finite number"),
+        ("temperature", [1], "temperature must be a number"),
+        ("top_p", -math.inf, "top-p must be a finite number"),
+        ("seed", 1.5, "seed must be a whole number"),
+        ("block_ms", "fast", "block per chunk must be a number"),
+        ("cancel_after", math.nan, "cancel after k tokens must be a finite number"),
+        ("prompt", "a\ud800b", "lone UTF-16 surrogates"),
+        ("system", "\udfff", "system prompt holds characters that are not text"),
+        ("answer_pattern", "(\ud83d)", "answer pattern holds characters"),
+        ("prompt", 12, "prompt must be text"),
+        ("consumer", "sleepy", "consumer must be one of cooperative, greedy, blocking"),
+        ("fanout", "all", "fan-out must be one of"),
+        ("format", "markdown", "format must be one of"),
+        ("output_kind", "x" * 500, "engine outputs must be one of"),
+        ("logprobs", "yes", "token confidence must be true or false"),
     ],
 )
 def test_each_input_that_cannot_be_sent_is_named(field: str, value: Any, words: str) -> None:
@@ -87,38 +87,34 @@ def test_each_input_that_cannot_be_sent_is_named(field: str, value: Any, words: 
 
 def test_text_a_person_may_type_goes_as_typed() -> None:
     for text in ("", "مرحبا بالعالم", "🦜" * 4000, "tab\tbell\x07nul\x00", "x" * 16_001):
-        assert request(prompt_text=text).prompt == text
+        assert request(prompt=text).prompt == text
 
 
 def test_a_visitor_is_held_to_runs_tokens_and_one_blocking_experiment() -> None:
     ledger = VisitorLedger(
         VisitorLimits(runs=2, tokens=1000, blocking_runs=1, blocking_at_once=1, blocking_budget_s=60)
     )
-    first = ledger.admit("a", request(n_value=2, max_tokens_value=100))
-    second = ledger.admit("a", request(n_value=4, max_tokens_value=100))
+    first = ledger.admit("a", request(n=2, max_tokens=100))
+    second = ledger.admit("a", request(n=4, max_tokens=100))
     with pytest.raises(VisitorLimitReached, match="you already have 2 runs streaming"):
-        ledger.admit("a", request(n_value=1, max_tokens_value=1))
-    ledger.admit("b", request(n_value=8, max_tokens_value=100))  # another visitor is counted apart
+        ledger.admit("a", request(n=1, max_tokens=1))
+    ledger.admit("b", request(n=8, max_tokens=100))  # another visitor is counted apart
     ledger.release(second)
     ledger.release(second)  # twice is once
     with pytest.raises(VisitorLimitReached, match=r"up to 1,000 tokens .* hold 200; the page allows 1,000"):
-        ledger.admit("a", request(n_value=10, max_tokens_value=100))
-    blocking = ledger.admit(
-        "a", request(consumer_mode="blocking", block_ms_value=200, n_value=1, max_tokens_value=10)
-    )
+        ledger.admit("a", request(n=10, max_tokens=100))
+    blocking = ledger.admit("a", request(consumer="blocking", block_ms=200, n=1, max_tokens=10))
     ledger.release(first)
     with pytest.raises(VisitorLimitReached, match="already have a blocking-consumer experiment"):
-        ledger.admit("a", request(consumer_mode="blocking", n_value=1, max_tokens_value=10))
+        ledger.admit("a", request(consumer="blocking", n=1, max_tokens=10))
     with pytest.raises(VisitorLimitReached, match="another visitor's blocking-consumer experiment"):
-        ledger.admit("b", request(consumer_mode="blocking", n_value=1, max_tokens_value=10))
-    ledger.admit("b", request(consumer_mode="greedy", n_value=1, max_tokens_value=10))
+        ledger.admit("b", request(consumer="blocking", n=1, max_tokens=10))
+    ledger.admit("b", request(consumer="greedy", n=1, max_tokens=10))
     ledger.release(blocking)
     with pytest.raises(
         VisitorLimitReached, match=r"could hold the experiment loop for 64 s; the page allows 60 s"
     ):
-        ledger.admit(
-            "a", request(consumer_mode="blocking", block_ms_value=200, n_value=4, max_tokens_value=80)
-        )
+        ledger.admit("a", request(consumer="blocking", block_ms=200, n=4, max_tokens=80))
     assert "a" not in ledger.runs  # every run of a ended: nothing kept for it
 
 

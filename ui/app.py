@@ -30,6 +30,7 @@ from backend.config.settings import (
     DEFAULT_TEMPERATURE,
     DEFAULT_TOP_P,
     TEMPERATURE_MAX,
+    Limits,
 )
 from backend.engines.base import PROMPT_FORMATS
 from backend.protocol import CONSUMER_MODES, FANOUTS, OUTPUT_KINDS, REPLAY_SPEED_MAX
@@ -38,8 +39,10 @@ from ui.answers_view import empty_outputs as empty_answers
 from ui.engine_info import engine_line_now
 from ui.examples import examples_block
 from ui.handlers import Handlers
+from ui.run_request import REPLAY_SETTINGS, RUN_SETTINGS, RUN_SETTINGS_OF_A_RUN
 from ui.sample_grid import sample_grid
 from ui.sample_tree_view import sample_tree
+from ui.visitor_limits import VisitorLimits
 
 ENGINE_POLL_S = 2.0
 """How often the engine line is read again while the engine starts (a download, a conversion)."""
@@ -114,6 +117,13 @@ common answer, the self-consistency answer, is green (answers tied for the most,
 """
 """The explanation beside the controls for what sampling n times is for."""
 
+MASTHEAD = (
+    "## Parallel sampling, live\n"
+    "Type a prompt, pick **n**, press **Generate**: the backend's single asyncio loop "
+    "consumes all n streams at once, and each sample fills its own column."
+)
+"""The page's title and what to do, in two lines."""
+
 TREE_HELP = (
     "The n samples as a prefix tree of their tokens (with token confidence on; otherwise words): "
     "each branch says how many samples took it and, with token confidence, the probability of its "
@@ -125,159 +135,143 @@ TREE_HELP = (
 
 def build_demo(
     backend_url: str,
-    n_max: int = 32,
-    max_tokens_max: int = 2048,
+    limits: Limits | None = None,
     token: str | None = None,
     experiment_url: str | None = None,
 ) -> gr.Blocks:
-    """The dashboard page, talking to the backend at `backend_url` (with `token`, if it needs one),
-    and sending blocking-consumer runs to its experiment server at `experiment_url` where it has one."""
-    handlers = Handlers(backend_url, token, experiment_url)
-
+    """The dashboard page, talking to the backend at `backend_url` (with `token`, if it needs one), held
+    to that backend's `limits` (its n and max tokens, its per-visitor share), and sending
+    blocking-consumer runs to its experiment server at `experiment_url` where it has one."""
+    limits = limits or Limits()
+    handlers = Handlers(backend_url, token, experiment_url, VisitorLimits.for_backend(limits))
     with gr.Blocks(title="Parallel sampling, live", fill_width=True) as demo:
-        gr.Markdown(
-            "## Parallel sampling, live\n"
-            "Type a prompt, pick **n**, press **Generate**: the backend's single asyncio loop "
-            "consumes all n streams at once, and each sample fills its own column.",
-            elem_id="masthead",
-        )
+        gr.Markdown(MASTHEAD, elem_id="masthead")
         engine_info = gr.Markdown(elem_id="engine-info")
-        engine_timer = gr.Timer(ENGINE_POLL_S, active=False)
+        _wire_engine_line(demo, engine_info, backend_url)
         with gr.Row(equal_height=False, elem_id="stage"):
             # The controls: what a run needs in view, then the rest one click away.
             with gr.Column(scale=3, min_width=300, elem_id="controls"):
-                prompt = gr.Textbox(DEFAULT_PROMPT, label="Prompt", lines=4, elem_id="prompt")
-                with gr.Row():
-                    n, max_tokens = _size_controls(n_max, max_tokens_max)
-                with gr.Row():
-                    generate_btn = gr.Button("Generate", variant="primary", min_width=100, elem_id="generate")
-                    cancel_btn = gr.Button("Cancel", variant="stop", min_width=100, elem_id="cancel")
-                with gr.Column(elem_id="settings-stack"):
-                    prompt_format, system, temperature, top_p, seed = _settings_controls()
-                    with gr.Accordion("Examples: one lesson each", open=False, elem_id="examples-panel"):
-                        lesson_slot = gr.Column()
-                    logprobs, answer_pattern = _why_n_controls()
-                    consumer, block_ms, fanout, output_kind, cancel_after = _experiment_controls()
+                controls, generate_btn, cancel_btn = _controls(limits)
             # The show: the status line, the columns and the loop trace beside them.
             with gr.Column(scale=9, elem_id="show"):
-                status = gr.Markdown(elem_id="status")
-                with gr.Row(equal_height=False):
-                    with gr.Column(scale=6):
-                        samples = sample_grid()
-                        with gr.Accordion(
-                            "Token tree (where the samples part)", open=True, elem_id="tree-panel"
-                        ):
-                            gr.Markdown(TREE_HELP)
-                            tree = sample_tree()
-                        with gr.Accordion("Answers (self-consistency)", open=True, elem_id="answers"):
-                            answers_line = gr.Markdown(empty_answers()[1], elem_id="answers-line")
-                            answers_chart = answers_chart_component()
-                        summary = gr.Markdown(elem_id="summary")
-                    with gr.Column(scale=4, min_width=340):
-                        trace = gr.HTML(panel_html_empty(), elem_id="trace")
-                        export_btn = gr.Button(
-                            "Export trace (Perfetto JSON)", size="sm", elem_id="export-trace"
-                        )
-                        trace_file = gr.File(label="trace export", visible=False, elem_id="trace-file")
-                        download_btn, run_file, replay_upload, replay_speed = _saved_run_controls()
-        sampling = [n, max_tokens, temperature, top_p, seed]
-        inputs = [prompt, n, max_tokens, temperature, consumer, block_ms, logprobs, answer_pattern]
-        with lesson_slot:
-            examples_block(inputs, n_max, max_tokens_max)
-
-        # Wiring, in the order a person meets it.
-        async def refresh_engine_line() -> tuple[str, Any]:
-            line, starting = await engine_line_now(backend_url)
-            return line, gr.Timer(active=starting)
-
-        demo.load(refresh_engine_line, outputs=[engine_info, engine_timer], show_progress="hidden")
-        engine_timer.tick(refresh_engine_line, outputs=[engine_info, engine_timer], show_progress="hidden")
-        prompt_format.change(
-            lambda chosen: gr.Textbox(interactive=chosen == "chat"),
-            inputs=prompt_format,
-            outputs=system,
-            show_progress="hidden",
-            api_visibility="private",
-        )
-        outputs: list[Any] = [samples, status, summary, trace, answers_chart, answers_line, tree]
-        generate_event = generate_btn.click(
-            handlers.generate,
-            inputs=[
-                prompt,
-                *sampling,
-                consumer,
-                block_ms,
-                fanout,
-                prompt_format,
-                system,
-                output_kind,
-                cancel_after,
-                logprobs,
-                answer_pattern,
-            ],
-            outputs=outputs,
-            concurrency_limit=CONCURRENCY_LIMIT,
-            show_progress="hidden",
-            api_name="generate",
-        )
-        # Saved runs: Download run, and an uploaded run replayed by the backend.
-        download_btn.click(
-            handlers.download_run, outputs=run_file, concurrency_limit=None, api_name="download_run"
-        )
-        replay_event = replay_upload.upload(
-            handlers.replay,
-            inputs=[
-                replay_upload,
-                replay_speed,
-                consumer,
-                block_ms,
-                fanout,
-                output_kind,
-                cancel_after,
-                answer_pattern,
-            ],
-            outputs=outputs,
-            concurrency_limit=CONCURRENCY_LIMIT,
-            show_progress="hidden",
-            api_name="replay",
-        )
-        # A branch of the token tree continued: n new samples from the prompt plus its text.
-        continue_event = tree.select(
-            handlers.continue_from,
-            inputs=[
-                *sampling,
-                consumer,
-                block_ms,
-                fanout,
-                output_kind,
-                cancel_after,
-                logprobs,
-                answer_pattern,
-            ],
-            outputs=outputs,
-            concurrency_limit=CONCURRENCY_LIMIT,
-            show_progress="hidden",
-            api_visibility="private",
-        )
-        cancel_btn.click(
-            handlers.cancel,
-            outputs=outputs,
-            concurrency_limit=None,
-            show_progress="hidden",
-            api_name="cancel",
-        ).then(None, cancels=[generate_event, replay_event, continue_event], api_visibility="private")
-        export_btn.click(handlers.export, outputs=trace_file, concurrency_limit=None, api_name="export_trace")
+                show = _show()
+        _wire_runs(handlers, controls, generate_btn, cancel_btn, show)
         demo.unload(handlers.close_session_run)
-        samples.select(
-            handlers.stop_clicked, concurrency_limit=None, show_progress="hidden", api_visibility="private"
-        )
-        gr.api(handlers.stop_sample, api_name="stop_sample", concurrency_limit=None)
-
     demo.queue(default_concurrency_limit=CONCURRENCY_LIMIT)
     return demo
 
 
-def _saved_run_controls() -> tuple[gr.Button, gr.File, gr.UploadButton, gr.Slider]:
+def _wire_engine_line(demo: gr.Blocks, engine_info: gr.Markdown, backend_url: str) -> None:
+    """The engine line, read from /health as the page loads and every ENGINE_POLL_S while it starts."""
+    engine_timer = gr.Timer(ENGINE_POLL_S, active=False)
+
+    async def refresh_engine_line() -> tuple[str, Any]:
+        line, starting = await engine_line_now(backend_url)
+        return line, gr.Timer(active=starting)
+
+    demo.load(refresh_engine_line, outputs=[engine_info, engine_timer], show_progress="hidden")
+    engine_timer.tick(refresh_engine_line, outputs=[engine_info, engine_timer], show_progress="hidden")
+
+
+def _controls(limits: Limits) -> tuple[dict[str, Any], gr.Button, gr.Button]:
+    """The run settings' controls by name (`RUN_SETTINGS`), Generate and Cancel: the prompt, n and max
+    tokens and the buttons in view, then the settings, examples, lessons and experiments."""
+    controls: dict[str, Any] = {
+        "prompt": gr.Textbox(DEFAULT_PROMPT, label="Prompt", lines=4, elem_id="prompt")
+    }
+    with gr.Row():
+        controls.update(_size_controls(limits.n_max, limits.max_tokens_max))
+    with gr.Row():
+        generate_btn = gr.Button("Generate", variant="primary", min_width=100, elem_id="generate")
+        cancel_btn = gr.Button("Cancel", variant="stop", min_width=100, elem_id="cancel")
+    with gr.Column(elem_id="settings-stack"):
+        controls.update(_settings_controls())
+        with gr.Accordion("Examples: one lesson each", open=False, elem_id="examples-panel"):
+            lesson_slot = gr.Column()
+        controls.update(_why_n_controls())
+        controls.update(_experiment_controls())
+    with lesson_slot:
+        examples_block(controls, limits.n_max, limits.max_tokens_max)
+    missing = sorted(set(RUN_SETTINGS) - set(controls))
+    if missing:
+        raise TypeError(f"run settings without a control on the page: {missing}")
+    return controls, generate_btn, cancel_btn
+
+
+def _show() -> dict[str, Any]:
+    """The status line, the columns with the token tree, answers and summary under them, and beside
+    them the loop trace with its export and the saved-run controls; by name."""
+    show: dict[str, Any] = {"status": gr.Markdown(elem_id="status")}
+    with gr.Row(equal_height=False):
+        with gr.Column(scale=6):
+            show["samples"] = sample_grid()
+            with gr.Accordion("Token tree (where the samples part)", open=True, elem_id="tree-panel"):
+                gr.Markdown(TREE_HELP)
+                show["tree"] = sample_tree()
+            with gr.Accordion("Answers (self-consistency)", open=True, elem_id="answers"):
+                show["answers_line"] = gr.Markdown(empty_answers()[1], elem_id="answers-line")
+                show["answers_chart"] = answers_chart_component()
+            show["summary"] = gr.Markdown(elem_id="summary")
+        with gr.Column(scale=4, min_width=340):
+            show["trace"] = gr.HTML(panel_html_empty(), elem_id="trace")
+            show["export_btn"] = gr.Button("Export trace (Perfetto JSON)", size="sm", elem_id="export-trace")
+            show["trace_file"] = gr.File(label="trace export", visible=False, elem_id="trace-file")
+            show.update(_saved_run_controls())
+    return show
+
+
+RUN_OUTPUTS = ("samples", "status", "summary", "trace", "answers_chart", "answers_line", "tree")
+"""What a run's handlers fill, in their order (`ui.handlers.outputs_for`)."""
+
+
+def _wire_runs(
+    handlers: Handlers,
+    controls: dict[str, Any],
+    generate_btn: gr.Button,
+    cancel_btn: gr.Button,
+    show: dict[str, Any],
+) -> None:
+    """Generate, a replayed saved run and a continued branch, each streaming into the show; Cancel,
+    a column's Stop, Export trace and Download run."""
+    outputs = [show[name] for name in RUN_OUTPUTS]
+    settings = {name: controls[name] for name in RUN_SETTINGS}
+    run = {"outputs": outputs, "concurrency_limit": CONCURRENCY_LIMIT, "show_progress": "hidden"}
+    controls["format"].change(
+        lambda chosen: gr.Textbox(interactive=chosen == "chat"),
+        inputs=controls["format"],
+        outputs=controls["system"],
+        show_progress="hidden",
+        api_visibility="private",
+    )
+    generate_event = generate_btn.click(handlers.generate, inputs_kwargs=settings, **run, api_name="generate")
+    show["download_btn"].click(
+        handlers.download_run, outputs=show["run_file"], concurrency_limit=None, api_name="download_run"
+    )
+    replay_event = show["replay_upload"].upload(
+        handlers.replay,
+        inputs=[show["replay_upload"], show["replay_speed"]],
+        inputs_kwargs={name: settings[name] for name in REPLAY_SETTINGS},
+        **run,
+        api_name="replay",
+    )
+    # A branch of the token tree continued: n new samples from the prompt plus its text.
+    continued = {name: control for name, control in settings.items() if name not in RUN_SETTINGS_OF_A_RUN}
+    continue_event = show["tree"].select(
+        handlers.continue_from, inputs_kwargs=continued, **run, api_visibility="private"
+    )
+    cancel_btn.click(
+        handlers.cancel, outputs=outputs, concurrency_limit=None, show_progress="hidden", api_name="cancel"
+    ).then(None, cancels=[generate_event, replay_event, continue_event], api_visibility="private")
+    show["export_btn"].click(
+        handlers.export, outputs=show["trace_file"], concurrency_limit=None, api_name="export_trace"
+    )
+    show["samples"].select(
+        handlers.stop_clicked, concurrency_limit=None, show_progress="hidden", api_visibility="private"
+    )
+    gr.api(handlers.stop_sample, api_name="stop_sample", concurrency_limit=None)
+
+
+def _saved_run_controls() -> dict[str, Any]:
     """Download run, the file it gives, and the upload that replays a saved run at a chosen speed."""
     with gr.Row():
         download_btn = gr.Button("Download run", size="sm", elem_id="download-run")
@@ -288,10 +282,15 @@ def _saved_run_controls() -> tuple[gr.Button, gr.File, gr.UploadButton, gr.Slide
         1, REPLAY_SPEED_MAX, value=1, step=1, label="replay speed (x recorded)", elem_id="replay-speed"
     )
     run_file = gr.File(label="saved run", visible=False, elem_id="run-file")
-    return download_btn, run_file, replay_upload, replay_speed
+    return {
+        "download_btn": download_btn,
+        "run_file": run_file,
+        "replay_upload": replay_upload,
+        "replay_speed": replay_speed,
+    }
 
 
-def _size_controls(n_max: int, max_tokens_max: int) -> tuple[gr.Slider, gr.Slider]:
+def _size_controls(n_max: int, max_tokens_max: int) -> dict[str, Any]:
     """n and max tokens: the run's size, in view beside Generate."""
     n = gr.Slider(
         1, n_max, value=min(DEFAULT_N, n_max), step=1, label="n (samples)", min_width=140, elem_id="n"
@@ -305,10 +304,10 @@ def _size_controls(n_max: int, max_tokens_max: int) -> tuple[gr.Slider, gr.Slide
         min_width=140,
         elem_id="max-tokens",
     )
-    return n, max_tokens
+    return {"n": n, "max_tokens": max_tokens}
 
 
-def _settings_controls() -> tuple[gr.Radio, gr.Textbox, gr.Slider, gr.Slider, gr.Number]:
+def _settings_controls() -> dict[str, Any]:
     """The prompt's format and system prompt, temperature, top-p and seed, in one closed panel."""
     with gr.Accordion("Settings: format, temperature, seed", open=False, elem_id="settings"):
         prompt_format = gr.Radio(
@@ -336,10 +335,16 @@ def _settings_controls() -> tuple[gr.Radio, gr.Textbox, gr.Slider, gr.Slider, gr
                 0.05, 1, value=DEFAULT_TOP_P, step=0.05, label="top-p", min_width=140, elem_id="top-p"
             )
         seed = gr.Number(value=33, precision=0, label="seed (empty: random)", minimum=0, elem_id="seed")
-    return prompt_format, system, temperature, top_p, seed
+    return {
+        "format": prompt_format,
+        "system": system,
+        "temperature": temperature,
+        "top_p": top_p,
+        "seed": seed,
+    }
 
 
-def _experiment_controls() -> tuple[gr.Radio, gr.Slider, gr.Radio, gr.Radio, gr.Number]:
+def _experiment_controls() -> dict[str, Any]:
     """The event-loop experiments: consumer mode, block per chunk, fan-out, output kind, cancel-after."""
     with gr.Accordion("Event-loop experiments", open=False, elem_id="experiments"):
         with gr.Row():
@@ -363,10 +368,16 @@ def _experiment_controls() -> tuple[gr.Radio, gr.Slider, gr.Radio, gr.Radio, gr.
                 0, precision=0, label="cancel each sample after k tokens (0: never)", elem_id="cancel-after"
             )
         gr.Markdown(EXPLANATION)
-    return consumer, block_ms, fanout, output_kind, cancel_after
+    return {
+        "consumer": consumer,
+        "block_ms": block_ms,
+        "fanout": fanout,
+        "output_kind": output_kind,
+        "cancel_after": cancel_after,
+    }
 
 
-def _why_n_controls() -> tuple[gr.Checkbox, gr.Textbox]:
+def _why_n_controls() -> dict[str, Any]:
     """Token confidence and the answer pattern."""
     with gr.Accordion("Why sample n times", open=False, elem_id="why-n"):
         with gr.Row():
@@ -377,7 +388,7 @@ def _why_n_controls() -> tuple[gr.Checkbox, gr.Textbox]:
                 elem_id="answer-pattern",
             )
         gr.Markdown(WHY_N)
-    return logprobs, answer_pattern
+    return {"logprobs": logprobs, "answer_pattern": answer_pattern}
 
 
 def panel_html_empty() -> str:

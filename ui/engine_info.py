@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import json
 import time
 import urllib.error
@@ -20,6 +21,7 @@ from collections.abc import AsyncIterator
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
+from backend.config.settings import Limits
 from backend.engines.embedded.compute import VARIES_WITH_LOAD
 
 HEALTH_TIMEOUT_S = 5.0
@@ -99,22 +101,27 @@ def fetch_health(backend_url: str) -> dict[str, Any]:
         return json.loads(response.read())
 
 
-def experiment_url_of(backend_url: str) -> str | None:
-    """The experiment server of the running backend at `backend_url`, from its /health (where a
-    backend bound to all addresses names it by a wildcard, by `backend_url`'s host instead); None
-    where it has none or did not answer (its blocking-run refusals then name the URL)."""
+def running_backend(backend_url: str, fallback: Limits) -> tuple[str | None, Limits]:
+    """What the page needs of the running backend at `backend_url`, from its /health: its experiment
+    server (where a backend bound to all addresses names it by a wildcard, by `backend_url`'s host
+    instead; None where it has none) and its limits on n and max tokens. Where it does not answer,
+    None and `fallback`: its refusals then say what they are."""
     try:
-        named = fetch_health(backend_url).get("experiment_url")
+        health = fetch_health(backend_url)
     except (urllib.error.URLError, OSError, ValueError):
-        return None
+        return None, fallback
+    limits = fallback
+    if isinstance(health.get("n_max"), int) and isinstance(health.get("max_tokens_max"), int):
+        limits = dataclasses.replace(fallback, n_max=health["n_max"], max_tokens_max=health["max_tokens_max"])
+    named = health.get("experiment_url")
     if not isinstance(named, str):
-        return None
+        return None, limits
     parts = urlsplit(named)
     if parts.hostname in ("0.0.0.0", "::"):
         host = urlsplit(backend_url).hostname or "127.0.0.1"
         host = f"[{host}]" if ":" in host else host
         parts = parts._replace(netloc=f"{host}:{parts.port}")
-    return urlunsplit(parts)
+    return urlunsplit(parts), limits
 
 
 def fetch_engine_line(backend_url: str) -> tuple[str, bool]:

@@ -9,10 +9,13 @@ above them; Generate then runs it.
 
 from __future__ import annotations
 
-from dataclasses import astuple, dataclass
+from collections.abc import Mapping
+from dataclasses import astuple, dataclass, fields
 from typing import Any
 
 import gradio as gr
+
+from ui.run_request import RUN_SETTINGS
 
 SHEEP = "A farmer has 17 sheep. All but 9 run away. How many sheep are left? Answer with a number."
 """A question with one right answer (9) that a small model often gets wrong (8, 17, 26)."""
@@ -30,8 +33,9 @@ LABEL_CHARS = 44
 
 @dataclass(frozen=True, slots=True)
 class Example:
-    """One example: its button's label, then the values `examples_block` sets, in its inputs'
-    order: the lesson in one line first (shown in the lesson box), then the controls' values."""
+    """One example: its button's label, then the values `examples_block` sets: the lesson in one line
+    first (shown in the lesson box), then run settings (`ui.run_request.RUN_SETTINGS`), each field
+    named as the setting it sets."""
 
     label: str
     lesson: str
@@ -43,6 +47,11 @@ class Example:
     block_ms: float = 0.0
     logprobs: bool = False
     answer_pattern: str = ""
+
+    @property
+    def settings(self) -> dict[str, Any]:
+        """The run settings the example sets, by name (`ui.run_request.RUN_SETTINGS`)."""
+        return {f.name: getattr(self, f.name) for f in fields(self)[2:]}
 
 
 EXAMPLES = (
@@ -119,10 +128,14 @@ def example_rows(examples: tuple[Example, ...], n_max: int, max_tokens_max: int)
     return rows
 
 
-def examples_block(inputs: list[Any], n_max: int, max_tokens_max: int) -> gr.Textbox:
-    """The examples' buttons for `inputs` (prompt, n, max tokens, temperature, consumer, block ms,
-    token confidence, answer pattern, in `Example`'s order) and, above them, the box that shows the
-    clicked example's lesson; returns that box."""
+def examples_block(controls: Mapping[str, Any], n_max: int, max_tokens_max: int) -> gr.Textbox:
+    """The examples' buttons, each setting the page's run settings named by `Example`'s fields (from
+    `controls`, the page's controls by run setting) and, above them, the box that shows the clicked
+    example's lesson; returns that box."""
+    names = [f.name for f in fields(Example)][2:]
+    unknown = sorted(set(names) - set(RUN_SETTINGS))
+    if unknown:
+        raise TypeError(f"an example sets {unknown[0]!r}, which is not a run setting of the page")
     lesson = gr.Textbox(
         label="what the example shows",
         placeholder="Click an example below: it sets the prompt and settings, and says here what it shows.",
@@ -132,7 +145,7 @@ def examples_block(inputs: list[Any], n_max: int, max_tokens_max: int) -> gr.Tex
     )
     gr.Examples(
         example_rows(EXAMPLES, n_max, max_tokens_max),
-        inputs=[lesson, *inputs],
+        inputs=[lesson, *(controls[name] for name in names)],
         label="Examples: click one, then Generate",
         cache_examples=False,
         examples_per_page=len(EXAMPLES),

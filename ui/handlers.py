@@ -107,7 +107,7 @@ def waiting_outputs(line: str, first: bool) -> list[Any]:
     """The page's outputs while Generate waits for the engine: the waiting `line` in the status; on
     the `first` of them, the previous run's columns, summary and answers cleared."""
     if not first:
-        return [gr.skip(), line, *[gr.skip()] * (OUTPUTS - 2)]
+        return status_only(line)
     return [empty_value(), line, "", gr.skip(), *empty_answers(), empty_tree()]
 
 
@@ -156,44 +156,10 @@ class Handlers:
         self._origins: weakref.WeakKeyDictionary[BackendRun, Origin] = weakref.WeakKeyDictionary()
         """Each run's prompt, format, system prompt and prefix, for continuing its branches."""
 
-    async def generate(
-        self,
-        prompt_text: str,
-        n_value: float,
-        max_tokens_value: float,
-        temperature_value: float,
-        top_p_value: float,
-        seed_value: float | None,
-        consumer_mode: str,
-        block_ms_value: float,
-        fanout_value: str,
-        format_value: str,
-        system_value: str,
-        output_kind_value: str,
-        cancel_after_value: float | None,
-        logprobs_value: bool,
-        answer_pattern_value: str,
-        request: gr.Request,
-    ) -> AsyncIterator[list[Any]]:
+    async def generate(self, request: gr.Request, **settings: Any) -> AsyncIterator[list[Any]]:
         """Start a run and stream its view to the page until it is done."""
         try:
-            wanted = run_request(
-                prompt_text,
-                n_value,
-                max_tokens_value,
-                temperature_value,
-                top_p_value,
-                seed_value,
-                consumer_mode,
-                block_ms_value,
-                fanout_value,
-                format_value,
-                system_value,
-                output_kind_value,
-                cancel_after_value,
-                logprobs_value,
-                answer_pattern_value,
-            )
+            wanted = run_request(settings)
             session, run, ticket = self._new_run(request, wanted)
         except (InputProblem, VisitorLimitReached) as exc:
             yield error_outputs(str(exc))
@@ -206,21 +172,7 @@ class Handlers:
             yield outputs
 
     async def continue_from(
-        self,
-        n_value: float,
-        max_tokens_value: float,
-        temperature_value: float,
-        top_p_value: float,
-        seed_value: float | None,
-        consumer_mode: str,
-        block_ms_value: float,
-        fanout_value: str,
-        output_kind_value: str,
-        cancel_after_value: float | None,
-        logprobs_value: bool,
-        answer_pattern_value: str,
-        event: gr.SelectData,
-        request: gr.Request,
+        self, event: gr.SelectData, request: gr.Request, **settings: Any
     ) -> AsyncIterator[list[Any]]:
         """Continue a branch of the token tree (the tree's select event: the node's id as `index`, the
         tree's run as `value`): n new samples, with the settings as set, from the run's prompt plus
@@ -230,23 +182,8 @@ class Handlers:
         session = _session(request)
         try:
             origin = self._continuable(session, event.index, event.value)
-            base = run_request(
-                origin.prompt,
-                n_value,
-                max_tokens_value,
-                temperature_value,
-                top_p_value,
-                seed_value,
-                consumer_mode,
-                block_ms_value,
-                fanout_value,
-                origin.prompt_format,
-                origin.system,
-                output_kind_value,
-                cancel_after_value,
-                logprobs_value,
-                answer_pattern_value,
-            )
+            of_the_run = {"prompt": origin.prompt, "format": origin.prompt_format, "system": origin.system}
+            base = run_request({**settings, **of_the_run})
             wanted = dataclasses.replace(base, options={**base.options, "prefix": origin.prefix})
             previous = self._runs.get(session)
             session, run, ticket = self._new_run(request, wanted)
@@ -296,16 +233,7 @@ class Handlers:
         return Origin(known.prompt, prompt_format, system, known.prefix + view.tree.text_to(node))
 
     async def replay(
-        self,
-        path: str | None,
-        speed_value: float,
-        consumer_mode: str,
-        block_ms_value: float,
-        fanout_value: str,
-        output_kind_value: str,
-        cancel_after_value: float | None,
-        answer_pattern_value: str,
-        request: gr.Request,
+        self, path: str | None, speed_value: float, request: gr.Request, **settings: Any
     ) -> AsyncIterator[list[Any]]:
         """Replay an uploaded saved run through the backend and stream its view to the page; a file
         that is not a saved run this page can replay gets an error in the status line."""
@@ -316,32 +244,27 @@ class Handlers:
         except SavedRunError as exc:
             # Only the status line says so: the columns keep the run they show.
             message = f"**Error:** {os.path.basename(path)} cannot be replayed: {exc}"
-            yield [gr.skip(), message, *[gr.skip()] * (OUTPUTS - 2)]
+            yield status_only(message)
             return
         try:
             # The saved run's own request, with this page's experiment settings: checked and
             # counted against the visitor's limits as a Generate of the same size would be.
             params = saved.params
-            wanted = run_request(
-                saved.prompt,
-                saved.n,
-                params.max_tokens,
-                params.temperature,
-                params.top_p,
-                params.seed,
-                consumer_mode,
-                block_ms_value,
-                fanout_value,
-                saved.prompt_format,
-                saved.system,
-                output_kind_value,
-                cancel_after_value,
-                params.logprobs,
-                answer_pattern_value,
-            )
+            of_the_run = {
+                "prompt": saved.prompt,
+                "n": saved.n,
+                "max_tokens": params.max_tokens,
+                "temperature": params.temperature,
+                "top_p": params.top_p,
+                "seed": params.seed,
+                "format": saved.prompt_format,
+                "system": saved.system,
+                "logprobs": params.logprobs,
+            }
+            wanted = run_request({**settings, **of_the_run})
             session, run, ticket = self._new_run(request, wanted)
         except (InputProblem, VisitorLimitReached) as exc:
-            yield [gr.skip(), f"**Error:** {exc}", *[gr.skip()] * (OUTPUTS - 2)]
+            yield status_only(f"**Error:** {exc}")
             return
         options = {key: wanted.options[key] for key in EXPERIMENT_FIELDS if key in wanted.options}
         # A branch of a replayed run continues on this server's engine, from the recorded prompt.
@@ -418,7 +341,7 @@ class Handlers:
         if stop_waiting.is_set():
             if self._runs.get(session) is run:  # cancelled, not replaced by a newer Generate
                 self._forget(session, run)
-                yield [gr.skip(), CANCELLED_WAIT, *[gr.skip()] * (OUTPUTS - 2)]
+                yield status_only(CANCELLED_WAIT)
             yield None
 
     async def _streamed(
@@ -466,7 +389,7 @@ class Handlers:
         waiting = self._waiting.get(session)
         if waiting is not None:
             waiting.set()
-            return [gr.skip(), CANCELLED_WAIT, *[gr.skip()] * (OUTPUTS - 2)]
+            return status_only(CANCELLED_WAIT)
         run = self._runs.get(session)
         if run is None:
             return [gr.skip()] * OUTPUTS

@@ -10,11 +10,39 @@ and it says which limit a value broke.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
 from backend.engines.base import PROMPT_FORMATS
 from backend.protocol import CONSUMER_MODES, FANOUTS, OUTPUT_KINDS
+
+RUN_SETTINGS = (
+    "prompt",
+    "n",
+    "max_tokens",
+    "temperature",
+    "top_p",
+    "seed",
+    "consumer",
+    "block_ms",
+    "fanout",
+    "format",
+    "system",
+    "output_kind",
+    "cancel_after",
+    "logprobs",
+    "answer_pattern",
+)
+"""The page's run settings, declared once, in the order its API takes them: each is a control the
+page lays out under this name (`ui.app`), a keyword of the handlers that start runs, read here into
+the request, and what an example may set (`ui.examples.Example`'s fields)."""
+
+RUN_SETTINGS_OF_A_RUN = ("prompt", "format", "system")
+"""The settings a run keeps when it is continued or replayed: its prompt as it ran."""
+
+REPLAY_SETTINGS = ("consumer", "block_ms", "fanout", "output_kind", "cancel_after", "answer_pattern")
+"""What a replay of a saved run takes from the page: the event-loop experiments and the answer pattern."""
 
 EXPERIMENT_FIELDS = ("consumer", "fanout", "output_kind", "cancel_after")
 """The options that are the event-loop experiments (what a replay of a saved run takes from the page)."""
@@ -80,60 +108,59 @@ def _choice(value: Any, name: str, choices: tuple[str, ...], default: str) -> st
     return str(value)
 
 
-def run_request(
-    prompt_text: Any,
-    n_value: Any,
-    max_tokens_value: Any,
-    temperature_value: Any,
-    top_p_value: Any,
-    seed_value: Any,
-    consumer_mode: Any,
-    block_ms_value: Any,
-    fanout_value: Any,
-    format_value: Any,
-    system_value: Any,
-    output_kind_value: Any,
-    cancel_after_value: Any,
-    logprobs_value: Any,
-    answer_pattern_value: Any,
-) -> RunRequest:
-    """The request the page's inputs describe, in the order Generate takes them; InputProblem says
-    which one cannot be sent."""
-    prompt = _text(prompt_text, "prompt")
-    n = _number(n_value, "n", integer=True)
-    max_tokens = _number(max_tokens_value, "max tokens", integer=True)
-    temperature = _number(temperature_value, "temperature")
-    top_p = _number(top_p_value, "top-p")
-    seed = _number(seed_value, "seed", integer=True, optional=True)
-    block_ms = _number(0 if block_ms_value is None else block_ms_value, "block per chunk")
-    cancel_after = _number(cancel_after_value, "cancel after k tokens", integer=True, optional=True)
-    prompt_format = _choice(format_value, "format", tuple(PROMPT_FORMATS), "chat")
-    system = _text(system_value, "system prompt")
-    if not isinstance(logprobs_value, bool | None):
-        raise InputProblem(f"token confidence must be true or false, not {str(logprobs_value)[:40]!r}")
+def run_request(settings: Mapping[str, Any]) -> RunRequest:
+    """The request the page's run settings describe (`RUN_SETTINGS`, by name; one left out is as
+    empty); InputProblem says which one cannot be sent, TypeError names one the page does not have."""
+    unknown = sorted(set(settings) - set(RUN_SETTINGS))
+    if unknown:
+        raise TypeError(
+            f"the page has no run setting {unknown[0]!r}; its settings: {', '.join(RUN_SETTINGS)}"
+        )
+    get = settings.get
+    prompt = _text(get("prompt"), "prompt")
+    n = _number(get("n"), "n", integer=True)
+    max_tokens = _number(get("max_tokens"), "max tokens", integer=True)
     params: dict[str, Any] = {
         "max_tokens": int(max_tokens),  # type: ignore[arg-type]
-        "temperature": temperature,
-        "top_p": top_p,
-        "seed": None if seed is None else int(seed),
+        "temperature": _number(get("temperature"), "temperature"),
+        "top_p": _number(get("top_p"), "top-p"),
+        "seed": _whole(_number(get("seed"), "seed", integer=True, optional=True)),
     }
+    return RunRequest(
+        prompt, int(n), params, _options(get), answer_pattern=_text(get("answer_pattern"), "answer pattern")
+    )  # type: ignore[arg-type]
+
+
+def _whole(value: float | None) -> int | None:
+    return None if value is None else int(value)
+
+
+def _options(get: Callable[[str], Any]) -> dict[str, Any]:
+    """The request's options (consumer, fan-out, format and system prompt, output kind, cancel-after,
+    logprobs) from the settings that give them."""
+    block_ms = get("block_ms")
+    block_ms = _number(0 if block_ms is None else block_ms, "block per chunk")
+    cancel_after = _number(get("cancel_after"), "cancel after k tokens", integer=True, optional=True)
+    prompt_format = _choice(get("format"), "format", tuple(PROMPT_FORMATS), "chat")
+    system = _text(get("system"), "system prompt")
+    logprobs = get("logprobs")
+    if not isinstance(logprobs, bool | None):
+        raise InputProblem(f"token confidence must be true or false, not {str(logprobs)[:40]!r}")
     options: dict[str, Any] = {
         "consumer": {
-            "mode": _choice(consumer_mode, "consumer", CONSUMER_MODES, "cooperative"),
+            "mode": _choice(get("consumer"), "consumer", CONSUMER_MODES, "cooperative"),
             "block_ms": block_ms,
         },
-        "fanout": _choice(fanout_value, "fan-out", FANOUTS, "n"),
+        "fanout": _choice(get("fanout"), "fan-out", FANOUTS, "n"),
         "format": prompt_format,
     }
     if prompt_format == "chat" and system.strip():
         options["system"] = system
-    output_kind = _choice(output_kind_value, "engine outputs", OUTPUT_KINDS, "delta")
+    output_kind = _choice(get("output_kind"), "engine outputs", OUTPUT_KINDS, "delta")
     if output_kind != "delta":
         options["output_kind"] = output_kind
     if cancel_after:  # 0 or empty: never; anything else goes as typed (the backend checks it)
         options["cancel_after"] = int(cancel_after)
-    if logprobs_value:
+    if logprobs:
         options["logprobs"] = True
-    return RunRequest(
-        prompt, int(n), params, options, answer_pattern=_text(answer_pattern_value, "answer pattern")
-    )  # type: ignore[arg-type]
+    return options

@@ -192,116 +192,42 @@ def figures_html(view: TraceView) -> str:
     return f'<div class="trace-figures">{items}</div>'
 
 
+@dataclass(frozen=True)
+class _Plot:
+    """The trace's time window on the panel's width: `t0` ms at the left of the plot, `span` ms wide."""
+
+    t0: float
+    span: float
+
+    @property
+    def columns(self) -> int:
+        """Pixel columns of COLUMN_PX across the plot."""
+        return (WIDTH - LABEL_W) // COLUMN_PX
+
+    def x(self, t: float) -> float:
+        """Where time `t` (ms) is drawn."""
+        return LABEL_W + (t - self.t0) / self.span * (WIDTH - LABEL_W)
+
+
 def trace_svg(view: TraceView, n: int) -> str:
     """The swimlane timeline: loop work, loop lag, one lane per sample, cancel markers."""
     if view.first_ms is None or view.last_ms is None:
         return '<div class="trace-empty">The loop trace appears here while samples stream.</div>'
     t1 = view.last_ms
     t0 = max(view.first_ms, t1 - WINDOW_MS)
-    span = max(t1 - t0, 1.0)
-    plot_w = WIDTH - LABEL_W
-    columns = plot_w // COLUMN_PX
-
-    def x(t: float) -> float:
-        return LABEL_W + (t - t0) / span * plot_w
-
+    plot = _Plot(t0, max(t1 - t0, 1.0))
     parts: list[str] = []
-    y = 4
-    # Loop lane: busy fraction per pixel column, stacked by category.
-    busy: dict[str, list[float]] = {c: [0.0] * columns for c in CATEGORY_COLORS}
-    column_ms = span / columns
-    for start, end, work, name, _count, _longest in view.slices:
-        if end < t0:
-            continue
-        first = max(0, min(columns - 1, int((start - t0) / column_ms)))
-        last = max(first, min(columns - 1, int((end - t0) / column_ms)))
-        share = work / (last - first + 1)
-        lane = busy[category(name, view.engine_tasks)]
-        for col in range(first, last + 1):
-            lane[col] += share
-    parts.append(_label("loop", y + LOOP_H / 2))
-    stacked = [0.0] * columns
-    for name, color in CATEGORY_COLORS.items():
-        heights = [min(1.0, v / column_ms) for v in busy[name]]
-        runs = []
-        for col, h in enumerate(heights):
-            px = round(h * LOOP_H)
-            if px:
-                base = y + LOOP_H - stacked[col] - px
-                runs.append((col, px, base))
-                stacked[col] += px
-        # Neighbouring columns of the same height become one rect: the SVG stays small.
-        merged: list[list[float]] = []
-        for col, px, base in runs:
-            if merged and merged[-1][0] + merged[-1][1] == col and merged[-1][2:] == [px, base]:
-                merged[-1][1] += 1
-            else:
-                merged.append([col, 1, px, base])
-        for col, count, px, base in merged:
-            parts.append(
-                f'<rect x="{LABEL_W + col * COLUMN_PX:.0f}" y="{base:.0f}" width="{count * COLUMN_PX:.0f}" '
-                f'height="{px:.0f}" fill="{color}"/>'
-            )
-    parts.append(f'<line x1="{LABEL_W}" x2="{WIDTH}" y1="{y + LOOP_H}" y2="{y + LOOP_H}" stroke="#cbd5e1"/>')
-    y += LOOP_H + 6
-    # Lag lane.
-    lags = [(t, ms) for t, ms in view.lag if t >= t0]
-    top = max([ms for _, ms in lags] + [1.0])
-    parts.append(_label(f"lag ≤{top:.0f}ms", y + LAG_H / 2))
-    if lags:
-        points = " ".join(f"{x(t):.1f},{y + LAG_H - ms / top * LAG_H:.1f}" for t, ms in lags)
-        parts.append(f'<polyline points="{points}" fill="none" stroke="#dc2626" stroke-width="1"/>')
-    parts.append(f'<line x1="{LABEL_W}" x2="{WIDTH}" y1="{y + LAG_H}" y2="{y + LAG_H}" stroke="#cbd5e1"/>')
-    y += LAG_H + 6
-    # Read lane: the largest output the consumer read in each pixel column (bytes: flat for deltas,
-    # climbing with the text for cumulative outputs).
-    reads = [(t, size) for t, _index, size, _us in view.reads if t >= t0]
-    most = max([size for _, size in reads] + [1])
-    parts.append(_label(f"read ≤{_bytes(most)}" if reads else "read: deltas", y + READ_H / 2, size=8))
-    if reads:
-        tallest: dict[int, int] = {}
-        for t, size in reads:
-            col = int(x(t))
-            tallest[col] = max(tallest.get(col, 0), size)
-        path = "".join(
-            f"M{col} {y + READ_H:g}V{y + READ_H - size / most * READ_H:.1f}"
-            for col, size in sorted(tallest.items())
-        )
-        parts.append(f'<path d="{path}" stroke="#0d9488" stroke-width="{COLUMN_PX}"/>')
-    parts.append(f'<line x1="{LABEL_W}" x2="{WIDTH}" y1="{y + READ_H}" y2="{y + READ_H}" stroke="#cbd5e1"/>')
-    y += READ_H + 6
-    # One lane per sample: a tick per chunk (one per pixel column at most).
+    y = _loop_lane(view, plot, parts, 4)
+    y = _lag_lane(view, plot, parts, y)
+    y = _read_lane(view, plot, parts, y)
     lanes_top = y
-    ticks: dict[int, set[int]] = {}
-    for t, index in view.chunks:
-        if t >= t0 and index < n:
-            ticks.setdefault(index, set()).add(int(x(t)))
-    for index in range(n):
-        parts.append(_label(f"#{index}", y + LANE_H / 2, size=8))
-        mid = y + LANE_H / 2 - 1
-        path = "".join(f"M{start} {mid:g}H{end + 1}" for start, end in _runs(ticks.get(index, ())))
-        if path:
-            parts.append(f'<path d="{path}" stroke="#0f172a" stroke-width="{LANE_H - 2}"/>')
-        y += LANE_H
-    # Cancel chain markers.
-    for t, index, stage in view.cancels:
-        if t < t0:
-            continue
-        if stage == "received":
-            top_y, bottom_y = 0, y
-        else:
-            lane = lanes_top + (index or 0) * LANE_H
-            top_y, bottom_y = (lanes_top, y) if index is None else (lane, lane + LANE_H)
-        dash = "" if stage == "received" else ' stroke-dasharray="2,2"'
-        parts.append(
-            f'<line x1="{x(t):.1f}" x2="{x(t):.1f}" y1="{top_y}" y2="{bottom_y}" stroke="#dc2626"{dash}>'
-            f"<title>cancel {escape(stage)} {'' if index is None else index}</title></line>"
-        )
+    y = _sample_lanes(view, n, plot, parts, y)
+    _cancel_marks(view, plot, parts, lanes_top, y)
     height = y + 14
     axis = f'y="{height - 2}" font-size="9" fill="#64748b"'
     parts.append(
         f'<text x="{LABEL_W}" {axis}>0 ms</text>'
-        f'<text x="{WIDTH}" {axis} text-anchor="end">{span:.0f} ms</text>'
+        f'<text x="{WIDTH}" {axis} text-anchor="end">{plot.span:.0f} ms</text>'
     )
     legend = "".join(
         f'<span><i style="background:{color}"></i>{name}</span>' for name, color in CATEGORY_COLORS.items()
@@ -310,6 +236,122 @@ def trace_svg(view: TraceView, n: int) -> str:
         f'<svg viewBox="0 0 {WIDTH} {height}" width="100%" role="img" aria-label="event loop trace" '
         f'class="trace-svg">' + "".join(parts) + f'</svg><div class="trace-legend">{legend}</div>'
     )
+
+
+def _lane_rule(y: float) -> str:
+    """The line under a lane."""
+    return f'<line x1="{LABEL_W}" x2="{WIDTH}" y1="{y}" y2="{y}" stroke="#cbd5e1"/>'
+
+
+def _loop_lane(view: TraceView, plot: _Plot, parts: list[str], y: float) -> float:
+    """The loop lane at `y`: its busy fraction per pixel column, stacked by category; the next lane's y."""
+    columns = plot.columns
+    column_ms = plot.span / columns
+    busy: dict[str, list[float]] = {c: [0.0] * columns for c in CATEGORY_COLORS}
+    for start, end, work, name, _count, _longest in view.slices:
+        if end < plot.t0:
+            continue
+        first = max(0, min(columns - 1, int((start - plot.t0) / column_ms)))
+        last = max(first, min(columns - 1, int((end - plot.t0) / column_ms)))
+        share = work / (last - first + 1)
+        lane = busy[category(name, view.engine_tasks)]
+        for col in range(first, last + 1):
+            lane[col] += share
+    parts.append(_label("loop", y + LOOP_H / 2))
+    stacked = [0.0] * columns
+    for name, color in CATEGORY_COLORS.items():
+        runs = []
+        for col, value in enumerate(busy[name]):
+            px = round(min(1.0, value / column_ms) * LOOP_H)
+            if px:
+                runs.append((col, px, y + LOOP_H - stacked[col] - px))
+                stacked[col] += px
+        parts.extend(
+            f'<rect x="{LABEL_W + col * COLUMN_PX:.0f}" y="{base:.0f}" width="{count * COLUMN_PX:.0f}" '
+            f'height="{px:.0f}" fill="{color}"/>'
+            for col, count, px, base in _merged(runs)
+        )
+    parts.append(_lane_rule(y + LOOP_H))
+    return y + LOOP_H + 6
+
+
+def _merged(runs: list[tuple[int, int, float]]) -> list[list[float]]:
+    """Neighbouring columns of the same height and base as one rect (`[col, count, px, base]`): the
+    SVG stays small."""
+    merged: list[list[float]] = []
+    for col, px, base in runs:
+        if merged and merged[-1][0] + merged[-1][1] == col and merged[-1][2:] == [px, base]:
+            merged[-1][1] += 1
+        else:
+            merged.append([col, 1, px, base])
+    return merged
+
+
+def _lag_lane(view: TraceView, plot: _Plot, parts: list[str], y: float) -> float:
+    """How late the loop's heartbeat woke, as a line; the next lane's y."""
+    lags = [(t, ms) for t, ms in view.lag if t >= plot.t0]
+    top = max([ms for _, ms in lags] + [1.0])
+    parts.append(_label(f"lag ≤{top:.0f}ms", y + LAG_H / 2))
+    if lags:
+        points = " ".join(f"{plot.x(t):.1f},{y + LAG_H - ms / top * LAG_H:.1f}" for t, ms in lags)
+        parts.append(f'<polyline points="{points}" fill="none" stroke="#dc2626" stroke-width="1"/>')
+    parts.append(_lane_rule(y + LAG_H))
+    return y + LAG_H + 6
+
+
+def _read_lane(view: TraceView, plot: _Plot, parts: list[str], y: float) -> float:
+    """The largest output the consumer read in each pixel column (bytes: flat for deltas, climbing
+    with the text for cumulative outputs); the next lane's y."""
+    reads = [(t, size) for t, _index, size, _us in view.reads if t >= plot.t0]
+    most = max([size for _, size in reads] + [1])
+    parts.append(_label(f"read ≤{_bytes(most)}" if reads else "read: deltas", y + READ_H / 2, size=8))
+    if reads:
+        tallest: dict[int, int] = {}
+        for t, size in reads:
+            col = int(plot.x(t))
+            tallest[col] = max(tallest.get(col, 0), size)
+        path = "".join(
+            f"M{col} {y + READ_H:g}V{y + READ_H - size / most * READ_H:.1f}"
+            for col, size in sorted(tallest.items())
+        )
+        parts.append(f'<path d="{path}" stroke="#0d9488" stroke-width="{COLUMN_PX}"/>')
+    parts.append(_lane_rule(y + READ_H))
+    return y + READ_H + 6
+
+
+def _sample_lanes(view: TraceView, n: int, plot: _Plot, parts: list[str], y: float) -> float:
+    """One lane per sample: a tick per chunk (one per pixel column at most); the y under them."""
+    ticks: dict[int, set[int]] = {}
+    for t, index in view.chunks:
+        if t >= plot.t0 and index < n:
+            ticks.setdefault(index, set()).add(int(plot.x(t)))
+    for index in range(n):
+        parts.append(_label(f"#{index}", y + LANE_H / 2, size=8))
+        mid = y + LANE_H / 2 - 1
+        path = "".join(f"M{start} {mid:g}H{end + 1}" for start, end in _runs(ticks.get(index, ())))
+        if path:
+            parts.append(f'<path d="{path}" stroke="#0f172a" stroke-width="{LANE_H - 2}"/>')
+        y += LANE_H
+    return y
+
+
+def _cancel_marks(view: TraceView, plot: _Plot, parts: list[str], lanes_top: float, bottom: float) -> None:
+    """The cancel chain: a line where a cancel was received, across the lanes, and one on each sample's
+    lane where it was aborted or finished."""
+    for t, index, stage in view.cancels:
+        if t < plot.t0:
+            continue
+        if stage == "received":
+            top_y, bottom_y = 0.0, bottom
+        else:
+            lane = lanes_top + (index or 0) * LANE_H
+            top_y, bottom_y = (lanes_top, bottom) if index is None else (lane, lane + LANE_H)
+        dash = "" if stage == "received" else ' stroke-dasharray="2,2"'
+        at = f"{plot.x(t):.1f}"
+        parts.append(
+            f'<line x1="{at}" x2="{at}" y1="{top_y:g}" y2="{bottom_y:g}" stroke="#dc2626"{dash}>'
+            f"<title>cancel {escape(stage)} {'' if index is None else index}</title></line>"
+        )
 
 
 def _runs(pixels: Iterable[int]) -> list[tuple[int, int]]:

@@ -12,15 +12,17 @@ from __future__ import annotations
 from collections import defaultdict
 from dataclasses import dataclass, field
 
+from backend.config.settings import Limits
 from ui.run_request import RunRequest
 
 RUNS_PER_VISITOR = 3
 """Runs one visitor may have streaming at once (each tab runs one; a new Generate replaces its tab's
 run): two tabs side by side are a person comparing, more are a script filling the engine."""
 
-TOKENS_PER_VISITOR = 32 * 2048
+TOKENS_PER_VISITOR = Limits.n_max * Limits.max_tokens_max
 """Samples x max tokens over one visitor's running runs: one run of the largest size the backend
-takes (n = 32 x 2,048 tokens), so nobody holds more than that share of the engine."""
+takes (`Limits`: n = 32 x 2,048 tokens by default), so nobody holds more than that share of the
+engine; a backend with other limits gives its own (`VisitorLimits.for_backend`)."""
 
 BLOCKING_RUNS_PER_VISITOR = 1
 """Blocking-consumer experiments one visitor may run at once: the experiment loop runs one at a time
@@ -61,6 +63,11 @@ class VisitorLimits:
     blocking_runs: int = BLOCKING_RUNS_PER_VISITOR
     blocking_at_once: int = BLOCKING_RUNS_AT_ONCE
     blocking_budget_s: float = BLOCKING_BUDGET_S
+
+    @classmethod
+    def for_backend(cls, limits: Limits) -> VisitorLimits:
+        """The page-side limits for a backend with `limits`: a visitor's share is one of its largest runs."""
+        return cls(tokens=limits.n_max * limits.max_tokens_max)
 
 
 @dataclass

@@ -27,7 +27,7 @@ from backend.config.settings import (
     Limits,
 )
 from backend.engines import replaying
-from backend.engines.base import Engine, Generation, RequestRejected
+from backend.engines.base import Engine, Generation, Prompt, RequestRejected, SamplingParams
 from backend.engines.cumulative import CumulativeGeneration, DeltaReader
 from backend.protocol import (
     CancelCommand,
@@ -247,37 +247,9 @@ class ClientSession:
                 running.task.cancel()
 
     def _start(self, command: GenerateCommand) -> None:
-        if command.id in self.requests:
-            raise ProtocolError(
-                "duplicate_id",
-                f"request {command.id!r} is still running; use a new id or wait for its done",
-                command.id,
-            )
-        if len(self.requests) >= self.limits.max_requests_per_connection:
-            raise ProtocolError(
-                "too_many_requests",
-                f"{self.limits.max_requests_per_connection} requests are already running on this "
-                "connection; wait for one to finish",
-                command.id,
-            )
-        if command.consumer.blocks and self.experiment_url is not None:
-            raise ProtocolError(
-                "blocking_elsewhere",
-                "a blocking consumer holds the loop it runs on, so this server runs blocking "
-                f"experiments on a loop of their own: send this request to {self.experiment_url}",
-                command.id,
-            )
-        engine = self.engine
-        if command.replay is not None:
-            # A saved run replays from an engine of its own: the server's engine, ready or not,
-            # takes no part.
-            engine = replaying(command.replay.run, command.replay.speed)
-        else:
-            problem = self.engine_problem()
-            if problem is not None:
-                raise ProtocolError("engine_not_ready", problem, command.id)
-            if engine.plays is not None:
-                command = replayed_command(command, engine.plays, self.limits)
+        """Check `command`, start its generation in the engine, answer `accepted` and consume it."""
+        self._check_room(command)
+        engine, command = self._engine_for(command)
         seed = command.params.seed
         if seed is None:
             seed = random.randrange(SEED_MAX - self.limits.n_max)
@@ -292,20 +264,10 @@ class ClientSession:
         except RequestRejected as exc:
             raise ProtocolError(exc.code, str(exc), command.id) from None
         loop = asyncio.get_running_loop()
-        blocking = command.consumer.blocks
-        self.admission.start_request(self.address, command.n, loop.time(), command.id, blocking)
-        try:
-            if command.fanout == "requests":
-                label = f"{command.id} @{self.label}"
-                generation: Generation = FanoutGeneration(engine, prompt, command.n, params, label=label)
-            else:
-                generation = engine.generate(prompt, command.n, params)
-            if command.output_kind == "cumulative":
-                generation = CumulativeGeneration(generation)
-        except Exception as exc:
-            self.admission.end_request(command.n, blocking)
-            log.exception("engine refused request %s", command.id)
-            raise ProtocolError("engine_error", f"the engine could not start: {exc}", command.id) from None
+        self.admission.start_request(
+            self.address, command.n, loop.time(), command.id, command.consumer.blocks
+        )
+        generation = self._generation(engine, command, prompt, params)
         if self.log_prompts:
             log.info(
                 "request %s from %s: n=%d prompt=%r", command.id, self.address, command.n, command.prompt
@@ -332,6 +294,63 @@ class ClientSession:
         request_id = command.id
         generation.watch_queue(lambda position: self.send(queued_frame(request_id, position)))
         running.task = asyncio.create_task(self._run(running), name=f"consume {command.id} @{self.label}")
+
+    def _check_room(self, command: GenerateCommand) -> None:
+        """ProtocolError where this connection cannot take `command`: its id runs, the connection runs
+        its most requests, or it blocks and this server runs blocking experiments elsewhere."""
+        if command.id in self.requests:
+            raise ProtocolError(
+                "duplicate_id",
+                f"request {command.id!r} is still running; use a new id or wait for its done",
+                command.id,
+            )
+        if len(self.requests) >= self.limits.max_requests_per_connection:
+            raise ProtocolError(
+                "too_many_requests",
+                f"{self.limits.max_requests_per_connection} requests are already running on this "
+                "connection; wait for one to finish",
+                command.id,
+            )
+        if command.consumer.blocks and self.experiment_url is not None:
+            raise ProtocolError(
+                "blocking_elsewhere",
+                "a blocking consumer holds the loop it runs on, so this server runs blocking "
+                f"experiments on a loop of their own: send this request to {self.experiment_url}",
+                command.id,
+            )
+
+    def _engine_for(self, command: GenerateCommand) -> tuple[Engine, GenerateCommand]:
+        """The engine that runs `command`, and the request it runs: a `replay` frame's run on an engine
+        of its own; else the server's engine, once ready, with a saved run's request where it plays one."""
+        if command.replay is not None:
+            # The server's engine, ready or not, takes no part.
+            return replaying(command.replay.run, command.replay.speed), command
+        problem = self.engine_problem()
+        if problem is not None:
+            raise ProtocolError("engine_not_ready", problem, command.id)
+        if self.engine.plays is not None:
+            command = replayed_command(command, self.engine.plays, self.limits)
+        return self.engine, command
+
+    def _generation(
+        self, engine: Engine, command: GenerateCommand, prompt: Prompt, params: SamplingParams
+    ) -> Generation:
+        """The engine's generation of `command` (n requests of one sample for fan-out `requests`,
+        cumulative outputs where asked); ProtocolError `engine_error`, its admission undone, where
+        the engine could not start it."""
+        try:
+            if command.fanout == "requests":
+                label = f"{command.id} @{self.label}"
+                generation: Generation = FanoutGeneration(engine, prompt, command.n, params, label=label)
+            else:
+                generation = engine.generate(prompt, command.n, params)
+            if command.output_kind == "cumulative":
+                generation = CumulativeGeneration(generation)
+        except Exception as exc:
+            self.admission.end_request(command.n, command.consumer.blocks)
+            log.exception("engine refused request %s", command.id)
+            raise ProtocolError("engine_error", f"the engine could not start: {exc}", command.id) from None
+        return generation
 
     async def _run(self, running: RunningRequest) -> None:
         state, command = running.state, running.command
@@ -390,16 +409,22 @@ class ClientSession:
             try:
                 await generation.aclose()
             finally:
-                for frame in state.finish_unfinished():
-                    self.send(frame)
-                self.windows[state.request_id] = (running.start_ns, time.perf_counter_ns())
-                while len(self.windows) > EXPORT_HISTORY:
-                    self.windows.popitem(last=False)
-                if running.command.trace and self.feed is not None:
-                    self.feed.flush()  # the last of the trace goes before `done`
-                self.send(state.done(loop.time()), now=True)
-                del self.requests[state.request_id]
-                self.admission.end_request(state.n, command.consumer.blocks)
+                self._end(running)
+
+    def _end(self, running: RunningRequest) -> None:
+        """The request has ended: its unfinished samples finish, its trace window is kept for
+        `export_trace`, the last of its trace and its `done` go, and its admission ends."""
+        state = running.state
+        for frame in state.finish_unfinished():
+            self.send(frame)
+        self.windows[state.request_id] = (running.start_ns, time.perf_counter_ns())
+        while len(self.windows) > EXPORT_HISTORY:
+            self.windows.popitem(last=False)
+        if running.command.trace and self.feed is not None:
+            self.feed.flush()  # the last of the trace goes before `done`
+        self.send(state.done(asyncio.get_running_loop().time()), now=True)
+        del self.requests[state.request_id]
+        self.admission.end_request(state.n, running.command.consumer.blocks)
 
     def _cancel(self, command: CancelCommand) -> None:
         running = self.requests.get(command.id)

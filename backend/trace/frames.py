@@ -164,29 +164,10 @@ def connection_frame(digest: TraceDigest, origin_ns: int, connection: str) -> di
         for owner in (None, connection)
         for s, e, busy, name, count, longest in digest.slices_by_owner.get(owner, ())
     ]
-    mine = digest.buckets_by_owner.get(connection, {})
-    other = -1
-    for bucket, (busy, count, longest, longest_owner, runner_up) in digest.owned_buckets.items():
-        own = mine.get(bucket)
-        if own is not None:
-            busy -= own[0]
-            count -= own[1]
-        if count <= 0:
-            continue
-        if other < 0:
-            other = len(names)
-            names.append(OTHER_CONNECTION)
-        start = bucket * OTHER_BUCKET_NS
-        slices.append(
-            [
-                start,
-                start + OTHER_BUCKET_NS,
-                busy,
-                other,
-                count,
-                runner_up if longest_owner == connection else longest,
-            ]
-        )
+    others = _other_connections(digest, connection)
+    if others:
+        slices.extend([*bucket[:3], len(names), *bucket[3:]] for bucket in others)
+        names.append(OTHER_CONNECTION)
     slices.sort()
     frames, frame_bytes = digest.frames.get(connection, (0, 0))
     empty = digest.end_ns < 0
@@ -216,6 +197,24 @@ def connection_frame(digest: TraceDigest, origin_ns: int, connection: str) -> di
     }
 
 
+def _other_connections(digest: TraceDigest, connection: str) -> list[list[int]]:
+    """Other connections' work, one `[start, end, busy, count, longest]` per OTHER_BUCKET_NS that
+    holds any: each bucket's owned work less `connection`'s own."""
+    mine = digest.buckets_by_owner.get(connection, {})
+    buckets = []
+    for bucket, (busy, count, longest, longest_owner, runner_up) in digest.owned_buckets.items():
+        own = mine.get(bucket)
+        if own is not None:
+            busy -= own[0]
+            count -= own[1]
+        if count <= 0:
+            continue
+        start = bucket * OTHER_BUCKET_NS
+        longest_other = runner_up if longest_owner == connection else longest
+        buckets.append([start, start + OTHER_BUCKET_NS, busy, count, longest_other])
+    return buckets
+
+
 def _ms(ns: int, origin_ns: int) -> float:
     """Time `ns` as ms since `origin_ns`, to the microsecond (see `_to_ms`)."""
     return _to_ms(ns - origin_ns)
@@ -236,94 +235,77 @@ def chrome_trace(
 ) -> list[dict[str, Any]]:
     """Chrome trace events for one request: the loop's work in `window` (ns) and the request's chunks."""
     low, high = window
-    pid = 1
     out: list[dict[str, Any]] = [
-        {"ph": "M", "name": "process_name", "pid": pid, "args": {"name": "backend event loop"}},
-        {"ph": "M", "name": "thread_name", "pid": pid, "tid": LOOP_TID, "args": {"name": "event loop"}},
+        {"ph": "M", "name": "process_name", "pid": CHROME_PID, "args": {"name": "backend event loop"}},
+        {
+            "ph": "M",
+            "name": "thread_name",
+            "pid": CHROME_PID,
+            "tid": LOOP_TID,
+            "args": {"name": "event loop"},
+        },
     ]
     sample_lanes: set[int] = set()
     names: dict[str, str] = {}
-
-    def us(ns: int) -> float:
-        return round((ns - origin_ns) / 1e3, 3)
-
+    mine = (connection, request_id)
     for kind, start, duration, subject, detail in events:
         if start + duration < low or start > high:
             continue
+        ts = round((start - origin_ns) / 1e3, 3)
         if kind == STEP:
             if subject not in names:
                 names[subject] = task_label(subject, connection)
-            out.append(
-                {
-                    "ph": "X",
-                    "cat": "loop",
-                    "name": names[subject],
-                    "ts": us(start),
-                    "dur": round(duration / 1e3, 3),
-                    "pid": pid,
-                    "tid": LOOP_TID,
-                }
-            )
+            out.append(_loop_slice("loop", names[subject], ts, duration))
         elif kind == IDLE:
-            out.append(
-                {
-                    "ph": "X",
-                    "cat": "idle",
-                    "name": "idle (select)",
-                    "ts": us(start),
-                    "dur": round(duration / 1e3, 3),
-                    "pid": pid,
-                    "tid": LOOP_TID,
-                    "args": {"events": detail},
-                }
-            )
+            out.append({**_loop_slice("idle", "idle (select)", ts, duration), "args": {"events": detail}})
         elif kind == LAG:
-            out.append(
-                {
-                    "ph": "C",
-                    "name": "loop lag",
-                    "ts": us(start),
-                    "pid": pid,
-                    "args": {"lag_ms": round(duration / 1e6, 3)},
-                }
-            )
-        elif kind == CHUNK and subject == (connection, request_id):
+            lag = {"lag_ms": round(duration / 1e6, 3)}
+            out.append({"ph": "C", "name": "loop lag", "ts": ts, "pid": CHROME_PID, "args": lag})
+        elif kind == CHUNK and subject == mine:
             index, tokens = detail
             sample_lanes.add(index)
-            out.append(
-                {
-                    "ph": "i",
-                    "cat": "chunk",
-                    "name": "chunk",
-                    "s": "t",
-                    "ts": us(start),
-                    "pid": pid,
-                    "tid": SAMPLE_TID_BASE + index,
-                    "args": {"index": index, "tokens": tokens},
-                }
-            )
-        elif kind == CANCEL and subject == (connection, request_id):
+            chunk = {"index": index, "tokens": tokens}
+            out.append(_instant("chunk", "chunk", "t", ts, SAMPLE_TID_BASE + index, chunk))
+        elif kind == CANCEL and subject == mine:
             stage, index = detail
-            out.append(
-                {
-                    "ph": "i",
-                    "cat": "cancel",
-                    "name": f"cancel {stage}",
-                    "s": "p",
-                    "ts": us(start),
-                    "pid": pid,
-                    "tid": LOOP_TID,
-                    "args": {"stage": stage, "index": index},
-                }
-            )
+            cancel = {"stage": stage, "index": index}
+            out.append(_instant("cancel", f"cancel {stage}", "p", ts, LOOP_TID, cancel))
     for index in sorted(sample_lanes):
-        out.append(
-            {
-                "ph": "M",
-                "name": "thread_name",
-                "pid": pid,
-                "tid": SAMPLE_TID_BASE + index,
-                "args": {"name": f"sample {index}"},
-            }
-        )
+        name = {"name": f"sample {index}"}
+        tid = SAMPLE_TID_BASE + index
+        out.append({"ph": "M", "name": "thread_name", "pid": CHROME_PID, "tid": tid, "args": name})
     return out
+
+
+CHROME_PID = 1
+"""The one process of a request's Chrome trace: the backend's loop."""
+
+
+def _loop_slice(category: str, name: str, ts: float, duration_ns: int) -> dict[str, Any]:
+    """A complete event (`X`) on the loop's lane: a step or an idle wait."""
+    dur = round(duration_ns / 1e3, 3)
+    return {
+        "ph": "X",
+        "cat": category,
+        "name": name,
+        "ts": ts,
+        "dur": dur,
+        "pid": CHROME_PID,
+        "tid": LOOP_TID,
+    }
+
+
+def _instant(
+    category: str, name: str, scope: str, ts: float, tid: int, args: dict[str, Any]
+) -> dict[str, Any]:
+    """An instant event (`i`): a chunk on its sample's lane (`scope` "t") or a cancel (`"p"`)."""
+    return {
+        "ph": "i",
+        "cat": category,
+        "name": name,
+        "s": scope,
+        "ts": ts,
+        "pid": CHROME_PID,
+        "tid": tid,
+        "args": args,
+    }
