@@ -15,6 +15,7 @@
 set -uo pipefail
 cd "$(dirname "$0")/.."
 python=${1:-python3}
+LIMIT_S=170  # the whole check, in seconds: the kernel's build gets what the rest left of it
 
 if ! command -v nvidia-smi >/dev/null 2>&1 && ! compgen -G '/dev/nvidia[0-9]*' >/dev/null; then
     echo "gpu-device-check: no NVIDIA GPU here (no nvidia-smi on PATH, no /dev/nvidia*): nothing to check"
@@ -24,7 +25,7 @@ fi
 version() {  # $1 = what, rest = a command printing its version: "what: version", or MISSING
     local what=$1 said
     shift
-    if said=$(timeout 30 "$@" 2>&1); then
+    if said=$(timeout 10 "$@" 2>&1); then
         echo "$what: $(grep -m1 -E '[0-9]+\.[0-9]+' <<<"$said" | sed 's/^ *//')"
     else
         echo "$what: MISSING ($* failed)"
@@ -33,13 +34,13 @@ version() {  # $1 = what, rest = a command printing its version: "what: version"
 }
 
 checks() {  # every check in turn; returns 1 where one failed
-    local started=$SECONDS status=0 preflight said missing nvcc=nvcc
+    local started=$SECONDS status=0 preflight said missing nvcc=nvcc left
 
     echo "=== nvidia-smi"
-    timeout 30 nvidia-smi || { echo "nvidia-smi failed (exit $?)"; status=1; }
+    timeout 20 nvidia-smi || { echo "nvidia-smi failed (exit $?)"; status=1; }
 
     echo "=== GPU preflight (python -m backend.engines.gpu_probe)"
-    preflight=$(timeout 90 "$python" -m backend.engines.gpu_probe 2>&1)
+    preflight=$(timeout 60 "$python" -m backend.engines.gpu_probe 2>&1)
     said=$?
     echo "$preflight"
     echo "(exit status $said: 0 where SGLang can use this GPU)"
@@ -62,7 +63,8 @@ checks() {  # every check in turn; returns 1 where one failed
         || echo "  torch's load_inline needs ninja: the kernel check below says so"
 
     echo "=== a CUDA kernel for this GPU (python -m scripts.gpu_kernel_check)"
-    timeout 150 "$python" -m scripts.gpu_kernel_check || status=1
+    local left=$((LIMIT_S - (SECONDS - started)))  # what is left of the 3 minutes
+    timeout "$((left > 30 ? left : 30))" "$python" -m scripts.gpu_kernel_check || status=1
 
     echo "=== gpu-device-check: $([ "$status" -eq 0 ] && echo passed || echo FAILED) in $((SECONDS - started)) s"
     return "$status"
