@@ -1112,7 +1112,9 @@ class Workers:
         self.each = workers
 
     def running(self) -> float:
-        return sum(worker.running() for worker in self.each)
+        """Both workers' counts, asked at once: a reading takes no longer than one worker's."""
+        with ThreadPoolExecutor(len(self.each)) as pool:
+            return sum(pool.map(RealServer.running, self.each))
 
     def aborted(self) -> float:
         return sum(worker.aborted() for worker in self.each)
