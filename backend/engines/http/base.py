@@ -15,12 +15,15 @@ import contextlib
 import json
 import logging
 from abc import abstractmethod
-from typing import Any
-
-import httpx
+from typing import TYPE_CHECKING, Any
 
 from backend.engines.base import Chunk, Engine, QueuedGeneration
 from backend.engines.http.streams import SSEDecoder, StreamProtocolError, StreamState
+
+# httpx is imported in the functions that use it: `import httpx` loads its command line too (rich,
+# click, pygments: 7 MB and 130 modules), and every backend imports this module for its settings.
+if TYPE_CHECKING:
+    import httpx
 
 log = logging.getLogger("backend.engines.http")
 
@@ -87,6 +90,8 @@ class HTTPEngine(Engine):
     @property
     def client(self) -> httpx.AsyncClient:
         """The HTTP client, made on first use on the running loop."""
+        import httpx
+
         if self._client is None:
             headers = {"Authorization": f"Bearer {self.api_key}"} if self.api_key else {}
             self._client = httpx.AsyncClient(
@@ -128,6 +133,8 @@ class HTTPEngine(Engine):
 
     async def check(self) -> bool:
         """Probe the server now; afterwards `server_error` is None when it is healthy."""
+        import httpx
+
         try:
             self.served_model = await self.probe()
             if self.served_model != self._template_model:
@@ -176,6 +183,8 @@ class HTTPEngine(Engine):
         """The prompt tokens of `messages` in the served model's chat template, rendered by the
         server's `/tokenize` with the assistant's turn opened; `continued`: the last message is the
         start of the assistant's answer, continued rather than closed (`continue_final_message`)."""
+        import httpx
+
         # Without add_generation_prompt both servers render as for a chat completion: the
         # assistant's turn opened (SGLang refuses the flag for its own named templates).
         body: dict[str, Any] = {"model": self.served_model, "messages": messages}
@@ -255,6 +264,8 @@ def error_detail(body: str) -> str:
 
 def describe_http_error(exc: BaseException) -> str:
     """A one-line reason for a failed call, without a traceback."""
+    import httpx
+
     if isinstance(exc, httpx.ConnectError):
         return f"unreachable ({exc or 'connection refused'})"
     if isinstance(exc, httpx.TimeoutException):
@@ -288,6 +299,8 @@ class StreamingGeneration(QueuedGeneration):
         """Work before the streaming request is sent (say, rendering the chat template)."""
 
     async def _read(self) -> None:
+        import httpx
+
         label, url = self.engine.label, self.engine.url
         try:
             await self.prepare()
@@ -334,6 +347,8 @@ class StreamingGeneration(QueuedGeneration):
 
     def _timeout(self) -> httpx.Timeout:
         # No read limit: a queued request may wait long for its first token; cancel ends it instead.
+        import httpx
+
         return httpx.Timeout(None, connect=CONNECT_TIMEOUT_S)
 
     def _put(self, chunks: list[Chunk]) -> None:

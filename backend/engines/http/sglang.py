@@ -26,8 +26,6 @@ import logging
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-import httpx
-
 from backend.config.declared import Setting
 from backend.engines import sglang_model
 from backend.engines.base import Chunk, Generation, Prompt, SamplingParams
@@ -42,7 +40,11 @@ from backend.engines.http.sglang_launch import SERVER_ARGS, START_TIMEOUT, SGLan
 from backend.engines.http.streams import SGLangStream
 from backend.engines.sglang_model import ModelNotFound, SGLangModel
 
+# httpx is imported in the functions that use it: `import httpx` loads its command line too (rich,
+# click, pygments: 7 MB and 130 modules), and every backend imports this module for its settings.
 if TYPE_CHECKING:
+    import httpx
+
     from backend.engines import EngineOptions
 
 log = logging.getLogger("backend.engines.http.sglang")
@@ -198,6 +200,8 @@ class SGLangEngine(HTTPEngine):
         return [str(worker["url"]).rstrip("/") for worker in workers]
 
     async def post_tokenize(self, body: dict[str, Any]) -> httpx.Response:
+        import httpx
+
         if not self.workers:
             return await super().post_tokenize(body)
         # The router does not forward /tokenize: any worker renders the same template.
@@ -239,6 +243,8 @@ class SGLangEngine(HTTPEngine):
 
     async def _abort_on(self, url: str, rid: str) -> str:
         """POST /abort_request for `rid` to the server at `url`: "" if it took it, else why not."""
+        import httpx
+
         try:
             response = await self.client.post(
                 f"{url}/abort_request", json={"rid": rid}, timeout=CONTROL_TIMEOUT_S
