@@ -31,8 +31,15 @@ from backend.engines.base import FINISH_REASONS, PROMPT_FORMATS, SamplingParams
 SAVED_RUN_KIND = "parallel-sampling-dashboard/run"
 """The `kind` of every saved run: what tells it apart from any other JSON file."""
 
-SAVED_RUN_VERSION = 1
-"""The version of the format this code writes and reads."""
+SAVED_RUN_VERSION = 2
+"""The version of the format this code writes: a list of runs, each maybe a continuation of an
+earlier one's branch."""
+
+READ_VERSIONS = (1, 2)
+"""The versions this code reads: version 1 (one run, no continuations) still loads."""
+
+RUNS_MAX = 16
+"""Most runs in one file (a run and its continuations)."""
 
 SAVED_RUN_BYTES_MAX = 768 * 1024
 """Largest saved run read, in bytes of JSON: n = 32 samples of 512 tokens with logprobs fit, and a
@@ -62,7 +69,12 @@ LOGPROB_DIGITS = 5
 """Log probabilities are written with 5 decimals: probabilities to about 1e-5, files a third smaller."""
 
 TOP_FIELDS = ("kind", "version", "source", "engine", "model", "prompt", "settings", "samples", "stats")
+"""A version 1 file: the run's fields at the top."""
+FILE_FIELDS = ("kind", "version", "source", "runs")
+RUN_FIELDS = ("engine", "model", "prompt", "continues", "settings", "samples", "stats")
 PROMPT_FIELDS = ("text", "format", "system", "format_reason")
+PROMPT_FIELDS_V2 = (*PROMPT_FIELDS, "prefix")
+CONTINUES_FIELDS = ("run", "text")
 SETTINGS_FIELDS = ("n", "max_tokens", "temperature", "top_p", "top_k", "seed", "stop", "logprobs")
 SAMPLE_FIELDS = ("index", "seed", "finish_reason", "text", "tokens", "chunks", "stats", "engine")
 
@@ -111,6 +123,15 @@ class SavedSample:
 
 
 @dataclass(frozen=True)
+class Continues:
+    """Where a run continues an earlier run of the same file: that run's position, and the text
+    from its tree's root to the end of the branch continued."""
+
+    run: int
+    text: str
+
+
+@dataclass(frozen=True)
 class SavedRun:
     """One request and its samples, as kept in a saved run file."""
 
@@ -128,18 +149,35 @@ class SavedRun:
     """The request's figures (its `done` frame's `stats`)."""
     source: Mapping[str, str] = field(default_factory=dict)
     """Where the run was recorded, in words: the machine, the program that recorded it, a note."""
+    prefix: str = ""
+    """The text the samples continued from (a continuation of a branch); empty: none."""
+    continues: Continues | None = None
+    """The earlier run of the file whose branch this run continues (None: a run of its own)."""
 
 
 # Writing.
 
 
 def saved_run_dict(run: SavedRun) -> dict[str, Any]:
-    """The run as the JSON object of the format (docs/protocol.md, "Saved runs")."""
-    params = run.params
+    """The run as the JSON object of a file of that one run (docs/protocol.md, "Saved runs")."""
+    return saved_runs_dict([run], run.source)
+
+
+def saved_runs_dict(runs: list[SavedRun] | tuple[SavedRun, ...], source: Mapping[str, str]) -> dict[str, Any]:
+    """`runs` (a run and the continuations of its branches, in the order they ran) as the JSON
+    object of one file, `source` saying where they were recorded."""
     return {
         "kind": SAVED_RUN_KIND,
         "version": SAVED_RUN_VERSION,
-        "source": dict(run.source),
+        "source": dict(source),
+        "runs": [_run_dict(run) for run in runs],
+    }
+
+
+def _run_dict(run: SavedRun) -> dict[str, Any]:
+    params = run.params
+    continues = run.continues
+    return {
         "engine": run.engine,
         "model": run.model,
         "prompt": {
@@ -147,7 +185,9 @@ def saved_run_dict(run: SavedRun) -> dict[str, Any]:
             "format": run.prompt_format,
             "system": run.system,
             "format_reason": run.format_reason,
+            "prefix": run.prefix,
         },
+        "continues": None if continues is None else {"run": continues.run, "text": continues.text},
         "settings": {
             "n": run.n,
             "max_tokens": params.max_tokens,
@@ -183,27 +223,41 @@ def _sample_dict(sample: SavedSample) -> dict[str, Any]:
 
 
 def saved_run_json(run: SavedRun, indent: int | None = None) -> str:
-    """The run as the text of a saved run file (compact, or indented by `indent`); its chunks stay
-    one to a line when indented, so a file is both short and readable."""
-    data = saved_run_dict(run)
+    """The run as the text of a saved run file of that one run (compact, or indented by `indent`)."""
+    return saved_runs_json([run], run.source, indent)
+
+
+def saved_runs_json(
+    runs: list[SavedRun] | tuple[SavedRun, ...], source: Mapping[str, str], indent: int | None = None
+) -> str:
+    """`runs` as the text of one saved run file (compact, or indented by `indent`); chunks stay one
+    to a line when indented, so a file is both short and readable."""
+    data = saved_runs_dict(runs, source)
     if indent is None:
         return json.dumps(data, ensure_ascii=False, separators=(",", ":"))
-    lines = ["{"]
-    items = list(data.items())
     pad = " " * indent
-    for position, (key, value) in enumerate(items):
-        comma = "," if position < len(items) - 1 else ""
-        if key != "samples":
-            lines.append(f"{pad}{json.dumps(key)}: {json.dumps(value, ensure_ascii=False)}{comma}")
-            continue
-        lines.append(f'{pad}"samples": [')
-        for number, sample in enumerate(value):
-            chunks = sample.pop("chunks")
-            head = json.dumps(sample, ensure_ascii=False)[:-1]
-            body = f",\n{pad * 3}".join(json.dumps(chunk, ensure_ascii=False) for chunk in chunks)
-            tail = "," if number < len(value) - 1 else ""
-            lines.append(f'{pad * 2}{head}, "chunks": [\n{pad * 3}{body}\n{pad * 2}]}}{tail}')
-        lines.append(f"{pad}]{comma}")
+    lines = ["{"]
+    for key in ("kind", "version", "source"):
+        lines.append(f"{pad}{json.dumps(key)}: {json.dumps(data[key], ensure_ascii=False)},")
+    lines.append(f'{pad}"runs": [')
+    for position, run in enumerate(data["runs"]):
+        lines.append(f"{pad * 2}{{")
+        items = list(run.items())
+        for number, (key, value) in enumerate(items):
+            comma = "," if number < len(items) - 1 else ""
+            if key != "samples":
+                lines.append(f"{pad * 3}{json.dumps(key)}: {json.dumps(value, ensure_ascii=False)}{comma}")
+                continue
+            lines.append(f'{pad * 3}"samples": [')
+            for index, sample in enumerate(value):
+                chunks = sample.pop("chunks")
+                head = json.dumps(sample, ensure_ascii=False)[:-1]
+                body = f",\n{pad * 5}".join(json.dumps(chunk, ensure_ascii=False) for chunk in chunks)
+                tail = "," if index < len(value) - 1 else ""
+                lines.append(f'{pad * 4}{head}, "chunks": [\n{pad * 5}{body}\n{pad * 4}]}}{tail}')
+            lines.append(f"{pad * 3}]{comma}")
+        lines.append(f"{pad * 2}}}" + ("," if position < len(data["runs"]) - 1 else ""))
+    lines.append(f"{pad}]")
     lines.append("}")
     return "\n".join(lines) + "\n"
 
@@ -212,7 +266,22 @@ def saved_run_json(run: SavedRun, indent: int | None = None) -> str:
 
 
 def parse_saved_run(data: str | bytes) -> SavedRun:
-    """A saved run from the text of its file; SavedRunError says why it is not one."""
+    """The one run of a saved run file; SavedRunError says why it is not one, or that the file holds
+    several (a run and its continuations: `parse_saved_runs`)."""
+    return _only(parse_saved_runs(data))
+
+
+def _only(runs: tuple[SavedRun, ...]) -> SavedRun:
+    if len(runs) != 1:
+        raise SavedRunError(
+            f"the file holds {len(runs)} runs (a run and its continuations); one run is replayed here: "
+            "the page's Replay a saved run replays them all, in order"
+        )
+    return runs[0]
+
+
+def parse_saved_runs(data: str | bytes) -> tuple[SavedRun, ...]:
+    """The runs of a saved run file, in order; SavedRunError says why it is not one."""
     size = len(data) if isinstance(data, bytes) else len(data.encode("utf-8", "surrogatepass"))
     if size > SAVED_RUN_BYTES_MAX:
         raise SavedRunError(
@@ -229,7 +298,7 @@ def parse_saved_run(data: str | bytes) -> SavedRun:
         raise SavedRunError(f"the file is not JSON: {exc}") from None
     except RecursionError:
         raise SavedRunError("the file is nested too deeply to be a saved run") from None
-    return saved_run_from_dict(value)
+    return saved_runs_from_dict(value)
 
 
 def _reject_constant(name: str) -> Any:
@@ -237,8 +306,14 @@ def _reject_constant(name: str) -> Any:
 
 
 def saved_run_from_dict(value: Any) -> SavedRun:
-    """A saved run from its parsed JSON (`saved_run_dict`'s shape), checked field by field and for
-    agreement between fields; SavedRunError names the first thing wrong."""
+    """The one run of a saved run file from its parsed JSON, as `parse_saved_run`."""
+    return _only(saved_runs_from_dict(value))
+
+
+def saved_runs_from_dict(value: Any) -> tuple[SavedRun, ...]:
+    """The runs of a saved run file from its parsed JSON (`saved_runs_dict`'s shape, or version 1's
+    one run), checked field by field and for agreement between fields; SavedRunError names the first
+    thing wrong."""
     if not isinstance(value, dict):
         raise SavedRunError("the file must be a JSON object (a saved run)")
     # What the file is, and its version, first: a file of another version has other fields.
@@ -247,34 +322,73 @@ def saved_run_from_dict(value: Any) -> SavedRun:
             f'"kind" is {value.get("kind")!r}, so the file is not a saved run ("kind": "{SAVED_RUN_KIND}")'
         )
     version = value.get("version")
-    if version != SAVED_RUN_VERSION or not _is_int(version):
+    if version not in READ_VERSIONS or not _is_int(version):
         raise SavedRunError(
-            f'"version" is {version!r}; this dashboard reads saved runs of version {SAVED_RUN_VERSION}'
+            f'"version" is {version!r}; this dashboard reads saved runs of version '
+            f"{' or '.join(map(str, READ_VERSIONS))}"
         )
-    top = _object(value, "the file", TOP_FIELDS, required=TOP_FIELDS)
+    if version == 1:
+        top = _object(value, "the file", TOP_FIELDS, required=TOP_FIELDS)
+        return (_run(top, "", _source(top["source"]), PROMPT_FIELDS, ()),)
+    top = _object(value, "the file", FILE_FIELDS, required=FILE_FIELDS)
     source = _source(top["source"])
-    engine = _string(top["engine"], '"engine"', 200, blank=False)
-    model = _string(top["model"], '"model"', 1000)
-    prompt = _object(top["prompt"], '"prompt"', PROMPT_FIELDS, required=PROMPT_FIELDS)
-    text = _string(prompt["text"], '"prompt.text"', PROMPT_CHARS_MAX, blank=False)
+    runs = top["runs"]
+    if not isinstance(runs, list) or not 1 <= len(runs) <= RUNS_MAX:
+        raise SavedRunError(f'"runs" must be a list of 1 to {RUNS_MAX} runs')
+    parsed: list[SavedRun] = []
+    for position, run in enumerate(runs):
+        name = f"runs[{position}]."
+        parsed.append(
+            _run(
+                _object(run, f'"runs[{position}]"', RUN_FIELDS, RUN_FIELDS),
+                name,
+                source,
+                PROMPT_FIELDS_V2,
+                parsed,
+            )
+        )
+    return tuple(parsed)
+
+
+def _run(
+    top: dict[str, Any],
+    name: str,
+    source: dict[str, str],
+    prompt_fields: tuple[str, ...],
+    earlier: list[SavedRun] | tuple[SavedRun, ...],
+) -> SavedRun:
+    """One run's fields (a version 1 file's top, or an entry of "runs", its names prefixed with
+    `name`), after the `earlier` runs of its file."""
+    engine = _string(top["engine"], f'"{name}engine"', 200, blank=False)
+    model = _string(top["model"], f'"{name}model"', 1000)
+    prompt = _object(top["prompt"], f'"{name}prompt"', prompt_fields, required=prompt_fields)
+    text = _string(prompt["text"], f'"{name}prompt.text"', PROMPT_CHARS_MAX, blank=False)
     prompt_format = prompt["format"]
     if prompt_format not in PROMPT_FORMATS:
         raise SavedRunError(
-            f'"prompt.format" must be one of {", ".join(PROMPT_FORMATS)}, got {prompt_format!r}'
+            f'"{name}prompt.format" must be one of {", ".join(PROMPT_FORMATS)}, got {prompt_format!r}'
         )
-    system = _string(prompt["system"], '"prompt.system"', PROMPT_CHARS_MAX)
+    system = _string(prompt["system"], f'"{name}prompt.system"', PROMPT_CHARS_MAX)
     if system and prompt_format == "raw":
-        raise SavedRunError('"prompt.system" must be empty with "prompt.format": "raw"')
-    format_reason = _string(prompt["format_reason"], '"prompt.format_reason"', 1000)
-    n, params = _settings(top["settings"])
-    samples = top["samples"]
-    if not isinstance(samples, list):
-        raise SavedRunError('"samples" must be a list')
-    if len(samples) != n:
-        raise SavedRunError(
-            f'"settings.n" is {n} but "samples" has {len(samples)}; a saved run has n samples'
-        )
-    parsed = tuple(_sample(sample, position, params) for position, sample in enumerate(samples))
+        raise SavedRunError(f'"{name}prompt.system" must be empty with "prompt.format": "raw"')
+    format_reason = _string(prompt["format_reason"], f'"{name}prompt.format_reason"', 1000)
+    prefix = _string(prompt.get("prefix", ""), f'"{name}prompt.prefix"', PROMPT_CHARS_MAX)
+    continues = _continues(top.get("continues"), name, earlier, text, prefix)
+    try:
+        n, params = _settings(top["settings"])
+        samples = top["samples"]
+        if not isinstance(samples, list):
+            raise SavedRunError('"samples" must be a list')
+        if len(samples) != n:
+            raise SavedRunError(
+                f'"settings.n" is {n} but "samples" has {len(samples)}; a saved run has n samples'
+            )
+        parsed = tuple(_sample(sample, position, params) for position, sample in enumerate(samples))
+        stats = _figures(top["stats"], '"stats"')
+    except SavedRunError as exc:
+        if not name:
+            raise
+        raise SavedRunError(f"{name[:-1]}: {exc}") from None
     return SavedRun(
         prompt=text,
         prompt_format=prompt_format,
@@ -285,9 +399,37 @@ def saved_run_from_dict(value: Any) -> SavedRun:
         engine=engine,
         model=model,
         samples=parsed,
-        stats=_figures(top["stats"], '"stats"'),
+        stats=stats,
         source=source,
+        prefix=prefix,
+        continues=continues,
     )
+
+
+def _continues(
+    value: Any, name: str, earlier: list[SavedRun] | tuple[SavedRun, ...], text: str, prefix: str
+) -> Continues | None:
+    """A run's "continues": null, or an earlier run of the file (same prompt) and the text of the
+    branch continued, which with that run's prefix is this run's."""
+    if value is None:
+        if prefix and not name:
+            raise SavedRunError('a version 1 run has no "prompt.prefix"')
+        return None
+    where = _object(value, f'"{name}continues"', CONTINUES_FIELDS, CONTINUES_FIELDS)
+    if not earlier:
+        raise SavedRunError(f'"{name}continues" names an earlier run, but the file has none before it')
+    position = _integer(where["run"], f'"{name}continues.run"', 0, len(earlier) - 1)
+    branch = _string(where["text"], f'"{name}continues.text"', PROMPT_CHARS_MAX)
+    parent = earlier[position]
+    if parent.prompt != text:
+        raise SavedRunError(
+            f'"{name}prompt.text" is not the prompt of the run it continues (runs[{position}])'
+        )
+    if parent.prefix + branch != prefix:
+        raise SavedRunError(
+            f'"{name}prompt.prefix" must be runs[{position}]\'s prefix followed by "continues.text"'
+        )
+    return Continues(position, branch)
 
 
 def _is_int(value: Any) -> bool:
@@ -461,13 +603,17 @@ class RunRecorder:
     def __init__(self, request: Mapping[str, Any]) -> None:
         self.request_id = request.get("id")
         replayed = request.get("run") if request.get("type") == "replay" else None
+        if isinstance(replayed, Mapping) and isinstance(replayed.get("runs"), list) and replayed["runs"]:
+            replayed = replayed["runs"][0]  # a file of the current version: its one run
         if isinstance(replayed, Mapping):  # a replay runs the saved run's own prompt and settings
             prompt = replayed.get("prompt") or {}
             settings = replayed.get("settings") or {}
             request = {"prompt": prompt.get("text"), "system": prompt.get("system"), "params": settings}
             request["logprobs"] = settings.get("logprobs", False)
+            request["prefix"] = prompt.get("prefix") or ""
         self.prompt = str(request.get("prompt", ""))
         self.system = str(request.get("system") or "")
+        self.prefix = str(request.get("prefix") or "")
         self._request_params = dict(request.get("params") or {})
         self._logprobs = bool(request.get("logprobs", False))
         self._accepted: dict[str, Any] | None = None
@@ -503,8 +649,9 @@ class RunRecorder:
             self._done = dict(frame.get("stats") or {})
 
     def saved_run(self, source: Mapping[str, str] | None = None) -> SavedRun:
-        """The run, with `source` saying where it was recorded; SavedRunError while it is not done
-        (or if the frames do not make a valid run)."""
+        """The run (a run of its own: a continuation's `continues` is the caller's to set), with
+        `source` saying where it was recorded; SavedRunError while it is not done (or if the frames
+        do not make a valid run)."""
         accepted = self._accepted
         if accepted is None or self._done is None:
             raise SavedRunError("the run has not finished yet; download it once every sample has ended")
@@ -542,10 +689,7 @@ class RunRecorder:
                     "engine": finish.get("engine") or {},
                 }
             )
-        data = {
-            "kind": SAVED_RUN_KIND,
-            "version": SAVED_RUN_VERSION,
-            "source": dict(source or {}),
+        run = {
             "engine": accepted.get("engine", ""),
             "model": accepted.get("model", ""),
             "prompt": {
@@ -553,17 +697,30 @@ class RunRecorder:
                 "format": accepted.get("format", "chat"),
                 "system": self.system if accepted.get("format") == "chat" else "",
                 "format_reason": accepted.get("format_reason", ""),
+                "prefix": self.prefix,
             },
+            "continues": None,
             "settings": settings,
             "samples": samples,
             "stats": self._done,
+        }
+        data = {
+            "kind": SAVED_RUN_KIND,
+            "version": SAVED_RUN_VERSION,
+            "source": dict(source or {}),
+            "runs": [run],
         }
         return saved_run_from_dict(data)
 
 
 def load_saved_run(path: str | Path) -> SavedRun:
-    """The saved run in the file at `path`; SavedRunError says why it is not one (or cannot be read),
-    without naming the file (the caller does: a page's upload has a temporary name)."""
+    """The one saved run in the file at `path`, as `load_saved_runs`."""
+    return _only(load_saved_runs(path))
+
+
+def load_saved_runs(path: str | Path) -> tuple[SavedRun, ...]:
+    """The saved runs in the file at `path`; SavedRunError says why it is not one (or cannot be
+    read), without naming the file (the caller does: a page's upload has a temporary name)."""
     path = Path(path)
     try:
         size = path.stat().st_size
@@ -575,4 +732,4 @@ def load_saved_run(path: str | Path) -> SavedRun:
         data = path.read_bytes()
     except OSError as exc:
         raise SavedRunError(f"the file cannot be read: {exc.strerror or exc}") from None
-    return parse_saved_run(data)
+    return parse_saved_runs(data)

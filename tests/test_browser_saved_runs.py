@@ -6,10 +6,17 @@ from __future__ import annotations
 import json
 import re
 from pathlib import Path
+from typing import Any
 
 from playwright.sync_api import Page, expect
 
-from backend.saved_run import SAVED_RUN_BYTES_MAX, parse_saved_run, saved_run_dict
+from backend.saved_run import (
+    SAVED_RUN_BYTES_MAX,
+    Continues,
+    parse_saved_run,
+    parse_saved_runs,
+    saved_run_dict,
+)
 from devkit.local import ROOT
 from tests.support.chromium import require_chromium
 from tests.support.panels import SETTINGS, open_panel
@@ -99,7 +106,8 @@ def long_texts_run(path: Path) -> list[str]:
     words = "the keeper climbs the stair and lights the lamp before the storm comes in".split()
     sentence = " ".join(words).capitalize() + "."
     texts = ["\n\n".join(" ".join([sentence] * k) for k in (5, 2, 6, 4, 7)), " ".join([sentence] * 35)]
-    good = saved_run_dict(parse_saved_run(SHEEP.read_bytes()))
+    whole = saved_run_dict(parse_saved_run(SHEEP.read_bytes()))
+    good = whole["runs"][0]
     samples = []
     for index, text in enumerate(texts):
         pieces = [piece for piece in re.split(r"(?=[ \n])", text) if piece]
@@ -110,7 +118,7 @@ def long_texts_run(path: Path) -> list[str]:
              "stats": {**good["samples"][index]["stats"], "tokens": len(pieces)}}
         )  # fmt: skip
     settings = {**good["settings"], "n": 2, "max_tokens": max(len(s["chunks"]) for s in samples)}
-    path.write_text(json.dumps({**good, "settings": settings, "samples": samples}))
+    path.write_text(json.dumps({**whole, "runs": [{**good, "settings": settings, "samples": samples}]}))
     parse_saved_run(path.read_bytes())  # a file the page takes
     return texts
 
@@ -137,15 +145,19 @@ def test_a_columns_text_breaks_lines_only_where_the_sample_does(page: Page, tmp_
 
 def bad_files(tmp_path: Path) -> list[tuple[Path, str]]:
     good = saved_run_dict(parse_saved_run(SHEEP.read_bytes()))
+    run = good["runs"][0]
     cases = {
         "not-json.json": ("this is not JSON", "the file is not JSON"),
-        "version.json": (json.dumps({**good, "version": 7}), "reads saved runs of version 1"),
+        "version.json": (json.dumps({**good, "version": 7}), "reads saved runs of version 1 or 2"),
         "huge.json": (" " * (SAVED_RUN_BYTES_MAX + 1), f"at most {SAVED_RUN_BYTES_MAX:,}"),
         "count.json": (
-            json.dumps({**good, "settings": {**good["settings"], "n": 3}}),
+            json.dumps({**good, "runs": [{**run, "settings": {**run["settings"], "n": 3}}]}),
             '"settings.n" is 3 but "samples" has 8',
         ),
-        "missing.json": (json.dumps({k: v for k, v in good.items() if k != "prompt"}), 'has no "prompt"'),
+        "missing.json": (
+            json.dumps({**good, "runs": [{k: v for k, v in run.items() if k != "prompt"}]}),
+            'has no "prompt"',
+        ),
     }
     files = []
     for name, (content, message) in cases.items():
@@ -166,3 +178,82 @@ def test_bad_files_get_a_clear_error_and_the_page_goes_on(page: Page, tmp_path: 
         assert column_texts(page, 2) == shown  # the run on the page stays
     generate(page, "Tell me about lighthouses.", 2, 8, seed=4)
     assert all(column_texts(page, 2)) and column_texts(page, 2) != shown
+
+
+TREE = "#sample-tree button.tree-node"
+
+
+def expect_hanging(page: Page, text: str, count: int, current: bool = True) -> None:
+    """Wait until `count` nodes hang under the first earlier run's node whose text has `text` (the
+    branch they continued): nodes of the current run, or where not `current`, of an earlier one."""
+    page.wait_for_function(
+        """([text, count, current]) => {
+            const node = [...document.querySelectorAll('#sample-tree button.tree-node.earlier')]
+                .find(b => b.textContent.includes(text));
+            const which = current ? ':not(.earlier)' : '.earlier';
+            const under = node && node.parentElement.querySelectorAll(`:scope > ul button.tree-node${which}`);
+            return under && under.length === count;
+        }""",
+        arg=[text, count, current],
+        timeout=10_000,
+    )
+
+
+def continue_from(page: Page, node: Any) -> None:
+    """Click a node of the tree, then Continue from here, and wait for the new run to finish."""
+    before = page.locator("#status code").first.inner_text()
+    node.click()
+    page.locator("#tree-continue").click()
+    expect(page.locator("#status code").first).not_to_have_text(before, timeout=15_000)
+    expect(page.locator("#status")).to_contain_text("finished", timeout=30_000)
+
+
+def test_a_tree_of_runs_keeps_its_lineage_downloads_whole_and_replays_in_order(
+    page: Page, tmp_path: Path
+) -> None:
+    """Generate, continue a branch, then continue a branch of the first run again: the tree keeps
+    the earlier runs' branches (dimmed) with each continuation growing from its node; Download run
+    keeps all three runs, and the file replays them in order, the tree growing the same way."""
+    generate(page, "Tell me about lighthouses.", 2, 8, seed=5)
+    first = column_texts(page, 2)
+    # The first run's branch of sample 0: its whole text (seeds 5 and 6 part at once).
+    branch = page.locator(f"{TREE}[data-samples='0']").first
+    expect(branch).to_contain_text(first[0][:20])
+    continue_from(page, branch)
+    expect(page.locator("#prefix-0")).to_have_text(first[0])
+    earlier = page.locator(f"{TREE}.earlier")
+    expect(earlier).to_have_count(3)  # the first run's root and its two branches, dimmed
+    # The continuation's branches hang under the branch it continued.
+    expect_hanging(page, first[0][:20], 2)
+    # Back to the first run: continue its other branch (sample 1's text).
+    other = page.locator(f"{TREE}.earlier", has_text=first[1][:20]).first
+    continue_from(page, other)
+    expect(page.locator("#prefix-0")).to_have_text(first[1])
+    expect(page.locator(f"{TREE}.earlier")).to_have_count(5)  # two earlier runs now
+    expect_hanging(page, first[1][:20], 2)
+
+    page.locator("#download-run").click()
+    link = page.locator("#run-file a[href*='.json']").first
+    expect(link).to_be_visible(timeout=15_000)
+    with page.expect_download() as download:
+        link.click()
+    saved_path = tmp_path / "tree.json"
+    download.value.save_as(saved_path)
+    runs = parse_saved_runs(saved_path.read_bytes())
+    assert [run.prefix for run in runs] == ["", first[0], first[1]]
+    assert [run.continues for run in runs] == [None, Continues(0, first[0]), Continues(0, first[1])]
+    assert all(run.prompt == "Tell me about lighthouses." for run in runs)
+
+    # A fresh run, then the file: its three runs replay in order, the last one's columns showing.
+    generate(page, "Tell me about rivers.", 3, 8, seed=900)
+    page.locator("#replay-speed input[type=number]").fill("8")
+    page.locator("#replay-speed input[type=number]").press("Enter")
+    upload(page, saved_path)
+    # The third run last: its prefix above the columns, each continuation under its branch.
+    expect(page.locator("#prefix-0")).to_have_text(first[1], timeout=60_000)
+    expect(page.locator("#status")).to_contain_text("engine replay")
+    expect(page.locator("#status")).to_contain_text("finished", timeout=30_000)
+    expect(page.locator(f"{TREE}.earlier")).to_have_count(5)
+    expect_hanging(page, first[0][:20], 2, current=False)  # the second run's, dimmed now
+    expect_hanging(page, first[1][:20], 2)
+    assert column_texts(page, 2) == [sample.text for sample in runs[2].samples]

@@ -150,10 +150,12 @@ async def test_bad_replays_are_refused_and_the_connection_stays_usable(server: B
     saved = await record(server, n=2, max_tokens=8)
     good = saved_run_dict(saved)
     wrong_version = {**good, "version": 9}
-    mismatched = {**good, "settings": {**good["settings"], "n": 3}}
+    run = good["runs"][0]
+    mismatched = {**good, "runs": [{**run, "settings": {**run["settings"], "n": 3}}]}
     too_many = saved_run_dict(replace(saved, n=9, samples=saved.samples * 5))  # over the server's n_max
-    too_many["samples"] = too_many["samples"][:9]
-    for number, sample in enumerate(too_many["samples"]):
+    many = too_many["runs"][0]
+    many["samples"] = many["samples"][:9]
+    for number, sample in enumerate(many["samples"]):
         sample.update(index=number, seed=7 + number)
     # A replay frame past its limit (and under the websocket library's hard cap, which closes).
     over = Limits().max_replay_frame_bytes + 1000 - len(json.dumps(replay_frame("g", good)))
@@ -185,12 +187,13 @@ async def test_bad_replays_are_refused_and_the_connection_stays_usable(server: B
 async def test_a_bad_run_error_says_what_is_wrong(server: BackendServer) -> None:
     saved = await record(server, n=2, max_tokens=8)
     good = saved_run_dict(saved)
-    mismatched = {**good, "settings": {**good["settings"], "n": 3}}
+    run = good["runs"][0]
+    mismatched = {**good, "runs": [{**run, "settings": {**run["settings"], "n": 3}}]}
     async with connect(url(server)) as ws:
         await ws.send(json.dumps(replay_frame("x", mismatched)))
         reply = await recv_frame(ws, 10)
         assert reply["message"] == (
-            'the saved run cannot be replayed: "settings.n" is 3 but "samples" has 2; '
+            'the saved run cannot be replayed: runs[0]: "settings.n" is 3 but "samples" has 2; '
             "a saved run has n samples"
         )
 
@@ -227,7 +230,7 @@ async def test_engine_replay_on_the_command_line_serves_its_run(
     [
         (None, "needs --run FILE"),
         ("{", "is not JSON"),
-        ('{"kind": "parallel-sampling-dashboard/run", "version": 2}', "reads saved runs of version 1"),
+        ('{"kind": "parallel-sampling-dashboard/run", "version": 3}', "reads saved runs of version 1 or 2"),
     ],
 )
 def test_engine_replay_with_a_bad_run_exits_saying_why(

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -21,12 +22,16 @@ from backend.saved_run import (
     SAVED_RUN_BYTES_MAX,
     SAVED_RUN_KIND,
     SAVED_RUN_VERSION,
+    Continues,
     RunRecorder,
     SavedRun,
     SavedRunError,
     parse_saved_run,
+    parse_saved_runs,
     saved_run_dict,
     saved_run_json,
+    saved_runs_dict,
+    saved_runs_json,
 )
 from devkit.local import ROOT
 
@@ -137,52 +142,85 @@ def good() -> dict[str, Any]:
 
 
 def broken(change: Any) -> str:
+    """A file of the run with `change` made to the file's JSON object."""
     data = good()
     change(data)
     return json.dumps(data)
+
+
+def broken_run(change: Any) -> str:
+    """A file of the run with `change` made to the run's JSON object (the file's one run)."""
+    return broken(lambda d: change(d["runs"][0]))
 
 
 BAD_FILES: list[tuple[str, str | bytes, str]] = [
     ("not JSON", "this is not json {", "not JSON"),
     ("not UTF-8", b"\xff\xfe\x00{", "not UTF-8"),
     ("a JSON list", "[1, 2]", "must be a JSON object"),
-    ("NaN", broken(lambda d: d["samples"][0]["chunks"][0].__setitem__(0, float("nan"))), "NaN"),
-    ("wrong version", broken(lambda d: d.__setitem__("version", 2)), "reads saved runs of version 1"),
+    ("NaN", broken_run(lambda d: d["samples"][0]["chunks"][0].__setitem__(0, float("nan"))), "NaN"),
+    ("wrong version", broken(lambda d: d.__setitem__("version", 3)), "reads saved runs of version 1 or 2"),
     ("version as text", broken(lambda d: d.__setitem__("version", "1")), "version"),
     ("another kind", broken(lambda d: d.__setitem__("kind", "trace")), '"kind"'),
-    ("no samples", broken(lambda d: d.pop("samples")), 'has no "samples"'),
-    ("no prompt text", broken(lambda d: d["prompt"].pop("text")), '"prompt" has no "text"'),
-    ("no seed", broken(lambda d: d["settings"].pop("seed")), '"settings" has no "seed"'),
+    ("no samples", broken_run(lambda d: d.pop("samples")), 'has no "samples"'),
+    ("no prompt text", broken_run(lambda d: d["prompt"].pop("text")), 'runs\\[0\\].prompt" has no "text"'),
+    ("no seed", broken_run(lambda d: d["settings"].pop("seed")), '"settings" has no "seed"'),
     ("unknown field", broken(lambda d: d.__setitem__("extra", 1)), 'unknown field "extra"'),
+    ("unknown run field", broken_run(lambda d: d.__setitem__("extra", 1)), 'unknown field "extra"'),
+    ("no runs", broken(lambda d: d.__setitem__("runs", [])), '"runs" must be a list of 1 to 16'),
+    (
+        "continues no earlier run",
+        broken_run(lambda d: d.__setitem__("continues", {"run": 0, "text": "x"})),
+        "the file has none before it",
+    ),
     (
         "n != samples",
-        broken(lambda d: d["settings"].__setitem__("n", 4)),
+        broken_run(lambda d: d["settings"].__setitem__("n", 4)),
         '"settings.n" is 4 but "samples" has 3',
     ),
-    ("fewer samples", broken(lambda d: d["samples"].pop()), '"settings.n" is 3 but "samples" has 2'),
-    ("text != chunks", broken(lambda d: d["samples"][1].__setitem__("text", "8")), "not its chunks' texts"),
-    ("tokens != chunks", broken(lambda d: d["samples"][0].__setitem__("tokens", 9)), "chunks hold 4 tokens"),
-    ("wrong seed", broken(lambda d: d["samples"][1].__setitem__("seed", 7)), "has seed 41"),
-    ("out of order", broken(lambda d: d["samples"].reverse()), '"index"'),
-    ("bad reason", broken(lambda d: d["samples"][0].__setitem__("finish_reason", "done")), "finish_reason"),
-    ("chunks back in time", broken(lambda d: d["samples"][0]["chunks"].reverse()), "earlier than the chunk"),
+    ("fewer samples", broken_run(lambda d: d["samples"].pop()), '"settings.n" is 3 but "samples" has 2'),
+    (
+        "text != chunks",
+        broken_run(lambda d: d["samples"][1].__setitem__("text", "8")),
+        "not its chunks' texts",
+    ),
+    (
+        "tokens != chunks",
+        broken_run(lambda d: d["samples"][0].__setitem__("tokens", 9)),
+        "chunks hold 4 tokens",
+    ),
+    ("wrong seed", broken_run(lambda d: d["samples"][1].__setitem__("seed", 7)), "has seed 41"),
+    ("out of order", broken_run(lambda d: d["samples"].reverse()), '"index"'),
+    (
+        "bad reason",
+        broken_run(lambda d: d["samples"][0].__setitem__("finish_reason", "done")),
+        "finish_reason",
+    ),
+    (
+        "chunks back in time",
+        broken_run(lambda d: d["samples"][0]["chunks"].reverse()),
+        "earlier than the chunk",
+    ),
     (
         "a bad chunk",
-        broken(lambda d: d["samples"][0]["chunks"].__setitem__(0, {"at": 0})),
+        broken_run(lambda d: d["samples"][0]["chunks"].__setitem__(0, {"at": 0})),
         r"\[at, text, tokens\]",
     ),
     (
         "logprobs not asked",
-        broken(lambda d: d["settings"].__setitem__("logprobs", False)),
+        broken_run(lambda d: d["settings"].__setitem__("logprobs", False)),
         '"settings.logprobs" is false',
     ),
-    ("positive logprob", broken(lambda d: d["samples"][0]["chunks"][0].__setitem__(3, [0.5])), "at most 0"),
-    ("temperature", broken(lambda d: d["settings"].__setitem__("temperature", 9)), "temperature"),
-    ("top_p", broken(lambda d: d["settings"].__setitem__("top_p", 0)), "top_p"),
-    ("system with raw", broken(lambda d: d["prompt"].__setitem__("format", "raw")), "must be empty"),
+    (
+        "positive logprob",
+        broken_run(lambda d: d["samples"][0]["chunks"][0].__setitem__(3, [0.5])),
+        "at most 0",
+    ),
+    ("temperature", broken_run(lambda d: d["settings"].__setitem__("temperature", 9)), "temperature"),
+    ("top_p", broken_run(lambda d: d["settings"].__setitem__("top_p", 0)), "top_p"),
+    ("system with raw", broken_run(lambda d: d["prompt"].__setitem__("format", "raw")), "must be empty"),
     (
         "over max_tokens",
-        broken(lambda d: d["settings"].__setitem__("max_tokens", 2)),
+        broken_run(lambda d: d["settings"].__setitem__("max_tokens", 2)),
         "more than the run's max_tokens",
     ),
     ("source not text", broken(lambda d: d["source"].__setitem__("machine", 3)), '"source.machine"'),
@@ -201,7 +239,7 @@ def test_a_bad_file_is_refused_saying_what_is_wrong(data: str | bytes, message: 
 def test_the_format_constants_are_what_files_carry() -> None:
     data = good()
     assert data["kind"] == SAVED_RUN_KIND and data["version"] == SAVED_RUN_VERSION
-    assert set(FINISH_REASONS) >= {sample["finish_reason"] for sample in data["samples"]}
+    assert set(FINISH_REASONS) >= {sample["finish_reason"] for sample in data["runs"][0]["samples"]}
 
 
 @pytest.mark.parametrize("path", SHIPPED, ids=[path.name for path in SHIPPED])
@@ -213,7 +251,9 @@ def test_each_shipped_run_is_a_small_valid_sglang_recording(path: Path) -> None:
     assert {"engine", "model", "machine", "recorded_with"} <= set(run.source)
     assert "SGLang" in run.source["engine"]
     assert all(sample.chunks for sample in run.samples)
-    assert saved_run_json(run, indent=1) == data.decode()  # written by saved_run_json, untouched since
+    # Recorded in version 1 of the format, still read; written again in the current one, the same run.
+    assert json.loads(data)["version"] == 1
+    assert parse_saved_run(saved_run_json(run, indent=1)) == run
 
 
 def test_the_shipped_runs_are_the_two_the_docs_describe() -> None:
@@ -224,3 +264,45 @@ def test_the_shipped_runs_are_the_two_the_docs_describe() -> None:
     lighthouse = parse_saved_run((RUNS / "lighthouse-sglang-cpu.json").read_bytes())
     assert lighthouse.params.logprobs
     assert any(chunk.logprobs for sample in lighthouse.samples for chunk in sample.chunks)
+
+
+def continued(run: SavedRun, parent: int, text: str) -> SavedRun:
+    """`run` as a continuation of run `parent`'s branch `text` (its prefix that text)."""
+    return replace(run, prefix=text, continues=Continues(parent, text))
+
+
+def test_a_run_and_its_continuations_are_kept_in_one_file_in_order() -> None:
+    first = recorded()
+    second = continued(recorded(), 0, "The answer")
+    third = replace(recorded(), prefix="The answer is", continues=Continues(1, " is"))
+    text = saved_runs_json([first, second, third], {"machine": "test"}, indent=1)
+    runs = parse_saved_runs(text)
+    assert runs == (first, second, third)
+    assert [run.prefix for run in runs] == ["", "The answer", "The answer is"]
+    # One run is what a replay frame and --engine replay take: a file of three says so.
+    with pytest.raises(SavedRunError, match="holds 3 runs"):
+        parse_saved_run(text)
+    # A version 1 file still loads, as one run of its own.
+    v1 = {"kind": SAVED_RUN_KIND, "version": 1, "source": {"machine": "test"}, **good()["runs"][0]}
+    del v1["continues"]
+    del v1["prompt"]["prefix"]
+    assert parse_saved_runs(json.dumps(v1)) == (first,)
+
+
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        (lambda r: r.__setitem__("continues", {"run": 1, "text": "x"}), "from 0 to 0"),
+        (lambda r: r["prompt"].__setitem__("prefix", "other"), "prefix followed by"),
+        (
+            lambda r: r["prompt"].__setitem__("text", "Another prompt"),
+            "not the prompt of the run it continues",
+        ),
+        (lambda r: r.__setitem__("continues", {"run": 0}), 'has no "text"'),
+    ],
+)
+def test_a_continuation_that_does_not_follow_from_its_run_is_refused(change: Any, message: str) -> None:
+    data = saved_runs_dict([recorded(), continued(recorded(), 0, "The")], {})
+    change(data["runs"][1])
+    with pytest.raises(SavedRunError, match=message):
+        parse_saved_runs(json.dumps(data))

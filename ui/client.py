@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import logging
 import time
 import uuid
@@ -109,8 +110,10 @@ class BackendRun:
         self, run: SavedRun, speed: float = 1.0, options: dict[str, Any] | None = None
     ) -> RunView:
         """Connect, send `replay` (the saved `run`, streamed `speed` times as fast as it was
-        recorded, with `options` such as consumer and fanout), wait for `accepted`; as `start`."""
-        frame = replay_frame(self.request_id, saved_run_dict(run), speed=speed, **(options or {}))
+        recorded, with `options` such as consumer and fanout), wait for `accepted`; as `start`. A
+        continuation goes as a run of its own (the frame holds one run, not the one it continued)."""
+        alone = dataclasses.replace(run, continues=None)
+        frame = replay_frame(self.request_id, saved_run_dict(alone), speed=speed, **(options or {}))
         return await self._open(frame)
 
     async def _open(self, frame: dict[str, Any]) -> RunView:

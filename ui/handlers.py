@@ -18,26 +18,36 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import functools
 import json
 import os
 import tempfile
 import time
 import weakref
 from collections.abc import AsyncIterator, Awaitable, Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import gradio as gr
 
-from backend.saved_run import SAVED_RUN_BYTES_MAX, SavedRunError, load_saved_run, saved_run_json
+from backend.saved_run import (
+    RUNS_MAX,
+    SAVED_RUN_BYTES_MAX,
+    Continues,
+    SavedRun,
+    SavedRunError,
+    load_saved_runs,
+    saved_runs_json,
+)
 from ui.answers_view import AnswersPanel
 from ui.answers_view import empty_outputs as empty_answers
 from ui.client import CLOSE_TIMEOUT_S, BackendError, BackendRun
 from ui.engine_info import EngineStartTimeout, wait_until_started
 from ui.run_request import EXPERIMENT_FIELDS, InputProblem, RunRequest, run_request
 from ui.sample_grid import empty_value
+from ui.sample_tree import SampleTree
 from ui.sample_tree_view import empty_value as empty_tree
-from ui.sample_tree_view import tree_value
+from ui.sample_tree_view import lineage_value, split_id, tree_value
 from ui.trace_view import panel_html
 from ui.view import RunView, samples_value, status_markdown, summary_markdown
 from ui.visitor_limits import Ticket, VisitorLedger, VisitorLimitReached, VisitorLimits, visitor_address
@@ -55,18 +65,27 @@ tenth of the page's main thread at n=32 x 500 tok/s when drawn every update (doc
 "What the browser page costs")."""
 
 
-def outputs_for(view: RunView, answers: AnswersPanel | None = None, with_trace: bool = True) -> list[Any]:
+def outputs_for(
+    view: RunView,
+    answers: AnswersPanel | None = None,
+    with_trace: bool = True,
+    lineage: Lineage | None = None,
+) -> list[Any]:
     """The page's outputs (columns, status line, summary, trace panel, answers chart and line,
     token tree) for `view`; the summary and the trace panel only `with_trace`, the answers when a
-    sample finished."""
+    sample finished; the tree with the earlier runs of its `lineage` where `view` is its last run's."""
     shown = view.n if view.accepted else 0
+    if lineage is not None and lineage.runs and lineage.runs[-1].view is view:
+        tree = lineage_value([run.view.tree for run in lineage.runs], lineage.parents, view.request_id)
+    else:
+        tree = tree_value(view.tree, view.request_id)
     return [
         samples_value(view, time.monotonic()),
         status_markdown(view),
         summary_markdown(view) if with_trace else gr.skip(),
         panel_html(view.trace, shown) if with_trace else gr.skip(),
         *(answers.outputs(view) if answers is not None else [gr.skip(), gr.skip()]),
-        tree_value(view.tree, view.request_id),
+        tree,
     ]
 
 
@@ -86,6 +105,51 @@ def status_only(line: str) -> list[Any]:
 
 class CannotContinue(Exception):
     """A branch of the token tree that cannot be continued; the message says why, for the page."""
+
+
+@dataclass
+class Lineage:
+    """A session's tree of runs: its first run, then each run that continued a branch of an earlier
+    one, in the order they ran, with the (run position, node id) each continued."""
+
+    runs: list[BackendRun] = field(default_factory=list)
+    parents: list[tuple[int, int] | None] = field(default_factory=list)
+
+    def add(self, run: BackendRun, parent: tuple[int, int] | None) -> None:
+        """`run`, continuing node `parent` (None: a run of its own, which starts a new tree)."""
+        if parent is None:
+            self.runs.clear()
+            self.parents.clear()
+        self.runs.append(run)
+        self.parents.append(parent)
+
+    def saved_runs(self, source: dict[str, str]) -> list[SavedRun]:
+        """Every run of the tree as a saved run, each continuation saying which branch it continued
+        (SavedRunError while a run has not finished)."""
+        saved = []
+        for run, parent in zip(self.runs, self.parents, strict=True):
+            if run.recorder is None:
+                raise SavedRunError("a run of this tree never started")
+            one = run.recorder.saved_run(source)
+            if parent is not None:
+                position, node_id = parent
+                tree = self.runs[position].view.tree
+                node = tree.find(node_id)
+                text = tree.text_to(node) if node is not None else ""
+                one = dataclasses.replace(one, continues=Continues(position, text))
+            saved.append(one)
+        return saved
+
+
+def branch_node(tree: SampleTree, text: str) -> int:
+    """The id of the node of `tree` whose text (from the root) is `text`, or else of the deepest node
+    whose text begins it: where a replayed continuation's branches are drawn."""
+    best, best_length = tree.root, 0
+    for node, _ in tree.walk():
+        reached = tree.text_to(node)
+        if len(reached) > best_length and text.startswith(reached):
+            best, best_length = node, len(reached)
+    return best.id
 
 
 @dataclass(frozen=True)
@@ -155,6 +219,8 @@ class Handlers:
         self._background: set[asyncio.Task[Any]] = set()
         self._origins: weakref.WeakKeyDictionary[BackendRun, Origin] = weakref.WeakKeyDictionary()
         """Each run's prompt, format, system prompt and prefix, for continuing its branches."""
+        self._lineages: dict[str, Lineage] = {}
+        """Each browser session's tree of runs: its current run and the earlier runs it continues."""
 
     async def generate(self, request: gr.Request, **settings: Any) -> AsyncIterator[list[Any]]:
         """Start a run and stream its view to the page until it is done."""
@@ -167,6 +233,7 @@ class Handlers:
         options = wanted.options
         system = options.get("system", "")
         self._origins[run] = Origin(wanted.prompt, options["format"], system, "")
+        self._lineages.setdefault(session, Lineage()).add(run, None)
         start = lambda: run.start(wanted.prompt, wanted.n, wanted.params, wanted.options)  # noqa: E731
         async for outputs in self._stream(session, run, ticket, wanted.answer_pattern, start, True):
             yield outputs
@@ -181,7 +248,7 @@ class Handlers:
         backend refuses) is said in the status line, and the columns and tree stay as they are."""
         session = _session(request)
         try:
-            origin = self._continuable(session, event.index, event.value)
+            origin, parent = self._continuable(session, event.index, event.value)
             of_the_run = {"prompt": origin.prompt, "format": origin.prompt_format, "system": origin.system}
             base = run_request({**settings, **of_the_run})
             wanted = dataclasses.replace(base, options={**base.options, "prefix": origin.prefix})
@@ -192,6 +259,7 @@ class Handlers:
             return
         run.view.prefix = origin.prefix
         self._origins[run] = origin
+        self._lineages.setdefault(session, Lineage()).add(run, parent)
         start = lambda: run.start(wanted.prompt, wanted.n, wanted.params, wanted.options)  # noqa: E731
 
         def refused(message: str) -> list[Any]:
@@ -203,11 +271,13 @@ class Handlers:
         async for outputs in self._stream(session, run, ticket, wanted.answer_pattern, start, True, refused):
             yield outputs
 
-    def _continuable(self, session: str, node_id: Any, run_id: Any) -> Origin:
-        """What continuing node `node_id` of run `run_id`'s tree asks for; CannotContinue says why
-        it cannot be."""
+    def _continuable(self, session: str, node_id: Any, run_id: Any) -> tuple[Origin, tuple[int, int]]:
+        """What continuing node `node_id` of the tree of run `run_id` (the page's run, and the runs
+        it continues) asks for, and the (run position, node id) it continues; CannotContinue says
+        why it cannot be."""
         run = self._runs.get(session)
-        if run is None:
+        lineage = self._lineages.get(session)
+        if run is None or lineage is None or not lineage.runs or lineage.runs[-1] is not run:
             raise CannotContinue(
                 "this page has no run to continue (the server restarted, or the run was closed): "
                 "press Generate"
@@ -217,62 +287,77 @@ class Handlers:
                 f"this tree is of run {str(run_id)[:40]!r}, but the page's run is now {run.request_id}: "
                 "continue from a branch of the tree shown now"
             )
-        view = run.view
-        if not view.finished:
+        if not run.view.finished:
             raise CannotContinue("the run is still streaming: let it finish, or Cancel it, then continue")
-        node = view.tree.find(node_id) if isinstance(node_id, int) else None
-        if node is None:
+        if len(lineage.runs) >= RUNS_MAX:
             raise CannotContinue(
-                f"run {run.request_id}'s tree has no branch {str(node_id)[:20]!r} (any more)"
+                f"this tree has {RUNS_MAX} runs, the most one keeps: press Generate to start a new one"
             )
-        known = self._origins.get(run)
+        position, local = split_id(node_id) if isinstance(node_id, int) and node_id >= 0 else (-1, -1)
+        target = lineage.runs[position] if 0 <= position < len(lineage.runs) else None
+        node = target.view.tree.find(local) if target is not None else None
+        if target is None or node is None:
+            raise CannotContinue(f"the tree on the page has no branch {str(node_id)[:20]!r} (any more)")
+        known = self._origins.get(target)
         if known is None:
             raise CannotContinue("this run cannot be continued: the page does not know its prompt")
+        view = target.view
         prompt_format = view.prompt_format or known.prompt_format
         system = known.system if prompt_format == "chat" else ""
-        return Origin(known.prompt, prompt_format, system, known.prefix + view.tree.text_to(node))
+        origin = Origin(known.prompt, prompt_format, system, known.prefix + view.tree.text_to(node))
+        return origin, (position, node.id)
 
     async def replay(
         self, path: str | None, speed_value: float, request: gr.Request, **settings: Any
     ) -> AsyncIterator[list[Any]]:
         """Replay an uploaded saved run through the backend and stream its view to the page; a file
-        that is not a saved run this page can replay gets an error in the status line."""
+        of a run and its continuations replays them one after another, in order, each growing from
+        the branch it continued in the tree. A file that is not a saved run this page can replay
+        gets an error in the status line."""
         if not path:
             return
         try:
-            saved = await asyncio.to_thread(load_saved_run, path)
+            runs = await asyncio.to_thread(load_saved_runs, path)
         except SavedRunError as exc:
             # Only the status line says so: the columns keep the run they show.
-            message = f"**Error:** {os.path.basename(path)} cannot be replayed: {exc}"
-            yield status_only(message)
+            yield status_only(f"**Error:** {os.path.basename(path)} cannot be replayed: {exc}")
             return
-        try:
-            # The saved run's own request, with this page's experiment settings: checked and
-            # counted against the visitor's limits as a Generate of the same size would be.
-            params = saved.params
-            of_the_run = {
-                "prompt": saved.prompt,
-                "n": saved.n,
-                "max_tokens": params.max_tokens,
-                "temperature": params.temperature,
-                "top_p": params.top_p,
-                "seed": params.seed,
-                "format": saved.prompt_format,
-                "system": saved.system,
-                "logprobs": params.logprobs,
-            }
-            wanted = run_request({**settings, **of_the_run})
-            session, run, ticket = self._new_run(request, wanted)
-        except (InputProblem, VisitorLimitReached) as exc:
-            yield status_only(f"**Error:** {exc}")
-            return
-        options = {key: wanted.options[key] for key in EXPERIMENT_FIELDS if key in wanted.options}
-        # A branch of a replayed run continues on this server's engine, from the recorded prompt.
-        self._origins[run] = Origin(saved.prompt, saved.prompt_format, saved.system, "")
-        speed = float(speed_value or 1.0)
-        start = lambda: run.replay(saved, speed, options)  # noqa: E731
-        async for outputs in self._stream(session, run, ticket, wanted.answer_pattern, start):
-            yield outputs
+        for position, saved in enumerate(runs):
+            try:
+                # The saved run's own request, with this page's experiment settings: checked and
+                # counted against the visitor's limits as a Generate of the same size would be.
+                params = saved.params
+                of_the_run = {
+                    "prompt": saved.prompt,
+                    "n": saved.n,
+                    "max_tokens": params.max_tokens,
+                    "temperature": params.temperature,
+                    "top_p": params.top_p,
+                    "seed": params.seed,
+                    "format": saved.prompt_format,
+                    "system": saved.system,
+                    "logprobs": params.logprobs,
+                }
+                wanted = run_request({**settings, **of_the_run})
+                session, run, ticket = self._new_run(request, wanted)
+            except (InputProblem, VisitorLimitReached) as exc:
+                yield status_only(f"**Error:** {exc}")
+                return
+            options = {key: wanted.options[key] for key in EXPERIMENT_FIELDS if key in wanted.options}
+            # A branch of a replayed run continues on this server's engine, from the recorded prompt.
+            self._origins[run] = Origin(saved.prompt, saved.prompt_format, saved.system, saved.prefix)
+            run.view.prefix = saved.prefix
+            lineage = self._lineages.setdefault(session, Lineage())
+            parent = None
+            if position and saved.continues is not None:
+                where = saved.continues
+                parent = (where.run, branch_node(lineage.runs[where.run].view.tree, where.text))
+            lineage.add(run, parent if position else None)
+            start = functools.partial(run.replay, saved, float(speed_value or 1.0), options)
+            async for outputs in self._stream(session, run, ticket, wanted.answer_pattern, start):
+                yield outputs
+            if not run.view.finished or self._runs.get(session) is not run:
+                return  # cancelled, or refused: the runs after it are not replayed
 
     def _new_run(self, request: gr.Request, wanted: RunRequest) -> tuple[str, BackendRun, Ticket]:
         """A new run of `wanted` for this session, counted for its visitor (VisitorLimitReached says
@@ -361,11 +446,13 @@ class Handlers:
                 self._forget(session, run)
                 yield (refused or error_outputs)(str(exc))
                 return
-            yield outputs_for(view, answers)
+            lineage = self._lineages.get(session)
+            yield outputs_for(view, answers, lineage=lineage)
             count = 0
             async for view in run.updates(1.0 / UPDATES_PER_S):
                 count += 1
-                yield outputs_for(view, answers, with_trace=view.finished or count % TRACE_EVERY == 0)
+                with_trace = view.finished or count % TRACE_EVERY == 0
+                yield outputs_for(view, answers, with_trace, lineage)
         finally:
             streaming.set()
             self._streaming.pop(run, None)
@@ -400,7 +487,7 @@ class Handlers:
                 with contextlib.suppress(TimeoutError):
                     async with asyncio.timeout(CLOSE_TIMEOUT_S):
                         await streaming.wait()
-        return outputs_for(run.view, self._answers.get(session))
+        return outputs_for(run.view, self._answers.get(session), lineage=self._lineages.get(session))
 
     async def export(self, request: gr.Request) -> Any:
         """This session's run's trace as a Perfetto JSON file to download."""
@@ -418,15 +505,22 @@ class Handlers:
         return gr.File(value=handle.name, visible=True)
 
     async def download_run(self, request: gr.Request) -> Any:
-        """This session's finished run as a saved run file to download (docs/protocol.md, "Saved runs")."""
-        run = self._runs.get(_session(request))
+        """This session's finished run, with the earlier runs of its tree that it continues, as a
+        saved run file to download (docs/protocol.md, "Saved runs")."""
+        session = _session(request)
+        run = self._runs.get(session)
+        lineage = self._lineages.get(session)
         if run is None or run.recorder is None:
             raise gr.Error("Nothing to download yet: press Generate first.")
         if not run.view.finished:
             raise gr.Error("The run is still streaming: download it once it has finished, or Cancel it.")
         source = {"recorded_with": "the dashboard page's Download run"}
         try:
-            text = saved_run_json(run.recorder.saved_run(source), indent=1)
+            if lineage is not None and lineage.runs and lineage.runs[-1] is run:
+                runs = lineage.saved_runs(source)
+            else:
+                runs = [run.recorder.saved_run(source)]
+            text = saved_runs_json(runs, source, indent=1)
         except SavedRunError as exc:
             raise gr.Error(f"This run cannot be saved: {exc}") from None
         size = len(text.encode())
@@ -446,6 +540,7 @@ class Handlers:
         """A closed tab: cancel and close its run."""
         session = _session(request)
         run = self._runs.get(session)
+        self._lineages.pop(session, None)
         if run is not None:
             self._forget(session, run)
             await _cancel_and_close(run)
@@ -464,6 +559,10 @@ class Handlers:
         if self._runs.get(session) is run:
             del self._runs[session]
             self._answers.pop(session, None)
+        lineage = self._lineages.get(session)
+        if lineage is not None and lineage.runs and lineage.runs[-1] is run:
+            lineage.runs.pop()
+            lineage.parents.pop()
 
     def _in_background(self, coroutine: Any) -> None:
         task = asyncio.create_task(coroutine)

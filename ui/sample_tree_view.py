@@ -34,28 +34,67 @@ LABEL_HEAD = 40
 LABEL_TAIL = 18
 
 
-ROW_FIELDS = ("id", "level", "count", "samples", "p", "size", "ends", "text")
-"""A row's fields, in the order of its JSON array."""
+ROW_FIELDS = ("id", "level", "count", "samples", "p", "size", "ends", "text", "earlier")
+"""A row's fields, in the order of its JSON array (`earlier`: 1 for a node of an earlier run of the
+tree, drawn dimmed, its samples not in the columns)."""
+
+RUN_STRIDE = 1 << 20
+"""A node's id in a tree of several runs: its run's position times RUN_STRIDE, plus its id in that
+run's tree (`lineage_value`, `split_id`)."""
 
 
 def tree_value(tree: SampleTree, run: str) -> dict[str, Any]:
     """The panel's value for `tree`, the tree of run `run` (a new run clears the page's pick): one
     JSON string per node (`ROW_FIELDS`), depth first."""
-    rows = []
-    for node, level in tree.walk():
-        probability = tree.probability(node)
-        row = [
-            node.id,
-            level,
-            node.count,
-            sample_indices(node.samples),
-            None if probability is None else round(probability, 4),
-            node.length if tree.unit == TOKENS else tree.edge_chars(node),
-            (node.ends & tree.finished).bit_count(),
-            _label(tree, node),
-        ]
-        rows.append(json.dumps(row, ensure_ascii=False, separators=(",", ":")))
+    return lineage_value([tree], [None], run)
+
+
+def lineage_value(trees: list[SampleTree], parents: list[tuple[int, int] | None], run: str) -> dict[str, Any]:
+    """The panel's value for a run and the runs it continues: `trees[i]` is run i's tree and
+    `parents[i]` the (run position, node id) whose branch it continued (None for the first). The last
+    run is the one on the page (`run`); the earlier runs' nodes are drawn dimmed, and each run's
+    branches grow from the node it continued (its root is that node). Node ids are
+    `position * RUN_STRIDE + id`."""
+    attached: dict[tuple[int, int], list[int]] = {}
+    for position, parent in enumerate(parents):
+        if parent is not None:
+            attached.setdefault(parent, []).append(position)
+    current = len(trees) - 1
+    rows: list[str] = []
+
+    def emit(position: int, offset: int) -> None:
+        tree = trees[position]
+        for node, level in tree.walk():
+            if offset and node is tree.root:
+                continue  # a continuation's root is the node it continued, drawn already
+            rows.append(_row(tree, node, level + offset, position, position != current))
+            for child in attached.get((position, node.id), []):
+                emit(child, level + offset)
+
+    emit(0, 0)
+    tree = trees[current]
     return {"run": run, "n": tree.n, "unit": tree.unit, "nodes": rows if tree.n else []}
+
+
+def split_id(node_id: int) -> tuple[int, int]:
+    """A panel node id as (run position, node id in that run's tree)."""
+    return divmod(node_id, RUN_STRIDE)
+
+
+def _row(tree: SampleTree, node: Node, level: int, position: int, earlier: bool) -> str:
+    probability = tree.probability(node)
+    row = [
+        position * RUN_STRIDE + node.id,
+        level,
+        node.count,
+        [] if earlier else sample_indices(node.samples),
+        None if probability is None else round(probability, 4),
+        node.length if tree.unit == TOKENS else tree.edge_chars(node),
+        (node.ends & tree.finished).bit_count(),
+        _label(tree, node),
+        1 if earlier else 0,
+    ]
+    return json.dumps(row, ensure_ascii=False, separators=(",", ":"))
 
 
 def value_rows(value: dict[str, Any]) -> list[dict[str, Any]]:
@@ -104,6 +143,8 @@ CSS = """
   background: none; color: inherit; font: inherit; cursor: pointer; }
 .tree-node:hover { border-color: var(--border-color-primary, #cbd5e1); }
 .tree-node.picked { border-color: #7c3aed; background: rgba(124, 58, 237, 0.12); }
+.tree-node.earlier { opacity: 0.5; }
+.tree-node.earlier.picked { opacity: 0.85; }
 .tree-count { font-weight: 600; min-width: 1.7em; text-align: center; border-radius: 9px; padding: 0 5px;
   background: var(--background-fill-secondary, #e2e8f0); font-variant-numeric: tabular-nums; }
 .tree-p { border-radius: 3px; padding: 0 3px; font-variant-numeric: tabular-nums; }
@@ -135,7 +176,7 @@ function colour(p) {
   return `hsla(${Math.round(120 * p)}, 85%, 55%, 0.35)`;
 }
 
-const FIELDS = ['id', 'level', 'count', 'samples', 'p', 'size', 'ends', 'text'];
+const FIELDS = ['id', 'level', 'count', 'samples', 'p', 'size', 'ends', 'text', 'earlier'];
 
 function parse(row) {
   const fields = JSON.parse(row);
@@ -148,7 +189,8 @@ function parse(row) {
 function highlight() {
   const grid = document.querySelector('#samples .sample-grid');
   if (grid) {
-    if (picked) grid.dataset.picking = ''; else delete grid.dataset.picking;
+    // A node of an earlier run has no columns on the page: nothing to mark.
+    if (picked && picked.samples.length) grid.dataset.picking = ''; else delete grid.dataset.picking;
     grid.querySelectorAll('[id^="column-"]').forEach((col) => {
       const index = Number(col.id.slice(7));
       if (picked && picked.samples.includes(index)) col.dataset.picked = '';
@@ -195,8 +237,10 @@ function show(it, node, unit, n) {
   it.shown = node.row;
   const names = node.samples.map((i) => `#${i}`).join(' ');
   it.button.dataset.samples = node.samples.join(',');
-  it.button.title = node.level === 0
-    ? `${n} samples` : `${node.count} of ${n} samples took this branch: ${names}`;
+  it.button.classList.toggle('earlier', Boolean(node.earlier));
+  it.button.title = node.earlier
+    ? `an earlier run of this tree: ${node.count} of its samples took this branch`
+    : node.level === 0 ? `${n} samples` : `${node.count} of ${n} samples took this branch: ${names}`;
   it.count.textContent = String(node.count);
   const hasP = node.p !== null && node.p !== undefined;
   it.p.hidden = !hasP;
