@@ -71,6 +71,10 @@ async def test_a_continuation_writes_on_from_the_branch_it_continues(engine: Emb
     # A fresh prompt copies only the chat template's head, whatever was kept before it.
     _, _, fresh = await collect(engine.generate(Prompt(story), 1, params(2, temperature=0)), 1)
     assert 0 < fresh[0].meta["cached_tokens"] < len(engine.prompt_ids(Prompt(story))) - 5, fresh[0].meta
+    # A branch past the context: refused before any work, saying so.
+    with pytest.raises(RequestRejected) as refused:
+        engine.validate(Prompt(story, prefix="lighthouse " * 600), 1, params(6))
+    assert refused.value.code == "prompt_too_long" and "the context is 512" in str(refused.value)
     # raw: the prefix is more text after the prompt's
     raw = Prompt("The capital of France is", "raw", prefix=" Paris, and the capital of")
     assert engine.prompt_ids(raw) == list(tokenizer(raw.text + raw.prefix)["input_ids"])

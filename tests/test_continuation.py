@@ -1,0 +1,151 @@
+"""Continuing a branch of the token tree through the page's handlers, against a real backend: a
+continuation streams as a new run from the branch's text and grows the tree from that branch; every
+branch that cannot be continued (no run, a stale page, a node not in the tree, a run still streaming,
+a backend gone, a text past the prompt limit) is said in the status line while the columns, the tree
+and the session's run stay as they were."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from types import SimpleNamespace
+from typing import Any
+
+import gradio as gr
+
+from backend.config.settings import Limits
+from backend.engines.synthetic import SyntheticEngine
+from tests.support.backends import serving
+from ui.handlers import Handlers
+from ui.sample_tree_view import RUN_STRIDE, value_rows
+from ui.view import PREFIX_TAIL_CHARS
+
+SKIP = gr.skip()
+
+SETTINGS = (2, 8, 0.8, 0.95, 5, "cooperative", 0, "n", "delta", None, False, "")
+"""n, max tokens, temperature, top-p, seed, consumer, block ms, fan-out, outputs, cancel-after,
+token confidence, answer pattern: what the page sends beside a continuation."""
+
+
+def page(session: str = "one-page") -> Any:
+    return SimpleNamespace(session_hash=session, client=None, headers={})
+
+
+async def generate(
+    handlers: Handlers, request: Any, prompt: str = "Tell a story.", **change: Any
+) -> list[Any]:
+    """A Generate run to its end; its last outputs."""
+    settings = {"n": 2, "max_tokens": 8, "seed": 5, **change}
+    args = (prompt, settings["n"], settings["max_tokens"], 0.8, 0.95, settings["seed"], "cooperative", 0, "n")
+    last: list[Any] = []
+    async for outputs in handlers.generate(*args, "chat", "", "delta", None, False, "", request):
+        last = outputs
+    return last
+
+
+async def continue_from(
+    handlers: Handlers, request: Any, node: int, run: str, **change: Any
+) -> list[list[Any]]:
+    """The outputs of a continuation of `node` of run `run`'s tree, to its end."""
+    settings = list(SETTINGS)
+    if "max_tokens" in change:
+        settings[1] = change["max_tokens"]
+    event = SimpleNamespace(index=node, value=run)
+    return [outputs async for outputs in handlers.continue_from(*settings, event, request)]
+
+
+def leaf(tree_value: dict[str, Any], sample: int) -> dict[str, Any]:
+    """The row of the node where sample `sample`'s branch ends (the deepest row holding it)."""
+    return [row for row in value_rows(tree_value) if sample in row["samples"]][-1]
+
+
+async def test_a_continuation_streams_from_the_branch_and_grows_the_tree_from_it() -> None:
+    async with serving(SyntheticEngine(rate=200, jitter=0.1), Limits()) as backend:
+        handlers = Handlers(backend.url)
+        request = page()
+        first = await generate(handlers, request)
+        run_id = first[6]["run"]
+        texts = [column["text"] for column in first[0]["samples"]]
+        node = leaf(first[6], 0)
+        outputs = await continue_from(handlers, request, node["id"], run_id)
+        last = outputs[-1]
+        assert "Continuing from a branch" in last[1] and "finished" in last[1]
+        assert last[0]["prefix"] == texts[0][-PREFIX_TAIL_CHARS:]  # shown above each column
+        assert all(column["text"] for column in last[0]["samples"])
+        run = handlers._runs["one-page"]
+        assert run.recorder is not None and run.recorder.prefix == texts[0]  # the frame's prefix
+        rows = value_rows(last[6])
+        assert last[6]["run"] == run.request_id != run_id
+        earlier = [row for row in rows if row["earlier"]]
+        assert len(earlier) == 3 and all(row["samples"] == [] for row in earlier)
+        # The new run's two branches come right after the node they continue, one level under it.
+        at = next(i for i, row in enumerate(rows) if row["id"] == node["id"])
+        assert [row["level"] for row in rows[at + 1 : at + 3]] == [node["level"] + 1] * 2
+        assert all(row["id"] >= RUN_STRIDE and not row["earlier"] for row in rows[at + 1 : at + 3])
+
+
+async def test_a_branch_that_cannot_be_continued_is_said_and_the_page_keeps_its_run() -> None:
+    async with serving(SyntheticEngine(rate=200, jitter=0.1), Limits()) as backend:
+        handlers = Handlers(backend.url)
+        request = page()
+        nothing = await continue_from(handlers, request, 1, "r-gone")
+        assert len(nothing) == 1 and nothing[0][0] == SKIP and nothing[0][6] == SKIP
+        assert "no run to continue" in nothing[0][1]
+
+        first = await generate(handlers, request)
+        run_id = first[6]["run"]
+        node = leaf(first[6], 1)["id"]
+        cases = [
+            (node, "r-from-an-old-tab", "this tree is of run 'r-from-an-old-tab'"),
+            (987_654, run_id, "has no branch"),
+            (-3, run_id, "has no branch"),
+            ("1", run_id, "has no branch"),
+        ]
+        for node_id, run, words in cases:
+            outputs = await continue_from(handlers, request, node_id, run)  # type: ignore[arg-type]
+            assert len(outputs) == 1 and words in outputs[0][1], outputs[0][1]
+            assert outputs[0][0] == SKIP and outputs[0][6] == SKIP  # columns and tree stay
+        assert handlers._runs["one-page"].request_id == run_id
+
+        # A run still streaming: continue once it has finished (or been cancelled).
+        streaming = handlers.generate(
+            "Tell a long story.", 2, 2000, 0.8, 0.95, 5, "cooperative", 0, "n", "chat", "", "delta",
+            None, False, "", request,
+        )  # fmt: skip
+        shown = await anext(streaming)
+        outputs = await continue_from(handlers, request, 1, shown[6]["run"])
+        assert "still streaming" in outputs[0][1]
+        await streaming.aclose()
+
+
+async def test_a_continuation_the_backend_refuses_leaves_the_earlier_run_on_the_page() -> None:
+    """A text past the prompt limit, then a backend gone: the status line says why, and the earlier
+    run stays the session's, its branches still continuable once the cause is gone."""
+    async with contextlib.AsyncExitStack() as stack:
+        backend = await stack.enter_async_context(serving(SyntheticEngine(rate=2000, jitter=0.1), Limits()))
+        handlers = Handlers(backend.url)
+        request = page()
+        # 12,000 characters of prompt and a sample of more than 4,000: past the 16,000 a prompt may have.
+        first = await generate(handlers, request, "x " * 6000, max_tokens=2000)
+        run_id = first[6]["run"]
+        texts = [column["text"] for column in first[0]["samples"]]
+        longest = max(range(2), key=lambda i: len(texts[i]))
+        assert len(texts[longest]) > 4100, [len(text) for text in texts]
+        deep = leaf(first[6], longest)["id"]
+        outputs = await continue_from(handlers, request, deep, run_id, max_tokens=8)
+        assert "could not be continued" in outputs[-1][1] and "the limit is 16000" in outputs[-1][1]
+        assert all(out[0] == SKIP for out in outputs)  # the columns stay the earlier run's
+        assert handlers._runs["one-page"].request_id == run_id
+        # The tree's root (the prompt alone) is within the limit: it continues.
+        outputs = await continue_from(handlers, request, 0, run_id, max_tokens=8)
+        assert "finished" in outputs[-1][1] and "Error" not in outputs[-1][1], outputs[-1][1]
+        second = handlers._runs["one-page"].request_id
+
+        await backend.close()  # the backend goes away
+        await asyncio.sleep(0.1)
+        tree = outputs[-1][6]
+        own = next(row["id"] for row in value_rows(tree) if not row["earlier"])
+        for _ in range(2):  # said each time; the run stays the session's
+            gone = await continue_from(handlers, request, own, second, max_tokens=8)
+            assert "could not be continued" in gone[-1][1] and "unreachable" in gone[-1][1], gone[-1][1]
+            assert handlers._runs["one-page"].request_id == second
