@@ -22,9 +22,22 @@ from ui.view import PREFIX_TAIL_CHARS
 
 SKIP = gr.skip()
 
-SETTINGS = (2, 8, 0.8, 0.95, 5, "cooperative", 0, "n", "delta", None, False, "")
-"""n, max tokens, temperature, top-p, seed, consumer, block ms, fan-out, outputs, cancel-after,
-token confidence, answer pattern: what the page sends beside a continuation."""
+SETTINGS: dict[str, Any] = {
+    "n": 2,
+    "max_tokens": 8,
+    "temperature": 0.8,
+    "top_p": 0.95,
+    "seed": 5,
+    "consumer": "cooperative",
+    "block_ms": 0,
+    "fanout": "n",
+    "output_kind": "delta",
+    "cancel_after": None,
+    "logprobs": False,
+    "answer_pattern": "",
+}
+"""What the page sends beside a continuation (its run settings but the prompt, format and system
+prompt, which are the continued run's)."""
 
 
 def page(session: str = "one-page") -> Any:
@@ -35,10 +48,9 @@ async def generate(
     handlers: Handlers, request: Any, prompt: str = "Tell a story.", **change: Any
 ) -> list[Any]:
     """A Generate run to its end; its last outputs."""
-    settings = {"n": 2, "max_tokens": 8, "seed": 5, **change}
-    args = (prompt, settings["n"], settings["max_tokens"], 0.8, 0.95, settings["seed"], "cooperative", 0, "n")
+    settings = {**SETTINGS, "prompt": prompt, "format": "chat", "system": "", **change}
     last: list[Any] = []
-    async for outputs in handlers.generate(*args, "chat", "", "delta", None, False, "", request):
+    async for outputs in handlers.generate(request, **settings):
         last = outputs
     return last
 
@@ -47,11 +59,8 @@ async def continue_from(
     handlers: Handlers, request: Any, node: int, run: str, **change: Any
 ) -> list[list[Any]]:
     """The outputs of a continuation of `node` of run `run`'s tree, to its end."""
-    settings = list(SETTINGS)
-    if "max_tokens" in change:
-        settings[1] = change["max_tokens"]
     event = SimpleNamespace(index=node, value=run)
-    return [outputs async for outputs in handlers.continue_from(*settings, event, request)]
+    return [outputs async for outputs in handlers.continue_from(event, request, **{**SETTINGS, **change})]
 
 
 def leaf(tree_value: dict[str, Any], sample: int) -> dict[str, Any]:
@@ -108,10 +117,14 @@ async def test_a_branch_that_cannot_be_continued_is_said_and_the_page_keeps_its_
         assert handlers._runs["one-page"].request_id == run_id
 
         # A run still streaming: continue once it has finished (or been cancelled).
-        streaming = handlers.generate(
-            "Tell a long story.", 2, 2000, 0.8, 0.95, 5, "cooperative", 0, "n", "chat", "", "delta",
-            None, False, "", request,
-        )  # fmt: skip
+        long = {
+            **SETTINGS,
+            "prompt": "Tell a long story.",
+            "max_tokens": 2000,
+            "format": "chat",
+            "system": "",
+        }
+        streaming = handlers.generate(request, **long)
         shown = await anext(streaming)
         outputs = await continue_from(handlers, request, 1, shown[6]["run"])
         assert "still streaming" in outputs[0][1]
