@@ -638,7 +638,7 @@ def warm_compile_caches() -> dict[str, str]:
 
 
 def launch_sglang_app(
-    model: Path,
+    model: Path | None,
     log: Path,
     engine: str = "sglang-engine",
     env: dict[str, str] | None = None,
@@ -666,7 +666,8 @@ def launch_sglang_app(
         env |= {"DASHBOARD_PORT": str(port), "DASHBOARD_BACKEND_PORT": str(backend_port)}
         assert env["DASHBOARD_ENGINE"] == engine, env["DASHBOARD_ENGINE"]
     else:
-        command = [str(python), str(ROOT / "app.py"), "--engine", engine, "--model", str(model)]
+        command = [str(python), str(ROOT / "app.py"), "--engine", engine]
+        command += ["--model", str(model)] if model is not None else []
         command += ["--host", "127.0.0.1", "--port", str(port), "--backend-port", str(backend_port)]
     with log.open("wb") as out:
         process = subprocess.Popen(
@@ -682,9 +683,9 @@ def launch_sglang_app(
 
 
 def start_sglang_app(
-    model: Path, log: Path, engine: str = "sglang-engine", env: dict[str, str] | None = None
+    model: Path | None, log: Path, engine: str = "sglang-engine", env: dict[str, str] | None = None
 ) -> SGLangApp:
-    """`launch_sglang_app`, then wait for its page."""
+    """`launch_sglang_app` (without `--model` where `model` is None), then wait for its page."""
     app = launch_sglang_app(model, log, engine, env)
     app.wait_page()
     return app
@@ -776,10 +777,18 @@ def test_app_py_serves_in_process_sglang(tmp_path: Path) -> None:
     running."""
     from gradio_client import Client
 
-    app = start_sglang_app(MODEL, tmp_path / "app.log")
+    # Without --model and with the hub off: SGLang loads the bundled model, converted where
+    # scripts/prepare-engine-envs.sh put it (MODEL), and the engine line says so.
+    offline = {"HF_HUB_OFFLINE": "1", "XDG_CACHE_HOME": str(CACHE.parent)}
+    bundled = CACHE.name == "parallel-sampling-dashboard"  # MODEL is where the dashboard looks
+    app = start_sglang_app(None if bundled else MODEL, tmp_path / "app.log", env=offline if bundled else None)
     try:
         health = app.wait_engine()
         assert health["engine_state"] == "ready", health
+        if bundled:
+            line, _ = asyncio.run(engine_line_now(app.ws_url))
+            assert f"the bundled SmolLM2-135M-Instruct, converted locally ({MODEL})" in line, line
+            assert "the Hugging Face Hub is off (HF_HUB_OFFLINE is set)" in line, line
         client = Client(app.url, verbose=False)
         final = client.predict(
             COLOUR_PROMPT,
