@@ -1,10 +1,12 @@
 """What one client's blocking-consumer experiment costs another client's stream.
 
-`python -m bench.blocking_neighbour` starts `python -m backend` on the synthetic engine in its own
-process. Client A runs n = 2 x 75 tokens in one consumer mode (at 200 ms a chunk that is the most
-the page lets one blocking run hold its loop, `ui.visitor_limits.BLOCKING_BUDGET_S`), on the main
-loop or on the backend's experiment loop (`backend.serving.experiments`, where the page sends
-blocking runs); meanwhile client B streams n = 2 x 150 tokens, cooperative, on the main loop. It
+`python -m bench.blocking_neighbour` starts `python -m backend` on the synthetic engine twice, each
+in its own process: once with `--experiment-port -1` (one loop for every client, the shared-loop
+lesson) and once as it runs by default (blocking runs on the experiment loop,
+`backend.serving.experiments`, the only door that takes them). Client A runs n = 2 x 75 tokens in
+one consumer mode (at 200 ms a chunk that is the most the page lets one blocking run hold its loop,
+`ui.visitor_limits.BLOCKING_BUDGET_S`), on the shared loop or on the experiment loop; meanwhile
+client B streams n = 2 x 150 tokens, cooperative, on the main loop. It
 prints, for each: B's longest and median gap between chunks, B's samples finished, A's loop lag
 (the longest in A's own trace frames: the experiment stays visible to the one who runs it) and how
 long A's run took.
@@ -95,19 +97,21 @@ def main() -> None:
     parser.add_argument("--block-ms", type=float, default=BLOCK_MS_MAX)
     parser.add_argument("--tokens", type=int, default=150, help="tokens of B's samples")
     args = parser.parse_args()
-    process, port = start_backend(["--engine", "synthetic", "--rate", str(args.rate), *LOCAL_LOAD_FLAGS])
-    url = f"ws://127.0.0.1:{port}{WS_PATH}"
+    flags = ["--engine", "synthetic", "--rate", str(args.rate), *LOCAL_LOAD_FLAGS]
+    shared, shared_port = start_backend([*flags, "--experiment-port", "-1"])
+    process, port = start_backend(flags)
     try:
         print(f"A: n=2 x 75 tokens; B: n=2 x {args.tokens} tokens, cooperative; {args.rate:g} tok/s")
         with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=10) as response:
             experiment_url = json.load(response)["experiment_url"]
+        one_loop, main = f"ws://127.0.0.1:{shared_port}{WS_PATH}", f"ws://127.0.0.1:{port}{WS_PATH}"
         rounds = (
-            ("cooperative", url, "main loop"),
-            ("blocking", url, "main loop"),
-            ("blocking", experiment_url, "experiment loop"),
+            ("cooperative", one_loop, one_loop, "main loop"),
+            ("blocking", one_loop, one_loop, "main loop"),
+            ("blocking", main, experiment_url, "experiment loop"),
         )
-        for mode, a_url, where in rounds:
-            r = asyncio.run(one_mode(url, a_url, mode, args.block_ms, args.tokens))
+        for mode, b_url, a_url, where in rounds:
+            r = asyncio.run(one_mode(b_url, a_url, mode, args.block_ms, args.tokens))
             print(
                 f"A {mode:<11} on the {where:<15} (block {args.block_ms if mode == 'blocking' else 0:g} ms): "
                 f"B longest gap {r['longest_gap_s'] * 1000:.0f} ms, "
@@ -117,6 +121,7 @@ def main() -> None:
             )
     finally:
         stop_process(process)
+        stop_process(shared)
 
 
 if __name__ == "__main__":
