@@ -1,4 +1,9 @@
-"""`python -m backend`: the websocket backend alone, for any websocket client."""
+"""`python -m backend`: the websocket backend alone, for any websocket client.
+
+It serves until SIGINT (Ctrl-C) or SIGTERM (what `kill`, systemd, `docker stop` and a container
+platform send) and on either closes its servers and stops its engine, so an SGLang server that
+`--engine auto` launched in a session of its own is stopped with it rather than left running.
+"""
 
 from __future__ import annotations
 
@@ -6,10 +11,12 @@ import argparse
 import asyncio
 import contextlib
 import logging
+import signal
 import sys
 
 from backend.config.engine_flags import add_engine_arguments
 from backend.config.server_flags import BACKEND_PORT, HOST, add_server_arguments, servers_from_args
+from backend.serving.servers import Servers
 
 
 def parser() -> argparse.ArgumentParser:
@@ -22,6 +29,16 @@ def parser() -> argparse.ArgumentParser:
     return arguments
 
 
+async def serve_until_terminated(servers: Servers) -> None:
+    """Serve until cancelled or sent SIGTERM; either way the servers close and the engine stops."""
+    serving = asyncio.current_task()
+    assert serving is not None
+    loop = asyncio.get_running_loop()
+    loop.add_signal_handler(signal.SIGTERM, serving.cancel)
+    with contextlib.suppress(asyncio.CancelledError):
+        await servers.serve_forever()
+
+
 def main(argv: list[str] | None = None) -> int:
     """Parse arguments, serve until interrupted; returns the exit status."""
     args = parser().parse_args(argv)
@@ -29,7 +46,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         servers = servers_from_args(args, args.host, args.backend_port)
         with contextlib.suppress(KeyboardInterrupt):
-            asyncio.run(servers.serve_forever())
+            asyncio.run(serve_until_terminated(servers))
     except (ValueError, OSError) as exc:
         print(f"backend: {exc}", file=sys.stderr)
         return 2

@@ -135,3 +135,40 @@ def test_app_py_and_every_child_are_gone_within_a_containers_grace(
             os.killpg(process.pid, signal.SIGKILL)
         kill_marked(mark)
         process.wait()
+
+
+@pytest.mark.timeout(300)
+def test_python_m_backend_stops_the_server_it_launched_on_sigterm(tmp_path: Path) -> None:
+    """`python -m backend --engine auto`, the backend alone, sent SIGTERM (`kill`, systemd, `docker
+    stop`): it exits and the SGLang server it launched in a session of its own (the stand-in, ignoring
+    SIGTERM as a stuck server would) is gone too, rather than left running with its memory."""
+    _, env = ENGINES["auto-launched-server"]
+    mark = f"backend-alone-{os.getpid()}-{time.monotonic_ns()}"
+    env = {key: value or str(tmp_path / "cache") for key, value in env.items()}
+    env = {**os.environ, **env, "GRADIO_ANALYTICS_ENABLED": "False", MARK: mark}
+    port = free_port()
+    command = [sys.executable, "-m", "backend", "--engine", "auto", "--host", "127.0.0.1"]
+    command += ["--port", str(port), "--no-trace"]
+    with (tmp_path / "backend.log").open("wb") as out:
+        process = subprocess.Popen(
+            command, cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True
+        )
+    try:
+        wait_for_http(f"http://127.0.0.1:{port}/health", process, 240)
+        assert backend_health(port)["engine_state"] == "ready", backend_health(port)
+        launched = [pid for pid, command in marked(mark) if "sglang.launch_server" in command]
+        assert launched, marked(mark)
+        signalled = time.monotonic()
+        process.send_signal(signal.SIGTERM)
+        while left := marked(mark):
+            took = time.monotonic() - signalled
+            assert took < CONTAINER_GRACE_S, f"still running {took:.1f} s after SIGTERM: {left}"
+            time.sleep(0.1)
+        assert process.wait(5) == 0, (tmp_path / "backend.log").read_text()
+        took = time.monotonic() - signalled
+        print(f"python -m backend: it and its launched server gone {took:.1f} s after SIGTERM")
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(process.pid, signal.SIGKILL)
+        kill_marked(mark)
+        process.wait()
