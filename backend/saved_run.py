@@ -648,6 +648,23 @@ class RunRecorder:
         elif kind == "done":
             self._done = dict(frame.get("stats") or {})
 
+    def _sample(self, index: int, chunks: list[Any]) -> dict[str, Any]:
+        """Sample `index` as the saved run's JSON has it, from its chunks and its `finish` frame."""
+        finish = self._finishes.get(index, {})
+        entries = [
+            [at, text, tokens] + ([list(lp)] if lp is not None else []) for at, text, tokens, lp in chunks
+        ]
+        return {
+            "index": index,
+            "seed": (finish.get("stats") or {}).get("seed", index),
+            "finish_reason": finish.get("reason", "error"),
+            "text": "".join(text for _, text, _, _ in chunks),
+            "tokens": sum(tokens for _, _, tokens, _ in chunks),
+            "chunks": entries,
+            "stats": finish.get("stats") or {},
+            "engine": finish.get("engine") or {},
+        }
+
     def saved_run(self, source: Mapping[str, str] | None = None) -> SavedRun:
         """The run (a run of its own: a continuation's `continues` is the caller's to set), with
         `source` saying where it was recorded; SavedRunError while it is not done (or if the frames
@@ -671,24 +688,7 @@ class RunRecorder:
             "stop": [stop] if isinstance(stop, str) else list(stop),
             "logprobs": self._logprobs,
         }
-        samples = []
-        for index, chunks in enumerate(self._chunks):
-            finish = self._finishes.get(index, {})
-            entries = [
-                [at, text, tokens] + ([list(lp)] if lp is not None else []) for at, text, tokens, lp in chunks
-            ]
-            samples.append(
-                {
-                    "index": index,
-                    "seed": (finish.get("stats") or {}).get("seed", index),
-                    "finish_reason": finish.get("reason", "error"),
-                    "text": "".join(text for _, text, _, _ in chunks),
-                    "tokens": sum(tokens for _, _, tokens, _ in chunks),
-                    "chunks": entries,
-                    "stats": finish.get("stats") or {},
-                    "engine": finish.get("engine") or {},
-                }
-            )
+        samples = [self._sample(index, chunks) for index, chunks in enumerate(self._chunks)]
         run = {
             "engine": accepted.get("engine", ""),
             "model": accepted.get("model", ""),

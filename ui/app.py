@@ -154,7 +154,7 @@ def build_demo(
                 controls, generate_btn, cancel_btn = _controls(limits)
             # The show: the status line, the columns and the loop trace beside them.
             with gr.Column(scale=9, elem_id="show"):
-                show = _show()
+                show = _show(handlers)
         _wire_runs(handlers, controls, generate_btn, cancel_btn, show)
         demo.unload(handlers.close_session_run)
     demo.queue(default_concurrency_limit=CONCURRENCY_LIMIT)
@@ -198,13 +198,21 @@ def _controls(limits: Limits) -> tuple[dict[str, Any], gr.Button, gr.Button]:
     return controls, generate_btn, cancel_btn
 
 
-def _show() -> dict[str, Any]:
+def _show(handlers: Handlers) -> dict[str, Any]:
     """The status line, the columns with the token tree, answers and summary under them, and beside
-    them the loop trace with its export and the saved-run controls; by name."""
+    them the loop trace with its export and the saved-run controls; by name. A column's Stop, Export
+    trace and Download run are wired here, beside their components."""
     show: dict[str, Any] = {"status": gr.Markdown(elem_id="status")}
     with gr.Row(equal_height=False):
         with gr.Column(scale=6):
             show["samples"] = sample_grid()
+            show["samples"].select(
+                handlers.stop_clicked,
+                concurrency_limit=None,
+                show_progress="hidden",
+                api_visibility="private",
+            )
+            gr.api(handlers.stop_sample, api_name="stop_sample", concurrency_limit=None)
             with gr.Accordion("Token tree (where the samples part)", open=True, elem_id="tree-panel"):
                 gr.Markdown(TREE_HELP)
                 show["tree"] = sample_tree()
@@ -214,9 +222,12 @@ def _show() -> dict[str, Any]:
             show["summary"] = gr.Markdown(elem_id="summary")
         with gr.Column(scale=4, min_width=340):
             show["trace"] = gr.HTML(panel_html_empty(), elem_id="trace")
-            show["export_btn"] = gr.Button("Export trace (Perfetto JSON)", size="sm", elem_id="export-trace")
-            show["trace_file"] = gr.File(label="trace export", visible=False, elem_id="trace-file")
-            show.update(_saved_run_controls())
+            export_btn = gr.Button("Export trace (Perfetto JSON)", size="sm", elem_id="export-trace")
+            trace_file = gr.File(label="trace export", visible=False, elem_id="trace-file")
+            export_btn.click(
+                handlers.export, outputs=trace_file, concurrency_limit=None, api_name="export_trace"
+            )
+            show.update(_saved_run_controls(handlers))
     return show
 
 
@@ -231,22 +242,12 @@ def _wire_runs(
     cancel_btn: gr.Button,
     show: dict[str, Any],
 ) -> None:
-    """Generate, a replayed saved run and a continued branch, each streaming into the show; Cancel,
-    a column's Stop, Export trace and Download run."""
+    """Generate, a replayed saved run and a continued branch, each streaming into the show from the
+    controls, and Cancel, which stops whichever runs: the wiring that joins the two sides of the page."""
     outputs = [show[name] for name in RUN_OUTPUTS]
     settings = {name: controls[name] for name in RUN_SETTINGS}
     run = {"outputs": outputs, "concurrency_limit": CONCURRENCY_LIMIT, "show_progress": "hidden"}
-    controls["format"].change(
-        lambda chosen: gr.Textbox(interactive=chosen == "chat"),
-        inputs=controls["format"],
-        outputs=controls["system"],
-        show_progress="hidden",
-        api_visibility="private",
-    )
     generate_event = generate_btn.click(handlers.generate, inputs_kwargs=settings, **run, api_name="generate")
-    show["download_btn"].click(
-        handlers.download_run, outputs=show["run_file"], concurrency_limit=None, api_name="download_run"
-    )
     replay_event = show["replay_upload"].upload(
         handlers.replay,
         inputs=[show["replay_upload"], show["replay_speed"]],
@@ -262,17 +263,11 @@ def _wire_runs(
     cancel_btn.click(
         handlers.cancel, outputs=outputs, concurrency_limit=None, show_progress="hidden", api_name="cancel"
     ).then(None, cancels=[generate_event, replay_event, continue_event], api_visibility="private")
-    show["export_btn"].click(
-        handlers.export, outputs=show["trace_file"], concurrency_limit=None, api_name="export_trace"
-    )
-    show["samples"].select(
-        handlers.stop_clicked, concurrency_limit=None, show_progress="hidden", api_visibility="private"
-    )
-    gr.api(handlers.stop_sample, api_name="stop_sample", concurrency_limit=None)
 
 
-def _saved_run_controls() -> dict[str, Any]:
-    """Download run, the file it gives, and the upload that replays a saved run at a chosen speed."""
+def _saved_run_controls(handlers: Handlers) -> dict[str, Any]:
+    """Download run (wired here) and the file it gives, and the upload that replays a saved run at a
+    chosen speed (wired with the runs: it streams into the columns with the page's experiments)."""
     with gr.Row():
         download_btn = gr.Button("Download run", size="sm", elem_id="download-run")
         replay_upload = gr.UploadButton(
@@ -282,9 +277,10 @@ def _saved_run_controls() -> dict[str, Any]:
         1, REPLAY_SPEED_MAX, value=1, step=1, label="replay speed (x recorded)", elem_id="replay-speed"
     )
     run_file = gr.File(label="saved run", visible=False, elem_id="run-file")
+    download_btn.click(
+        handlers.download_run, outputs=run_file, concurrency_limit=None, api_name="download_run"
+    )
     return {
-        "download_btn": download_btn,
-        "run_file": run_file,
         "replay_upload": replay_upload,
         "replay_speed": replay_speed,
     }
@@ -335,6 +331,13 @@ def _settings_controls() -> dict[str, Any]:
                 0.05, 1, value=DEFAULT_TOP_P, step=0.05, label="top-p", min_width=140, elem_id="top-p"
             )
         seed = gr.Number(value=33, precision=0, label="seed (empty: random)", minimum=0, elem_id="seed")
+    prompt_format.change(
+        lambda chosen: gr.Textbox(interactive=chosen == "chat"),
+        inputs=prompt_format,
+        outputs=system,
+        show_progress="hidden",
+        api_visibility="private",
+    )
     return {
         "format": prompt_format,
         "system": system,
