@@ -4,8 +4,8 @@ For each row count n: n rows, a third each of three chat prompts (the rows at di
 prefilled, then decode steps two ways in alternating rounds, each round from the same cache length:
 the engine's step (`Llama.decode` on decode_ops: RMSNorm, rotary embedding with the cache write,
 attention over each row's own positions and the SiLU-gated product as one C call each) and the
-PyTorch step (`Llama.decode` with decode_ops turned off: the same ops as PyTorch ops, attention
-masked to the longest row). Both
+PyTorch step (`Llama.decode` with decode_ops turned off: the same ops as PyTorch ops, one row at
+a time, as where the C part is not built). Both
 multiply on the rows kernel from the GGUF's blocks, fp32, one thread. Prints the median step each
 way, the speed-up, and the time each step spends outside its linear layers (the step's wall time
 minus the calls to `linear` and `linear_add` within it). Run it on a quiet machine.
@@ -70,7 +70,7 @@ def main() -> None:
     torch.set_num_threads(1)
     torch.manual_seed(0)
     print(f"linear layers: {engine_linear.configure()}")
-    if not decode_ops.usable(torch.float32):
+    if not decode_ops.usable():
         raise SystemExit("the decode ops are not usable here (C part not built, or no AVX2/FMA)")
     from transformers import AutoTokenizer
 

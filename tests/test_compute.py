@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-import time
+from collections.abc import Callable
 
 import pytest
 import torch
 
 from backend.engines.embedded import compute
-from backend.engines.embedded.compute import PATHS, decide, probe
+from backend.engines.embedded.compute import PATHS, Choice, decide, probe
 from backend.engines.embedded.sampler import RowSampling, sample
 from ui.engine_info import engine_line
 
@@ -16,22 +16,40 @@ KERNEL_ON = (True, "rows kernel (AVX2) up to 64 rows, PyTorch beyond")
 KERNEL_OFF = (False, "PyTorch (the rows kernel's C part is not built)")
 
 
-def test_only_the_rows_kernel_paths_are_batch_invariant() -> None:
-    assert {name for name, path in PATHS.items() if path.batch_invariant} == {"fp32-blocks", "fp32-rows"}
+def test_the_rows_kernel_is_batch_invariant_as_it_is_and_a_library_path_at_a_block() -> None:
+    assert {name for name, path in PATHS.items() if Choice(path).batch_invariant} == {
+        "fp32-blocks",
+        "fp32-rows",
+    }
+    assert Choice(PATHS["bf16-torch"], 16).batch_invariant and Choice(PATHS["fp32-torch"], 8).batch_invariant
+    assert Choice(PATHS["bf16-torch"], 16).label == "bf16-torch/16"
+    assert Choice(PATHS["bf16-torch"], 8).step_rows(17) == (3, 8)
+    assert Choice(PATHS["fp32-blocks"]).step_rows(17) == (1, 17)
     assert PATHS["bf16-torch"].dtype == "bfloat16"
 
 
-def test_auto_times_the_batch_invariant_paths_it_can_run() -> None:
-    both = decide("auto", KERNEL_ON, has_gguf=True)
-    assert [path.name for path in both.candidates] == ["fp32-blocks", "fp32-rows"]
-    no_gguf = decide("auto", KERNEL_ON, has_gguf=False)
-    assert no_gguf.path.name == "fp32-rows" and not no_gguf.candidates
+def _labels(options: tuple[Choice, ...]) -> list[str]:
+    return [option.label for option in options]
 
 
-def test_auto_without_the_kernel_runs_pytorch_and_says_why() -> None:
-    decision = decide("auto", KERNEL_OFF, has_gguf=True)
-    assert decision.path.name == "fp32-torch" and not decision.path.batch_invariant
-    assert "no batch-invariant path" in decision.reason and "C part is not built" in decision.reason
+def test_auto_times_every_path_it_can_run_the_library_ones_at_each_block() -> None:
+    both = decide("auto", KERNEL_ON, has_gguf=True, blocks=(8, 32))
+    expected = ["fp32-blocks", "fp32-torch/8", "fp32-torch/32", "bf16-torch/8", "bf16-torch/32"]
+    assert _labels(both.options) == expected  # fp32-rows: the same kernel on five times the bytes
+    no_gguf = decide("auto", KERNEL_ON, has_gguf=False, blocks=(8,))
+    assert _labels(no_gguf.options) == ["fp32-rows", "fp32-torch/8", "bf16-torch/8"]
+    forced = decide("bf16-torch", KERNEL_ON, has_gguf=True, blocks=(8, 16))
+    assert (
+        _labels(forced.options) == ["bf16-torch/8", "bf16-torch/16"] and forced.reason == "set by --compute"
+    )
+    assert decide("fp32-rows", KERNEL_ON, has_gguf=True).options == ()
+    with pytest.raises(ValueError, match="at least 1 row"):
+        decide("auto", KERNEL_ON, has_gguf=True, blocks=(0,))
+
+
+def test_auto_without_the_kernel_times_the_library_paths() -> None:
+    decision = decide("auto", KERNEL_OFF, has_gguf=True, blocks=(16,))
+    assert _labels(decision.options) == ["fp32-torch/16", "bf16-torch/16"]
 
 
 def test_a_forced_path_that_cannot_run_is_refused_with_the_reason() -> None:
@@ -41,18 +59,69 @@ def test_a_forced_path_that_cannot_run_is_refused_with_the_reason() -> None:
         decide("fp32-blocks", KERNEL_ON, has_gguf=False)
     with pytest.raises(ValueError, match="must be one of auto, fp32-blocks"):
         decide("float16", KERNEL_ON, has_gguf=True)
-    assert decide("bf16-torch", KERNEL_OFF, has_gguf=False).path.name == "bf16-torch"
+    assert decide("bf16-torch", KERNEL_OFF, has_gguf=False).choice.path.name == "bf16-torch"
 
 
-def test_the_probe_keeps_the_path_that_measured_fastest() -> None:
-    slow, fast = PATHS["fp32-rows"], PATHS["fp32-blocks"]
+def _step(costs: dict[str, float]) -> Callable[[Choice, int], float]:
+    """A step whose time is costs[label] per row (a block path: per block), as a sample reports it."""
 
-    def step(path: compute.ComputePath, rows: int) -> None:
-        time.sleep((0.004 if path is slow else 0.0005) * rows / 8)
+    def step(option: Choice, rows: int) -> float:
+        return costs[option.label] * rows
 
-    chosen, times = probe((slow, fast), step, rows=(1, 8), repeats=2)
-    assert chosen is fast and times["fp32-rows"] > times["fp32-blocks"]
-    assert "fastest batch-invariant path" in compute.probe_reason(chosen, times)
+    return step
+
+
+def test_the_probe_keeps_the_fastest_option_over_its_rows() -> None:
+    kernel, small, large = (
+        Choice(PATHS["fp32-blocks"]),
+        Choice(PATHS["bf16-torch"], 8),
+        Choice(PATHS["bf16-torch"], 32),
+    )
+    costs = {"fp32-blocks": 1.0, "bf16-torch/8": 0.5, "bf16-torch/32": 0.2}
+    # at 1, 8, 32 rows: the kernel 41; blocks of 8: 4 + 4 + 16 = 24; blocks of 32: 6.4 x 3 = 19.2
+    found = probe((kernel, small, large), _step(costs), lambda option: [], rows=(1, 8, 32))
+    assert found.choice == large and found.failed == []
+    assert found.times["bf16-torch/32"] == pytest.approx(19.2)
+    assert found.times["fp32-blocks"] == pytest.approx(41.0) and "fp32-blocks" not in found.unfinished
+    # Blocks of 8 (24 in all) stay under the kernel's 41 at every row count: timed whole.
+    assert "bf16-torch/8" not in found.unfinished
+    reason = compute.probe_reason("auto", found, 0.4)
+    assert reason.startswith("auto: the fastest batch-invariant path here (bf16-torch/32 19200 ms against")
+    assert "blocks of 32 rows checked row by row" in reason and "in 0.40 s" in reason
+
+
+def test_the_probe_leaves_an_option_once_it_is_slower_and_never_checks_it() -> None:
+    fast, slow = Choice(PATHS["bf16-torch"], 32), Choice(PATHS["fp32-torch"], 8)
+    steps: list[tuple[str, int]] = []
+    checked: list[str] = []
+
+    def step(option: Choice, rows: int) -> float:
+        steps.append((option.label, rows))
+        return {"bf16-torch/32": 1.0, "fp32-torch/8": 5.0}[option.label]
+
+    def check(option: Choice) -> list[str]:
+        checked.append(option.label)
+        return []
+
+    found = probe((fast, slow), step, check, rows=(1, 8, 32), repeats=1)
+    assert found.choice == fast and found.unfinished == {"fp32-torch/8"}
+    assert steps == [("bf16-torch/32", 32), ("fp32-torch/8", 8)] and checked == ["bf16-torch/32"]
+    assert "fp32-torch/8 >5000" in compute.probe_reason("auto", found, 0.1)
+
+
+def test_a_block_that_fails_its_check_gives_way_to_the_next_fastest() -> None:
+    kernel, block = Choice(PATHS["fp32-blocks"]), Choice(PATHS["fp32-torch"], 8)
+    costs = {"fp32-blocks": 1.0, "fp32-torch/8": 0.1}
+
+    def check(option: Choice) -> list[str]:
+        return ["576 x 576 float32: 5 rows differ"]
+
+    found = probe((kernel, block), _step(costs), check, rows=(1, 8))
+    assert found.choice == kernel
+    assert found.failed == ["fp32-torch/8 failed its check (576 x 576 float32: 5 rows differ)"]
+    assert "fp32-torch/8 failed its check" in compute.probe_reason("auto", found, 0.1)
+    alone = probe((block,), _step(costs), check, rows=(1, 8))
+    assert alone.choice is None and len(alone.failed) == 1
 
 
 def test_the_engine_line_names_the_path_and_warns_where_samples_vary_with_load() -> None:

@@ -101,27 +101,30 @@ async def test_abort_one_sample_then_all(engine: EmbeddedEngine) -> None:
 
 
 def test_the_engines_process_says_which_path_runs_and_why(engine: EmbeddedEngine) -> None:
-    """`auto` runs a batch-invariant path wherever the rows kernel can run (where it cannot, PyTorch,
-    said to vary with load), timed at start against the other where there are two; the figures say
-    which kernel multiplies, as the path has it. Read from what the engine says, not from CPU flags."""
+    """`auto` runs the fastest batch-invariant path it timed at start (the rows kernel's, or a
+    PyTorch path at a block of rows it checked); the figures say which kernel multiplies, as the
+    path has it. Read from what the engine says, not from CPU flags."""
     from backend.engines.embedded.compute import PATHS
     from tests.support.embedded import kernel_status_on_one_thread
 
     health = engine.health()
     path = PATHS[health["compute_path"]]
-    assert engine.path is path and health["batch_invariant"] is path.batch_invariant
+    assert engine.path is path and health["batch_invariant"], health
+    assert "timed at start" in health["compute_why"], health
+    assert health["compute_why"].startswith("auto: the fastest batch-invariant path here"), health
     said = health["linear_layers"]
-    if kernel_status_on_one_thread()[0]:
-        assert path.name == "fp32-blocks" or path.name == "fp32-rows", health
-        assert "timed at start" in health["compute_why"], health
-        assert said.startswith("rows kernel"), said
+    if path.rows_kernel:
+        assert kernel_status_on_one_thread()[0] and said.startswith("rows kernel"), said
+        assert health["compute_block"] is None
     else:
-        assert path.name == "fp32-torch" and "no batch-invariant path" in health["compute_why"], health
-        assert said.startswith("PyTorch"), said
+        block = health["compute_block"]
+        assert said.startswith("PyTorch") and f"blocks of {block} rows" in said, said
+        assert f"blocks of {block} rows checked row by row" in health["compute_why"], health
     if path.gguf_blocks:  # the bundled model: every matrix from the GGUF's blocks
         assert "from the GGUF's blocks (96 MB a step)" in said, said
     else:
         assert "GGUF" not in said, said
+    assert health["weight_bytes"] > 0
 
 
 def test_the_engines_process_keeps_freed_memory_for_its_next_step(engine: EmbeddedEngine) -> None:
@@ -476,7 +479,7 @@ def test_requests_arriving_together_are_prefilled_in_one_pass_with_the_same_samp
     does when each request runs alone; elsewhere they are prefilled one after another, each request's
     first tokens flushed after its own prefill, not after the last."""
     from backend.engines.embedded.child import build_scheduler
-    from backend.engines.embedded.linear import rows_independent
+    from backend.engines.embedded.linear import kernel_on
     from backend.engines.embedded.worker import WorkerSetup
 
     setup = WorkerSetup(str(resolve_model().path), "auto", 1, 8, 512, str(bundled_gguf()))
@@ -494,7 +497,7 @@ def test_requests_arriving_together_are_prefilled_in_one_pass_with_the_same_samp
     # decode steps of six rows against two, which may round differently.)
     assert [sink.firsts for sink in grouped] == [sink.firsts for sink in alone]
     firsts = [sink.seen[0] for sink in grouped]  # prefills done when each got its first tokens
-    if rows_independent(torch.float32):
+    if kernel_on():
         assert together.stats.grouped_prefills == 1 and firsts == [3, 3, 3], firsts
     else:
         assert together.stats.grouped_prefills == 0 and firsts == [1, 2, 3], firsts

@@ -108,7 +108,7 @@ def build_scheduler(setup: WorkerSetup, on_pass_end: Callable[[], None]) -> Any:
     import torch
     from transformers import AutoTokenizer
 
-    from backend.engines.embedded import compute, decode_ops
+    from backend.engines.embedded import compute, decode_ops, fixed_rows
     from backend.engines.embedded.linear import configure, kernel_status
     from backend.engines.embedded.model import Llama, LlamaConfig
     from backend.engines.embedded.quantized import load_blocks
@@ -116,13 +116,14 @@ def build_scheduler(setup: WorkerSetup, on_pass_end: Callable[[], None]) -> Any:
     from backend.engines.embedded.weights import read_config, read_tensors
 
     torch.set_num_threads(setup.threads)
-    decision = compute.decide(setup.compute, kernel_status(), bool(setup.gguf))
-    wanted = decision.candidates or (decision.path,)
+    # No block (nor timed step) larger than the batch can be: the row cap.
+    sizes = (setup.block_rows,) if setup.block_rows else compute.capped(compute.BLOCK_ROWS, setup.max_rows)
+    decision = compute.decide(setup.compute, kernel_status(), bool(setup.gguf), sizes)
     folder = Path(setup.folder)
     config = LlamaConfig.from_hf(read_config(folder))
     tensors = read_tensors(folder)
     blocks = {}
-    if any(path.gguf_blocks for path in wanted):
+    if any(option.path.gguf_blocks for option in (decision.choice, *decision.options)):
         try:
             blocks = load_blocks(folder, Path(setup.gguf), tensors)
         except Exception as exc:  # noqa: BLE001 - the float32 weights serve as well, only slower
@@ -131,18 +132,16 @@ def build_scheduler(setup: WorkerSetup, on_pass_end: Callable[[], None]) -> Any:
                 raise ValueError(
                     f"--compute fp32-blocks cannot run: the GGUF's blocks could not be read ({exc})"
                 ) from None
-            decision = compute.decide(setup.compute, kernel_status(), has_gguf=False)
-    linear_path = configure(allow=decision.path.rows_kernel)
-    decode_ops.configure(allow=decision.path.rows_kernel)
-    model = Llama(config, tensors, getattr(torch, decision.path.dtype), blocks)
-    path, reason = decision.path, decision.reason
-    if decision.candidates:
-        started = time.perf_counter()
-        path, times = compute.probe(decision.candidates, model.probe_step)
-        reason = compute.probe_reason(path, times)
-        log.info("compute paths timed in %.2f s", time.perf_counter() - started)
-    if not path.gguf_blocks:
+            decision = compute.decide(setup.compute, kernel_status(), False, sizes)
+    model = Llama(config, tensors, torch.float32, blocks)
+    choice, reason = decision.choice, decision.reason
+    if decision.options:
+        choice, reason = _probe(model, decision, setup, configure, fixed_rows.check)
+    linear_path = configure(allow=choice.path.rows_kernel, block=choice.block)
+    decode_ops.configure()
+    if not choice.path.gguf_blocks:
         model.drop_blocks()
+    model.cast(getattr(torch, choice.path.dtype))
     quantized, dense = model.block_bytes()
     if quantized:
         linear_path += (
@@ -150,10 +149,16 @@ def build_scheduler(setup: WorkerSetup, on_pass_end: Callable[[], None]) -> Any:
             + (f", {dense / 1e6:.0f} MB float32" if dense else "")
             + ")"
         )
-    log.info("compute path %s (%s); linear layers: %s", path.name, reason, linear_path)
+    log.info("compute path %s (%s); linear layers: %s", choice.label, reason, linear_path)
     tokenizer = AutoTokenizer.from_pretrained(folder)
     stops = stop_token_ids(tokenizer)
-    chosen = {"path": path.name, "batch_invariant": path.batch_invariant, "why": reason}
+    chosen = {
+        "path": choice.path.name,
+        "block": choice.block,
+        "batch_invariant": choice.batch_invariant,
+        "why": reason,
+        "weight_bytes": model.weight_bytes(),
+    }
     return BatchScheduler(
         model,
         tokenizer,
@@ -164,6 +169,42 @@ def build_scheduler(setup: WorkerSetup, on_pass_end: Callable[[], None]) -> Any:
         linear_path=linear_path,
         compute=chosen,
     )
+
+
+def _probe(
+    model: Any,
+    decision: Any,
+    setup: WorkerSetup,
+    configure: Callable[..., str],
+    check: Callable[..., list[str]],
+) -> tuple[Any, str]:
+    """Time `decision`'s options on the model's own matrices and check the fastest block size
+    (compute.probe); returns the choice and the engine line's words for it."""
+    import torch
+
+    from backend.engines.embedded import compute
+
+    def step(option: compute.Choice, rows: int) -> float:
+        configure(allow=option.path.rows_kernel, block=option.block)
+        return model.probe_step(option.path, rows)
+
+    def rows_check(option: compute.Choice) -> list[str]:
+        *layers, output = model.probe_weights(getattr(torch, option.path.dtype))
+        return check(option.block, [*layers[0].values(), output["output"]])
+
+    started = time.perf_counter()
+    rows = compute.capped(compute.PROBE_ROWS, setup.max_rows)
+    found = compute.probe(decision.options, step, rows_check, rows)
+    took = time.perf_counter() - started
+    log.info("compute paths timed and checked in %.2f s: %s", took, found.times)
+    if found.choice is not None:
+        return found.choice, compute.probe_reason(setup.compute, found, took)
+    what = "; ".join(found.failed)
+    if setup.block_rows:
+        raise ValueError(f"--compute {setup.compute} in blocks of {setup.block_rows} rows: {what}")
+    path = compute.PATHS["fp32-torch" if setup.compute == "auto" else setup.compute]
+    words = f"{setup.compute}: no block size gives a row the same bits in every slot ({what})"
+    return compute.Choice(path), words
 
 
 def main(argv: list[str]) -> int:

@@ -3,30 +3,37 @@ and whether a seeded sample is the same whatever else runs beside it.
 
 The paths (`--compute`, environment EMBEDDED_COMPUTE):
 
-- `fp32-blocks`: float32; the rows kernel (linear.py) multiplies the GGUF's quantized blocks, the
-  ops between the linear layers run in decode_ops.c. Needs the C parts, an AVX2/FMA CPU, one thread
-  and a model that came from a GGUF (the bundled SmolLM2).
+- `fp32-blocks`: float32; the rows kernel (linear.py) multiplies the GGUF's quantized blocks. Needs
+  the C parts, an AVX2/FMA CPU, one thread and a model that came from a GGUF (the bundled SmolLM2).
 - `fp32-rows`: the same on float32 weights (a `--model` folder, or for comparisons).
-- `fp32-torch`: float32 through PyTorch alone (what runs without the C parts).
-- `bf16-torch`: bfloat16 through PyTorch.
+- `fp32-torch`: float32 weights through PyTorch's matrix product (MKL or oneDNN, whatever the CPU
+  has: AVX2, AVX-512, ARM), called at one block of rows (fixed_rows.py).
+- `bf16-torch`: the same with bfloat16 weights (oneDNN runs them on AMX or AVX-512-BF16 where the
+  CPU has them).
 
-The two rows-kernel paths are batch-invariant: every op computes each row on its own, in an order
-that does not depend on how many rows share the step, and requests are prefilled together only
-there (scheduler), so a seeded sample gives the same tokens alone, at any n and while other requests
-come and go. The PyTorch paths are not: a general matrix product (MKL, oneDNN) may block and round
-differently for another row count, and the masked attention runs up to the longest row.
+Every path keeps its activations in float32 and runs the ops between the linear layers row by row
+(decode_ops.c where built, else PyTorch on one row at a time), with each row attending to its own
+positions only. The rows kernel computes each row on its own, so its paths are batch-invariant as
+they stand. A library product is made so by its shape: a PyTorch path multiplies a decode step's
+rows only in blocks of one size (`Choice.block`), padded, and only a size this process has checked
+at start gives a row the same bits in every slot beside any other rows (fixed_rows.check). Where no
+size passes, the path multiplies every step whole and the engine line says that samples may change
+with load. Prefill multiplies one prompt's new tokens at a time (PyTorch paths) or prompts arriving
+together at once (the rows kernel, whose rows are independent at any count), so a prompt gives the
+same first-token logits whoever else is running.
 
-`auto` takes the batch-invariant paths this process can run and, where there are two, times them on
-the model's own matrices at start (`probe`, well under a second) and keeps the faster; the name of
-a CPU flag decides nothing. Where neither can run (no C part, a CPU without AVX2, more than one
-thread), it is `fp32-torch`, and the engine line says that samples may change with load.
+`auto` times every path this process can run (`fp32-rows` only where there are no GGUF blocks: it
+is `fp32-blocks` reading five times the bytes), the PyTorch ones at each of BLOCK_ROWS, on the
+model's own matrices at start (`probe`: a decode step's linear layers at PROBE_ROWS rows, a block
+path as whole blocks), and keeps the fastest that is batch-invariant (a block size checked, the
+slower ones only where a faster one fails its check); a forced PyTorch path picks its block size the
+same way. No CPU flag decides.
 
 This module imports no torch: the command line reads its choices.
 """
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -37,16 +44,11 @@ class ComputePath:
 
     name: str
     dtype: str
-    """The torch dtype's name: "float32" or "bfloat16"."""
+    """The weights' torch dtype name: "float32" or "bfloat16" (activations are float32 on every path)."""
     rows_kernel: bool
-    """The linear layers go to the rows kernel (and the ops between them to decode_ops)."""
+    """The linear layers go to the rows kernel; else to PyTorch's product at a fixed block of rows."""
     gguf_blocks: bool
     """The rows kernel multiplies the GGUF's quantized blocks rather than float32 weights."""
-
-    @property
-    def batch_invariant(self) -> bool:
-        """Whether a row's values do not depend on the rows computed beside it."""
-        return self.rows_kernel
 
 
 PATHS: dict[str, ComputePath] = {
@@ -63,8 +65,45 @@ PATHS: dict[str, ComputePath] = {
 COMPUTE_CHOICES = ("auto", *PATHS)
 """What `--compute` accepts."""
 
+BLOCK_ROWS = (8, 16, 32)
+"""The row counts a PyTorch path's blocks are timed at."""
+
+PROBE_ROWS = (1, 8, 32)
+"""The batches `probe` times a step at: one sample, a request of 8, a full batch; their sum decides."""
+
+
+def capped(rows: tuple[int, ...], cap: int) -> tuple[int, ...]:
+    """`rows` with each count at most `cap` (the engine's row cap), without repeats, in order."""
+    return tuple(sorted({min(count, cap) for count in rows}))
+
+
 VARIES_WITH_LOAD = "seeded samples may change with load: this path is not batch-invariant"
 """Said wherever a path that is not batch-invariant runs."""
+
+
+@dataclass(frozen=True)
+class Choice:
+    """A path and, for a PyTorch path, the block of rows its decode steps multiply (None: unblocked)."""
+
+    path: ComputePath
+    block: int | None = None
+
+    @property
+    def batch_invariant(self) -> bool:
+        """Whether a row's values do not depend on the rows computed beside it: the rows kernel, or a
+        library product at a block size checked at start."""
+        return self.path.rows_kernel or self.block is not None
+
+    @property
+    def label(self) -> str:
+        """The path's name, with its block size where it has one ("bf16-torch/32")."""
+        return self.path.name if self.block is None else f"{self.path.name}/{self.block}"
+
+    def step_rows(self, rows: int) -> tuple[int, int]:
+        """(products per linear layer, rows each) for a decode step of `rows` rows."""
+        if self.block is None:
+            return 1, rows
+        return -(-rows // self.block), self.block
 
 
 def check_setting(name: str) -> str:
@@ -85,60 +124,110 @@ def unavailable(path: ComputePath, kernel: tuple[bool, str], has_gguf: bool) -> 
 
 @dataclass(frozen=True)
 class Decision:
-    """The path chosen, the candidates `auto` times (empty when there is nothing to time), and why."""
+    """The path chosen, the options `probe` times (empty when there is nothing to time), and why."""
 
-    path: ComputePath
-    candidates: tuple[ComputePath, ...]
+    choice: Choice
+    options: tuple[Choice, ...]
     reason: str
 
 
-def decide(setting: str, kernel: tuple[bool, str], has_gguf: bool) -> Decision:
-    """The path for `--compute setting`: a forced path where it can run (ValueError saying why not
-    where it cannot); for `auto` the batch-invariant paths that can run, to be timed by `probe`."""
+def decide(
+    setting: str, kernel: tuple[bool, str], has_gguf: bool, blocks: tuple[int, ...] = BLOCK_ROWS
+) -> Decision:
+    """What `--compute setting` runs: a forced rows-kernel path where it can (ValueError saying why
+    not where it cannot), a forced PyTorch path at each of `blocks` (to be timed and checked by
+    `probe`); for `auto` every path that can run, the PyTorch ones at each of `blocks`."""
     check_setting(setting)
+    if any(block < 1 for block in blocks) or not blocks:
+        raise ValueError(f"block sizes must be at least 1 row, got {blocks}")
     if setting != "auto":
         path = PATHS[setting]
         why = unavailable(path, kernel, has_gguf)
         if why is not None:
             raise ValueError(f"--compute {setting} cannot run here: {why}")
-        return Decision(path, (), "set by --compute")
-    runnable = [path for path in PATHS.values() if unavailable(path, kernel, has_gguf) is None]
-    candidates = tuple(path for path in runnable if path.batch_invariant)
-    if not candidates:
-        why = unavailable(PATHS["fp32-rows"], kernel, has_gguf)
-        return Decision(PATHS["fp32-torch"], (), f"auto: no batch-invariant path runs here ({why})")
-    if len(candidates) == 1:
-        return Decision(candidates[0], (), "auto: the one batch-invariant path this process runs")
-    return Decision(candidates[0], candidates, "auto: to be timed")
+        if path.rows_kernel:
+            return Decision(Choice(path), (), "set by --compute")
+        return Decision(Choice(path), tuple(Choice(path, b) for b in blocks), "set by --compute")
+    options: list[Choice] = []
+    for path in PATHS.values():
+        if path.name == "fp32-rows" and unavailable(PATHS["fp32-blocks"], kernel, has_gguf) is None:
+            continue  # the same kernel and values from five times the bytes: never the faster
+        if unavailable(path, kernel, has_gguf) is None:
+            options.extend([Choice(path)] if path.rows_kernel else [Choice(path, b) for b in blocks])
+    return Decision(options[0], tuple(options), "auto")
+
+
+@dataclass(frozen=True)
+class Probe:
+    """What `probe` found."""
+
+    choice: Choice | None
+    """The fastest option that is batch-invariant; None where every one failed its check."""
+    times: dict[str, float]
+    """Seconds of the PROBE_ROWS steps by option label (a partial sum where unfinished)."""
+    unfinished: set[str]
+    """Options left once their partial sum passed the fastest whole one's."""
+    failed: list[str]
+    """Block sizes that failed their check, faster than the choice, and what differed."""
+    rows: tuple[int, ...] = PROBE_ROWS
+    """The row counts each option's steps were timed at."""
 
 
 def probe(
-    candidates: tuple[ComputePath, ...],
-    step: Callable[[ComputePath, int], None],
-    rows: tuple[int, ...] = (1, 16),
+    options: tuple[Choice, ...],
+    step: Callable[[Choice, int], float],
+    check: Callable[[Choice], list[str]],
+    rows: tuple[int, ...] = PROBE_ROWS,
     repeats: int = 2,
-) -> tuple[ComputePath, dict[str, float]]:
-    """The fastest of `candidates`: `step(path, rows)` runs a sample of a decode step's work on
-    `path` for `rows` rows; each is timed at each row count (best of `repeats`) and the times summed.
-    Returns the path and each path's time in seconds."""
+) -> Probe:
+    """The fastest batch-invariant one of `options`: `step(option, count)` runs a sample of a decode
+    step's linear layers at `count` rows and returns its estimate of a whole step's, in seconds
+    (the best of `repeats`); an option's time is the sum over `rows` of its steps there (a block
+    path: whole blocks). An option is left unfinished once its sum so far passes the fastest whole
+    one's (its time is then that partial sum, marked slower in `probe_reason`). From the fastest on,
+    a block path must pass `check(option)` (a list of what differs, empty where nothing does)."""
     times: dict[str, float] = {}
-    for path in candidates:
+    finished: list[Choice] = []
+    for option in options:
+        measured: dict[int, float] = {}
         total = 0.0
+        best = min((times[done.label] for done in finished), default=float("inf"))
         for count in rows:
-            step(path, count)  # warm: caches, first-touch pages
-            best = float("inf")
-            for _ in range(repeats):
-                started = time.perf_counter()
-                step(path, count)
-                best = min(best, time.perf_counter() - started)
-            total += best
-        times[path.name] = total
-    fastest = min(candidates, key=lambda path: times[path.name])
-    return fastest, times
+            calls, size = option.step_rows(count)
+            if size not in measured:
+                measured[size] = min(step(option, size) for _ in range(repeats))
+            total += calls * measured[size]
+            if total > best:
+                break
+        else:
+            finished.append(option)
+        times[option.label] = total
+    unfinished = {option.label for option in options} - {option.label for option in finished}
+    failed: list[str] = []
+    for option in sorted(finished, key=lambda option: times[option.label]):
+        if option.block is None:
+            return Probe(option, times, unfinished, failed, rows)
+        failures = check(option)
+        if not failures:
+            return Probe(option, times, unfinished, failed, rows)
+        failed.append(f"{option.label} failed its check ({failures[0]})")
+    return Probe(None, times, unfinished, failed, rows)
 
 
-def probe_reason(fastest: ComputePath, times: dict[str, float]) -> str:
-    """The engine line's words for what `probe` found."""
-    others = ", ".join(f"{name} {t * 1e3:.1f} ms" for name, t in times.items() if name != fastest.name)
-    took = times[fastest.name] * 1e3
-    return f"auto: the fastest batch-invariant path here ({took:.1f} ms against {others}, timed at start)"
+def probe_reason(setting: str, found: Probe, took: float) -> str:
+    """The engine line's words for what `probe` found (a choice), in `took` seconds."""
+    assert found.choice is not None
+    chosen = found.choice.label
+    others = ", ".join(
+        f"{label} {'>' if label in found.unfinished else ''}{t * 1e3:.0f}"
+        for label, t in found.times.items()
+        if label != chosen
+    )
+    rows = "/".join(map(str, found.rows))
+    words = "auto: the fastest batch-invariant path here" if setting == "auto" else "set by --compute"
+    words += f" ({chosen} {found.times[chosen] * 1e3:.0f} ms"
+    words += f" against {others}" if others else ""
+    words += f", steps of {rows} rows timed at start in {took:.2f} s"
+    if found.choice.block is not None:
+        words += f"; blocks of {found.choice.block} rows checked row by row"
+    return words + "".join(f"; {failure}" for failure in found.failed) + ")"

@@ -1,14 +1,14 @@
 """The decode step's ops between its linear layers, one C call each for all rows (decode_ops.c).
 
 A decode layer in PyTorch is about 40 small ops (norms, rotary embedding, cache writes, a masked
-attention computed up to the longest row, SiLU); at a few rows each costs its dispatch more than
+attention over the rows, SiLU); at a few rows each costs its dispatch more than
 its arithmetic. Here RMSNorm, rotary embedding with the cache write, attention over each row's own
 positions, and the MLP's SiLU-gated product are one C call each, every row computed on its own, so
 a row's values do not depend on the rows beside it (as with the rows kernel, linear.py).
-`Llama.decode` takes this path where `usable(dtype)` (float32, the rows kernel on and this C part
-built); elsewhere it runs the same step in PyTorch. The values agree with PyTorch's to float32
-rounding (decode_ops.c says where and why they differ); `tests/test_decode_ops.py` compares them.
-`python -m bench.decode_ops` times a decode step both ways.
+`Llama.decode` takes this path on every compute path where `usable()` (this C part built, on a CPU
+with AVX2 and FMA); elsewhere it runs the same ops in PyTorch, one row at a time. The values agree
+with PyTorch's to float32 rounding (decode_ops.c says where and why they differ);
+`tests/test_decode_ops.py` compares them. `python -m bench.decode_ops` times a decode step both ways.
 
 Each function checks the shapes, types and layout the C part relies on, then passes addresses.
 """
@@ -16,8 +16,6 @@ Each function checks the shapes, types and layout the C part relies on, then pas
 from __future__ import annotations
 
 import torch
-
-from backend.engines.embedded.linear import rows_independent
 
 try:
     from backend.engines.embedded import _decode_ops
@@ -40,10 +38,9 @@ def configure(allow: bool = True) -> None:
     _on = allow and built()
 
 
-def usable(dtype: torch.dtype) -> bool:
-    """Whether a decode step of `dtype` runs on these ops: float32 with the rows kernel on (the step
-    then computes every row on its own, linear layers included)."""
-    return _on and rows_independent(dtype)
+def usable() -> bool:
+    """Whether decode steps run on these ops (their activations are float32 on every path)."""
+    return _on
 
 
 def _check(

@@ -58,9 +58,12 @@ class EmbeddedEngine(Engine):
         max_rows: int = MAX_ROWS.default,
         context: int = CONTEXT.default,
         default_model: str = "bundled",
+        block_rows: int = 0,
     ) -> None:
         if threads < 1:
             raise ValueError(f"--threads must be at least 1, got {threads}")
+        if block_rows < 0:
+            raise ValueError(f"block_rows must be 0 (chosen at start) or a row count, got {block_rows}")
         if max_rows < 1:
             raise ValueError(f"--max-rows must be at least 1, got {max_rows}")
         if context < 2:
@@ -77,6 +80,9 @@ class EmbeddedEngine(Engine):
         """The `--compute` setting; `path` is what it became once loaded."""
         self.path: ComputePath | None = None
         """The compute path the model's process runs (compute.py), known once it has loaded."""
+        self.block_rows = block_rows
+        """A PyTorch path's block of rows (compute.Choice.block), for tests and benchmarks; 0: the
+        size timed and checked at start."""
         self.max_rows = max_rows
         self.context = context
         self.tokenizer: Any = None
@@ -140,6 +146,7 @@ class EmbeddedEngine(Engine):
             max_rows=self.max_rows,
             context=self.context,
             gguf=str(folder.gguf or ""),
+            block_rows=self.block_rows,
         )
         worker = WorkerProcess(setup, self._on_message)
         # The child loads while this process reads its own tokenizer (seconds each, mostly imports).
@@ -154,7 +161,8 @@ class EmbeddedEngine(Engine):
         figures = worker.wait_ready()
         self.tokenizer, self.worker, self._failure, self._figures = tokenizer, worker, None, figures
         self.path = PATHS[figures["compute_path"]]
-        self._model_name = f"{folder.name}, {self.path.name}, {self.threads} thread(s), CPU"
+        label = self.path.name + (f"/{figures['compute_block']}" if figures.get("compute_block") else "")
+        self._model_name = f"{folder.name}, {label}, {self.threads} thread(s), CPU"
         self._set_status("ready")
         log.info(
             "embedded engine ready: %s (torch %s, process %d)",

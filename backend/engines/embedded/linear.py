@@ -11,7 +11,10 @@ sixth of the bytes.
 `python -m bench.matmul_layouts` times both on the model's shapes and in whole decode steps.
 
 The compute path (compute.py) decides whether the kernel runs (`configure`); `kernel_status()` says
-whether it can and why not.
+whether it can and why not. Where it does not, a decode step's products go to PyTorch at one
+checked block of rows (`configure(block=...)`, fixed_rows.py), so that they are batch-invariant
+too. Weights of another dtype than the float32 activations (bfloat16) take their input cast to it
+and give float32 back.
 """
 
 from __future__ import annotations
@@ -19,6 +22,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from backend.engines.embedded.fixed_rows import FixedRows
 from backend.engines.embedded.quantized import PackedMatrix
 
 try:
@@ -44,21 +48,26 @@ def kernel_status(allow: bool = True) -> tuple[bool, str]:
 
 
 _enabled = False
+_fixed: FixedRows | None = None
 
 
-def configure(allow: bool = True) -> str:
+def configure(allow: bool = True, block: int | None = None) -> str:
     """Decide, once the thread count is set, whether `linear` uses the kernel (never where `allow`
-    is False); returns which path runs and why."""
-    global _enabled
+    is False); where it does not, `block` (a row count checked by fixed_rows.check) is the one row
+    count a decode step's products run at in PyTorch (None: any). Returns which path runs and why."""
+    global _enabled, _fixed
     _enabled, reason = kernel_status(allow)
+    _fixed = FixedRows(block) if block is not None and not _enabled else None
+    if _fixed is not None:
+        reason += f", a decode step's products in blocks of {block} rows"
     return reason
 
 
-def rows_independent(dtype: torch.dtype) -> bool:
-    """Whether a product's row gives the same values whatever other rows it is multiplied with, for
-    up to KERNEL_MAX_ROWS rows of `dtype`: true of the kernel (each output is its own dot product),
-    not promised by a general matrix product, which may block and round another way per row count."""
-    return _enabled and dtype == torch.float32
+def kernel_on() -> bool:
+    """Whether float32 products go to the rows kernel, whose rows are independent at any row count
+    up to KERNEL_MAX_ROWS: prompts arriving together may then be prefilled in one pass. (A library
+    product is row-independent only at the block size it was checked at.)"""
+    return _enabled
 
 
 def linear(
@@ -70,7 +79,7 @@ def linear(
     depend on how many rows share the step."""
     flat = _kernel_rows(x, weight, any_rows)
     if flat is None:
-        return F.linear(x, weight)
+        return _library(x, weight, any_rows)
     out = torch.empty(flat.shape[0], weight.shape[0], dtype=torch.float32)
     _product(out, flat, weight, blocks, add=False)
     return out.reshape(*x.shape[:-1], weight.shape[0])
@@ -92,9 +101,20 @@ def linear_add(
         or not y.is_contiguous()
         or y.shape != (flat.shape[0], weight.shape[0])
     ):
-        y += F.linear(x, weight)
+        y += _library(x, weight, any_rows)
         return
     _product(y, flat, weight, blocks, add=True)
+
+
+def _library(x: torch.Tensor, weight: torch.Tensor, step: bool) -> torch.Tensor:
+    """x @ weight^T in PyTorch, float32 out: a decode step's (`step`) in fixed blocks where set."""
+    if step and _fixed is not None:
+        k = weight.shape[1]
+        out = _fixed.linear(x.reshape(-1, k), weight)
+        return out.reshape(*x.shape[:-1], weight.shape[0])
+    if x.dtype != weight.dtype:
+        return F.linear(x.to(weight.dtype), weight).float()
+    return F.linear(x, weight)
 
 
 def _kernel_rows(x: torch.Tensor, weight: torch.Tensor, any_rows: bool) -> torch.Tensor | None:

@@ -8,7 +8,8 @@ computed); `decode` advances every row by one token in a single batch. Weights a
 fused (q, k and v in one matrix; gate and up in another) so a layer is a handful of large matmuls.
 Given the same weights as GGUF blocks (`quantized.read_blocks`), each matrix keeps them beside its
 float32 tensor, fused the same way and packed for the rows kernel (`BlockMatrix.packed`), and
-`linear` multiplies few rows from those.
+`linear` multiplies few rows from those. The weight matrices may be bfloat16 (`cast`); activations,
+norms and the cache are float32 whatever the weights' dtype.
 """
 
 from __future__ import annotations
@@ -248,7 +249,10 @@ def fused_blocks(blocks: dict[str, BlockMatrix], prefix: str) -> dict[str, Block
 
 
 class Llama:
-    """Llama weights and the two passes the scheduler needs: prefill and batched decode."""
+    """Llama weights and the two passes the scheduler needs: prefill and batched decode.
+
+    `dtype` is the weight matrices' (and the embedding's); `self.dtype` is the activations' and the
+    cache's, float32."""
 
     def __init__(
         self,
@@ -258,14 +262,18 @@ class Llama:
         blocks: dict[str, BlockMatrix] | None = None,
     ) -> None:
         self.config = config
-        self.dtype = dtype
+        self.dtype = torch.float32
+        self.weight_dtype = dtype
         # GGUF blocks by tensor name: only for float32, the weights they are exactly equal to.
         blocks = blocks if dtype == torch.float32 and blocks else {}
 
-        def weight(name: str) -> torch.Tensor:
+        def weight(name: str, as_dtype: torch.dtype = dtype) -> torch.Tensor:
             if name not in tensors:
                 raise ValueError(f"the weights have no tensor {name!r}")
-            return tensors[name].to(dtype).contiguous()
+            return tensors[name].to(as_dtype).contiguous()
+
+        def norm(name: str) -> torch.Tensor:
+            return weight(name, torch.float32)
 
         self.embed = weight("model.embed_tokens.weight")
         self.lm_head = self.embed if config.tie_embeddings else weight("lm_head.weight")
@@ -273,16 +281,16 @@ class Llama:
         started = time.perf_counter()
         head_blocks = blocks.get(head)
         self.lm_head_blocks = head_blocks.packed() if head_blocks is not None else None
-        self.final_norm = weight("model.norm.weight")
+        self.final_norm = norm("model.norm.weight")
         self.layers = []
         for i in range(config.layers):
             p = f"model.layers.{i}."
             self.layers.append(
                 LayerWeights(
-                    attn_norm=weight(p + "input_layernorm.weight"),
+                    attn_norm=norm(p + "input_layernorm.weight"),
                     qkv=torch.cat([weight(p + f"self_attn.{x}_proj.weight") for x in "qkv"]).contiguous(),
                     out=weight(p + "self_attn.o_proj.weight"),
-                    mlp_norm=weight(p + "post_attention_layernorm.weight"),
+                    mlp_norm=norm(p + "post_attention_layernorm.weight"),
                     gate_up=torch.cat(
                         [weight(p + "mlp.gate_proj.weight"), weight(p + "mlp.up_proj.weight")]
                     ).contiguous(),
@@ -298,11 +306,12 @@ class Llama:
         )
         freqs = torch.outer(torch.arange(config.max_positions, dtype=torch.float32), inv_freq)
         angles = torch.cat((freqs, freqs), dim=-1)
-        self.cos = angles.cos().to(dtype)
-        self.sin = angles.sin().to(dtype)
+        self.cos = angles.cos()
+        self.sin = angles.sin()
         self.q_size = config.heads * config.head_dim
         self.kv_size = config.kv_heads * config.head_dim
         self.scale = config.head_dim**-0.5
+        self._probe_weights: dict[torch.dtype, list[dict[str, torch.Tensor]]] = {}
 
     @staticmethod
     def _layer_blocks(blocks: dict[str, BlockMatrix], prefix: str) -> dict[str, PackedMatrix]:
@@ -315,26 +324,74 @@ class Llama:
             layer.blocks = {}
         self.lm_head_blocks = None
 
+    MATRICES = ("qkv", "out", "gate_up", "down")
+    """A layer's weight matrices, fused."""
+
+    def cast(self, dtype: torch.dtype) -> None:
+        """Hold the weight matrices and the embedding in `dtype` from now on (norms stay float32; the
+        GGUF's blocks, which are float32 weights, are freed unless `dtype` is float32). The probe's
+        copies (`probe_weights`) are freed too."""
+        self._probe_weights.clear()
+        if dtype == self.weight_dtype:
+            return
+        if dtype != torch.float32:
+            self.drop_blocks()
+        tied = self.lm_head is self.embed
+        self.embed = self.embed.to(dtype)
+        self.lm_head = self.embed if tied else self.lm_head.to(dtype)
+        for layer in self.layers:
+            for name in self.MATRICES:
+                setattr(layer, name, getattr(layer, name).to(dtype))
+        self.weight_dtype = dtype
+
+    def weight_bytes(self) -> int:
+        """Bytes the model holds in weights: matrices, embedding, norms, and the GGUF's packed blocks
+        where it keeps them."""
+        tensors = [self.embed, self.final_norm]
+        if self.lm_head is not self.embed:
+            tensors.append(self.lm_head)
+        for layer in self.layers:
+            tensors.extend(getattr(layer, name) for name in (*self.MATRICES, "attn_norm", "mlp_norm"))
+        return sum(t.numel() * t.element_size() for t in tensors) + self.block_bytes()[0]
+
     PROBE_LAYERS = 4
     """Layers whose products `probe_step` runs (with the output layer, about a third of a step's
-    weights: enough to tell the paths apart, a probe of about 0.3 s in all on the development machines)."""
+    weights: enough to tell the paths apart)."""
+
+    def probe_weights(self, dtype: torch.dtype) -> list[dict[str, torch.Tensor]]:
+        """The first PROBE_LAYERS layers' matrices and the output layer ("output") in `dtype`: the
+        model's own, or copies made once where it holds another dtype."""
+        if dtype not in self._probe_weights:
+            layers = [
+                {name: getattr(layer, name).to(dtype) for name in self.MATRICES}
+                for layer in self.layers[: self.PROBE_LAYERS]
+            ]
+            layers.append({"output": self.lm_head.to(dtype)})
+            self._probe_weights[dtype] = layers
+        return self._probe_weights[dtype]
 
     @torch.inference_mode()
-    def probe_step(self, path: Any, rows: int) -> None:
-        """A sample of a decode step's linear layers for `rows` rows, on the weights `path` multiplies
-        (compute.ComputePath: the GGUF's blocks or the float32 weights), for `compute.probe`: the
-        products of the first PROBE_LAYERS layers and the output layer."""
+    def probe_step(self, path: Any, rows: int) -> float:
+        """Seconds a decode step's linear layers take for `rows` rows, estimated from a sample on the
+        weights `path` multiplies (compute.ComputePath: the GGUF's blocks, or the weights in its
+        dtype), for `compute.probe`: the products of the first PROBE_LAYERS layers (scaled to every
+        layer) and of the output layer, as `linear` runs them now (the caller configures it)."""
         c = self.config
-        hidden = torch.ones(rows, c.hidden_size, dtype=self.dtype)
-        inner = torch.ones(rows, c.intermediate_size, dtype=self.dtype)
-        attended = torch.ones(rows, self.q_size, dtype=self.dtype)
-        for layer in self.layers[: self.PROBE_LAYERS]:
+        hidden = torch.ones(rows, c.hidden_size)
+        inner = torch.ones(rows, c.intermediate_size)
+        attended = torch.ones(rows, self.q_size)
+        *layers, output = self.probe_weights(getattr(torch, path.dtype))
+        started = time.perf_counter()
+        for layer, weights in zip(self.layers, layers, strict=False):
             blocks = layer.blocks if path.gguf_blocks else {}
-            linear(hidden, layer.qkv, blocks.get("qkv"))
-            linear(attended, layer.out, blocks.get("out"))
-            linear(hidden, layer.gate_up, blocks.get("gate_up"))
-            linear(inner, layer.down, blocks.get("down"))
-        linear(hidden, self.lm_head, self.lm_head_blocks if path.gguf_blocks else None)
+            linear(hidden, weights["qkv"], blocks.get("qkv"), True)
+            linear(attended, weights["out"], blocks.get("out"), True)
+            linear(hidden, weights["gate_up"], blocks.get("gate_up"), True)
+            linear(inner, weights["down"], blocks.get("down"), True)
+        sampled = time.perf_counter()
+        linear(hidden, output["output"], self.lm_head_blocks if path.gguf_blocks else None, True)
+        done = time.perf_counter()
+        return (sampled - started) * c.layers / len(layers) + (done - sampled)
 
     def block_bytes(self) -> tuple[int, int]:
         """(bytes a decode step reads from GGUF blocks, bytes it reads as float32 weights)."""
@@ -406,7 +463,7 @@ class Llama:
             torch.tensor(
                 [t for (tokens, _), plan in zip(prompts, plans, strict=True) for t in tokens[plan[2] :]]
             )
-        ]
+        ].float()
         positions = torch.cat([torch.arange(plan[2], plan[1]) for plan in plans])
         cos, sin = self.cos[positions][:, None, :], self.sin[positions][:, None, :]
         total = x.shape[0]
@@ -458,21 +515,22 @@ class Llama:
     def decode(self, tokens: torch.Tensor, cache: RowCache) -> torch.Tensor:
         """Advance rows 0..R-1 by one token each (`tokens` [R]) at their own positions; logits [R, V].
 
-        One step for every path; only its ops differ. Where `decode_ops.usable` (float32 on the rows
-        kernel) the ops between the linear layers are one C call each and each row attends to its
-        own positions only; elsewhere they are PyTorch's, attention masked to each row's positions."""
+        One step for every path; only its ops differ. The linear layers multiply all rows at once
+        (`linear`: the rows kernel, or PyTorch in fixed blocks of rows); every other op computes each
+        row on its own, each row attending to its own positions only: one C call each for all rows
+        where `decode_ops.usable()`, else PyTorch's ops on one row at a time. A row's values then
+        depend on no other row wherever the linear layers' do not (compute.py)."""
         c = self.config
         rows = cache.rows
         positions = cache.lengths[:rows].clone()
-        longest = int(positions.max()) + 1
-        cache.reserve(longest)
-        if decode_ops.usable(self.dtype):
+        cache.reserve(int(positions.max()) + 1)
+        if decode_ops.usable():
             norm, silu_mul = decode_ops.rms_norm, decode_ops.silu_mul
             attend = self._row_attention(cache, positions)
         else:
-            norm, silu_mul = rms_norm, _silu_mul
-            attend = self._masked_attention(cache, positions, longest)
-        x = self.embed[tokens].contiguous()
+            norm, silu_mul = _each_row(rms_norm), _each_row(_silu_mul)
+            attend = self._attention_row_by_row(cache, positions)
+        x = self.embed[tokens].float().contiguous()
         for index, layer in enumerate(self.layers):
             qkv = linear(norm(x, layer.attn_norm, c.rms_eps), layer.qkv, layer.blocks.get("qkv"), True)
             linear_add(x, attend(index, qkv), layer.out, layer.blocks.get("out"), True)
@@ -499,33 +557,39 @@ class Llama:
 
         return attend
 
-    def _masked_attention(
-        self, cache: RowCache, positions: torch.Tensor, longest: int
+    def _attention_row_by_row(
+        self, cache: RowCache, positions: torch.Tensor
     ) -> Callable[[int, torch.Tensor], torch.Tensor]:
-        """Attention in PyTorch for layer `index` of a step: masked to each row's positions (the
-        longest row's `longest` of them)."""
+        """Attention in PyTorch for layer `index` of a step, one row at a time: its rotary embedding,
+        its cache write, and its attention over its own positions 0..positions[r] only."""
         c = self.config
-        rows = cache.rows
-        row_index = torch.arange(rows)
-        # Row r sees its own positions 0..positions[r] only.
-        visible = (torch.arange(longest)[None, :] <= positions[:, None])[:, None, None, :]
-        cos, sin = self.cos[positions][:, None, :], self.sin[positions][:, None, :]
         group = c.heads // c.kv_heads
+        at = positions.tolist()
 
         def attend(index: int, qkv: torch.Tensor) -> torch.Tensor:
-            q, k, v = qkv.split([self.q_size, self.kv_size, self.kv_size], dim=-1)
-            q = rotate(q.view(rows, c.heads, c.head_dim), cos, sin)
-            k = rotate(k.view(rows, c.kv_heads, c.head_dim), cos, sin)
             keys, values = cache.keys[index], cache.values[index]
-            keys[row_index, :, positions] = k
-            values[row_index, :, positions] = v.view(rows, c.kv_heads, c.head_dim)
-            # The query heads sharing a kv head act as that head's queries: no repeated keys.
-            attended = F.scaled_dot_product_attention(
-                q.view(rows, c.kv_heads, group, c.head_dim),
-                keys[:rows, :, :longest],
-                values[:rows, :, :longest],
-                attn_mask=visible,
-            )
-            return attended.reshape(rows, self.q_size)
+            out = torch.empty(qkv.shape[0], self.q_size)
+            for row, position in enumerate(at):
+                q, k, v = qkv[row].split([self.q_size, self.kv_size, self.kv_size])
+                cos, sin = self.cos[position], self.sin[position]
+                q = rotate(q.view(c.heads, c.head_dim), cos, sin)
+                keys[row, :, position] = rotate(k.view(c.kv_heads, c.head_dim), cos, sin)
+                values[row, :, position] = v.view(c.kv_heads, c.head_dim)
+                attended = F.scaled_dot_product_attention(
+                    q.view(c.kv_heads, group, c.head_dim),
+                    keys[row, :, : position + 1],
+                    values[row, :, : position + 1],
+                )
+                out[row] = attended.reshape(self.q_size)
+            return out
 
         return attend
+
+
+def _each_row(op: Callable[..., torch.Tensor]) -> Callable[..., torch.Tensor]:
+    """`op(x, *args)` computed on one row of x at a time (each row alone, as at a batch of one)."""
+
+    def each(x: torch.Tensor, *args: Any) -> torch.Tensor:
+        return torch.cat([op(x[row : row + 1], *args) for row in range(x.shape[0])])
+
+    return each

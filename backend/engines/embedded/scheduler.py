@@ -35,7 +35,7 @@ import torch
 
 from backend.engines.base import Chunk, template_token_ids
 from backend.engines.embedded.detokenizer import TextStream
-from backend.engines.embedded.linear import KERNEL_MAX_ROWS, rows_independent
+from backend.engines.embedded.linear import KERNEL_MAX_ROWS, kernel_on
 from backend.engines.embedded.model import Llama, PromptKV, RowCache
 from backend.engines.embedded.sampler import RowSampling, sample
 
@@ -247,6 +247,8 @@ class BatchScheduler:
             "compute_path": self.compute.get("path", ""),
             "batch_invariant": self.compute.get("batch_invariant", False),
             "compute_why": self.compute.get("why", ""),
+            "compute_block": self.compute.get("block"),
+            "weight_bytes": self.compute.get("weight_bytes", 0),
             "step_weight_bytes": self.step_weight_bytes,
         }
 
@@ -360,12 +362,13 @@ class BatchScheduler:
     def _next_group(self) -> list[Job]:
         """The first waiting request, and after it those that fit beside it in one prefill: their
         new tokens (after the template head each copies) at most KERNEL_MAX_ROWS together, their
-        rows within the cap. Only where the rows kernel multiplies (`rows_independent`): there a
-        prompt gives the same values alone or beside others, so a seed's text does not depend on
-        who else arrived."""
+        rows within the cap. Only where the rows kernel multiplies (`kernel_on`): there a prompt
+        gives the same values alone or beside others, so a seed's text does not depend on who else
+        arrived. (PyTorch's product is checked at one block of rows, a decode step's; a prompt is
+        prefilled alone there, the same way every time.)"""
         first = self.waiting.popleft()
         group = [first]
-        if not rows_independent(self.model.dtype):
+        if not kernel_on():
             return group
         budget = KERNEL_MAX_ROWS - self._new_tokens(first)
         free = self.max_rows - len(self.rows) - first.n

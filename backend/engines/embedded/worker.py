@@ -62,6 +62,8 @@ class WorkerSetup:
     context: int
     gguf: str = ""
     """The GGUF the folder was converted from, if it was (its blocks are read beside the folder)."""
+    block_rows: int = 0
+    """A PyTorch path's block of rows (compute.Choice.block); 0: timed and checked at start."""
 
 
 class WorkerProcess:
