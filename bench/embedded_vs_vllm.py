@@ -20,6 +20,18 @@ the server's process tree). Each cell is the median of --repeats runs; the CPU t
 used while the engine ran is printed at the end. A last row checks the TTFT goal: n=8 on the chat
 template around a one-digit user message (31 tokens; the template alone is 30).
 
+A third side where it is built (`scripts/prepare-engine-envs.sh llamacpp`): llama.cpp's
+`llama-batched-bench` on the same GGUF (bench/llama_cpp.py), run in the same alternation, one run
+per n and repeat: a prompt of the same length shared by the n sequences, the same number of new
+tokens, one thread. Its tokens/s are counted as the engine's are (every sample's tokens over the
+whole time, prefill included); beside them its own generation rate (without the prompt) and its
+peak RSS. Its TTFT column is its prompt's time, a lower bound.
+
+The header says which CPU ran it (its model name and the ISA flags that decide what the libraries
+run: AVX2, AVX-512, AVX-512-BF16, AMX), the path `auto` chose and why (what the probe timed), and
+what each compute path holds in weights (the bench's own figure for the chosen one, with its
+process's RSS; the others from the model's shapes).
+
 Two more figures. Many users: 16 requests of n = 4 sent at once (each a new prompt), TTFT p50 and
 max per side. The weight-streaming floor: one decode step reads every weight once (the tied
 embedding as the output layer), so bytes per step over the single-core read bandwidth (measured here:
@@ -36,8 +48,8 @@ Each side's front end (the engine's asyncio side, vLLM's API server and engine c
 Exit 2 when the vLLM environment or the converted model is missing.
 
 Usage: python -m bench.embedded_vs_vllm [--ns 1,8,32] [--tokens 64] [--threads 1] [--compute auto]
-                                        [--vllm-dtype auto]
-                                        [--repeats 3] [--vllm compiled|eager] [--users 16]
+                                        [--vllm-dtype auto] [--repeats 3] [--vllm compiled|eager]
+                                        [--users 16] [--no-llama-cpp]
 """
 
 from __future__ import annotations
@@ -60,9 +72,11 @@ import httpx
 import psutil
 
 from backend.engines.base import Prompt
-from backend.engines.embedded.compute import COMPUTE_CHOICES
+from backend.engines.embedded.compute import COMPUTE_CHOICES, PATHS
 from backend.engines.embedded.engine import EmbeddedEngine
 from backend.engines.embedded.scheduler import DecodeParams
+from backend.engines.embedded.weights import bundled_gguf
+from bench import llama_cpp
 from bench.embedded import PeakMemory
 from bench.matmul_layouts import matmul_rate
 from devkit.local import CONVERTED_MODEL as MODEL
@@ -70,6 +84,7 @@ from devkit.local import ENGINE_CACHE as CACHE
 from devkit.local import SERVED_NAME, SERVER_START_S, free_port, start_logged, stop_process_group
 
 PROMPT = "Write a short poem about the sea."
+
 VLLM_PYTHON = CACHE / "envs" / "vllm" / "bin" / "python"
 VLLM_LOG = CACHE / "vllm-bench-server.log"
 COMPILED_START_S = 1800.0
@@ -272,6 +287,56 @@ def weight_bytes_per_step(engine: EmbeddedEngine, dtype: str) -> tuple[int, int]
     return engine.health()["step_weight_bytes"] + norms * size, (matrices + norms) * size
 
 
+CPU_FLAGS = (
+    "avx2", "fma", "avx512f", "avx512_vnni", "avx512_bf16", "avx512_fp16", "amx_tile", "amx_bf16", "amx_int8",
+)  # fmt: skip
+"""The CPU flags that decide which kernels MKL, oneDNN and llama.cpp run."""
+
+
+def cpu_words() -> str:
+    """This CPU's model name, cores and which of CPU_FLAGS it has (from /proc/cpuinfo)."""
+    name, flags = "unknown CPU", set()
+    with contextlib.suppress(OSError):
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            key, _, value = line.partition(":")
+            if key.strip() == "model name" and name == "unknown CPU":
+                name = value.strip()
+            elif key.strip() in ("flags", "Features") and not flags:
+                flags = set(value.split())
+    have = [flag for flag in CPU_FLAGS if flag in flags]
+    return f"{name}, {os.cpu_count()} cores; flags: {' '.join(have) or 'none of ' + ' '.join(CPU_FLAGS)}"
+
+
+def path_weights(engine: EmbeddedEngine) -> str:
+    """What each compute path holds in weights, in MB: the running one as the engine counts it, the
+    others from the model's shapes (float32 or bf16 matrices, norms in float32; `fp32-blocks` keeps
+    the float32 matrices for long prefills beside the GGUF's blocks)."""
+    from backend.engines.embedded.model import LlamaConfig
+    from backend.engines.embedded.weights import read_config
+
+    c = LlamaConfig.from_hf(read_config(Path(engine.worker.setup.folder)))
+    *per_layer, output = (rows * cols for rows, cols in c.fused_matrices().values())
+    matrices = c.layers * sum(per_layer) + output
+    norms = 4 * ((2 * c.layers + 1) * c.hidden_size)
+    health = engine.health()
+    blocks = health["step_weight_bytes"] if health["compute_path"] == "fp32-blocks" else None
+    held = {
+        "fp32-blocks": 4 * matrices + norms + (blocks or 0),
+        "fp32-rows": 4 * matrices + norms,
+        "fp32-torch": 4 * matrices + norms,
+        "bf16-torch": 2 * matrices + norms,
+    }
+    held[health["compute_path"]] = health["weight_bytes"]
+    words = []
+    for name in PATHS:
+        if name == "fp32-blocks" and blocks is None:
+            words.append(f"{name} {held[name] / 1e6:.0f} MB + the GGUF's blocks (96 MB for SmolLM2-135M)")
+        else:
+            mark = " (running)" if name == health["compute_path"] else ""
+            words.append(f"{name} {held[name] / 1e6:.0f} MB{mark}")
+    return "; ".join(words)
+
+
 def figures(
     side: str, n: int, tokens: int, count: int, elapsed: float, cpu: float, first: float | None, peak: float
 ) -> dict[str, float]:
@@ -325,9 +390,28 @@ def new_prompt(engine: EmbeddedEngine, text: str, number: int) -> list[int]:
     return engine.prompt_ids(Prompt(f"{number % 10} {text}".strip()))
 
 
+async def run_llama_cpp(ids: list[int], n: int, tokens: int, threads: int) -> dict[str, float]:
+    """One llama-batched-bench run of a prompt as long as `ids` shared by n sequences (off the loop)."""
+    return await asyncio.to_thread(llama_cpp.run, bundled_gguf(), len(ids), tokens, n, threads)
+
+
 async def compare(args: argparse.Namespace, engine: EmbeddedEngine, url: str, pid: int) -> None:
     ids = new_prompt(engine, PROMPT, 0)
     short = new_prompt(engine, "", 0)
+    with_llama = args.llama_cpp and llama_cpp.available()
+    health = engine.health()
+    print(f"CPU: {cpu_words()}", flush=True)
+    print(
+        f"engine path: {health['compute_path']}"
+        + (f" in blocks of {health['compute_block']} rows" if health.get("compute_block") else "")
+        + f" ({health['compute_why']}); linear layers: {health['linear_layers']}",
+        flush=True,
+    )
+    print(f"weights each path holds: {path_weights(engine)}", flush=True)
+    if with_llama:
+        print(f"llama.cpp: {llama_cpp.BINARY} ({llama_cpp.version()}), {bundled_gguf().name}", flush=True)
+    elif args.llama_cpp:
+        print(f"llama.cpp: not built here (build it with {llama_cpp.BUILD_COMMAND}); its column is left out")
     print(
         f"{engine.model} (the engine's path: {engine.health().get('compute_why')}); vLLM --dtype "
         f"{args.vllm_dtype}; {args.threads} compute thread(s) each "
@@ -343,10 +427,17 @@ async def compare(args: argparse.Namespace, engine: EmbeddedEngine, url: str, pi
         for n in sorted({int(x) for x in args.ns.split(",")} | {4, 8}):
             await stream_vllm(client, url, ids, n, 4)
             await stream_engine(engine, ids, n, 4)
+        if with_llama:
+            await run_llama_cpp(ids, 1, 4, args.threads)
         print(
             f"{'n':>10} {'engine tok/s':>12} {'vLLM tok/s':>10} {'ratio':>6} {'engine tok/CPU-s':>16} "
             f"{'vLLM tok/CPU-s':>14} {'ratio':>6} {'engine TTFT':>11} {'vLLM TTFT':>9} {'ratio':>6} "
             f"{'engine MB':>9} {'vLLM MB':>7}"
+            + (
+                f" {'llama.cpp tok/s':>15} {'ratio':>6} {'its gen tok/s':>13} {'its PP':>6} {'its MB':>6}"
+                if with_llama
+                else ""
+            )
         )
         rows = [(str(int(x)), int(x), PROMPT) for x in args.ns.split(",")]
         rows.append((f"8 ({len(short)} tok)", 8, ""))
@@ -356,6 +447,7 @@ async def compare(args: argparse.Namespace, engine: EmbeddedEngine, url: str, pi
         for label, n, text in rows:
             ours: list[dict[str, float]] = []
             theirs: list[dict[str, float]] = []
+            llama: list[dict[str, float]] = []
             steps = 0
             step_total = 0.0
             for _ in range(args.repeats):
@@ -369,6 +461,8 @@ async def compare(args: argparse.Namespace, engine: EmbeddedEngine, url: str, pi
                 steps, step_total = steps + steps_after - steps_before, step_total + ms_after - ms_before
                 idle_cpu += cpu_seconds([pid]) - before
                 idle_wall += time.perf_counter() - started
+                if with_llama:
+                    llama.append(await run_llama_cpp(prompt, n, args.tokens, args.threads))
             if label == "8":
                 step_at_8 = step_total / steps if steps else float("nan")
             tok = median(ours, "tok_s"), median(theirs, "tok_s")
@@ -377,11 +471,22 @@ async def compare(args: argparse.Namespace, engine: EmbeddedEngine, url: str, pi
             print(
                 f"{label:>10} {tok[0]:>12.1f} {tok[1]:>10.1f} {tok[0] / tok[1]:>5.2f}x {per_cpu[0]:>16.1f} "
                 f"{per_cpu[1]:>14.1f} {per_cpu[0] / per_cpu[1]:>5.2f}x {ttft[0]:>9.0f}ms {ttft[1]:>7.0f}ms "
-                f"{ttft[1] / ttft[0]:>5.2f}x {median(ours, 'mem_mb'):>9.0f} {median(theirs, 'mem_mb'):>7.0f}",
+                f"{ttft[1] / ttft[0]:>5.2f}x {median(ours, 'mem_mb'):>9.0f} {median(theirs, 'mem_mb'):>7.0f}"
+                + (
+                    f" {median(llama, 'tok_s'):>15.1f} {tok[0] / median(llama, 'tok_s'):>5.2f}x "
+                    f"{median(llama, 'gen_tok_s'):>13.1f} {median(llama, 'ttft_ms'):>4.0f}ms "
+                    f"{median(llama, 'mem_mb'):>6.0f}"
+                    if llama
+                    else ""
+                ),
                 flush=True,
             )
         number = await many_users(args, engine, client, url, number)
-    print("ratios: engine/vLLM for tokens/s and tokens/CPU-s, vLLM/engine for TTFT (above 1: engine better)")
+    print(
+        "ratios: engine/vLLM for tokens/s and tokens/CPU-s, vLLM/engine for TTFT, engine/llama.cpp for "
+        "tokens/s (above 1: engine better); MB: the engine's model process's and vLLM's server's peak "
+        "RSS above idle, llama.cpp's whole process's peak RSS"
+    )
     dtype = engine.path.dtype if engine.path else "float32"
     (floor_bytes, dense_bytes), bandwidth = weight_bytes_per_step(engine, dtype), read_bandwidth()
     floor, dense_floor = 1000 * floor_bytes / bandwidth, 1000 * dense_bytes / bandwidth
@@ -414,6 +519,9 @@ async def main() -> int:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--vllm", choices=("compiled", "eager"), default="compiled")
     parser.add_argument("--users", type=int, default=16, help="requests of n=4 at once (0: none)")
+    parser.add_argument(
+        "--no-llama-cpp", dest="llama_cpp", action="store_false", help="leave llama.cpp's column out"
+    )
     args = parser.parse_args()
     if not VLLM_PYTHON.exists() or not MODEL.exists():
         print(

