@@ -88,8 +88,10 @@ def test_greedy_tokens_agree_with_transformers_or_part_at_a_near_tie(name: str) 
     threads = torch.get_num_threads()
     torch.set_num_threads(1)  # as the engine's process runs
     dtype = getattr(torch, path.dtype)
-    engine_linear.configure(allow=path.rows_kernel)
-    decode_ops.configure(allow=path.rows_kernel)
+    # A PyTorch path multiplies a decode step's rows in blocks, as the engine does (here one block of
+    # 16 for the 4 rows; tests/test_fixed_rows.py runs the block size the engine checked).
+    engine_linear.configure(allow=path.rows_kernel, block=None if path.rows_kernel else 16)
+    decode_ops.configure()
     try:
         folder = resolve_model()
         config = LlamaConfig.from_hf(read_config(folder.path))
