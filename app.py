@@ -52,8 +52,11 @@ BACKEND_URL = Setting(
 APP_SETTINGS = (HOST, PAGE_PORT, BACKEND_PORT, BACKEND_URL)
 """The page's settings (the engines' and the backend's own are `backend.config`'s)."""
 
-README_SETTINGS = (*all_engine_settings(), *APP_SETTINGS, *SERVER_SETTINGS)
-"""The settings in the README's table, in its order (tests/test_readme.py checks they agree)."""
+
+def readme_settings() -> tuple[Setting, ...]:
+    """The settings in the README's table, in its order, of the engines registered now
+    (tests/test_readme.py checks they agree)."""
+    return (*all_engine_settings(), *APP_SETTINGS, *SERVER_SETTINGS)
 
 
 def parser() -> argparse.ArgumentParser:

@@ -74,5 +74,5 @@ def test_the_readmes_settings_table_is_the_declared_settings() -> None:
     start = text.index("| flag | environment | default | what |")
     lines = text[start:].splitlines()
     table = "\n".join(lines[: next(i for i, line in enumerate(lines) if not line.startswith("|"))])
-    expected = markdown_table(app.README_SETTINGS)
+    expected = markdown_table(app.readme_settings())
     assert table == expected, f"the README's table differs from the declarations; it should read:\n{expected}"
