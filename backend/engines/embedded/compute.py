@@ -206,12 +206,12 @@ def probe(
     failed: list[str] = []
     for option in sorted(finished, key=lambda option: times[option.label]):
         if option.block is None:
-            return Probe(option, times, unfinished, failed, rows)
+            return Probe(option, times, unfinished, failed, rows=rows)
         failures = check(option)
         if not failures:
-            return Probe(option, times, unfinished, failed, rows)
+            return Probe(option, times, unfinished, failed, rows=rows)
         failed.append(f"{option.label} failed its check ({failures[0]})")
-    return Probe(None, times, unfinished, failed, rows)
+    return Probe(None, times, unfinished, failed, rows=rows)
 
 
 def probe_reason(setting: str, found: Probe, took: float) -> str:
