@@ -35,8 +35,9 @@ def available() -> bool:
 
 
 def command(gguf: Path, prompt: int, tokens: int, n: int, threads: int) -> list[str]:
-    """The llama-batched-bench command for one measurement (a context just large enough)."""
-    context = n * (prompt + tokens) + prompt + 16
+    """The llama-batched-bench command for one measurement: a context of n equal parts (its KV cache
+    is split per sequence), each large enough for the shared prompt and the tokens."""
+    context = n * (prompt + tokens + 16)
     return [
         str(BINARY), "-m", str(gguf), "-c", str(context), "-b", "2048", "-ub", "512",
         "-npp", str(prompt), "-ntg", str(tokens), "-npl", str(n), "-pps",
@@ -44,10 +45,29 @@ def command(gguf: Path, prompt: int, tokens: int, n: int, threads: int) -> list[
     ]  # fmt: skip
 
 
+ATTEMPTS = 3
+"""Runs tried for one measurement: llama.cpp prints from a logging thread of its own, and on a
+loaded machine its process now and then exits before that thread wrote the measurement."""
+
+
 def run(gguf: Path, prompt: int, tokens: int, n: int, threads: int = 1) -> dict[str, float]:
     """One measurement: tok_s (n x tokens over the whole time, prefill included), gen_tok_s (over
     the generation alone), ttft_ms (the shared prompt's time: a lower bound of the first token's)
     and mem_mb (the process's peak RSS)."""
+    for attempt in range(ATTEMPTS):
+        try:
+            return _run_once(gguf, prompt, tokens, n, threads)
+        except MissingMeasurement:
+            if attempt == ATTEMPTS - 1:
+                raise
+    raise AssertionError("unreachable")
+
+
+class MissingMeasurement(RuntimeError):
+    """llama-batched-bench exited without printing its measurement."""
+
+
+def _run_once(gguf: Path, prompt: int, tokens: int, n: int, threads: int) -> dict[str, float]:
     process = subprocess.Popen(
         command(gguf, prompt, tokens, n, threads), stdout=subprocess.PIPE, stderr=subprocess.PIPE
     )
@@ -92,7 +112,7 @@ def parse(output: str) -> dict[str, float]:
         line = line.strip()
         if line.startswith("{") and '"t_tg"' in line:
             return json.loads(line)
-    raise RuntimeError(f"no measurement in llama-batched-bench's output: {output[-300:]!r}")
+    raise MissingMeasurement(f"no measurement in llama-batched-bench's output: {output[-300:]!r}")
 
 
 def version() -> str:
