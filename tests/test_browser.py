@@ -386,3 +386,45 @@ def test_a_branch_of_the_tree_is_continued_as_a_new_run_of_n_samples(page: Page)
     # The new run's tree: every sample in it, the root's branches adding up to n.
     counts = [int(c) for c in page.locator(BRANCHES + " > .tree-count").all_inner_texts()]
     assert sum(counts) == 3, counts
+
+
+def test_a_column_is_continued_from_the_token_or_word_clicked(page: Page) -> None:
+    """With token confidence on, a click on a finished column's third token offers Continue from
+    here: the new run goes on from the column's text up to the end of that token. Without it, from
+    the end of the word clicked."""
+    open_panel(page, WHY_N)
+    page.locator("#logprobs input[type=checkbox]").check()
+    start(page, "Tell me about lighthouses.", 2, 12)
+    expect(page.locator("#status")).to_contain_text("finished", timeout=30_000)
+    tokens = page.locator("#sample-1 .tok").all_text_contents()
+    assert len(tokens) > 4, tokens
+    page.locator("#sample-1 .tok").nth(2).click()
+    page.locator("#column-continue").click()
+    expect(page.locator("#status")).to_contain_text("Continuing from a branch", timeout=15_000)
+    expect(page.locator("#status")).to_contain_text("finished", timeout=30_000)
+    expect(page.locator("#prefix-0")).to_have_text("".join(tokens[:3]))
+    # Words: token confidence off, a click in the middle of the second word of column 0.
+    page.locator("#logprobs input[type=checkbox]").uncheck()
+    page.locator("#generate").click()
+    expect(page.locator("#status")).not_to_contain_text("Continuing", timeout=15_000)
+    expect(page.locator("#status")).to_contain_text("finished", timeout=30_000)
+    text = sample_text(page, 0)
+    words = text.split(" ")
+    box = page.evaluate(
+        """() => {
+            const column = document.querySelector('#sample-0');
+            const walker = document.createTreeWalker(column, NodeFilter.SHOW_TEXT);
+            let node = walker.nextNode();
+            while (node && !node.data.includes(' ')) node = walker.nextNode();
+            const range = document.createRange();
+            const start = node.data.indexOf(' ') + 2;
+            range.setStart(node, start);
+            range.setEnd(node, start + 1);
+            const r = range.getBoundingClientRect();
+            return [r.left + r.width / 2, r.top + r.height / 2];
+        }"""
+    )
+    page.mouse.click(*box)
+    page.locator("#column-continue").click()
+    expect(page.locator("#status")).to_contain_text("Continuing from a branch", timeout=15_000)
+    expect(page.locator("#prefix-0")).to_have_text(" ".join(words[:2]))

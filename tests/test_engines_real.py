@@ -451,6 +451,40 @@ async def test_a_raw_prompt_still_streams(backend: tuple[BackendServer, RealServ
     assert not result["errors"]
 
 
+async def test_a_continuation_keeps_the_chat_template_and_sglang_reuses_its_cache(
+    backend: tuple[BackendServer, RealServer],
+) -> None:
+    """A sample's first words continued as the assistant's turn (`prefix`): the samples go on from
+    them, the prompt grows by those words, and SGLang's radix cache serves what it computed for the
+    sample (`cached_tokens` past the first run's whole prompt), as the run summary shows."""
+    from ui.view import RunView, prefix_cache_line
+
+    server, real = backend
+    async with connect(server.url) as ws:
+        await ws.send(generate("p1", 2, 40, COLOUR_PROMPT, temperature=0.3))
+        first = await run_request(ws, "p1")
+        text = first["texts"][0]
+        cut = text.index(" ", len(text) // 2)
+        await ws.send(generate("p2", 2, 16, COLOUR_PROMPT, temperature=0.3, prefix=text[:cut]))
+        accepted = await recv(ws)
+        assert accepted["format"] == "chat"
+        second = await run_request(ws, "p2")
+    assert not first["errors"] and not second["errors"], (first["errors"], second["errors"])
+    assert all(second["texts"].get(i, "").strip() for i in range(2)), second["texts"]
+    assert all(f["stats"]["tokens"] >= 2 for f in second["finishes"].values()), second["finishes"]
+    if real.kind != "sglang":
+        return
+    before = first["finishes"][0]["engine"]
+    after = [f["engine"] for f in second["finishes"].values()]
+    assert all(e["prompt_tokens"] > before["prompt_tokens"] + 3 for e in after), (before, after)
+    assert all(e["cached_tokens"] > before["prompt_tokens"] for e in after), (before, after)
+    view = RunView("p2", 0.0)
+    view.apply({**accepted, "id": "p2"}, 0.0)
+    for frame in second["finishes"].values():
+        view.apply(frame, 0.0)
+    assert "reused from the engine's cache" in prefix_cache_line(view)
+
+
 async def test_stop_one_sample(backend: tuple[BackendServer, RealServer]) -> None:
     """Stopping sample 1 ends it as abort while 0 and 2 keep streaming; then the rest is cancelled.
 

@@ -260,9 +260,15 @@ def _wire_runs(
     continue_event = show["tree"].select(
         handlers.continue_from, inputs_kwargs=continued, **run, api_visibility="private"
     )
+    # ...or a column from a point of its text (the grid's other select events are Stop clicks).
+    point_event = show["samples"].select(
+        handlers.continue_from_point, inputs_kwargs=continued, **run, api_visibility="private"
+    )
     cancel_btn.click(
         handlers.cancel, outputs=outputs, concurrency_limit=None, show_progress="hidden", api_name="cancel"
-    ).then(None, cancels=[generate_event, replay_event, continue_event], api_visibility="private")
+    ).then(
+        None, cancels=[generate_event, replay_event, continue_event, point_event], api_visibility="private"
+    )
 
 
 def _saved_run_controls(handlers: Handlers) -> dict[str, Any]:

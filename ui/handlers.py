@@ -246,9 +246,38 @@ class Handlers:
         the text up to the end of that node, streamed into the columns as a new run. A branch that
         cannot be continued (the run is gone, not the one on the page, still streaming, or the
         backend refuses) is said in the status line, and the columns and tree stay as they are."""
+        continuable = functools.partial(self._continuable, node_id=event.index, run_id=event.value)
+        async for outputs in self._continue(request, continuable, settings):
+            yield outputs
+
+    async def continue_from_point(
+        self, event: gr.SelectData, request: gr.Request, **settings: Any
+    ) -> AsyncIterator[list[Any]]:
+        """Continue a column from a point of its text (the grid's select event: the column as
+        `index`, `{"continue_at": characters, "run": its run}` as `value`: the end of the token or
+        word clicked), as `continue_from` continues a node; the new run's branches grow from the
+        deepest node of the tree at or before that point. Other select events of the grid (a
+        column's Stop) are not continuations: nothing happens here for them."""
+        value = event.value
+        if not isinstance(value, dict) or "continue_at" not in value:
+            return
+        continuable = functools.partial(
+            self._point, column=event.index, offset=value.get("continue_at"), run_id=value.get("run")
+        )
+        async for outputs in self._continue(request, continuable, settings):
+            yield outputs
+
+    async def _continue(
+        self,
+        request: gr.Request,
+        continuable: Callable[[str], tuple[Origin, tuple[int, int]]],
+        settings: dict[str, Any],
+    ) -> AsyncIterator[list[Any]]:
+        """A continuation of what `continuable` says (its origin and the node its branches grow
+        from, or CannotContinue) as a new run of the session, streamed to the page."""
         session = _session(request)
         try:
-            origin, parent = self._continuable(session, event.index, event.value)
+            origin, parent = continuable(session)
             of_the_run = {"prompt": origin.prompt, "format": origin.prompt_format, "system": origin.system}
             base = run_request({**settings, **of_the_run})
             wanted = dataclasses.replace(base, options={**base.options, "prefix": origin.prefix})
@@ -271,10 +300,30 @@ class Handlers:
         async for outputs in self._stream(session, run, ticket, wanted.answer_pattern, start, True, refused):
             yield outputs
 
-    def _continuable(self, session: str, node_id: Any, run_id: Any) -> tuple[Origin, tuple[int, int]]:
-        """What continuing node `node_id` of the tree of run `run_id` (the page's run, and the runs
-        it continues) asks for, and the (run position, node id) it continues; CannotContinue says
-        why it cannot be."""
+    def _point(self, session: str, column: Any, offset: Any, run_id: Any) -> tuple[Origin, tuple[int, int]]:
+        """What continuing column `column` of run `run_id` from character `offset` of its text asks
+        for, and the node of the tree at or before that point; CannotContinue says why it cannot be."""
+        run, lineage = self._current(session, run_id)
+        samples = run.view.samples
+        if not (isinstance(column, int) and 0 <= column < len(samples)):
+            raise CannotContinue(f"the run has no column {str(column)[:20]!r}")
+        text = samples[column].text
+        if not (isinstance(offset, int) and not isinstance(offset, bool) and 0 < offset <= len(text)):
+            raise CannotContinue(
+                f"column #{column} has no point {str(offset)[:20]!r} to continue from (its text has "
+                f"{len(text)} characters)"
+            )
+        known = self._origins.get(run)
+        if known is None:
+            raise CannotContinue("this run cannot be continued: the page does not know its prompt")
+        prompt_format = run.view.prompt_format or known.prompt_format
+        system = known.system if prompt_format == "chat" else ""
+        origin = Origin(known.prompt, prompt_format, system, known.prefix + text[:offset])
+        return origin, (len(lineage.runs) - 1, branch_node(run.view.tree, text[:offset]))
+
+    def _current(self, session: str, run_id: Any) -> tuple[BackendRun, Lineage]:
+        """The session's run, finished, and its tree of runs, where `run_id` is that run (the page
+        shows it); CannotContinue says why a continuation cannot be made from the page."""
         run = self._runs.get(session)
         lineage = self._lineages.get(session)
         if run is None or lineage is None or not lineage.runs or lineage.runs[-1] is not run:
@@ -293,6 +342,13 @@ class Handlers:
             raise CannotContinue(
                 f"this tree has {RUNS_MAX} runs, the most one keeps: press Generate to start a new one"
             )
+        return run, lineage
+
+    def _continuable(self, session: str, node_id: Any, run_id: Any) -> tuple[Origin, tuple[int, int]]:
+        """What continuing node `node_id` of the tree of run `run_id` (the page's run, and the runs
+        it continues) asks for, and the (run position, node id) it continues; CannotContinue says
+        why it cannot be."""
+        _, lineage = self._current(session, run_id)
         position, local = split_id(node_id) if isinstance(node_id, int) and node_id >= 0 else (-1, -1)
         target = lineage.runs[position] if 0 <= position < len(lineage.runs) else None
         node = target.view.tree.find(local) if target is not None else None
@@ -552,8 +608,10 @@ class Handlers:
             await run.cancel(int(index))
 
     async def stop_clicked(self, event: gr.SelectData, request: gr.Request) -> None:
-        """A column's Stop button, as the sample grid reports it."""
-        await self.stop_sample(int(event.index), request)
+        """A column's Stop button, as the sample grid reports it (its other select events, a point
+        of a column to continue from, are `continue_from_point`'s)."""
+        if event.value == "stop":
+            await self.stop_sample(int(event.index), request)
 
     def _forget(self, session: str, run: BackendRun) -> None:
         if self._runs.get(session) is run:

@@ -43,6 +43,10 @@ CSS = """
   background: var(--button-secondary-background-fill); }
 .sample-stop:disabled { opacity: 0.4; }
 .sample-text .tok { border-radius: 2px; }
+.sample-column { position: relative; }
+.sample-text { cursor: text; }
+.sample-continue { position: absolute; z-index: 2; font-size: 0.8em; padding: 2px 10px; border-radius: 6px;
+  border: 1px solid #7c3aed; background: #7c3aed; color: white; cursor: pointer; white-space: nowrap; }
 .sample-prefix { font-size: 0.8em; line-height: 1.3; color: var(--body-text-color-subdued);
   white-space: pre-wrap; overflow-wrap: anywhere; max-height: 4em; overflow: hidden;
   border-left: 3px solid #cbd5e1; padding-left: 6px; }
@@ -233,20 +237,90 @@ function render(value) {
   });
 }
 
-render(props.value);
-watch('value', () => render(props.value));
-element.addEventListener('click', (event) => {
-  const button = event.target.closest('button[data-index]');
-  if (button && !button.disabled) {
-    button.disabled = true;
-    trigger('select', {index: Number(button.dataset.index), value: 'stop'});
+// "Continue from here" at a point of a finished column: the end of the token clicked (with token
+// confidence on) or of the word, a new run from the prompt plus the column's text up to there.
+const cont = document.createElement('button');
+cont.className = 'sample-continue';
+cont.id = 'column-continue';
+cont.textContent = 'Continue from here \u25b8';
+let run = null;
+
+function charsBefore(c, target) {
+  let count = 0;
+  const walker = document.createTreeWalker(c.text, NodeFilter.SHOW_TEXT);
+  for (let n = walker.nextNode(); n; n = walker.nextNode()) {
+    if (n === target) return count;
+    count += n.data.length;
   }
+  return null;
+}
+
+function pointAt(c, event) {
+  const tok = event.target.closest('.tok');
+  if (tok && tok.firstChild && c.text.contains(tok)) {
+    const before = charsBefore(c, tok.firstChild);
+    return before === null ? null : before + tok.textContent.length;
+  }
+  const [x, y] = [event.clientX, event.clientY];
+  const pos = document.caretPositionFromPoint ? document.caretPositionFromPoint(x, y) : null;
+  const range = !pos && document.caretRangeFromPoint ? document.caretRangeFromPoint(x, y) : null;
+  const node = pos ? pos.offsetNode : range ? range.startContainer : null;
+  if (!node || node.nodeType !== Node.TEXT_NODE || !c.text.contains(node)) return null;
+  const before = charsBefore(c, node);
+  if (before === null) return null;
+  const at = before + (pos ? pos.offset : range.startOffset);
+  const rest = c.shown.slice(at).search(/\s/);  // to the end of the word
+  const end = rest < 0 ? c.shown.length : at + rest;
+  return end > 0 ? end : null;
+}
+
+function offerContinue(c, index, event) {
+  const at = pointAt(c, event);
+  if (at === null) { cont.remove(); return; }
+  cont.dataset.column = String(index);
+  cont.dataset.offset = String(at);
+  cont.title = `n new samples from the prompt plus \u2026${c.shown.slice(Math.max(0, at - 60), at)}`;
+  const box = c.col.getBoundingClientRect();
+  cont.style.top = `${Math.min(event.clientY - box.top + 6, box.height - 28)}px`;
+  cont.style.left = `${Math.max(4, Math.min(event.clientX - box.left - 40, box.width - 160))}px`;
+  cont.disabled = false;
+  c.col.appendChild(cont);
+}
+
+render(props.value);
+run = props.value ? props.value.run : null;
+watch('value', () => {
+  const value = props.value;
+  if ((value ? value.run : null) !== run) cont.remove();  // a new run: no point of the old one
+  run = value ? value.run : null;
+  render(value);
+});
+element.addEventListener('click', (event) => {
+  if (event.target === cont) {
+    cont.disabled = true;
+    trigger('select', {index: Number(cont.dataset.column),
+                       value: {continue_at: Number(cont.dataset.offset), run}});
+    return;
+  }
+  const button = event.target.closest('button[data-index]');
+  if (button) {
+    if (!button.disabled) {
+      button.disabled = true;
+      trigger('select', {index: Number(button.dataset.index), value: 'stop'});
+    }
+    return;
+  }
+  const index = columns.findIndex((c) => c.text.contains(event.target) || c.text === event.target);
+  if (index < 0 || !done.has(columns[index].status)) { cont.remove(); return; }
+  offerContinue(columns[index], index, event);
 });
 """
 """Builds and updates the columns from the value: only what changed is touched (a column's new
 text is appended to its last text block; with logprobs, as spans coloured by probability); the
 point where a sample parts from every other sample gets a marker; a Stop click becomes the grid's
-`select` event with the column's index."""
+`select` event with the column's index and the value "stop"; a click in a finished column's text
+offers Continue from here at that point (the end of the token or word clicked), whose click is the
+`select` event with the column's index and `{continue_at, run}`."""
 
 
 def sample_grid() -> gr.HTML:

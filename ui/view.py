@@ -209,7 +209,8 @@ def sample_header(sample: SampleView, started_at: float, now: float) -> str:
 def samples_value(view: RunView, now: float) -> dict[str, Any]:
     """The sample grid's value: a column per sample with its header, status and text, where it parts
     from every other sample (`parts_at`, a character offset, or None) and, with logprobs, its
-    `marks` (see SampleView); for a continuation, the end of the text it continues from (`prefix`).
+    `marks` (see SampleView); the run's id (`run`), and for a continuation the end of the text it
+    continues from (`prefix`).
 
     The page sends this as JSON; between two updates Gradio sends only what changed (a column's new
     text is an append), and the page's template redraws only the columns that changed.
@@ -231,9 +232,10 @@ def samples_value(view: RunView, now: float) -> dict[str, Any]:
             # and marks past the text taken here would colour the wrong characters.
             column["marks"] = sample.marks[:]
         columns.append(column)
+    value: dict[str, Any] = {"samples": columns, "run": view.request_id}
     if view.prefix:
-        return {"samples": columns, "prefix": prefix_tail(view.prefix)}
-    return {"samples": columns}
+        value["prefix"] = prefix_tail(view.prefix)
+    return value
 
 
 PREFIX_TAIL_CHARS = 160
