@@ -124,6 +124,20 @@ def test_a_block_that_fails_its_check_gives_way_to_the_next_fastest() -> None:
     assert alone.choice is None and len(alone.failed) == 1
 
 
+def test_a_block_left_unfinished_is_checked_where_every_faster_one_failed() -> None:
+    """fp32 in blocks of 8 is fastest but fails its check (as with MKL held to AVX2 on an AMX Xeon);
+    blocks of 16, left once slower than it, are then checked and taken."""
+    small, large = Choice(PATHS["fp32-torch"], 8), Choice(PATHS["fp32-torch"], 16)
+    costs = {"fp32-torch/8": 1.0, "fp32-torch/16": 3.0}
+
+    def check(option: Choice) -> list[str]:
+        return ["960 x 576 float32: 5 rows differ"] if option.block == 8 else []
+
+    found = probe((small, large), _step(costs), check, rows=(1, 8))
+    assert found.unfinished == {"fp32-torch/16"} and found.choice == large
+    assert found.failed == ["fp32-torch/8 failed its check (960 x 576 float32: 5 rows differ)"]
+
+
 def test_the_engine_line_names_the_path_and_warns_where_samples_vary_with_load() -> None:
     health = {"engine": "embedded", "model": "SmolLM2", "compute_path": "fp32-blocks", "compute_why": "auto"}
     invariant = engine_line({**health, "batch_invariant": True})

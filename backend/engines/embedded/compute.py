@@ -203,8 +203,12 @@ def probe(
             finished.append(option)
         times[option.label] = total
     unfinished = {option.label for option in options} - {option.label for option in finished}
+    # The timed ones fastest first, then those left unfinished (by their sums so far): a slower
+    # block size is checked only where every faster one failed.
+    ranked = sorted(finished, key=lambda option: times[option.label])
+    ranked += sorted((o for o in options if o.label in unfinished), key=lambda option: times[option.label])
     failed: list[str] = []
-    for option in sorted(finished, key=lambda option: times[option.label]):
+    for option in ranked:
         if option.block is None:
             return Probe(option, times, unfinished, failed, rows=rows)
         failures = check(option)
