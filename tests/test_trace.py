@@ -20,11 +20,12 @@ from backend.protocol import cancel_frame, export_trace_frame, generate_frame
 from backend.serving import server as server_module
 from backend.serving.server import BackendServer
 from backend.trace.feed import TraceFeed
-from backend.trace.frames import OTHER_CONNECTION, live_frame, task_label
+from backend.trace.frames import OTHER_CONNECTION, chrome_trace, live_frame, task_label
+from backend.trace.prefill import PrefillLog, PrefillSpan, prefill_counts
 from backend.trace.recorder import LAG, STEP, LoopTracer
 from devkit.frames import recv_frame
 from tests.support.backends import serving
-from ui.trace_view import panel_html
+from ui.trace_view import TraceView, panel_html
 from ui.view import RunView
 
 
@@ -272,6 +273,9 @@ class _Subscriber:
     def take_reads(self, origin_ns: int) -> list[list[Any]]:
         return []
 
+    def take_prefills(self, origin_ns: int) -> list[list[Any]]:
+        return []
+
 
 async def test_one_digest_feeds_each_traced_connection_its_own_frame() -> None:
     tracer = LoopTracer()
@@ -403,3 +407,76 @@ async def test_trace_frames_carry_the_loops_task_tree_once_a_second() -> None:
     assert "(T) send\n" in tree and "(T) trace\n" in tree
     assert "@c" not in tree  # other connections' tasks are not named
     assert "(T) other connection" in tree
+
+
+def test_a_prefill_span_runs_from_hand_over_to_first_chunk_and_takes_the_first_reported_counts() -> None:
+    log = PrefillLog()
+    origin = 1_000_000_000
+    log.handed("r1", origin + 5_000_000)
+    assert log.take(origin) == []  # no first chunk yet: nothing to draw
+    log.first_chunk("r1", origin + 84_250_000)
+    log.first_chunk("r1", origin + 90_000_000)  # a later chunk does not move the end
+    assert log.take(origin) == [[5.0, 84.25, "r1", None, None, False]]
+    assert log.take(origin) == []  # unchanged since the last frame
+    log.reported("r1", {"prompt_tokens": 247, "cached_tokens": 246})
+    log.reported("r1", {"prompt_tokens": 247, "cached_tokens": 0})  # the first report labels it
+    log.ended("r1")
+    assert log.take(origin) == [[5.0, 84.25, "r1", 247, 246, True]]
+    log.handed("r2", origin)
+    log.ended("r2")  # ended before any chunk (cancelled, failed): no span
+    assert log.take(origin) == []
+    log.reported("nope", {"cached_tokens": 1})  # an unknown request changes nothing
+    assert log.take(origin) == []
+
+
+def test_prefill_counts_read_each_engines_figures_and_never_invent_a_zero() -> None:
+    assert prefill_counts({"prompt_tokens": 30, "cached_tokens": 24, "e2e_latency": 0.2}) == (30, 24)
+    usage = {"prompt_tokens": 12, "prompt_tokens_details": {"cached_tokens": 8}}
+    assert prefill_counts({"usage": usage}) == (12, 8)
+    assert prefill_counts({"usage": {"prompt_tokens": 12, "prompt_tokens_details": None}}) is None
+    assert prefill_counts({"prompt_tokens": 30}) is None  # no cached count: not reported, not 0
+    assert prefill_counts({}) is None
+    assert prefill_counts({"prompt_tokens": 3, "cached_tokens": 4}) is None  # impossible figures
+    assert prefill_counts({"prompt_tokens": True, "cached_tokens": 0}) is None
+
+
+def test_the_export_puts_the_prefill_on_a_lane_of_its_own() -> None:
+    span = PrefillSpan(2_000_000, 9_500_000, (40, 30), True)
+    events = chrome_trace([], 0, "c1", "r1", (0, 10_000_000), span)
+    (prefill,) = [e for e in events if e.get("cat") == "prefill"]
+    assert prefill["ph"] == "X" and prefill["ts"] == 2000.0 and prefill["dur"] == 7500.0
+    assert prefill["args"] == {"prompt_tokens": 40, "computed": 10, "reused": 30}
+    lanes = {e["tid"]: e["args"]["name"] for e in events if e["name"] == "thread_name"}
+    assert lanes[prefill["tid"]].startswith("prefill")
+    assert not [e for e in chrome_trace([], 0, "c1", "r1", (0, 1), PrefillSpan(0)) if e.get("cat")]
+
+
+async def test_a_requests_trace_frames_carry_its_prefill_span(server: BackendServer) -> None:
+    async with connect(server.url, max_size=None) as ws:
+        await ws.send(generate("r1", n=3))
+        frames = await frames_until_done(ws, "r1")
+        await ws.send(json.dumps(export_trace_frame("r1")))
+        async with asyncio.timeout(10):
+            while (export := await recv_frame(ws))["type"] != "trace_export":
+                pass
+    traces = [f for f in frames if f["type"] == "trace"]
+    spans = [p for f in traces for p in f["prefills"]]
+    assert spans and all(p[2] == "r1" for p in spans)
+    start, end = spans[-1][:2]
+    assert spans[-1] == [*spans[0][:2], "r1", None, None, True]  # the synthetic engine reports none
+    first_chunk = min(t for f in traces for t, *_ in f["chunks"])
+    # handed to the engine before the first chunk; the span ends where the consumer took it
+    assert 0 < start < first_chunk <= end < first_chunk + 50
+    assert end - start < 5_000
+    html = panel_html(_view_of(traces, "r1"), n=3)
+    assert "trace-prefill" in html and "tokens not reported" in html
+    (exported,) = [e for e in export["traceEvents"] if e.get("cat") == "prefill"]
+    assert exported["ts"] == pytest.approx(start * 1000, abs=1)
+    assert exported["args"]["computed"] is None
+
+
+def _view_of(traces: list[dict[str, Any]], request_id: str) -> TraceView:
+    view = TraceView(request_id)
+    for frame in traces:
+        view.apply(frame)
+    return view

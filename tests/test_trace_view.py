@@ -105,3 +105,16 @@ def test_the_tracers_own_cost_is_shown() -> None:
     frame["counts"].update({"record_ns": 131})
     view.apply(frame)
     assert "<span>tracer cost</span><b>131 ns/step</b>" in panel_html(view, n=1)
+
+
+def test_the_prefill_span_is_drawn_with_the_counts_once_reported() -> None:
+    frame = frame_of([(STEP, 10 * MS, 2 * MS, "consume r1 @c1", None), (IDLE, 12 * MS, 88 * MS, None, 0)])
+    view = TraceView("r1")
+    view.apply({**frame, "prefills": [[2.0, 30.0, "r1", None, None, False], [1.0, 5.0, "r9", 9, 9, True]]})
+    assert view.prefill == (2.0, 30.0, None, None, False) and view.first_ms == 2.0  # the plot starts there
+    assert "prefill 28 ms: tokens …" in panel_html(view, n=1)
+    view.apply({**frame, "prefills": [[2.0, 30.0, "r1", 247, 246, True]]})
+    html = panel_html(view, n=1)
+    assert 'class="trace-prefill"' in html and "prefill 28 ms: 1 computed / 246 reused" in html
+    view.apply({**frame, "prefills": [[2.0, 30.0, "r1", None, None, True]]})
+    assert "prefill 28 ms: tokens not reported" in panel_html(view, n=1)  # never a made-up 0

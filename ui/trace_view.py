@@ -2,7 +2,9 @@
 
 Lanes, top to bottom: the loop (how busy it was in each pixel column, stacked by kind of task:
 consuming streams, sending frames, socket I/O, the engine's own tasks, the tracer, other clients),
-the loop's lag (how late a 20 ms heartbeat woke), then one lane per sample with a tick for each
+the loop's lag (how late a 20 ms heartbeat woke), the consumer's reads, the request's prefill (from
+when the backend handed it to the engine until its first chunk, labelled with the prompt tokens the
+engine computed and reused from its cache), then one lane per sample with a tick for each
 chunk, aligned with the columns. Red lines mark the cancel chain. Everything is drawn from the
 server's measurements; only the last `WINDOW_MS` is kept and drawn.
 """
@@ -25,6 +27,8 @@ LOOP_H = 40
 LAG_H = 40
 LANE_H = 10
 READ_H = 30
+PREFILL_H = 12
+PREFILL_COLOR = "#db2777"
 COLUMN_PX = 2
 
 TICK_GAP_PX = 2
@@ -95,6 +99,8 @@ class TraceView:
     """The consumer's reads of this run: (t ms, index, largest output's bytes, us per output)."""
     tasks: str = ""
     """The loop's task tree from the latest frame that carried one."""
+    prefill: tuple[float, float, int | None, int | None, bool] | None = None
+    """This run's prefill span: (start ms, end ms, prompt tokens, of them cached, request ended)."""
 
     def apply(self, frame: dict[str, Any]) -> None:
         """Fold one `trace` frame in; drop what fell out of the window."""
@@ -130,6 +136,10 @@ class TraceView:
         self.record_ns = counts.get("record_ns", self.record_ns)
         self.first_ms = frame["start_ms"] if self.first_ms is None else min(self.first_ms, frame["start_ms"])
         self.last_ms = frame["end_ms"] if self.last_ms is None else max(self.last_ms, frame["end_ms"])
+        for start, end, request_id, prompt, cached, ended in frame.get("prefills", ()):
+            if request_id == self.request_id and end is not None:
+                self.prefill = (start, end, prompt, cached, ended)
+                self.first_ms = min(self.first_ms, start)  # the plot starts where the prefill did
         self._forget_before(self.last_ms - WINDOW_MS)
 
     def _forget_before(self, cutoff: float) -> None:
@@ -220,6 +230,7 @@ def trace_svg(view: TraceView, n: int) -> str:
     y = _loop_lane(view, plot, parts, 4)
     y = _lag_lane(view, plot, parts, y)
     y = _read_lane(view, plot, parts, y)
+    y = _prefill_lane(view, plot, parts, y)
     lanes_top = y
     y = _sample_lanes(view, n, plot, parts, y)
     _cancel_marks(view, plot, parts, lanes_top, y)
@@ -317,6 +328,35 @@ def _read_lane(view: TraceView, plot: _Plot, parts: list[str], y: float) -> floa
         parts.append(f'<path d="{path}" stroke="#0d9488" stroke-width="{COLUMN_PX}"/>')
     parts.append(_lane_rule(y + READ_H))
     return y + READ_H + 6
+
+
+def prefill_label(prefill: tuple[float, float, int | None, int | None, bool]) -> str:
+    """What the prefill span says: its length and the prompt tokens computed / reused, once reported."""
+    start, end, prompt, cached, ended = prefill
+    if prompt is not None and cached is not None:
+        counts = f"{prompt - cached} computed / {cached} reused"
+    else:
+        counts = "tokens not reported" if ended else "tokens …"
+    return f"prefill {end - start:.0f} ms: {counts}"
+
+
+def _prefill_lane(view: TraceView, plot: _Plot, parts: list[str], y: float) -> float:
+    """The run's prefill as a bar from hand-over to first chunk, its label beside it; the next lane's y."""
+    parts.append(_label("prefill", y + PREFILL_H / 2, size=8))
+    if view.prefill is not None and view.prefill[1] >= plot.t0:
+        start, end = view.prefill[:2]
+        x0, x1 = max(LABEL_W, plot.x(start)), plot.x(end)
+        text = prefill_label(view.prefill)
+        # the label reads beside the bar, on whichever side has the room
+        at, anchor = (x1 + 3, "start") if x1 < (LABEL_W + WIDTH) / 2 else (x0 - 3, "end")
+        parts.append(
+            f'<g class="trace-prefill"><title>{escape(text)} (handed to the engine → first chunk)</title>'
+            f'<rect x="{x0:.1f}" y="{y + 2:g}" width="{max(x1 - x0, 1.5):.1f}" height="{PREFILL_H - 4}" '
+            f'fill="{PREFILL_COLOR}"/><text x="{at:.1f}" y="{y + PREFILL_H - 3:g}" font-size="8" '
+            f'fill="{PREFILL_COLOR}" text-anchor="{anchor}">{escape(text)}</text></g>'
+        )
+    parts.append(_lane_rule(y + PREFILL_H))
+    return y + PREFILL_H + 4
 
 
 def _sample_lanes(view: TraceView, n: int, plot: _Plot, parts: list[str], y: float) -> float:

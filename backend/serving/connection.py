@@ -27,7 +27,7 @@ from backend.config.settings import (
     Limits,
 )
 from backend.engines import replaying
-from backend.engines.base import Engine, Generation, Prompt, RequestRejected, SamplingParams
+from backend.engines.base import Chunk, Engine, Generation, Prompt, RequestRejected, SamplingParams
 from backend.engines.cumulative import CumulativeGeneration, DeltaReader
 from backend.protocol import (
     CancelCommand,
@@ -48,6 +48,7 @@ from backend.serving.outbox import Outbox
 from backend.serving.request import RequestState, RunningRequest
 from backend.trace.feed import TraceFeed
 from backend.trace.frames import chrome_trace
+from backend.trace.prefill import PrefillLog
 from backend.trace.reads import ReadLog
 from backend.trace.recorder import LoopTracer
 
@@ -139,6 +140,8 @@ class ClientSession:
         self.outbox = Outbox()
         self.reads = ReadLog()
         """What this connection's traced consumers read per engine output, for the next trace frame."""
+        self.prefills = PrefillLog()
+        """Its traced requests' prefill spans (handed to the engine until the first chunk)."""
         self.windows: OrderedDict[str, tuple[int, int]] = OrderedDict()
         """Time windows (ns) of finished requests, for `export_trace`."""
         self._wake = asyncio.Event()
@@ -267,6 +270,7 @@ class ClientSession:
         self.admission.start_request(
             self.address, command.n, loop.time(), command.id, command.consumer.blocks
         )
+        handed_ns = time.perf_counter_ns()  # the tracer's clock: the prefill span starts here
         generation = self._generation(engine, command, prompt, params)
         if self.log_prompts:
             log.info(
@@ -275,7 +279,9 @@ class ClientSession:
         if self.feed is not None and command.trace:
             self.feed.request_started()
         state = RequestState(command.id, command.n, params, loop.time())
-        running = RunningRequest(command, state, generation, time.perf_counter_ns())
+        running = RunningRequest(command, state, generation, handed_ns)
+        if self.feed is not None and command.trace:
+            self.prefills.handed(command.id, handed_ns)
         self.requests[command.id] = running
         self.send(
             accepted_frame(
@@ -369,10 +375,15 @@ class ClientSession:
         cancel_after = command.cancel_after
         counted = [0] * state.n  # tokens of each sample, as this consumer counts them
         generation = running.generation
+        prefills = self.prefills if command.trace and self.feed is not None else None
+        awaiting_first = prefills is not None
         try:
             async for chunk in generation:
                 if tracer is not None:
                     tracer.chunk(key, chunk.index, chunk.tokens)
+                if awaiting_first and prefills is not None:
+                    prefills.first_chunk(request_id, clock())
+                    awaiting_first = False
                 if cumulative is not None:
                     # The output holds the whole text so far: only what is new goes on.
                     taken = clock()
@@ -388,10 +399,7 @@ class ClientSession:
                         if counted[chunk.index] >= cancel_after:
                             self._cancel_sample(running, chunk.index)
                 else:
-                    for frame in state.on_chunk(chunk, loop.time()):
-                        self.send(frame)
-                        if tracer is not None and frame.get("reason") == "abort":
-                            tracer.cancel(key, "finished", frame["index"])
+                    self._finish_sample(running, chunk, loop.time())
                 if reads is not None:
                     reads.add(taken, request_id, chunk.index, size, clock() - taken)
                 # Only a finish can end the request; `finished` looks at all n samples.
@@ -411,6 +419,17 @@ class ClientSession:
             finally:
                 self._end(running)
 
+    def _finish_sample(self, running: RunningRequest, chunk: Chunk, now: float) -> None:
+        """A sample's last chunk: its frames go (an abort's traced as the cancel chain's `finished`),
+        and the engine's figures on it label the trace's prefill span."""
+        state = running.state
+        if chunk.meta and running.command.trace and self.feed is not None:
+            self.prefills.reported(state.request_id, chunk.meta)
+        for frame in state.on_chunk(chunk, now):
+            self.send(frame)
+            if self.tracer is not None and frame.get("reason") == "abort":
+                self.tracer.cancel((self.label, state.request_id), "finished", frame["index"])
+
     def _end(self, running: RunningRequest) -> None:
         """The request has ended: its unfinished samples finish, its trace window is kept for
         `export_trace`, the last of its trace and its `done` go, and its admission ends."""
@@ -421,6 +440,7 @@ class ClientSession:
         while len(self.windows) > EXPORT_HISTORY:
             self.windows.popitem(last=False)
         if running.command.trace and self.feed is not None:
+            self.prefills.ended(state.request_id)
             self.feed.flush()  # the last of the trace goes before `done`
         self.send(state.done(asyncio.get_running_loop().time()), now=True)
         del self.requests[state.request_id]
@@ -467,7 +487,11 @@ class ClientSession:
                 f"no running or recently finished request has id {command.id!r} on this connection",
                 command.id,
             )
-        events = chrome_trace(self.tracer.events, self.tracer.origin_ns, self.label, command.id, window)
+        span = self.prefills.spans.get(command.id)
+        prefill = None if span is None or span.end_ns is None else span
+        events = chrome_trace(
+            self.tracer.events, self.tracer.origin_ns, self.label, command.id, window, prefill
+        )
         self.send(trace_export_frame(command.id, events))
 
     async def _abort(self, running: RunningRequest, index: int | None) -> None:
@@ -547,6 +571,10 @@ class ClientSession:
     def take_reads(self, origin_ns: int) -> list[list[Any]]:
         """The consumer reads since the last trace frame (`ReadLog.take`)."""
         return self.reads.take(origin_ns)
+
+    def take_prefills(self, origin_ns: int) -> list[list[Any]]:
+        """The prefill spans that changed since the last trace frame (`PrefillLog.take`)."""
+        return self.prefills.take(origin_ns)
 
     @property
     def wants_trace(self) -> bool:

@@ -49,6 +49,9 @@ class TraceSubscriber(Protocol):
     def take_reads(self, origin_ns: int) -> list[list[Any]]:
         """Its consumers' reads since its last frame (trace.reads.ReadLog.take)."""
 
+    def take_prefills(self, origin_ns: int) -> list[list[Any]]:
+        """Its requests' prefill spans that changed since its last frame (trace.prefill.PrefillLog.take)."""
+
 
 class TraceFeed:
     """Digests the tracer's new events once per interval and sends each traced connection its frame."""
@@ -111,6 +114,7 @@ class TraceFeed:
             frame = connection_frame(digest, origin, subscriber.label)
             frame["counts"].update(tracer)
             frame["reads"] = subscriber.take_reads(origin)
+            frame["prefills"] = subscriber.take_prefills(origin)
             if tree is not None:
                 label = subscriber.label
                 frame["tasks"] = render(tree, functools.partial(task_label, connection=label))

@@ -13,7 +13,9 @@ cancels, the loop's work under the names of its own tasks, and other connections
 Export is Chrome trace-event JSON (https://perfetto.dev opens it): `X` slices for loop work (`cat`
 "loop", `name` the task; `cat` "idle" for select() waits), `i` instants for chunk arrivals (`cat`
 "chunk", `args.index`) on one lane per sample, `i` instants for the cancel chain (`cat` "cancel"), a
-`C` counter for loop lag in ms, and `M` metadata naming the process and lanes.
+`C` counter for loop lag in ms, an `X` slice for the request's prefill (`cat` "prefill", handed to
+the engine until its first chunk, `args` the prompt tokens computed and reused) on a lane of its
+own, and `M` metadata naming the process and lanes.
 """
 
 from __future__ import annotations
@@ -22,9 +24,12 @@ import functools
 import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from backend.trace.recorder import CANCEL, CHUNK, FRAME, IDLE, LAG, STEP, Event
+
+if TYPE_CHECKING:
+    from backend.trace.prefill import PrefillSpan
 
 try:
     from backend.trace._trace_digest import digest as _c_digest
@@ -231,9 +236,15 @@ def live_frame(events: Iterable[Event], origin_ns: int, connection: str) -> dict
 
 
 def chrome_trace(
-    events: Iterable[Event], origin_ns: int, connection: str, request_id: str, window: tuple[int, int]
+    events: Iterable[Event],
+    origin_ns: int,
+    connection: str,
+    request_id: str,
+    window: tuple[int, int],
+    prefill: PrefillSpan | None = None,
 ) -> list[dict[str, Any]]:
-    """Chrome trace events for one request: the loop's work in `window` (ns) and the request's chunks."""
+    """Chrome trace events for one request: the loop's work in `window` (ns), the request's chunks,
+    and its prefill span where one is given (its first chunk came)."""
     low, high = window
     out: list[dict[str, Any]] = [
         {"ph": "M", "name": "process_name", "pid": CHROME_PID, "args": {"name": "backend event loop"}},
@@ -245,6 +256,8 @@ def chrome_trace(
             "args": {"name": "event loop"},
         },
     ]
+    if prefill is not None and prefill.end_ns is not None:
+        out.extend(_prefill_events(prefill, origin_ns))
     sample_lanes: set[int] = set()
     names: dict[str, str] = {}
     mine = (connection, request_id)
@@ -279,6 +292,22 @@ def chrome_trace(
 
 CHROME_PID = 1
 """The one process of a request's Chrome trace: the backend's loop."""
+
+PREFILL_TID = 2
+"""The Chrome trace's lane of the request's prefill span."""
+
+
+def _prefill_events(prefill: PrefillSpan, origin_ns: int) -> list[dict[str, Any]]:
+    """The prefill span (`cat` "prefill") on a lane of its own, with the engine's prompt-token counts."""
+    assert prefill.end_ns is not None
+    args: dict[str, Any] = {"prompt_tokens": None, "computed": None, "reused": None}
+    if prefill.counts is not None:
+        prompt, cached = prefill.counts
+        args = {"prompt_tokens": prompt, "computed": prompt - cached, "reused": cached}
+    span = _loop_slice("prefill", "prefill", round((prefill.start_ns - origin_ns) / 1e3, 3), 0)
+    span.update(tid=PREFILL_TID, dur=round((prefill.end_ns - prefill.start_ns) / 1e3, 3), args=args)
+    lane = {"name": "prefill (handed to engine → first chunk)"}
+    return [{"ph": "M", "name": "thread_name", "pid": CHROME_PID, "tid": PREFILL_TID, "args": lane}, span]
 
 
 def _loop_slice(category: str, name: str, ts: float, duration_ns: int) -> dict[str, Any]:
