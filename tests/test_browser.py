@@ -51,6 +51,13 @@ def test_generate_then_cancel(page: Page) -> None:
     expect(page.locator("#trace svg")).to_be_visible(timeout=10_000)
     expect(page.locator("#trace svg")).to_contain_text("#3")
     expect(page.locator("#trace")).to_contain_text("loop busy")
+    # the request's prefill as its own bar: handed to the engine until the first chunk
+    prefill = page.locator("#trace svg g.trace-prefill")
+    expect(prefill).to_contain_text("prefill", timeout=10_000)
+    bar = prefill.locator("rect").bounding_box()
+    lane = page.locator("#trace svg").bounding_box()
+    assert bar is not None and lane is not None and bar["width"] > 0
+    assert lane["x"] <= bar["x"] and bar["x"] + bar["width"] <= lane["x"] + lane["width"]
     # the columns keep growing while streaming
     before = [len(sample_text(page, i)) for i in range(4)]
     page.wait_for_timeout(700)
@@ -67,6 +74,8 @@ def test_generate_then_cancel(page: Page) -> None:
     expect(page.locator("#summary")).to_contain_text("Run summary")
     latency = page.locator("#trace .trace-figures div", has_text="cancel latency").inner_text()
     assert "ms" in latency, latency
+    # the synthetic engine reports no prompt-token counts: the span says so rather than showing 0
+    expect(prefill).to_contain_text("tokens not reported", timeout=10_000)
 
     # the trace of the run downloads as Perfetto JSON
     page.locator("#export-trace").click()

@@ -21,7 +21,7 @@ from backend.serving import server as server_module
 from backend.serving.server import BackendServer
 from backend.trace.feed import TraceFeed
 from backend.trace.frames import OTHER_CONNECTION, chrome_trace, live_frame, task_label
-from backend.trace.prefill import PrefillLog, PrefillSpan, prefill_counts
+from backend.trace.prefill import KEPT_ENDED, PrefillLog, PrefillSpan, prefill_counts
 from backend.trace.recorder import LAG, STEP, LoopTracer
 from devkit.frames import recv_frame
 from tests.support.backends import serving
@@ -427,6 +427,11 @@ def test_a_prefill_span_runs_from_hand_over_to_first_chunk_and_takes_the_first_r
     assert log.take(origin) == []
     log.reported("nope", {"cached_tokens": 1})  # an unknown request changes nothing
     assert log.take(origin) == []
+    log.handed("running", origin)
+    for number in range(100):  # a long run's neighbours come and go: the ended ones kept are bounded
+        log.handed(f"q{number}", origin)
+        log.ended(f"q{number}")
+    assert len(log.spans) <= KEPT_ENDED + 2 and "running" in log.spans and "q99" in log.spans
 
 
 def test_prefill_counts_read_each_engines_figures_and_never_invent_a_zero() -> None:

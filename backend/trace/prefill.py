@@ -66,8 +66,9 @@ class PrefillLog:
         """The backend handed `request_id` to the engine at `at_ns`."""
         self.spans.pop(request_id, None)
         self.spans[request_id] = PrefillSpan(at_ns)
-        while len(self.spans) > KEPT_ENDED and next(iter(self.spans.values())).ended:
-            self.spans.popitem(last=False)
+        ended = [key for key, span in self.spans.items() if span.ended]
+        for key in ended[: max(0, len(ended) - KEPT_ENDED)]:
+            del self.spans[key]
 
     def first_chunk(self, request_id: str, at_ns: int) -> None:
         """The request's first chunk reached its consumer at `at_ns`: the span ends there."""
