@@ -27,6 +27,7 @@ from tests.support.answers import COLOUR_PROMPT, answers_colours
 from tests.support.chromium import require_chromium
 from tests.support.hub_model import REPO_ID, build_hub_folder
 from tests.support.hub_standin import HubStandIn
+from tests.support.panels import SETTINGS, open_panel
 
 require_chromium()
 
@@ -116,6 +117,7 @@ def test_a_space_works_as_pushed(
             page.locator("#prompt textarea").fill(COLOUR_PROMPT)
             fill_number(page, "n", 4)
             fill_number(page, "max-tokens", 64)
+            open_panel(page, SETTINGS)  # the sampling settings are one click away
             fill_number(page, "temperature", 0.3)
             page.locator("#generate").click()
             expect(page.locator("#status")).to_contain_text("streaming", timeout=30_000)
