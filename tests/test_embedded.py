@@ -213,6 +213,26 @@ async def test_the_server_sends_the_engines_rejection_as_an_error_frame(engine: 
             assert kinds[0] == "accepted" and "chunk" in kinds
 
 
+async def test_the_trace_labels_the_prefill_with_the_engines_own_prompt_token_counts(
+    engine: EmbeddedEngine,
+) -> None:
+    async with serving(engine, Limits(), keep_engine=True) as server:
+        async with connect(server.url) as ws:
+            await ws.send(json.dumps(generate_frame("r1", PROMPT, 2, {"max_tokens": 4, "seed": 2})))
+            spans, figures, first_chunk = [], [], None
+            while (reply := await recv_frame(ws, 60))["type"] != "done":
+                if reply["type"] == "trace":
+                    spans += reply["prefills"]
+                    first_chunk = min([first_chunk or 1e12] + [t for t, *_ in reply["chunks"]])
+                elif reply["type"] == "finish":
+                    figures.append(reply["engine"])
+    start, end, request_id, prompt, cached, ended = spans[-1]
+    assert request_id == "r1" and ended and start < first_chunk <= end
+    # the request's one prefill, as each finish reports it: computed and reused from the engine's cache
+    assert {(f["prompt_tokens"], f["cached_tokens"]) for f in figures} == {(prompt, cached)}
+    assert 0 < cached < prompt  # the chat template's head is always reused
+
+
 async def test_cancel_after_k_tokens_stops_each_sample_at_most_one_token_late(engine: EmbeddedEngine) -> None:
     async with serving(engine, Limits(), keep_engine=True) as server:
         async with connect(server.url) as ws:
