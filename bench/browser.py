@@ -69,6 +69,7 @@ from devkit.local import (  # noqa: E402
     start_backend,
     stop_process,
 )
+from devkit.panels import SETTINGS, open_panel  # noqa: E402
 
 DEFAULT_NS = (16, 32)
 DEFAULT_RUNS = 10
@@ -283,7 +284,9 @@ def analyse(
 
 
 def wrong_columns(page: Page, n: int, max_tokens: int) -> int:
-    """Columns whose text differs from the synthetic engine's, for the page's seed and temperature."""
+    """Columns whose text differs from the synthetic engine's, for the page's seed and temperature
+    (read in the settings panel, opened first)."""
+    open_panel(page, SETTINGS)
     seed = int(page.locator("#seed input").input_value())
     temperature = float(page.locator("#temperature input[type=number]").input_value())
     texts = page.evaluate(

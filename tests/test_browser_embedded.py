@@ -14,8 +14,8 @@ from playwright.sync_api import Browser, expect
 
 from devkit.local import free_port, start_app, stop_process
 from tests.support.chromium import require_chromium
-from tests.support.panels import EXAMPLES as EXAMPLES_PANEL
-from tests.support.panels import open_panel
+from devkit.panels import EXAMPLES as EXAMPLES_PANEL
+from devkit.panels import open_panel
 from ui.examples import EXAMPLES, SHEEP
 
 require_chromium()

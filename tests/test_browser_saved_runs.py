@@ -19,7 +19,7 @@ from backend.saved_run import (
 )
 from devkit.local import ROOT
 from tests.support.chromium import require_chromium
-from tests.support.panels import SETTINGS, open_panel
+from devkit.panels import SETTINGS, open_panel
 
 require_chromium()
 

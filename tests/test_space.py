@@ -27,7 +27,7 @@ from tests.support.answers import COLOUR_PROMPT, answers_colours
 from tests.support.chromium import require_chromium
 from tests.support.hub_model import REPO_ID, build_hub_folder
 from tests.support.hub_standin import HubStandIn
-from tests.support.panels import SETTINGS, open_panel
+from devkit.panels import SETTINGS, open_panel
 
 require_chromium()
 
