@@ -108,14 +108,44 @@ def build_scheduler(setup: WorkerSetup, on_pass_end: Callable[[], None]) -> Any:
     import torch
     from transformers import AutoTokenizer
 
-    from backend.engines.embedded import compute, decode_ops, fixed_rows
-    from backend.engines.embedded.linear import configure, kernel_status
-    from backend.engines.embedded.model import Llama, LlamaConfig
-    from backend.engines.embedded.quantized import load_blocks
     from backend.engines.embedded.scheduler import BatchScheduler, stop_token_ids
-    from backend.engines.embedded.weights import read_config, read_tensors
 
     torch.set_num_threads(setup.threads)
+    model, decision = _load_model(setup)
+    choice, reason, linear_path = _set_up_compute(model, decision, setup)
+    log.info("compute path %s (%s); linear layers: %s", choice.label, reason, linear_path)
+    tokenizer = AutoTokenizer.from_pretrained(Path(setup.folder))
+    chosen = {
+        "path": choice.path.name,
+        "block": choice.block,
+        "batch_invariant": choice.batch_invariant,
+        "why": reason,
+        "weight_bytes": model.weight_bytes(),
+    }
+    return BatchScheduler(
+        model,
+        tokenizer,
+        stop_token_ids(tokenizer),
+        max_rows=setup.max_rows,
+        context=setup.context,
+        on_pass_end=on_pass_end,
+        linear_path=linear_path,
+        compute=chosen,
+    )
+
+
+def _load_model(setup: WorkerSetup) -> tuple[Any, Any]:
+    """Decide which compute paths may run (compute.decide) and load the model in float32, with the
+    GGUF's blocks beside its weights where a candidate path reads them; returns the model and the
+    decision (taken again without the blocks where they could not be read)."""
+    import torch
+
+    from backend.engines.embedded import compute
+    from backend.engines.embedded.linear import kernel_status
+    from backend.engines.embedded.model import Llama, LlamaConfig
+    from backend.engines.embedded.quantized import load_blocks
+    from backend.engines.embedded.weights import read_config, read_tensors
+
     # No block (nor timed step) larger than the batch can be: the row cap.
     sizes = (setup.block_rows,) if setup.block_rows else compute.capped(compute.BLOCK_ROWS, setup.max_rows)
     decision = compute.decide(setup.compute, kernel_status(), bool(setup.gguf), sizes)
@@ -133,7 +163,18 @@ def build_scheduler(setup: WorkerSetup, on_pass_end: Callable[[], None]) -> Any:
                     f"--compute fp32-blocks cannot run: the GGUF's blocks could not be read ({exc})"
                 ) from None
             decision = compute.decide(setup.compute, kernel_status(), False, sizes)
-    model = Llama(config, tensors, torch.float32, blocks)
+    return Llama(config, tensors, torch.float32, blocks), decision
+
+
+def _set_up_compute(model: Any, decision: Any, setup: WorkerSetup) -> tuple[Any, str, str]:
+    """Settle the compute path (probing `decision`'s options where it has several), set the linear
+    layers and decode ops up for it and put the model's weights in its form; returns the choice,
+    the engine line's words for why, and the linear layers' description."""
+    import torch
+
+    from backend.engines.embedded import decode_ops, fixed_rows
+    from backend.engines.embedded.linear import configure
+
     choice, reason = decision.choice, decision.reason
     if decision.options:
         choice, reason = _probe(model, decision, setup, configure, fixed_rows.check)
@@ -149,26 +190,7 @@ def build_scheduler(setup: WorkerSetup, on_pass_end: Callable[[], None]) -> Any:
             + (f", {dense / 1e6:.0f} MB float32" if dense else "")
             + ")"
         )
-    log.info("compute path %s (%s); linear layers: %s", choice.label, reason, linear_path)
-    tokenizer = AutoTokenizer.from_pretrained(folder)
-    stops = stop_token_ids(tokenizer)
-    chosen = {
-        "path": choice.path.name,
-        "block": choice.block,
-        "batch_invariant": choice.batch_invariant,
-        "why": reason,
-        "weight_bytes": model.weight_bytes(),
-    }
-    return BatchScheduler(
-        model,
-        tokenizer,
-        stops,
-        max_rows=setup.max_rows,
-        context=setup.context,
-        on_pass_end=on_pass_end,
-        linear_path=linear_path,
-        compute=chosen,
-    )
+    return choice, reason, linear_path
 
 
 def _probe(

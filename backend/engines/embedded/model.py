@@ -18,7 +18,7 @@ import logging
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 import torch.nn.functional as F
@@ -248,6 +248,23 @@ def fused_blocks(blocks: dict[str, BlockMatrix], prefix: str) -> dict[str, Block
     return {name: matrix for name, matrix in fused.items() if matrix is not None}
 
 
+class _PrefillPlan(NamedTuple):
+    """One prompt's part of a `Llama.prefill_many` pass."""
+
+    rows: range
+    """The cache rows its samples take."""
+    length: int
+    """Its tokens."""
+    start: int
+    """Positions whose keys and values come from `source` rather than being computed."""
+    kept: PromptKV
+    """Its first keys and values, kept for later prompts."""
+    mask: torch.Tensor | None
+    """Its attention mask when it reuses positions (else plain causal attention)."""
+    source: PromptKV | None
+    """The earlier prompt whose keys and values it reuses."""
+
+
 class Llama:
     """Llama weights and the two passes the scheduler needs: prefill and batched decode.
 
@@ -442,76 +459,114 @@ class Llama:
         else is in the pass wherever the linear layers are too (the rows kernel is; a matrix
         product of another row count may round differently). `reuse` is one earlier prompt's keys
         and values for all of them, or one (or None) per prompt."""
-        c = self.config
         reuses = list(reuse) if isinstance(reuse, Sequence) else [reuse] * len(prompts)
-        plans = []
-        for (tokens, rows), source in zip(prompts, reuses, strict=True):
-            length = len(tokens)
-            start = source.reusable(tokens) if source is not None else 0
-            keep = min(length, PROMPT_KV_KEEP)
-            shape = (c.layers, c.kv_heads, keep, c.head_dim)
-            kept = PromptKV(
-                tokens[:keep], torch.empty(shape, dtype=self.dtype), torch.empty(shape, dtype=self.dtype)
-            )
-            # Query i (position start + i) sees positions 0..start + i.
-            mask = None
-            if start:
-                mask = torch.arange(length)[None, :] <= torch.arange(start, length)[:, None]
-            plans.append((rows, length, start, kept, mask, source))
-        cache.reserve(max(plan[1] for plan in plans))
+        plans = [
+            self._plan_prefill(tokens, rows, source)
+            for (tokens, rows), source in zip(prompts, reuses, strict=True)
+        ]
+        cache.reserve(max(plan.length for plan in plans))
         x = self.embed[
             torch.tensor(
-                [t for (tokens, _), plan in zip(prompts, plans, strict=True) for t in tokens[plan[2] :]]
+                [t for (tokens, _), plan in zip(prompts, plans, strict=True) for t in tokens[plan.start :]]
             )
         ].float()
-        positions = torch.cat([torch.arange(plan[2], plan[1]) for plan in plans])
+        positions = torch.cat([torch.arange(plan.start, plan.length) for plan in plans])
         cos, sin = self.cos[positions][:, None, :], self.sin[positions][:, None, :]
-        total = x.shape[0]
         for index, layer in enumerate(self.layers):
-            qkv = linear(rms_norm(x, layer.attn_norm, c.rms_eps), layer.qkv, layer.blocks.get("qkv"))
-            q, k, v = qkv.split([self.q_size, self.kv_size, self.kv_size], dim=-1)
-            q = rotate(q.view(total, c.heads, c.head_dim), cos, sin)
-            k = rotate(k.view(total, c.kv_heads, c.head_dim), cos, sin)
-            v = v.view(total, c.kv_heads, c.head_dim)
-            attended = []
-            offset = 0
-            for rows, length, start, kept, mask, source in plans:
-                new = length - start
-                qi = q[offset : offset + new].transpose(0, 1)
-                ki = k[offset : offset + new].transpose(0, 1)
-                vi = v[offset : offset + new].transpose(0, 1)
-                offset += new
-                if start:
-                    assert source is not None
-                    ki = torch.cat((source.keys[index, :, :start], ki), dim=1)
-                    vi = torch.cat((source.values[index, :, :start], vi), dim=1)
-                keep = len(kept.tokens)
-                kept.keys[index] = ki[:, :keep]
-                kept.values[index] = vi[:, :keep]
-                # One prompt, n rows: the same keys and values are copied, never recomputed.
-                cache.keys[index, rows.start : rows.stop, :, :length] = ki
-                cache.values[index, rows.start : rows.stop, :, :length] = vi
-                out = F.scaled_dot_product_attention(
-                    qi, ki, vi, attn_mask=mask, is_causal=mask is None, enable_gqa=True
-                )
-                attended.append(out.transpose(0, 1).reshape(new, self.q_size))
-            joined = attended[0] if len(attended) == 1 else torch.cat(attended)
-            x = x + linear(joined, layer.out, layer.blocks.get("out"))
-            x = self._mlp(x, layer)
+            x = self._prefill_layer(x, index, layer, (cos, sin), plans, cache)
+        return self._finish_prefill(x, plans, cache)
+
+    def _plan_prefill(self, tokens: list[int], rows: range, source: PromptKV | None) -> _PrefillPlan:
+        """One prompt's part of a prefill: which positions it computes (those past what `source`
+        already holds), the keys and values it keeps for later prompts, and its attention mask."""
+        c = self.config
+        length = len(tokens)
+        start = source.reusable(tokens) if source is not None else 0
+        keep = min(length, PROMPT_KV_KEEP)
+        shape = (c.layers, c.kv_heads, keep, c.head_dim)
+        kept = PromptKV(
+            tokens[:keep], torch.empty(shape, dtype=self.dtype), torch.empty(shape, dtype=self.dtype)
+        )
+        # Query i (position start + i) sees positions 0..start + i.
+        mask = None
+        if start:
+            mask = torch.arange(length)[None, :] <= torch.arange(start, length)[:, None]
+        return _PrefillPlan(rows, length, start, kept, mask, source)
+
+    def _prefill_layer(
+        self,
+        x: torch.Tensor,
+        index: int,
+        layer: LayerWeights,
+        rope: tuple[torch.Tensor, torch.Tensor],
+        plans: list[_PrefillPlan],
+        cache: RowCache,
+    ) -> torch.Tensor:
+        """One layer over every prompt's new tokens: the linear layers for all at once, attention
+        prompt by prompt (`_prefill_attend`)."""
+        c = self.config
+        cos, sin = rope
+        total = x.shape[0]
+        qkv = linear(rms_norm(x, layer.attn_norm, c.rms_eps), layer.qkv, layer.blocks.get("qkv"))
+        q, k, v = qkv.split([self.q_size, self.kv_size, self.kv_size], dim=-1)
+        q = rotate(q.view(total, c.heads, c.head_dim), cos, sin)
+        k = rotate(k.view(total, c.kv_heads, c.head_dim), cos, sin)
+        v = v.view(total, c.kv_heads, c.head_dim)
+        attended = []
+        offset = 0
+        for plan in plans:
+            new = plan.length - plan.start
+            span = slice(offset, offset + new)
+            offset += new
+            attended.append(self._prefill_attend(index, (q[span], k[span], v[span]), plan, cache))
+        joined = attended[0] if len(attended) == 1 else torch.cat(attended)
+        x = x + linear(joined, layer.out, layer.blocks.get("out"))
+        return self._mlp(x, layer)
+
+    def _prefill_attend(
+        self,
+        index: int,
+        qkv: tuple[torch.Tensor, torch.Tensor, torch.Tensor],
+        plan: _PrefillPlan,
+        cache: RowCache,
+    ) -> torch.Tensor:
+        """One prompt's attention in layer `index`: its keys and values joined to those it reuses,
+        kept for later prompts and copied into its cache rows; returns its attended new tokens."""
+        qi, ki, vi = (part.transpose(0, 1) for part in qkv)
+        if plan.start:
+            assert plan.source is not None
+            ki = torch.cat((plan.source.keys[index, :, : plan.start], ki), dim=1)
+            vi = torch.cat((plan.source.values[index, :, : plan.start], vi), dim=1)
+        keep = len(plan.kept.tokens)
+        plan.kept.keys[index] = ki[:, :keep]
+        plan.kept.values[index] = vi[:, :keep]
+        # One prompt, n rows: the same keys and values are copied, never recomputed.
+        rows = plan.rows
+        cache.keys[index, rows.start : rows.stop, :, : plan.length] = ki
+        cache.values[index, rows.start : rows.stop, :, : plan.length] = vi
+        out = F.scaled_dot_product_attention(
+            qi, ki, vi, attn_mask=plan.mask, is_causal=plan.mask is None, enable_gqa=True
+        )
+        return out.transpose(0, 1).reshape(plan.length - plan.start, self.q_size)
+
+    def _finish_prefill(
+        self, x: torch.Tensor, plans: list[_PrefillPlan], cache: RowCache
+    ) -> list[tuple[torch.Tensor, PromptKV]]:
+        """Set each prompt's rows to its length and share its cache pages, and give each prompt
+        the logits of its last token with the keys and values it keeps."""
         results = []
         last = -1
-        for rows, length, start, kept, _, _ in plans:
-            cache.lengths[rows.start : rows.stop] = length
-            cache.share(rows, length)
-            kept.reused = start
-            last += length - start
-            results.append((last, kept))
+        for plan in plans:
+            cache.lengths[plan.rows.start : plan.rows.stop] = plan.length
+            cache.share(plan.rows, plan.length)
+            plan.kept.reused = plan.start
+            last += plan.length - plan.start
+            results.append((last, plan.kept))
         if len(plans) == 1:
-            return [(self._logits(x[-1]), plans[0][3])]
+            return [(self._logits(x[-1]), plans[0].kept)]
         logits = self._logits(x[torch.tensor([i for i, _ in results])])
         return [(logits[i], kept) for i, (_, kept) in enumerate(results)]
 
-    @torch.inference_mode()
     def decode(self, tokens: torch.Tensor, cache: RowCache) -> torch.Tensor:
         """Advance rows 0..R-1 by one token each (`tokens` [R]) at their own positions; logits [R, V].
 
