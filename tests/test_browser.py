@@ -7,10 +7,10 @@ import time
 from playwright.sync_api import Browser, Page, expect
 
 from backend.engines.synthetic import synthetic_tokens
-from tests.support.backends import RunningApp
-from tests.support.chromium import require_chromium
 from devkit.panels import EXAMPLES as EXAMPLES_PANEL
 from devkit.panels import EXPERIMENTS, SETTINGS, WHY_N, open_panel
+from tests.support.backends import RunningApp
+from tests.support.chromium import require_chromium
 from ui.answers import compile_answer_pattern, final_answer, tally
 from ui.examples import EXAMPLES
 

@@ -13,9 +13,9 @@ import pytest
 from playwright.sync_api import Browser, expect
 
 from devkit.local import free_port, start_app, stop_process
-from tests.support.chromium import require_chromium
 from devkit.panels import EXAMPLES as EXAMPLES_PANEL
 from devkit.panels import open_panel
+from tests.support.chromium import require_chromium
 from ui.examples import EXAMPLES, SHEEP
 
 require_chromium()

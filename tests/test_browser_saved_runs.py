@@ -18,8 +18,8 @@ from backend.saved_run import (
     saved_run_dict,
 )
 from devkit.local import ROOT
-from tests.support.chromium import require_chromium
 from devkit.panels import SETTINGS, open_panel
+from tests.support.chromium import require_chromium
 
 require_chromium()
 

@@ -23,11 +23,11 @@ import pytest
 from playwright.sync_api import Browser, Page, expect
 
 from devkit.local import ENGINE_CACHE, ROOT, free_port, start_logged, stop_process_group
+from devkit.panels import SETTINGS, open_panel
 from tests.support.answers import COLOUR_PROMPT, answers_colours
 from tests.support.chromium import require_chromium
 from tests.support.hub_model import REPO_ID, build_hub_folder
 from tests.support.hub_standin import HubStandIn
-from devkit.panels import SETTINGS, open_panel
 
 require_chromium()
 
