@@ -24,6 +24,7 @@ from gradio_client.exceptions import AppError
 
 from devkit.local import ROOT
 from tests.support.backends import RunningApp
+from ui.run_request import RUN_SETTINGS
 
 SAMPLES, STATUS = 0, 1
 
@@ -47,28 +48,8 @@ BASE: list[Any] = [
 """Generate's inputs in order: prompt, n, max tokens, temperature, top-p, seed, consumer, block ms,
 fan-out, format, system prompt, output kind, cancel after, token confidence, answer pattern."""
 
-FIELDS = {
-    name: i
-    for i, name in enumerate(
-        (
-            "prompt",
-            "n",
-            "max_tokens",
-            "temperature",
-            "top_p",
-            "seed",
-            "consumer",
-            "block_ms",
-            "fanout",
-            "format",
-            "system",
-            "output_kind",
-            "cancel_after",
-            "logprobs",
-            "pattern",
-        )
-    )
-}
+FIELDS = {name: i for i, name in enumerate(RUN_SETTINGS)}
+"""Each run setting's place in Generate's inputs (the page's own declaration, `ui.run_request`)."""
 
 CATASTROPHIC = r"(\w+\s?)*!"
 """Backtracks exponentially on ordinary English text without a '!'."""
@@ -111,12 +92,12 @@ HOSTILE: list[tuple[str, Any]] = [
     ("cancel_after", -3),
     ("cancel_after", 10**12),
     ("logprobs", "yes"),
-    ("pattern", CATASTROPHIC),
-    ("pattern", "a" * 10_000),
-    ("pattern", r"(?<=is )\w+"),
-    ("pattern", r"(\w)\1"),
-    ("pattern", "(unclosed"),
-    ("pattern", "(?<!" + "a" * 300 + ")"),
+    ("answer_pattern", CATASTROPHIC),
+    ("answer_pattern", "a" * 10_000),
+    ("answer_pattern", r"(?<=is )\w+"),
+    ("answer_pattern", r"(\w)\1"),
+    ("answer_pattern", "(unclosed"),
+    ("answer_pattern", "(?<!" + "a" * 300 + ")"),
 ]
 """(input, value): values a visitor can type or a script can send."""
 
@@ -124,7 +105,7 @@ ACCEPTED: list[tuple[tuple[str, Any], ...]] = [
     (("consumer", "blocking"), ("block_ms", 200), ("max_tokens", 10)),
     (("format", "raw"), ("output_kind", "cumulative"), ("cancel_after", 3)),
     (("logprobs", True), ("fanout", "requests"), ("n", 4)),
-    (("prompt", "Tell a long story."), ("pattern", CATASTROPHIC), ("max_tokens", 120)),
+    (("prompt", "Tell a long story."), ("answer_pattern", CATASTROPHIC), ("max_tokens", 120)),
 ]
 """Valid settings at their edges, which must run to the end."""
 
