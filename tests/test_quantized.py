@@ -226,8 +226,14 @@ def test_a_gguf_that_cannot_be_read_leaves_the_engine_on_its_float32_weights(
             (folder / file.name).symlink_to(file)  # the weights without their saved blocks
     broken = tmp_path / "broken.gguf"
     broken.write_bytes(b"GGUF but not really")
-    with caplog.at_level(logging.WARNING, logger="backend.embedded"):
-        scheduler = build_scheduler(WorkerSetup(str(folder), "auto", 1, 2, 128, str(broken)), lambda: None)
+    try:
+        with caplog.at_level(logging.WARNING, logger="backend.embedded"):
+            setup = WorkerSetup(str(folder), "auto", 1, 2, 128, str(broken))
+            scheduler = build_scheduler(setup, lambda: None)
+    finally:
+        # build_scheduler configures the process's linear layers for the path auto chose (a
+        # PyTorch one turns the kernel off); the later tests of this module multiply on the kernel.
+        engine_linear.configure()
     assert "the GGUF's blocks could not be read" in caplog.text
     assert "GGUF" not in scheduler.linear_path and scheduler.compute["batch_invariant"]
     # auto timed the paths that need no blocks: the rows kernel on float32 weights, or PyTorch's
