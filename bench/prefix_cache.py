@@ -31,24 +31,25 @@ import asyncio
 import statistics
 import sys
 import time
+from collections.abc import AsyncIterator, Callable
 from dataclasses import replace
+from functools import partial
 from typing import Any
 
-from backend.engines.base import Prompt, SamplingParams
+from backend.engines.base import Chunk, Prompt, SamplingParams
 from backend.engines.embedded.engine import EmbeddedEngine
 from backend.engines.http.sglang import SGLangEngine
 
 PROMPT = "Write a long story about a lighthouse keeper who keeps a diary through a winter storm."
 
 
-async def first_token_and_figures(
-    engine: EmbeddedEngine, ids: list[int], n: int, decode: Any
-) -> tuple[float, dict]:
-    """Submit `ids` for `n` samples; seconds to the first chunk, and a finish's prompt figures."""
+async def first_token_and_figures(start: Callable[[], AsyncIterator[Chunk]]) -> tuple[float, dict]:
+    """Start a request (`start`, the engine's call); seconds to its first chunk, and a finish's
+    prompt figures (`prompt_tokens`, `cached_tokens`)."""
     started = time.perf_counter()
     first = None
     figures: dict[str, Any] = {}
-    async for chunk in engine.submit(ids, n, decode):
+    async for chunk in start():
         if first is None:
             first = time.perf_counter() - started
         if chunk.finish_reason is not None and chunk.meta:
@@ -82,22 +83,6 @@ def report(results: dict[str, list[tuple[float, dict]]]) -> None:
     )
 
 
-async def sglang_first_token(engine: SGLangEngine, prompt: Prompt, n: int, seed: int) -> tuple[float, dict]:
-    """Seconds from asking SGLang for `n` samples of `prompt` to the first chunk, and a finish's
-    figures (SGLang's `prompt_tokens` and `cached_tokens`)."""
-    params = SamplingParams(max_tokens=8, temperature=0.8, top_p=0.95, seed=seed)
-    started = time.perf_counter()
-    first = None
-    figures: dict[str, Any] = {}
-    async for chunk in engine.generate(prompt, n, params):
-        if first is None:
-            first = time.perf_counter() - started
-        if chunk.finish_reason is not None and chunk.meta:
-            figures = dict(chunk.meta)
-    assert first is not None
-    return first, figures
-
-
 async def sglang_prefix(engine: SGLangEngine, seed: int, depth: int) -> str:
     """The text of one sample of PROMPT up to its `depth`-th token (or its end, if sooner)."""
     params = SamplingParams(max_tokens=depth, temperature=0.8, top_p=0.95, seed=seed)
@@ -124,9 +109,11 @@ async def sglang_main(url: str, rounds: int, depth: int, n: int) -> int:
         results: dict[str, list[tuple[float, dict]]] = {"continued": [], "cold": []}
         for index in range(rounds):
             prompt = Prompt(PROMPT, prefix=await sglang_prefix(engine, seed=100 + index, depth=depth))
-            results["continued"].append(await sglang_first_token(engine, prompt, n, 7 + index))
+            params = SamplingParams(max_tokens=8, temperature=0.8, top_p=0.95, seed=7 + index)
+            ask = partial(engine.generate, prompt, n, params)
+            results["continued"].append(await first_token_and_figures(ask))
             await flush_cache(engine.url)
-            results["cold"].append(await sglang_first_token(engine, prompt, n, 7 + index))
+            results["cold"].append(await first_token_and_figures(ask))
         report(results)
     finally:
         await engine.stop()
@@ -152,7 +139,8 @@ async def main(rounds: int, depth: int, n: int) -> int:
             warm = replace(cold, reuse_branches=True)
             ways = [("continued", warm), ("cold", cold)]
             for name, decode in ways if index % 2 == 0 else ways[::-1]:
-                results[name].append(await first_token_and_figures(engine, ids, n, decode))
+                ask = partial(engine.submit, ids, n, decode)
+                results[name].append(await first_token_and_figures(ask))
         report(results)
     finally:
         engine.shutdown()
