@@ -14,6 +14,7 @@ from ui.engine_info import engine_line
 
 KERNEL_ON = (True, "rows kernel (AVX2) up to 64 rows, PyTorch beyond")
 KERNEL_OFF = (False, "PyTorch (the rows kernel's C part is not built)")
+INT4_OFF = (False, "this torch (2.1.0) has no _weight_int4pack_mm_for_cpu")
 
 
 def test_the_rows_kernel_is_batch_invariant_as_it_is_and_a_library_path_at_a_block() -> None:
@@ -23,9 +24,14 @@ def test_the_rows_kernel_is_batch_invariant_as_it_is_and_a_library_path_at_a_blo
     }
     assert Choice(PATHS["bf16-torch"], 16).batch_invariant and Choice(PATHS["fp32-torch"], 8).batch_invariant
     assert Choice(PATHS["bf16-torch"], 16).label == "bf16-torch/16"
-    assert Choice(PATHS["bf16-torch"], 8).step_rows(17) == (3, 8)
-    assert Choice(PATHS["fp32-blocks"]).step_rows(17) == (1, 17)
-    assert PATHS["bf16-torch"].dtype == "bfloat16"
+    assert Choice(PATHS["bf16-torch"], 8).step_rows(17) == [8, 8, 8]
+    assert Choice(PATHS["fp32-blocks"]).step_rows(17) == [17]
+    assert PATHS["bf16-torch"].dtype == "bfloat16" and PATHS["int4-torch"].int4
+    laddered = Choice(PATHS["int4-torch"], 32, laddered=True)
+    assert laddered.label == "int4-torch/1-32" and laddered.sizes == (1, 2, 4, 8, 16, 32)
+    assert laddered.step_rows(1) == [1] and laddered.step_rows(3) == [4] and laddered.step_rows(17) == [32]
+    assert laddered.step_rows(70) == [32, 32, 8] and laddered.batch_invariant
+    assert compute.ladder(24) == (1, 2, 4, 8, 16, 24) and compute.ladder(1) == (1,)
 
 
 def _labels(options: tuple[Choice, ...]) -> list[str]:
@@ -33,15 +39,18 @@ def _labels(options: tuple[Choice, ...]) -> list[str]:
 
 
 def test_auto_times_every_path_it_can_run_the_library_ones_at_each_block() -> None:
-    both = decide("auto", KERNEL_ON, has_gguf=True, blocks=(8, 32))
+    both = decide("auto", KERNEL_ON, has_gguf=True, blocks=(8, 32), ladders=False)
     expected = ["fp32-blocks", "fp32-torch/8", "fp32-torch/32", "bf16-torch/8", "bf16-torch/32"]
-    assert _labels(both.options) == expected  # fp32-rows: the same kernel on five times the bytes
-    no_gguf = decide("auto", KERNEL_ON, has_gguf=False, blocks=(8,))
+    assert _labels(both.options) == [*expected, "int4-torch/8", "int4-torch/32"]
+    # fp32-rows: the same kernel on five times the bytes
+    no_gguf = decide("auto", KERNEL_ON, has_gguf=False, blocks=(8,), ladders=False, int4=INT4_OFF)
     assert _labels(no_gguf.options) == ["fp32-rows", "fp32-torch/8", "bf16-torch/8"]
     forced = decide("bf16-torch", KERNEL_ON, has_gguf=True, blocks=(8, 16))
     assert (
-        _labels(forced.options) == ["bf16-torch/8", "bf16-torch/16"] and forced.reason == "set by --compute"
+        _labels(forced.options) == ["bf16-torch/1-8", "bf16-torch/8", "bf16-torch/1-16", "bf16-torch/16"]
+        and forced.reason == "set by --compute"
     )
+    assert _labels(decide("int4-torch", KERNEL_ON, has_gguf=True, blocks=(1,)).options) == ["int4-torch/1"]
     assert decide("fp32-rows", KERNEL_ON, has_gguf=True).options == ()
     with pytest.raises(ValueError, match="at least 1 row"):
         decide("auto", KERNEL_ON, has_gguf=True, blocks=(0,))
@@ -49,7 +58,9 @@ def test_auto_times_every_path_it_can_run_the_library_ones_at_each_block() -> No
 
 def test_auto_without_the_kernel_times_the_library_paths() -> None:
     decision = decide("auto", KERNEL_OFF, has_gguf=True, blocks=(16,))
-    assert _labels(decision.options) == ["fp32-torch/16", "bf16-torch/16"]
+    assert _labels(decision.options) == [
+        f"{path}/{size}" for path in ("fp32-torch", "bf16-torch", "int4-torch") for size in ("1-16", "16")
+    ]
 
 
 def test_a_forced_path_that_cannot_run_is_refused_with_the_reason() -> None:
@@ -60,6 +71,8 @@ def test_a_forced_path_that_cannot_run_is_refused_with_the_reason() -> None:
     with pytest.raises(ValueError, match="must be one of auto, fp32-blocks"):
         decide("float16", KERNEL_ON, has_gguf=True)
     assert decide("bf16-torch", KERNEL_OFF, has_gguf=False).choice.path.name == "bf16-torch"
+    with pytest.raises(ValueError, match="--compute int4-torch cannot run here: this torch"):
+        decide("int4-torch", KERNEL_ON, has_gguf=True, int4=INT4_OFF)
 
 
 def _step(costs: dict[str, float]) -> Callable[[Choice, int], float]:
@@ -136,6 +149,24 @@ def test_a_block_left_unfinished_is_checked_where_every_faster_one_failed() -> N
     found = probe((small, large), _step(costs), check, rows=(1, 8))
     assert found.unfinished == {"fp32-torch/16"} and found.choice == large
     assert found.failed == ["fp32-torch/8 failed its check (960 x 576 float32: 5 rows differ)"]
+
+
+def test_a_ladder_times_each_row_count_it_calls_once_and_says_what_was_checked() -> None:
+    """A ladder's steps are its products at the sizes it calls (1 row alone; 8 and 32 as blocks),
+    each size timed once per path and shared with the block alone, whose step of 1 row is a padded
+    block."""
+    ladder, block = Choice(PATHS["int4-torch"], 8, laddered=True), Choice(PATHS["int4-torch"], 8)
+    timed: list[int] = []
+
+    def step(option: Choice, rows: int) -> float:
+        timed.append(rows)
+        return 1.0 + rows
+
+    found = probe((ladder, block), step, lambda option: [], rows=(1, 8, 32), repeats=1)
+    assert sorted(timed) == [1, 8]
+    assert found.times == {"int4-torch/1-8": 2.0 + 9.0 + 36.0, "int4-torch/8": 9.0 + 9.0 + 36.0}
+    assert found.choice == ladder
+    assert "products of 1/2/4/8 rows checked row by row" in compute.probe_reason("auto", found, 0.1)
 
 
 def test_the_engine_line_names_the_path_and_warns_where_samples_vary_with_load() -> None:

@@ -14,7 +14,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from backend.engines.embedded import compute, decode_ops, fixed_rows
+from backend.engines.embedded import compute, decode_ops, fixed_rows, int4
 from backend.engines.embedded import linear as engine_linear
 from backend.engines.embedded.fixed_rows import FixedRows, check
 from backend.engines.embedded.model import RowCache
@@ -30,12 +30,40 @@ def test_a_product_at_a_row_count_other_than_the_checked_one_is_refused() -> Non
     fixed = FixedRows(8)
     with pytest.raises(ValueError, match="a product of 12 rows on a path checked at 8 rows"):
         fixed.product(torch.empty(12, 64), torch.randn(12, 32), weight)
-    with pytest.raises(ValueError, match="a block of 0 rows"):
+    with pytest.raises(ValueError, match="row counts"):
         FixedRows(0)
     x = torch.randn(13, 32)
     out = fixed.linear(x, weight)  # padded to 16 rows, two products of 8
     assert out.shape == (13, 64) and out.dtype == torch.float32
     assert torch.allclose(out, F.linear(x, weight), atol=1e-5)
+    laddered = FixedRows(compute.ladder(8))
+    assert laddered.chunks(13) == [8, 8] and laddered.chunks(3) == [4] and laddered.chunks(1) == [1]
+    with pytest.raises(ValueError, match="a product of 3 rows on a path checked at 1/2/4/8 rows"):
+        laddered.product(torch.empty(3, 64), torch.randn(3, 32), weight)
+    assert torch.allclose(laddered.linear(x[:3], weight), F.linear(x[:3], weight), atol=1e-5)
+    assert torch.allclose(laddered.linear(x, weight), F.linear(x, weight), atol=1e-5)
+
+
+def test_int4_groups_give_back_a_q4_1_matrix_and_multiply_as_its_weights() -> None:
+    """Weights that are Q4_1 blocks (steps 0..15 spanning each group, a scale and a least value) come
+    back as the same steps: the product equals x @ W^T within bfloat16's rounding of the scales."""
+    if not int4.available()[0]:
+        pytest.skip(int4.available()[1])
+    generator = torch.Generator().manual_seed(3)
+    n, k = 96, 128
+    steps = torch.randint(0, 16, (n, k // 32, 32), generator=generator)
+    steps[..., 0], steps[..., 1] = 0, 15  # each group spans its range, as Q4_1's quantizer makes it
+    scale = (torch.rand(n, k // 32, 1, generator=generator) * 0.02 + 0.001).bfloat16().float()
+    least = torch.randn(n, k // 32, 1, generator=generator) * 0.05
+    weight = (steps * scale + least).reshape(n, k)
+    matrix = int4.Int4Matrix.quantize(weight)
+    assert matrix.shape == (n, k) and matrix.nbytes == n * k // 2 + k // 32 * n * 2 * 2
+    assert (matrix.dequantize() - weight).abs().max() <= 2 * scale.max()
+    x = torch.randn(5, k, generator=generator)
+    exact = x.bfloat16().float() @ weight.t()
+    assert (matrix.product(x).float() - exact).abs().max() <= 0.02 * exact.abs().max()
+    with pytest.raises(ValueError, match="whole groups of 32"):
+        int4.Int4Matrix.quantize(torch.randn(4, 40))
 
 
 def test_the_check_finds_a_row_that_depends_on_its_slot_or_its_neighbours(monkeypatch: Any) -> None:
@@ -51,7 +79,14 @@ def test_the_check_finds_a_row_that_depends_on_its_slot_or_its_neighbours(monkey
 
     monkeypatch.setattr(FixedRows, "product", last_slot_rounds_another_way)
     found = check(8, weights)
-    assert found == ["48 x 32 float32: 2 rows differ", "16 x 64 bfloat16: 2 rows differ"]
+    assert found == [
+        "48 x 32 float32: rows differ (2 at 8 rows)",
+        "16 x 64 bfloat16: rows differ (2 at 8 rows)",
+    ]
+    # On a ladder, rows are compared across its sizes too (the first product, at 1 row, is the
+    # reference): the last slot of each size rounding another way shows at 2 and at 4 rows.
+    on_ladder = check((1, 2, 4), weights)
+    assert all("at 2 rows" in failure and "at 4 rows" in failure for failure in on_ladder), on_ladder
 
     def reads_its_neighbour(self: FixedRows, out: torch.Tensor, x: torch.Tensor, w: torch.Tensor) -> None:
         product(self, out, x, w)
@@ -92,9 +127,8 @@ def test_the_check_agrees_with_every_slot_beside_every_fill(dtype: torch.dtype, 
     assert bool(check(block, weights)) == differs
 
 
-def _runnable() -> list[str]:
-    kernel = kernel_status_on_one_thread()
-    return [name for name, path in compute.PATHS.items() if compute.unavailable(path, kernel, True) is None]
+def _unavailable(name: str) -> str | None:
+    return compute.unavailable(compute.PATHS[name], kernel_status_on_one_thread(), True, int4.available())
 
 
 @pytest.fixture(scope="module", params=list(compute.PATHS))
@@ -104,8 +138,8 @@ def started(request: pytest.FixtureRequest) -> Iterator[Any]:
     from backend.engines.embedded.child import build_scheduler
     from backend.engines.embedded.worker import WorkerSetup
 
-    if request.param not in _runnable():
-        why = compute.unavailable(compute.PATHS[request.param], kernel_status_on_one_thread(), True)
+    why = _unavailable(request.param)
+    if why is not None:
         pytest.skip(f"{request.param} does not run here: {why}")
     threads = torch.get_num_threads()
     folder = resolve_model()
@@ -186,6 +220,7 @@ def test_the_invariance_check_fails_where_a_step_pads_to_a_size_it_did_not_check
     if health["compute_block"] is None:
         pytest.skip(f"{health['compute_path']} multiplies on the rows kernel, at any row count")
     block = health["compute_block"]
+    checked = "/".join(map(str, health["compute_sizes"]))
 
     def padded_to_another_size(self: FixedRows, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
         out = torch.empty(block + 1, weight.shape[0], dtype=weight.dtype)
@@ -195,7 +230,7 @@ def test_the_invariance_check_fails_where_a_step_pads_to_a_size_it_did_not_check
         return out[: x.shape[0]].float()
 
     monkeypatch.setattr(FixedRows, "linear", padded_to_another_size)
-    with pytest.raises(ValueError, match=f"rows on a path checked at {block} rows"):
+    with pytest.raises(ValueError, match=f"rows on a path checked at {checked} rows"):
         _decode_beside(started, 2, 1, ("Hi", "Hi"))
     monkeypatch.undo()
     alone = _decode_beside(started, 1, 0, ("", ""))

@@ -118,6 +118,8 @@ def build_scheduler(setup: WorkerSetup, on_pass_end: Callable[[], None]) -> Any:
     chosen = {
         "path": choice.path.name,
         "block": choice.block,
+        "label": choice.label,
+        "sizes": list(choice.sizes),
         "batch_invariant": choice.batch_invariant,
         "why": reason,
         "weight_bytes": model.weight_bytes(),
@@ -140,7 +142,7 @@ def _load_model(setup: WorkerSetup) -> tuple[Any, Any]:
     decision (taken again without the blocks where they could not be read)."""
     import torch
 
-    from backend.engines.embedded import compute
+    from backend.engines.embedded import compute, int4
     from backend.engines.embedded.linear import kernel_status
     from backend.engines.embedded.model import Llama, LlamaConfig
     from backend.engines.embedded.quantized import load_blocks
@@ -148,7 +150,9 @@ def _load_model(setup: WorkerSetup) -> tuple[Any, Any]:
 
     # No block (nor timed step) larger than the batch can be: the row cap.
     sizes = (setup.block_rows,) if setup.block_rows else compute.capped(compute.BLOCK_ROWS, setup.max_rows)
-    decision = compute.decide(setup.compute, kernel_status(), bool(setup.gguf), sizes)
+    ladders = not setup.block_rows  # a block set by the caller is used alone
+    can_int4 = int4.available()
+    decision = compute.decide(setup.compute, kernel_status(), bool(setup.gguf), sizes, ladders, can_int4)
     folder = Path(setup.folder)
     config = LlamaConfig.from_hf(read_config(folder))
     tensors = read_tensors(folder)
@@ -162,7 +166,7 @@ def _load_model(setup: WorkerSetup) -> tuple[Any, Any]:
                 raise ValueError(
                     f"--compute fp32-blocks cannot run: the GGUF's blocks could not be read ({exc})"
                 ) from None
-            decision = compute.decide(setup.compute, kernel_status(), False, sizes)
+            decision = compute.decide(setup.compute, kernel_status(), False, sizes, ladders, can_int4)
     return Llama(config, tensors, torch.float32, blocks), decision
 
 
@@ -178,11 +182,11 @@ def _set_up_compute(model: Any, decision: Any, setup: WorkerSetup) -> tuple[Any,
     choice, reason = decision.choice, decision.reason
     if decision.options:
         choice, reason = _probe(model, decision, setup, configure, fixed_rows.check)
-    linear_path = configure(allow=choice.path.rows_kernel, block=choice.block)
+    linear_path = configure(allow=choice.path.rows_kernel, sizes=choice.sizes)
     decode_ops.configure()
     if not choice.path.gguf_blocks:
         model.drop_blocks()
-    model.cast(getattr(torch, choice.path.dtype))
+    model.cast(getattr(torch, choice.path.dtype), choice.path.int4)
     quantized, dense = model.block_bytes()
     if quantized:
         linear_path += (
@@ -207,12 +211,12 @@ def _probe(
     from backend.engines.embedded import compute
 
     def step(option: compute.Choice, rows: int) -> float:
-        configure(allow=option.path.rows_kernel, block=option.block)
+        configure(allow=option.path.rows_kernel, sizes=option.sizes)
         return model.probe_step(option.path, rows)
 
     def rows_check(option: compute.Choice) -> list[str]:
-        *layers, output = model.probe_weights(getattr(torch, option.path.dtype))
-        return check(option.block, [*layers[0].values(), output["output"]])
+        *layers, output = model.probe_weights(getattr(torch, option.path.dtype), option.path.int4)
+        return check(option.sizes, [*layers[0].values(), output["output"]])
 
     started = time.perf_counter()
     rows = compute.capped(compute.PROBE_ROWS, setup.max_rows)

@@ -10,24 +10,28 @@ The paths (`--compute`, environment EMBEDDED_COMPUTE):
   has: AVX2, AVX-512, ARM), called at one block of rows (fixed_rows.py).
 - `bf16-torch`: the same with bfloat16 weights (oneDNN runs them on AMX or AVX-512-BF16 where the
   CPU has them).
+- `int4-torch`: the weights in 4-bit groups of 32 (int4.py; the bundled GGUF's Q4_1 steps exactly)
+  through PyTorch's int4 weight-only product, bfloat16 rows in and out: 84 MB read a step where
+  bf16-torch reads 270 MB. Needs a torch with that product and its AVX2 or AVX-512 kernels.
 
 Every path keeps its activations in float32 and runs the ops between the linear layers row by row
 (decode_ops.c where built, else PyTorch on one row at a time), with each row attending to its own
 positions only. The rows kernel computes each row on its own, so its paths are batch-invariant as
 they stand. A library product is made so by its shape: a PyTorch path multiplies a decode step's
-rows only in blocks of one size (`Choice.block`), padded, and only a size this process has checked
-at start gives a row the same bits in every slot beside any other rows (fixed_rows.check). Where no
-size passes, the path multiplies every step whole and the engine line says that samples may change
+rows only at row counts this process has checked at start: a block of one size (`Choice.block`),
+padded, or a ladder of sizes up to it (1, 2, 4, ..., the block: a step's last rows at the smallest
+that holds them), where the same row gives the same bits at every size of the ladder and in every
+slot beside any other rows (fixed_rows.check). Where no size passes, the path multiplies every step whole and the engine line says that samples may change
 with load. Prefill multiplies one prompt's new tokens at a time (PyTorch paths) or prompts arriving
 together at once (the rows kernel, whose rows are independent at any count), so a prompt gives the
 same first-token logits whoever else is running.
 
 `auto` times every path this process can run (`fp32-rows` only where there are no GGUF blocks: it
-is `fp32-blocks` reading five times the bytes), the PyTorch ones at each of BLOCK_ROWS, on the
-model's own matrices at start (`probe`: a decode step's linear layers at PROBE_ROWS rows, a block
-path as whole blocks), and keeps the fastest that is batch-invariant (a block size checked, the
-slower ones only where a faster one fails its check); a forced PyTorch path picks its block size the
-same way. No CPU flag decides.
+is `fp32-blocks` reading five times the bytes), the PyTorch ones at each of BLOCK_ROWS as a ladder
+and as a block alone, on the model's own matrices at start (`probe`: a decode step's linear layers
+at PROBE_ROWS rows, a PyTorch path at the row counts it would call), and keeps the fastest that is
+batch-invariant (its row counts checked, the slower ones only where a faster one fails its check);
+a forced PyTorch path picks its sizes the same way. No CPU flag decides.
 
 This module imports no torch: the command line reads its choices.
 """
@@ -49,6 +53,8 @@ class ComputePath:
     """The linear layers go to the rows kernel; else to PyTorch's product at a fixed block of rows."""
     gguf_blocks: bool
     """The rows kernel multiplies the GGUF's quantized blocks rather than float32 weights."""
+    int4: bool = False
+    """The weights are held in 4-bit groups (int4.py); `dtype` is then the product's rows' dtype."""
 
 
 PATHS: dict[str, ComputePath] = {
@@ -58,6 +64,7 @@ PATHS: dict[str, ComputePath] = {
         ComputePath("fp32-rows", "float32", rows_kernel=True, gguf_blocks=False),
         ComputePath("fp32-torch", "float32", rows_kernel=False, gguf_blocks=False),
         ComputePath("bf16-torch", "bfloat16", rows_kernel=False, gguf_blocks=False),
+        ComputePath("int4-torch", "bfloat16", rows_kernel=False, gguf_blocks=False, int4=True),
     )
 }
 """Every path, by its `--compute` name."""
@@ -81,12 +88,29 @@ VARIES_WITH_LOAD = "seeded samples may change with load: this path is not batch-
 """Said wherever a path that is not batch-invariant runs."""
 
 
+def ladder(block: int) -> tuple[int, ...]:
+    """The row counts a ladder up to `block` holds: the powers of two below it, and `block`."""
+    return (*(1 << i for i in range(block.bit_length()) if (1 << i) < block), block)
+
+
+def chunks(sizes: tuple[int, ...], rows: int) -> list[int]:
+    """The row counts a product of `rows` rows is made of at checked `sizes` (ascending; the last,
+    the block): whole blocks, then the rest padded to the smallest size that holds it."""
+    block = sizes[-1]
+    made = [block] * (rows // block)
+    if rows % block:
+        made.append(next(size for size in sizes if size >= rows % block))
+    return made
+
+
 @dataclass(frozen=True)
 class Choice:
-    """A path and, for a PyTorch path, the block of rows its decode steps multiply (None: unblocked)."""
+    """A path and, for a PyTorch path, the block of rows its decode steps multiply (None: unblocked)
+    and whether the sizes of the ladder below the block are used too."""
 
     path: ComputePath
     block: int | None = None
+    laddered: bool = False
 
     @property
     def batch_invariant(self) -> bool:
@@ -97,13 +121,20 @@ class Choice:
     @property
     def label(self) -> str:
         """The path's name, with its block size where it has one ("bf16-torch/32")."""
-        return self.path.name if self.block is None else f"{self.path.name}/{self.block}"
-
-    def step_rows(self, rows: int) -> tuple[int, int]:
-        """(products per linear layer, rows each) for a decode step of `rows` rows."""
         if self.block is None:
-            return 1, rows
-        return -(-rows // self.block), self.block
+            return self.path.name
+        return f"{self.path.name}/{'1-' if self.laddered and self.block > 1 else ''}{self.block}"
+
+    @property
+    def sizes(self) -> tuple[int, ...]:
+        """The row counts a decode step's products are made at (empty: any)."""
+        if self.block is None:
+            return ()
+        return ladder(self.block) if self.laddered else (self.block,)
+
+    def step_rows(self, rows: int) -> list[int]:
+        """The row counts of the products per linear layer for a decode step of `rows` rows."""
+        return chunks(self.sizes, rows) if self.sizes else [rows]
 
 
 def check_setting(name: str) -> str:
@@ -113,13 +144,32 @@ def check_setting(name: str) -> str:
     return name
 
 
-def unavailable(path: ComputePath, kernel: tuple[bool, str], has_gguf: bool) -> str | None:
-    """Why `path` cannot run in this process (None where it can): `kernel` is linear.kernel_status()."""
+INT4_OK = (True, "")
+
+
+def unavailable(
+    path: ComputePath, kernel: tuple[bool, str], has_gguf: bool, int4: tuple[bool, str] = INT4_OK
+) -> str | None:
+    """Why `path` cannot run in this process (None where it can): `kernel` is linear.kernel_status(),
+    `int4` int4.available()."""
     if path.rows_kernel and not kernel[0]:
         return kernel[1].removeprefix("PyTorch ").strip("()")
     if path.gguf_blocks and not has_gguf:
         return "the model did not come from a GGUF"
+    if path.int4 and not int4[0]:
+        return int4[1]
     return None
+
+
+def library_options(path: ComputePath, blocks: tuple[int, ...], ladders: bool) -> list[Choice]:
+    """A PyTorch path's options: at each of `blocks` as a ladder (where `ladders` and the block is
+    above 1 row) and as a block alone."""
+    options = []
+    for block in blocks:
+        if ladders and block > 1:
+            options.append(Choice(path, block, laddered=True))
+        options.append(Choice(path, block))
+    return options
 
 
 @dataclass(frozen=True)
@@ -132,28 +182,34 @@ class Decision:
 
 
 def decide(
-    setting: str, kernel: tuple[bool, str], has_gguf: bool, blocks: tuple[int, ...] = BLOCK_ROWS
+    setting: str,
+    kernel: tuple[bool, str],
+    has_gguf: bool,
+    blocks: tuple[int, ...] = BLOCK_ROWS,
+    ladders: bool = True,
+    int4: tuple[bool, str] = INT4_OK,
 ) -> Decision:
     """What `--compute setting` runs: a forced rows-kernel path where it can (ValueError saying why
     not where it cannot), a forced PyTorch path at each of `blocks` (to be timed and checked by
-    `probe`); for `auto` every path that can run, the PyTorch ones at each of `blocks`."""
+    `probe`); for `auto` every path that can run, the PyTorch ones at each of `blocks`, each as a
+    ladder (where `ladders`) and alone (library_options). `int4` is int4.available()."""
     check_setting(setting)
     if any(block < 1 for block in blocks) or not blocks:
         raise ValueError(f"block sizes must be at least 1 row, got {blocks}")
     if setting != "auto":
         path = PATHS[setting]
-        why = unavailable(path, kernel, has_gguf)
+        why = unavailable(path, kernel, has_gguf, int4)
         if why is not None:
             raise ValueError(f"--compute {setting} cannot run here: {why}")
         if path.rows_kernel:
             return Decision(Choice(path), (), "set by --compute")
-        return Decision(Choice(path), tuple(Choice(path, b) for b in blocks), "set by --compute")
+        return Decision(Choice(path), tuple(library_options(path, blocks, ladders)), "set by --compute")
     options: list[Choice] = []
     for path in PATHS.values():
         if path.name == "fp32-rows" and unavailable(PATHS["fp32-blocks"], kernel, has_gguf) is None:
             continue  # the same kernel and values from five times the bytes: never the faster
-        if unavailable(path, kernel, has_gguf) is None:
-            options.extend([Choice(path)] if path.rows_kernel else [Choice(path, b) for b in blocks])
+        if unavailable(path, kernel, has_gguf, int4) is None:
+            options.extend([Choice(path)] if path.rows_kernel else library_options(path, blocks, ladders))
     return Decision(options[0], tuple(options), "auto")
 
 
@@ -182,21 +238,22 @@ def probe(
 ) -> Probe:
     """The fastest batch-invariant one of `options`: `step(option, count)` runs a sample of a decode
     step's linear layers at `count` rows and returns its estimate of a whole step's, in seconds
-    (the best of `repeats`); an option's time is the sum over `rows` of its steps there (a block
-    path: whole blocks). An option is left unfinished once its sum so far passes the fastest whole
-    one's (its time is then that partial sum, marked slower in `probe_reason`). From the fastest on,
-    a block path must pass `check(option)` (a list of what differs, empty where nothing does)."""
+    (the best of `repeats`, measured once per path and row count); an option's time is the sum over
+    `rows` of its steps there (a PyTorch path: at the row counts it calls, Choice.step_rows). An
+    option is left unfinished once its sum so far passes the fastest whole one's (its time is then
+    that partial sum, marked slower in `probe_reason`). From the fastest on, a PyTorch path must
+    pass `check(option)` (a list of what differs, empty where nothing does)."""
     times: dict[str, float] = {}
     finished: list[Choice] = []
+    measured: dict[tuple[str, int], float] = {}
     for option in options:
-        measured: dict[int, float] = {}
         total = 0.0
         best = min((times[done.label] for done in finished), default=float("inf"))
         for count in rows:
-            calls, size = option.step_rows(count)
-            if size not in measured:
-                measured[size] = min(step(option, size) for _ in range(repeats))
-            total += calls * measured[size]
+            for size in option.step_rows(count):
+                if (option.path.name, size) not in measured:
+                    measured[option.path.name, size] = min(step(option, size) for _ in range(repeats))
+                total += measured[option.path.name, size]
             if total > best:
                 break
         else:
@@ -232,6 +289,8 @@ def probe_reason(setting: str, found: Probe, took: float) -> str:
     words += f" ({chosen} {found.times[chosen] * 1e3:.0f} ms"
     words += f" against {others}" if others else ""
     words += f", steps of {rows} rows timed at start in {took:.2f} s"
-    if found.choice.block is not None:
+    if found.choice.laddered:
+        words += f"; products of {'/'.join(map(str, found.choice.sizes))} rows checked row by row"
+    elif found.choice.block is not None:
         words += f"; blocks of {found.choice.block} rows checked row by row"
     return words + "".join(f"; {failure}" for failure in found.failed) + ")"

@@ -161,7 +161,7 @@ class EmbeddedEngine(Engine):
         figures = worker.wait_ready()
         self.tokenizer, self.worker, self._failure, self._figures = tokenizer, worker, None, figures
         self.path = PATHS[figures["compute_path"]]
-        label = self.path.name + (f"/{figures['compute_block']}" if figures.get("compute_block") else "")
+        label = figures.get("compute_label") or self.path.name
         self._model_name = f"{folder.name}, {label}, {self.threads} thread(s), CPU"
         self._set_status("ready")
         log.info(

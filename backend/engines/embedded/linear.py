@@ -12,9 +12,10 @@ sixth of the bytes.
 
 The compute path (compute.py) decides whether the kernel runs (`configure`); `kernel_status()` says
 whether it can and why not. Where it does not, a decode step's products go to PyTorch at one
-checked block of rows (`configure(block=...)`, fixed_rows.py), so that they are batch-invariant
-too. Weights of another dtype than the float32 activations (bfloat16) take their input cast to it
-and give float32 back.
+checked block of rows, or checked row counts up to it (`configure(sizes=...)`, fixed_rows.py), so
+that they are batch-invariant too. Weights of another dtype than the float32 activations (bfloat16,
+or 4-bit groups: int4.py, whose product takes and gives bfloat16) take their input cast to it and
+give float32 back.
 """
 
 from __future__ import annotations
@@ -22,7 +23,8 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from backend.engines.embedded.fixed_rows import FixedRows
+from backend.engines.embedded.fixed_rows import FixedRows, Weight
+from backend.engines.embedded.int4 import Int4Matrix
 from backend.engines.embedded.quantized import PackedMatrix
 
 try:
@@ -51,15 +53,19 @@ _enabled = False
 _fixed: FixedRows | None = None
 
 
-def configure(allow: bool = True, block: int | None = None) -> str:
+def configure(allow: bool = True, sizes: tuple[int, ...] = ()) -> str:
     """Decide, once the thread count is set, whether `linear` uses the kernel (never where `allow`
-    is False); where it does not, `block` (a row count checked by fixed_rows.check) is the one row
-    count a decode step's products run at in PyTorch (None: any). Returns which path runs and why."""
+    is False); where it does not, `sizes` (row counts checked by fixed_rows.check, compute.Choice.sizes)
+    are the only row counts a decode step's products run at in PyTorch (empty: any). Returns which
+    path runs and why."""
     global _enabled, _fixed
     _enabled, reason = kernel_status(allow)
-    _fixed = FixedRows(block) if block is not None and not _enabled else None
-    if _fixed is not None:
-        reason += f", a decode step's products in blocks of {block} rows"
+    _fixed = FixedRows(sizes) if sizes and not _enabled else None
+    if _fixed is not None and len(_fixed.sizes) > 1:
+        counts = "/".join(map(str, _fixed.sizes))
+        reason += f", a decode step's products at {counts} rows (whole blocks of {_fixed.block})"
+    elif _fixed is not None:
+        reason += f", a decode step's products in blocks of {_fixed.block} rows"
     return reason
 
 
@@ -71,7 +77,7 @@ def kernel_on() -> bool:
 
 
 def linear(
-    x: torch.Tensor, weight: torch.Tensor, blocks: PackedMatrix | None = None, any_rows: bool = False
+    x: torch.Tensor, weight: Weight, blocks: PackedMatrix | None = None, any_rows: bool = False
 ) -> torch.Tensor:
     """x[..., K] @ weight[N, K]^T, as `F.linear(x, weight)`; through the kernel from `blocks` (the
     same weights as GGUF blocks, `quantized.read_blocks`, packed) where given. With `any_rows` (a
@@ -88,7 +94,7 @@ def linear(
 def linear_add(
     y: torch.Tensor,
     x: torch.Tensor,
-    weight: torch.Tensor,
+    weight: Weight,
     blocks: PackedMatrix | None = None,
     any_rows: bool = False,
 ) -> None:
@@ -106,20 +112,23 @@ def linear_add(
     _product(y, flat, weight, blocks, add=True)
 
 
-def _library(x: torch.Tensor, weight: torch.Tensor, step: bool) -> torch.Tensor:
-    """x @ weight^T in PyTorch, float32 out: a decode step's (`step`) in fixed blocks where set."""
+def _library(x: torch.Tensor, weight: Weight, step: bool) -> torch.Tensor:
+    """x @ weight^T in PyTorch, float32 out: a decode step's (`step`) at the checked row counts
+    where set."""
+    k = weight.shape[1]
     if step and _fixed is not None:
-        k = weight.shape[1]
         out = _fixed.linear(x.reshape(-1, k), weight)
         return out.reshape(*x.shape[:-1], weight.shape[0])
+    if isinstance(weight, Int4Matrix):
+        return weight.product(x.reshape(-1, k)).float().reshape(*x.shape[:-1], weight.shape[0])
     if x.dtype != weight.dtype:
         return F.linear(x.to(weight.dtype), weight).float()
     return F.linear(x, weight)
 
 
-def _kernel_rows(x: torch.Tensor, weight: torch.Tensor, any_rows: bool) -> torch.Tensor | None:
+def _kernel_rows(x: torch.Tensor, weight: Weight, any_rows: bool) -> torch.Tensor | None:
     """x as contiguous [rows, K] where the kernel takes the product, else None."""
-    if not _enabled or x.dtype != torch.float32 or weight.dtype != torch.float32:
+    if not _enabled or isinstance(weight, Int4Matrix) or x.dtype != torch.float32 or weight.dtype != torch.float32:
         return None
     k = weight.shape[1]
     rows = x.numel() // k if k else 0

@@ -248,6 +248,8 @@ class BatchScheduler:
             "batch_invariant": self.compute.get("batch_invariant", False),
             "compute_why": self.compute.get("why", ""),
             "compute_block": self.compute.get("block"),
+            "compute_sizes": self.compute.get("sizes", []),
+            "compute_label": self.compute.get("label", self.compute.get("path", "")),
             "weight_bytes": self.compute.get("weight_bytes", 0),
             "step_weight_bytes": self.step_weight_bytes,
         }
