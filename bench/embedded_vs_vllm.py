@@ -402,7 +402,8 @@ async def compare(args: argparse.Namespace, engine: EmbeddedEngine, url: str, pi
     health = engine.health()
     print(f"CPU: {cpu_words()}", flush=True)
     print(
-        f"engine path: {health['compute_label']} ({health['compute_why']}); linear layers: {health['linear_layers']}",
+        f"engine path: {health['compute_label']} ({health['compute_why']});"
+        f" linear layers: {health['linear_layers']}",
         flush=True,
     )
     print(f"weights each path holds: {path_weights(engine)}", flush=True)

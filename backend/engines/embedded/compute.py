@@ -21,8 +21,8 @@ they stand. A library product is made so by its shape: a PyTorch path multiplies
 rows only at row counts this process has checked at start: a block of one size (`Choice.block`),
 padded, or a ladder of sizes up to it (1, 2, 4, ..., the block: a step's last rows at the smallest
 that holds them), where the same row gives the same bits at every size of the ladder and in every
-slot beside any other rows (fixed_rows.check). Where no size passes, the path multiplies every step whole and the engine line says that samples may change
-with load. Prefill multiplies one prompt's new tokens at a time (PyTorch paths) or prompts arriving
+slot beside any other rows (fixed_rows.check). Where no size passes, the path multiplies every
+step whole and the engine line says that samples may change with load. Prefill multiplies one prompt's new tokens at a time (PyTorch paths) or prompts arriving
 together at once (the rows kernel, whose rows are independent at any count), so a prompt gives the
 same first-token logits whoever else is running.
 

@@ -40,7 +40,8 @@ class Int4Matrix:
     """A weight matrix [out_features, in_features] in 4-bit groups, in the int4 product's layout."""
 
     packed: torch.Tensor
-    """uint8 [out_features, in_features / 2]: two steps a byte, as _convert_weight_to_int4pack_for_cpu packs them."""
+    """uint8 [out_features, in_features / 2]: two steps a byte, as _convert_weight_to_int4pack_for_cpu
+    packs them."""
     scales_zeros: torch.Tensor
     """bfloat16 [in_features / GROUP, out_features, 2]: each group's scale and zero."""
 

@@ -128,7 +128,9 @@ def _library(x: torch.Tensor, weight: Weight, step: bool) -> torch.Tensor:
 
 def _kernel_rows(x: torch.Tensor, weight: Weight, any_rows: bool) -> torch.Tensor | None:
     """x as contiguous [rows, K] where the kernel takes the product, else None."""
-    if not _enabled or isinstance(weight, Int4Matrix) or x.dtype != torch.float32 or weight.dtype != torch.float32:
+    if not _enabled or isinstance(weight, Int4Matrix):
+        return None
+    if x.dtype != torch.float32 or weight.dtype != torch.float32:
         return None
     k = weight.shape[1]
     rows = x.numel() // k if k else 0
