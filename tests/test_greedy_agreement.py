@@ -4,7 +4,8 @@ every compute path this machine runs.
 For each prompt (chat-templated), greedy tokens two ways: the engine's `Llama` as the engine runs it
 on the path (every prompt a row of one batch: prefilled, then decoded together; on the default
 path, the rows kernel from the GGUF's packed blocks and the C decode ops) and transformers'
-`generate(do_sample=False)` on the converted weights in the path's dtype, one prompt at a time. The
+`generate(do_sample=False)` on the converted weights in the path's dtype (on `int4-torch`, the layers'
+weights as its 4-bit groups give them back), one prompt at a time. The
 end of turn is ignored on both sides (its logit -inf; `min_new_tokens` for transformers), so every
 answer is exactly that long. The two forwards sum in other orders, so they may part only where the
 reference's two best tokens are within the dtype's rounding of each other: each prompt agrees on
@@ -17,7 +18,7 @@ import pytest
 import torch
 
 from backend.engines.base import template_token_ids
-from backend.engines.embedded import compute, decode_ops
+from backend.engines.embedded import compute, decode_ops, int4
 from backend.engines.embedded import linear as engine_linear
 from backend.engines.embedded.model import Llama, LlamaConfig, RowCache
 from backend.engines.embedded.quantized import load_blocks
@@ -77,12 +78,33 @@ def reference_greedy(
     return out.sequences[0, len(ids) :].tolist(), [score[0].float() for score in out.scores]
 
 
+def _as_int4_groups(reference: torch.nn.Module, model: Llama) -> None:
+    """Give transformers' layers the weights the engine's 4-bit groups hold (rounded to bfloat16)."""
+    q, kv = model.q_size, model.kv_size
+    with torch.no_grad():
+        for theirs, ours in zip(reference.model.layers, model.layers, strict=True):
+            attn, mlp = theirs.self_attn, theirs.mlp
+            parts = {
+                "qkv": ((attn.q_proj, q), (attn.k_proj, kv), (attn.v_proj, kv)),
+                "out": ((attn.o_proj, attn.o_proj.weight.shape[0]),),
+                "gate_up": (
+                    (mlp.gate_proj, mlp.gate_proj.weight.shape[0]),
+                    (mlp.up_proj, mlp.up_proj.weight.shape[0]),
+                ),
+                "down": ((mlp.down_proj, mlp.down_proj.weight.shape[0]),),
+            }
+            for name, projections in parts.items():
+                weights = getattr(ours, name).dequantize().split([size for _, size in projections])
+                for (projection, _), weight in zip(projections, weights, strict=True):
+                    projection.weight.copy_(weight.to(projection.weight.dtype))
+
+
 @pytest.mark.parametrize("name", list(compute.PATHS))
 def test_greedy_tokens_agree_with_transformers_or_part_at_a_near_tie(name: str) -> None:
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     path = compute.PATHS[name]
-    why = compute.unavailable(path, kernel_status_on_one_thread(), has_gguf=True)
+    why = compute.unavailable(path, kernel_status_on_one_thread(), True, int4.available())
     if why is not None:
         pytest.skip(f"{name} does not run here: {why}")
     threads = torch.get_num_threads()
@@ -90,18 +112,22 @@ def test_greedy_tokens_agree_with_transformers_or_part_at_a_near_tie(name: str) 
     dtype = getattr(torch, path.dtype)
     # A PyTorch path multiplies a decode step's rows in blocks, as the engine does (here one block of
     # 16 for the 4 rows; tests/test_fixed_rows.py runs the block size the engine checked).
-    engine_linear.configure(allow=path.rows_kernel, block=None if path.rows_kernel else 16)
+    engine_linear.configure(allow=path.rows_kernel, sizes=() if path.rows_kernel else (16,))
     decode_ops.configure()
     try:
         folder = resolve_model()
         config = LlamaConfig.from_hf(read_config(folder.path))
         tensors = read_tensors(folder.path)
         blocks = load_blocks(folder.path, folder.gguf, tensors) if path.gguf_blocks and folder.gguf else {}
-        model = Llama(config, tensors, dtype, blocks)
+        model = Llama(config, tensors, torch.float32 if path.int4 else dtype, blocks)
+        if path.int4:
+            model.cast(dtype, int4=True)
         tokenizer = AutoTokenizer.from_pretrained(folder.path)
         eos = int(tokenizer.eos_token_id)
         prompts = [template_token_ids(tokenizer, [{"role": "user", "content": text}]) for text in PROMPTS]
         reference = AutoModelForCausalLM.from_pretrained(folder.path, dtype=dtype)
+        if path.int4:
+            _as_int4_groups(reference, model)
         partings = []
         for text, ids, ours in zip(PROMPTS, prompts, engine_greedy(model, config, prompts, eos), strict=True):
             theirs, scores = reference_greedy(reference, ids, eos)
