@@ -242,3 +242,52 @@ def test_the_invariance_check_fails_where_a_step_pads_to_a_size_it_did_not_check
 
     monkeypatch.setattr(fixed_rows.FixedRows, "product", by_slot)
     assert not _same(_decode_beside(started, block, block - 1, ("Hi", "Hi")), alone)
+
+
+HELD_TO_AVX2 = {
+    "ATEN_CPU_CAPABILITY": "avx2",
+    "ONEDNN_MAX_CPU_ISA": "AVX2",
+    "MKL_ENABLE_INSTRUCTIONS": "AVX2",
+}
+"""PyTorch, oneDNN and MKL held to AVX2: the kernels an AVX2-only CPU runs, on any newer x86 CPU."""
+
+
+def test_the_library_paths_are_batch_invariant_with_the_libraries_held_to_avx2() -> None:
+    """The row-by-row invariance above, in a process whose libraries run their AVX2 kernels (as on
+    the AVX2-only machines users and Spaces have), for every PyTorch path: each settles on row
+    counts that pass its check there, and a row's logits are the same alone and among others."""
+    import os
+    import subprocess
+    import sys
+
+    if os.environ.get("ATEN_CPU_CAPABILITY"):
+        pytest.skip("this process already runs with its ISA set")
+    probe = subprocess.run(
+        [sys.executable, "-c", "import torch; print(torch.backends.cpu.get_cpu_capability())"],
+        env={**os.environ, **HELD_TO_AVX2},
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    if probe.stdout.strip() != "AVX2":
+        pytest.skip(f"PyTorch cannot run its AVX2 kernels here ({probe.stdout.strip()})")
+    names = " or ".join(name for name, path in compute.PATHS.items() if not path.rows_kernel)
+    run = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pytest",
+            "-q",
+            "-p",
+            "no:cacheprovider",
+            __file__,
+            "-k",
+            f"alone_at_every_n and ({names})",
+        ],
+        env={**os.environ, **HELD_TO_AVX2},
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-2000:]
+    assert "3 passed" in run.stdout, run.stdout[-3000:]
