@@ -204,3 +204,23 @@ def test_top_k_one_is_greedy_at_any_batch() -> None:
     rows = [RowSampling(0.8, 1.0, 1, torch.Generator().manual_seed(i)) for i in range(6)]
     picked = sample(logits, rows)
     assert [p for i, p in enumerate(picked) if i != 3] == [g for i, g in enumerate(greedy) if i != 3]
+
+
+def test_options_within_the_tie_margin_are_taken_in_order_and_the_engine_line_says_so() -> None:
+    """Times within TIE of the fastest are a tie, settled by the options' order (the same path at
+    every start on a busy machine); outside it the fastest wins."""
+    kernel, int4 = Choice(PATHS["fp32-blocks"]), Choice(PATHS["int4-torch"], 32, laddered=True)
+
+    def steps(costs: dict[str, float]) -> Callable[[Choice, int], float]:
+        return lambda option, rows: costs[option.label]
+
+    near = steps({"fp32-blocks": 1.05, "int4-torch/1-32": 1.0})
+    found = probe((kernel, int4), near, lambda option: [], rows=(32,))
+    assert found.choice == kernel and found.unfinished == set()
+    assert "first in order of those within 10% of the fastest" in compute.probe_reason("auto", found, 0.1)
+    far = steps({"fp32-blocks": 1.2, "int4-torch/1-32": 1.0})
+    found = probe((kernel, int4), far, lambda option: [], rows=(32,))
+    assert found.choice == int4 and "first in order" not in compute.probe_reason("auto", found, 0.1)
+    # A faster tie that fails its check gives way to the next, and the line does not call it a tie.
+    found = probe((int4, kernel), near, lambda option: ["differs"], rows=(32,))
+    assert found.choice == kernel and "first in order" not in compute.probe_reason("auto", found, 0.1)

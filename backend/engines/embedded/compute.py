@@ -76,6 +76,11 @@ COMPUTE_CHOICES = ("auto", *PATHS)
 BLOCK_ROWS = (8, 16, 32)
 """The row counts a PyTorch path's blocks are timed at."""
 
+TIE = 0.10
+"""Options whose times are within this fraction of the fastest's are taken as equal, in the order of
+`decide`'s options (PATHS' order): on a busy machine the paths' times move by more than they differ
+here, and a tie settled by the order takes the same path at every start (a seed's samples with it)."""
+
 PROBE_ROWS = (1, 8, 32)
 """The batches `probe` times a step at: one sample, a request of 8, a full batch; their sum decides."""
 
@@ -241,9 +246,10 @@ def probe(
     step's linear layers at `count` rows and returns its estimate of a whole step's, in seconds
     (the best of `repeats`, measured once per path and row count); an option's time is the sum over
     `rows` of its steps there (a PyTorch path: at the row counts it calls, Choice.step_rows). An
-    option is left unfinished once its sum so far passes the fastest whole one's (its time is then
-    that partial sum, marked slower in `probe_reason`). From the fastest on, a PyTorch path must
-    pass `check(option)` (a list of what differs, empty where nothing does)."""
+    option is left unfinished once its sum so far passes the fastest whole one's by more than TIE
+    (its time is then that partial sum, marked slower in `probe_reason`). Options within TIE of the
+    fastest are taken in `options`' order, the rest fastest first; from the first on, a PyTorch
+    path must pass `check(option)` (a list of what differs, empty where nothing does)."""
     times: dict[str, float] = {}
     finished: list[Choice] = []
     measured: dict[tuple[str, int], float] = {}
@@ -255,15 +261,18 @@ def probe(
                 if (option.path.name, size) not in measured:
                     measured[option.path.name, size] = min(step(option, size) for _ in range(repeats))
                 total += measured[option.path.name, size]
-            if total > best:
+            if total > best * (1 + TIE):
                 break
         else:
             finished.append(option)
         times[option.label] = total
     unfinished = {option.label for option in options} - {option.label for option in finished}
-    # The timed ones fastest first, then those left unfinished (by their sums so far): a slower
-    # block size is checked only where every faster one failed.
-    ranked = sorted(finished, key=lambda option: times[option.label])
+    # Those within TIE of the fastest in the options' order, then the other timed ones fastest
+    # first, then those left unfinished (by their sums so far): a slower option is checked only
+    # where every faster one failed.
+    fastest = min((times[option.label] for option in finished), default=float("inf"))
+    ranked = [option for option in finished if times[option.label] <= fastest * (1 + TIE)]
+    ranked += sorted((o for o in finished if o not in ranked), key=lambda option: times[option.label])
     ranked += sorted((o for o in options if o.label in unfinished), key=lambda option: times[option.label])
     failed: list[str] = []
     for option in ranked:
@@ -287,6 +296,14 @@ def probe_reason(setting: str, found: Probe, took: float) -> str:
     )
     rows = "/".join(map(str, found.rows))
     words = "auto: the fastest batch-invariant path here" if setting == "auto" else "set by --compute"
+    failed = {failure.split(" failed its check")[0] for failure in found.failed}
+    faster = [
+        label
+        for label, t in found.times.items()
+        if t < found.times[chosen] and label not in found.unfinished and label not in failed
+    ]
+    if faster:  # passed over for the order of those tied
+        words += f", first in order of those within {TIE:.0%} of the fastest"
     words += f" ({chosen} {found.times[chosen] * 1e3:.0f} ms"
     words += f" against {others}" if others else ""
     words += f", steps of {rows} rows timed at start in {took:.2f} s"
