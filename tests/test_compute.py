@@ -90,16 +90,17 @@ def test_the_probe_keeps_the_fastest_option_over_its_rows() -> None:
         Choice(PATHS["bf16-torch"], 8),
         Choice(PATHS["bf16-torch"], 32),
     )
-    costs = {"fp32-blocks": 1.0, "bf16-torch/8": 0.5, "bf16-torch/32": 0.2}
-    # at 1, 8, 32 rows: the kernel 41; blocks of 8: 4 + 4 + 16 = 24; blocks of 32: 6.4 x 3 = 19.2
+    costs = {"fp32-blocks": 1.0, "bf16-torch/8": 0.1, "bf16-torch/32": 0.02}
+    # A token's time at 1, 8 and 32 rows, summed: the kernel 1 + 1 + 1; blocks of 8 (0.8 each):
+    # 0.8 + 0.8 / 8 + 3.2 / 32 = 1.0; blocks of 32 (0.64): 0.64 + 0.64 / 8 + 0.64 / 32 = 0.74.
     found = probe((kernel, small, large), _step(costs), lambda option: [], rows=(1, 8, 32))
     assert found.choice == large and found.failed == []
-    assert found.times["bf16-torch/32"] == pytest.approx(19.2)
-    assert found.times["fp32-blocks"] == pytest.approx(41.0) and "fp32-blocks" not in found.unfinished
-    # Blocks of 8 (24 in all) stay under the kernel's 41 at every row count: timed whole.
-    assert "bf16-torch/8" not in found.unfinished
+    assert found.times["bf16-torch/32"] == pytest.approx(0.74)
+    assert found.times["fp32-blocks"] == pytest.approx(3.0) and "fp32-blocks" not in found.unfinished
+    # Blocks of 8 (1.0 in all) stay under the kernel's 3 at every row count: timed whole.
+    assert "bf16-torch/8" not in found.unfinished and found.times["bf16-torch/8"] == pytest.approx(1.0)
     reason = compute.probe_reason("auto", found, 0.4)
-    assert reason.startswith("auto: the fastest batch-invariant path here (bf16-torch/32 19200 ms against")
+    assert reason.startswith("auto: the fastest batch-invariant path here (bf16-torch/32 740 ms against")
     assert "blocks of 32 rows checked row by row" in reason and "in 0.40 s" in reason
 
 
@@ -164,7 +165,9 @@ def test_a_ladder_times_each_row_count_it_calls_once_and_says_what_was_checked()
 
     found = probe((ladder, block), step, lambda option: [], rows=(1, 8, 32), repeats=1)
     assert sorted(timed) == [1, 8]
-    assert found.times == {"int4-torch/1-8": 2.0 + 9.0 + 36.0, "int4-torch/8": 9.0 + 9.0 + 36.0}
+    # A token's time: the ladder 2 / 1 + 9 / 8 + 36 / 32; the block alone 9 at 1 row, past it: left.
+    assert found.times == {"int4-torch/1-8": 2.0 + 9 / 8 + 36 / 32, "int4-torch/8": 9.0}
+    assert found.unfinished == {"int4-torch/8"}
     assert found.choice == ladder
     assert "products of 1/2/4/8 rows checked row by row" in compute.probe_reason("auto", found, 0.1)
 

@@ -82,7 +82,10 @@ TIE = 0.10
 here, and a tie settled by the order takes the same path at every start (a seed's samples with it)."""
 
 PROBE_ROWS = (1, 8, 32)
-"""The batches `probe` times a step at: one sample, a request of 8, a full batch; their sum decides."""
+"""The batches `probe` times a step at: one sample, a request of 8, a full batch. A token's time at
+each (the step over its rows), summed, decides: each batch counts by how fast it goes, so that the
+path a full batch favours (bfloat16 on AMX: 58 ms at 32 rows, 42 at 1) does not win on the 32 rows'
+long step alone while one sample, or the page's default of 4, runs at less than half the speed."""
 
 
 def capped(rows: tuple[int, ...], cap: int) -> tuple[int, ...]:
@@ -226,7 +229,8 @@ class Probe:
     choice: Choice | None
     """The fastest option that is batch-invariant; None where every one failed its check."""
     times: dict[str, float]
-    """Seconds of the PROBE_ROWS steps by option label (a partial sum where unfinished)."""
+    """Seconds a token takes at each of PROBE_ROWS, summed, by option label (a partial sum where
+    unfinished)."""
     unfinished: set[str]
     """Options left once their partial sum passed the fastest whole one's."""
     failed: list[str]
@@ -245,7 +249,8 @@ def probe(
     """The fastest batch-invariant one of `options`: `step(option, count)` runs a sample of a decode
     step's linear layers at `count` rows and returns its estimate of a whole step's, in seconds
     (the best of `repeats`, measured once per path and row count); an option's time is the sum over
-    `rows` of its steps there (a PyTorch path: at the row counts it calls, Choice.step_rows). An
+    `rows` of a token's time there, its step over the rows (a PyTorch path's step: its products at
+    the row counts it calls, Choice.step_rows). An
     option is left unfinished once its sum so far passes the fastest whole one's by more than TIE
     (its time is then that partial sum, marked slower in `probe_reason`). Options within TIE of the
     fastest are taken in `options`' order, the rest fastest first; from the first on, a PyTorch
@@ -260,7 +265,7 @@ def probe(
             for size in option.step_rows(count):
                 if (option.path.name, size) not in measured:
                     measured[option.path.name, size] = min(step(option, size) for _ in range(repeats))
-                total += measured[option.path.name, size]
+                total += measured[option.path.name, size] / count
             if total > best * (1 + TIE):
                 break
         else:
