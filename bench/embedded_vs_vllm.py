@@ -310,7 +310,9 @@ def cpu_words() -> str:
 def path_weights(engine: EmbeddedEngine) -> str:
     """What each compute path holds in weights, in MB: the running one as the engine counts it, the
     others from the model's shapes (float32 or bf16 matrices, norms in float32; `fp32-blocks` keeps
-    the float32 matrices for long prefills beside the GGUF's blocks)."""
+    the float32 matrices for long prefills beside the GGUF's blocks; `int4-torch` holds the layers'
+    matrices in 4-bit groups of 32, each group's bf16 scale and zero beside them, and the output
+    layer, which is also the embedding, in bf16)."""
     from backend.engines.embedded.model import LlamaConfig
     from backend.engines.embedded.weights import read_config
 
@@ -325,6 +327,7 @@ def path_weights(engine: EmbeddedEngine) -> str:
         "fp32-rows": 4 * matrices + norms,
         "fp32-torch": 4 * matrices + norms,
         "bf16-torch": 2 * matrices + norms,
+        "int4-torch": c.layers * sum(per_layer) * (4 + 2 * 16 / 32) // 8 + 2 * output + norms,
     }
     held[health["compute_path"]] = health["weight_bytes"]
     words = []
