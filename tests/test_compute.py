@@ -47,7 +47,7 @@ def test_auto_times_every_path_it_can_run_the_library_ones_at_each_block() -> No
     assert _labels(no_gguf.options) == ["fp32-rows", "fp32-torch/8", "bf16-torch/8"]
     forced = decide("bf16-torch", KERNEL_ON, has_gguf=True, blocks=(8, 16))
     assert (
-        _labels(forced.options) == ["bf16-torch/1-8", "bf16-torch/8", "bf16-torch/1-16", "bf16-torch/16"]
+        _labels(forced.options) == ["bf16-torch/1-8", "bf16-torch/1-16"]
         and forced.reason == "set by --compute"
     )
     assert _labels(decide("int4-torch", KERNEL_ON, has_gguf=True, blocks=(1,)).options) == ["int4-torch/1"]
@@ -58,9 +58,7 @@ def test_auto_times_every_path_it_can_run_the_library_ones_at_each_block() -> No
 
 def test_auto_without_the_kernel_times_the_library_paths() -> None:
     decision = decide("auto", KERNEL_OFF, has_gguf=True, blocks=(16,))
-    assert _labels(decision.options) == [
-        f"{path}/{size}" for path in ("fp32-torch", "bf16-torch", "int4-torch") for size in ("1-16", "16")
-    ]
+    assert _labels(decision.options) == ["fp32-torch/1-16", "bf16-torch/1-16", "int4-torch/1-16"]
 
 
 def test_a_forced_path_that_cannot_run_is_refused_with_the_reason() -> None:
@@ -227,3 +225,28 @@ def test_options_within_the_tie_margin_are_taken_in_order_and_the_engine_line_sa
     # A faster tie that fails its check gives way to the next, and the line does not call it a tie.
     found = probe((int4, kernel), near, lambda option: ["differs"], rows=(32,))
     assert found.choice == kernel and "first in order" not in compute.probe_reason("auto", found, 0.1)
+
+
+def test_a_ladder_that_fails_its_check_gives_way_to_its_block_alone_ranked_by_its_time() -> None:
+    """fp32 at 1 row takes another kernel than at 4 or more (MKL's on the AMX Xeon): the ladder fails,
+    its block alone is timed then and taken where it is still faster than the rest."""
+    ladder, kernel = Choice(PATHS["fp32-torch"], 16, laddered=True), Choice(PATHS["fp32-blocks"])
+    costs = {1: 0.5, 16: 2.0}
+
+    def step(option: Choice, rows: int) -> float:
+        return costs[rows] if option.block else 3.0 * rows
+
+    def check(option: Choice) -> list[str]:
+        return ["960 x 576 float32: rows differ (5 at 2 rows)"] if option.laddered else []
+
+    found = probe((ladder, kernel), step, check, rows=(1, 16))
+    # A token's time: the ladder 0.5 + 2 / 16; the block alone 2 + 2 / 16; the kernel 3 at 1 row, left.
+    assert found.choice == Choice(PATHS["fp32-torch"], 16) and found.unfinished == {"fp32-blocks"}
+    assert found.times == {"fp32-torch/1-16": 0.625, "fp32-blocks": 3.0, "fp32-torch/16": 2.125}
+    assert found.failed == ["fp32-torch/1-16 failed its check (960 x 576 float32: rows differ (5 at 2 rows))"]
+    # Where the ladder is slower than the kernel it is never checked, and its block never timed.
+    slow = {1: 0.5, 16: 200.0}
+    found = probe(
+        (ladder, kernel), lambda option, rows: slow[rows] if option.block else 3.0 * rows, check, (1, 16)
+    )
+    assert found.choice == kernel and "fp32-torch/16" not in found.times and found.failed == []

@@ -172,12 +172,11 @@ def unavailable(
 
 def library_options(path: ComputePath, blocks: tuple[int, ...], ladders: bool) -> list[Choice]:
     """A PyTorch path's options: at each of `blocks` as a ladder (where `ladders` and the block is
-    above 1 row) and as a block alone."""
+    above 1 row; `probe` tries the block alone where the ladder fails its check), else as a block
+    alone."""
     options = []
     for block in blocks:
-        if ladders and block > 1:
-            options.append(Choice(path, block, laddered=True))
-        options.append(Choice(path, block))
+        options.append(Choice(path, block, laddered=ladders and block > 1))
     return options
 
 
@@ -254,23 +253,30 @@ def probe(
     option is left unfinished once its sum so far passes the fastest whole one's by more than TIE
     (its time is then that partial sum, marked slower in `probe_reason`). Options within TIE of the
     fastest are taken in `options`' order, the rest fastest first; from the first on, a PyTorch
-    path must pass `check(option)` (a list of what differs, empty where nothing does)."""
+    path must pass `check(option)` (a list of what differs, empty where nothing does). A ladder that
+    fails gives way to its block alone, timed then and ranked among the rest by its time."""
     times: dict[str, float] = {}
     finished: list[Choice] = []
     measured: dict[tuple[str, int], float] = {}
-    for option in options:
+
+    def timed(option: Choice, limit: float) -> bool:
+        """Time `option` into `times`, up to `limit`; whether it was timed whole."""
         total = 0.0
-        best = min((times[done.label] for done in finished), default=float("inf"))
         for count in rows:
             for size in option.step_rows(count):
                 if (option.path.name, size) not in measured:
                     measured[option.path.name, size] = min(step(option, size) for _ in range(repeats))
                 total += measured[option.path.name, size] / count
-            if total > best * (1 + TIE):
-                break
-        else:
-            finished.append(option)
+            if total > limit:
+                times[option.label] = total
+                return False
         times[option.label] = total
+        return True
+
+    for option in options:
+        best = min((times[done.label] for done in finished), default=float("inf"))
+        if timed(option, best * (1 + TIE)):
+            finished.append(option)
     unfinished = {option.label for option in options} - {option.label for option in finished}
     # Those within TIE of the fastest in the options' order, then the other timed ones fastest
     # first, then those left unfinished (by their sums so far): a slower option is checked only
@@ -280,13 +286,19 @@ def probe(
     ranked += sorted((o for o in finished if o not in ranked), key=lambda option: times[option.label])
     ranked += sorted((o for o in options if o.label in unfinished), key=lambda option: times[option.label])
     failed: list[str] = []
-    for option in ranked:
+    while ranked:
+        option = ranked.pop(0)
         if option.block is None:
             return Probe(option, times, unfinished, failed, rows=rows)
         failures = check(option)
         if not failures:
             return Probe(option, times, unfinished, failed, rows=rows)
         failed.append(f"{option.label} failed its check ({failures[0]})")
+        if option.laddered:
+            alone = Choice(option.path, option.block)
+            timed(alone, float("inf"))
+            at = next((i for i, o in enumerate(ranked) if times[o.label] > times[alone.label]), len(ranked))
+            ranked.insert(at, alone)
     return Probe(None, times, unfinished, failed, rows=rows)
 
 
