@@ -40,14 +40,14 @@ def _labels(options: tuple[Choice, ...]) -> list[str]:
 
 def test_auto_times_every_path_it_can_run_the_library_ones_at_each_block() -> None:
     both = decide("auto", KERNEL_ON, has_gguf=True, blocks=(8, 32), ladders=False)
-    expected = ["fp32-blocks", "fp32-torch/8", "fp32-torch/32", "bf16-torch/8", "bf16-torch/32"]
-    assert _labels(both.options) == [*expected, "int4-torch/8", "int4-torch/32"]
+    expected = ["fp32-blocks", "fp32-torch/32", "fp32-torch/8", "bf16-torch/32", "bf16-torch/8"]
+    assert _labels(both.options) == [*expected, "int4-torch/32", "int4-torch/8"]
     # fp32-rows: the same kernel on five times the bytes
     no_gguf = decide("auto", KERNEL_ON, has_gguf=False, blocks=(8,), ladders=False, int4=INT4_OFF)
     assert _labels(no_gguf.options) == ["fp32-rows", "fp32-torch/8", "bf16-torch/8"]
     forced = decide("bf16-torch", KERNEL_ON, has_gguf=True, blocks=(8, 16))
     assert (
-        _labels(forced.options) == ["bf16-torch/1-8", "bf16-torch/1-16"]
+        _labels(forced.options) == ["bf16-torch/1-16", "bf16-torch/1-8"]
         and forced.reason == "set by --compute"
     )
     assert _labels(decide("int4-torch", KERNEL_ON, has_gguf=True, blocks=(1,)).options) == ["int4-torch/1"]

@@ -29,10 +29,11 @@ whoever else is running.
 
 `auto` times every path this process can run (`fp32-rows` only where there are no GGUF blocks: it
 is `fp32-blocks` reading five times the bytes), the PyTorch ones at each of BLOCK_ROWS as a ladder
-and as a block alone, on the model's own matrices at start (`probe`: a decode step's linear layers
-at PROBE_ROWS rows, a PyTorch path at the row counts it would call), and keeps the fastest that is
-batch-invariant (its row counts checked, the slower ones only where a faster one fails its check);
-a forced PyTorch path picks its sizes the same way. No CPU flag decides.
+(a block alone where the ladder fails its check), on the model's own matrices at start (`probe`: a
+decode step's linear layers at PROBE_ROWS rows, a PyTorch path at the row counts it would call, a
+token's time at each summed), and keeps the fastest that is batch-invariant (its row counts
+checked, the slower ones only where a faster one fails its check; times within TIE of the fastest
+taken in order); a forced PyTorch path picks its sizes the same way. No CPU flag decides.
 
 This module imports no torch: the command line reads its choices.
 """
@@ -173,9 +174,10 @@ def unavailable(
 def library_options(path: ComputePath, blocks: tuple[int, ...], ladders: bool) -> list[Choice]:
     """A PyTorch path's options: at each of `blocks` as a ladder (where `ladders` and the block is
     above 1 row; `probe` tries the block alone where the ladder fails its check), else as a block
-    alone."""
+    alone; the largest block first, so that a tie goes to it: a ladder multiplies as a smaller one
+    does up to the smaller's block, and more rows in products of its own larger size."""
     options = []
-    for block in blocks:
+    for block in sorted(blocks, reverse=True):
         options.append(Choice(path, block, laddered=ladders and block > 1))
     return options
 
