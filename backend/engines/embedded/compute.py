@@ -251,12 +251,11 @@ def probe(
     step's linear layers at `count` rows and returns its estimate of a whole step's, in seconds
     (the best of `repeats`, measured once per path and row count); an option's time is the sum over
     `rows` of a token's time there, its step over the rows (a PyTorch path's step: its products at
-    the row counts it calls, Choice.step_rows). An
-    option is left unfinished once its sum so far passes the fastest whole one's by more than TIE
-    (its time is then that partial sum, marked slower in `probe_reason`). Options within TIE of the
-    fastest are taken in `options`' order, the rest fastest first; from the first on, a PyTorch
-    path must pass `check(option)` (a list of what differs, empty where nothing does). A ladder that
-    fails gives way to its block alone, timed then and ranked among the rest by its time."""
+    the row counts it calls, Choice.step_rows). An option is left unfinished once its sum so far
+    passes the fastest whole one's by more than TIE (its time is then that partial sum, marked
+    slower in `probe_reason`). From the first `_ranked` on, a PyTorch path must pass
+    `check(option)` (a list of what differs, empty where nothing does). A ladder that fails gives
+    way to its block alone, timed then and ranked among the rest by its time."""
     times: dict[str, float] = {}
     finished: list[Choice] = []
     measured: dict[tuple[str, int], float] = {}
@@ -280,13 +279,7 @@ def probe(
         if timed(option, best * (1 + TIE)):
             finished.append(option)
     unfinished = {option.label for option in options} - {option.label for option in finished}
-    # Those within TIE of the fastest in the options' order, then the other timed ones fastest
-    # first, then those left unfinished (by their sums so far): a slower option is checked only
-    # where every faster one failed.
-    fastest = min((times[option.label] for option in finished), default=float("inf"))
-    ranked = [option for option in finished if times[option.label] <= fastest * (1 + TIE)]
-    ranked += sorted((o for o in finished if o not in ranked), key=lambda option: times[option.label])
-    ranked += sorted((o for o in options if o.label in unfinished), key=lambda option: times[option.label])
+    ranked = _ranked(options, finished, times)
     failed: list[str] = []
     while ranked:
         option = ranked.pop(0)
@@ -302,6 +295,17 @@ def probe(
             at = next((i for i, o in enumerate(ranked) if times[o.label] > times[alone.label]), len(ranked))
             ranked.insert(at, alone)
     return Probe(None, times, unfinished, failed, rows=rows)
+
+
+def _ranked(options: tuple[Choice, ...], finished: list[Choice], times: dict[str, float]) -> list[Choice]:
+    """The order `probe` checks options in: those timed whole within TIE of the fastest in the
+    options' order, then the other timed ones fastest first, then those left unfinished (by their
+    sums so far): a slower option is checked only where every faster one failed."""
+    fastest = min((times[option.label] for option in finished), default=float("inf"))
+    ranked = [option for option in finished if times[option.label] <= fastest * (1 + TIE)]
+    ranked += sorted((o for o in finished if o not in ranked), key=lambda option: times[option.label])
+    left = [option for option in options if option not in finished]
+    return ranked + sorted(left, key=lambda option: times[option.label])
 
 
 def probe_reason(setting: str, found: Probe, took: float) -> str:
