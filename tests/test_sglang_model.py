@@ -107,7 +107,8 @@ def test_no_model_with_the_hub_gone_is_its_cached_copy_else_the_bundled_one(
     hub.stop()  # the port now refuses, as an unreachable hub
     cached = resolve_in_child("", tmp_path, endpoint)
     assert Path(cached["path"], "model.safetensors").is_file() and "/hf/hub/" in cached["path"], cached
-    assert cached["note"].startswith(f"{REPO_ID} from the hub cache: the Hugging Face Hub at {endpoint}")
+    note = f"{REPO_ID} from the hub cache ({cached['path']}): the Hugging Face Hub at {endpoint}"
+    assert cached["note"].startswith(note), cached
     assert "cannot be reached" in cached["note"], cached
     shutil.rmtree(tmp_path / "hf")
     folder = fake_bundled(tmp_path)

@@ -87,6 +87,22 @@ def ask_hub(repo_id: str) -> tuple[str, str]:
     return "found", ""
 
 
+def hub_or_cache(repo_id: str) -> tuple[SGLangModel | None, str, str]:
+    """`repo_id` from the hub where it answers, else its hub cache copy (None where neither has it),
+    with what the hub said (ask_hub's state and why)."""
+    state, why = ask_hub(repo_id)
+    if state == "found":
+        return SGLangModel(repo_id), state, why
+    cached = hub_cached(repo_id)
+    if cached is not None:
+        return (
+            SGLangModel(str(cached), f"{repo_id} from the hub cache ({cached}): the Hugging Face Hub {why}"),
+            state,
+            why,
+        )
+    return None, state, why
+
+
 def hub_cached(repo_id: str) -> Path | None:
     """The hub cache's copy of `repo_id` (HF_HOME), where it has config.json and weights."""
     try:
@@ -154,12 +170,9 @@ def resolve(model: str, on_status: Callable[[str], None] = lambda s: None) -> SG
         raise ModelNotFound(
             f"--model {model!r}: no such folder ({path.absolute()}), and not a hub id (owner/name)"
         )
-    state, why = ask_hub(model)
-    if state == "found":
-        return SGLangModel(model)
-    cached = hub_cached(model)
-    if cached is not None:
-        return SGLangModel(str(cached), f"{model} from the hub cache ({cached}): the Hugging Face Hub {why}")
+    found, state, why = hub_or_cache(model)
+    if found is not None:
+        return found
     if state == "absent":
         raise ModelNotFound(
             f"--model {model!r} cannot be found: not a folder here, and the Hugging Face Hub at "
@@ -175,12 +188,9 @@ def resolve(model: str, on_status: Callable[[str], None] = lambda s: None) -> SG
 def default_model(on_status: Callable[[str], None] = lambda s: None) -> SGLangModel:
     """SmolLM2-135M-Instruct: from the hub where it answers, else its hub cache copy, else the bundled
     one converted locally; ModelNotFound naming all three where none is there."""
-    state, why = ask_hub(DEFAULT_MODEL_ID)
-    if state == "found":
-        return SGLangModel(DEFAULT_MODEL_ID)
-    cached = hub_cached(DEFAULT_MODEL_ID)
-    if cached is not None:
-        return SGLangModel(str(cached), f"{DEFAULT_MODEL_ID} from the hub cache: the Hugging Face Hub {why}")
+    found, _, why = hub_or_cache(DEFAULT_MODEL_ID)
+    if found is not None:
+        return found
     try:
         folder = bundled_copy(on_status=on_status)
     except ModelNotFound as exc:
