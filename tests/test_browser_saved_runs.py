@@ -49,6 +49,17 @@ def generate(page: Page, prompt: str, n: int, max_tokens: int, seed: int) -> Non
     expect(page.locator("#status")).to_contain_text("finished", timeout=30_000)
 
 
+def download_run(page: Page, path: Path) -> Path:
+    """Press Download run, follow the link the page shows and save the file at `path`."""
+    page.locator("#download-run").click()
+    link = page.locator("#run-file a[href*='.json']").first
+    expect(link).to_be_visible(timeout=15_000)
+    with page.expect_download() as download:
+        link.click()
+    download.value.save_as(path)
+    return path
+
+
 def upload(page: Page, path: Path) -> None:
     with page.expect_file_chooser() as chooser:
         page.locator("#replay-run").click()
@@ -60,13 +71,7 @@ def test_download_a_run_then_upload_it_to_see_it_replayed(page: Page, tmp_path: 
     generated = column_texts(page, 3)
     assert all(generated)
 
-    page.locator("#download-run").click()
-    link = page.locator("#run-file a[href*='.json']").first
-    expect(link).to_be_visible(timeout=15_000)
-    with page.expect_download() as download:
-        link.click()
-    saved_path = tmp_path / "run.json"
-    download.value.save_as(saved_path)
+    saved_path = download_run(page, tmp_path / "run.json")
     saved = parse_saved_run(saved_path.read_bytes())
     assert saved.prompt == "Tell me about lighthouses." and saved.n == 3 and saved.params.seed == 5
     assert [sample.text for sample in saved.samples] == generated
@@ -232,13 +237,7 @@ def test_a_tree_of_runs_keeps_its_lineage_downloads_whole_and_replays_in_order(
     expect(page.locator(f"{TREE}.earlier")).to_have_count(5)  # two earlier runs now
     expect_hanging(page, first[1][:20], 2)
 
-    page.locator("#download-run").click()
-    link = page.locator("#run-file a[href*='.json']").first
-    expect(link).to_be_visible(timeout=15_000)
-    with page.expect_download() as download:
-        link.click()
-    saved_path = tmp_path / "tree.json"
-    download.value.save_as(saved_path)
+    saved_path = download_run(page, tmp_path / "tree.json")
     runs = parse_saved_runs(saved_path.read_bytes())
     assert [run.prefix for run in runs] == ["", first[0], first[1]]
     assert [run.continues for run in runs] == [None, Continues(0, first[0]), Continues(0, first[1])]

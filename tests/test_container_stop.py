@@ -72,6 +72,18 @@ def start_app(tmp_path: Path, engine: str, mark: str, **env: str) -> tuple[subpr
     return process, url
 
 
+def sigterm_and_wait_gone(process: subprocess.Popen[bytes], mark: str) -> float:
+    """Send `process` SIGTERM, as a container stop does, and wait until no process carrying `mark` is
+    left, failing past CONTAINER_GRACE_S; the seconds that took."""
+    signalled = time.monotonic()
+    process.send_signal(signal.SIGTERM)
+    while left := marked(mark):
+        took = time.monotonic() - signalled
+        assert took < CONTAINER_GRACE_S, f"still running {took:.1f} s after SIGTERM: {left}"
+        time.sleep(0.1)
+    return time.monotonic() - signalled
+
+
 def backend_health(port: int) -> dict:
     with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=10) as response:
         return json.loads(response.read())
@@ -120,13 +132,7 @@ def test_app_py_and_every_child_are_gone_within_a_containers_grace(
                 assert time.monotonic() < deadline, "the columns did not start streaming"
                 time.sleep(0.2)
             assert not job.done()
-        signalled = time.monotonic()
-        process.send_signal(signal.SIGTERM)
-        while left := marked(mark):
-            took = time.monotonic() - signalled
-            assert took < CONTAINER_GRACE_S, f"still running {took:.1f} s after SIGTERM: {left}"
-            time.sleep(0.1)
-        took = time.monotonic() - signalled
+        took = sigterm_and_wait_gone(process, mark)
         print(
             f"{engine} ({'streaming' if running else 'idle'}): every process gone {took:.1f} s after SIGTERM"
         )
@@ -158,14 +164,8 @@ def test_python_m_backend_stops_the_server_it_launched_on_sigterm(tmp_path: Path
         assert backend_health(port)["engine_state"] == "ready", backend_health(port)
         launched = [pid for pid, command in marked(mark) if "sglang.launch_server" in command]
         assert launched, marked(mark)
-        signalled = time.monotonic()
-        process.send_signal(signal.SIGTERM)
-        while left := marked(mark):
-            took = time.monotonic() - signalled
-            assert took < CONTAINER_GRACE_S, f"still running {took:.1f} s after SIGTERM: {left}"
-            time.sleep(0.1)
+        took = sigterm_and_wait_gone(process, mark)
         assert process.wait(5) == 0, (tmp_path / "backend.log").read_text()
-        took = time.monotonic() - signalled
         print(f"python -m backend: it and its launched server gone {took:.1f} s after SIGTERM")
     finally:
         with contextlib.suppress(ProcessLookupError):
