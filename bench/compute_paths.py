@@ -7,7 +7,8 @@ with one 40-token prompt, then decode steps of `Llama.decode`; per n the median 
 them, and tokens/s of decode alone (n / step). The engine line's label says which row counts the
 path settled on.
 
-Usage: python -m bench.compute_paths [--paths int4-torch,bf16-torch,fp32-blocks] [--ns 1,8,32] [--steps 10]
+Usage: python -m bench.compute_paths [--paths int8-exact,int4-torch,bf16-torch,fp32-blocks] [--ns 1,8,32]
+                                     [--steps 10]
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ from typing import Any
 
 import torch
 
-from backend.engines.embedded import decode_ops, int4, model
+from backend.engines.embedded import decode_ops, int4, int8, model
 from backend.engines.embedded import linear as engine_linear
 from backend.engines.embedded.child import build_scheduler
 from backend.engines.embedded.compute import PATHS, unavailable
@@ -84,7 +85,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    parser.add_argument("--paths", default="int4-torch,bf16-torch,fp32-blocks")
+    parser.add_argument("--paths", default="int8-exact,int4-torch,bf16-torch,fp32-blocks")
     parser.add_argument("--ns", default="1,8,32")
     parser.add_argument("--steps", type=int, default=10)
     args = parser.parse_args()
@@ -95,7 +96,9 @@ def main() -> None:
     )
     ns = [int(n) for n in args.ns.split(",")]
     for name in args.paths.split(","):
-        why = unavailable(PATHS[name], engine_linear.kernel_status(), True, int4.available())
+        why = unavailable(
+            PATHS[name], engine_linear.kernel_status(), True, int4.available(), int8.available()
+        )
         if why is not None:
             print(f"{name}: does not run here ({why})", flush=True)
             continue

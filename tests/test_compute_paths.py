@@ -22,7 +22,7 @@ from websockets.asyncio.client import connect
 
 from backend.config.settings import Limits
 from backend.engines.base import Prompt
-from backend.engines.embedded import compute, int4
+from backend.engines.embedded import compute, int4, int8
 from backend.engines.embedded.engine import EmbeddedEngine
 from backend.engines.embedded.weights import resolve_model
 from backend.protocol import generate_frame
@@ -40,14 +40,14 @@ LOGPROB_TOLERANCE = {"float32": 0.02, "bfloat16": 0.3}
 @pytest.fixture(scope="module", params=list(compute.PATHS))
 def engine(request: pytest.FixtureRequest) -> Iterator[EmbeddedEngine]:
     path = compute.PATHS[request.param]
-    why = compute.unavailable(path, kernel_status_on_one_thread(), True, int4.available())
+    why = compute.unavailable(path, kernel_status_on_one_thread(), True, int4.available(), int8.available())
     if why is not None:
         pytest.skip(f"{path.name} does not run here: {why}")
     engine = EmbeddedEngine(compute=path.name, max_rows=16, context=512)
     engine.load()
     health = engine.health()
     assert health["compute_path"] == path.name and health["compute_why"].startswith("set by --compute")
-    assert health["batch_invariant"] is (path.rows_kernel or health["compute_block"] is not None)
+    assert health["batch_invariant"] is (path.any_rows or health["compute_block"] is not None)
     yield engine
     engine.shutdown()
 

@@ -18,7 +18,7 @@ import pytest
 import torch
 
 from backend.engines.base import template_token_ids
-from backend.engines.embedded import compute, decode_ops, int4
+from backend.engines.embedded import compute, decode_ops, int4, int8
 from backend.engines.embedded import linear as engine_linear
 from backend.engines.embedded.model import Llama, LlamaConfig, RowCache
 from backend.engines.embedded.quantized import load_blocks
@@ -104,7 +104,7 @@ def test_greedy_tokens_agree_with_transformers_or_part_at_a_near_tie(name: str) 
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     path = compute.PATHS[name]
-    why = compute.unavailable(path, kernel_status_on_one_thread(), True, int4.available())
+    why = compute.unavailable(path, kernel_status_on_one_thread(), True, int4.available(), int8.available())
     if why is not None:
         pytest.skip(f"{name} does not run here: {why}")
     threads = torch.get_num_threads()

@@ -142,7 +142,7 @@ def _load_model(setup: WorkerSetup) -> tuple[Any, Any]:
     decision (taken again without the blocks where they could not be read)."""
     import torch
 
-    from backend.engines.embedded import compute, int4
+    from backend.engines.embedded import compute, int4, int8
     from backend.engines.embedded.linear import kernel_status
     from backend.engines.embedded.model import Llama, LlamaConfig
     from backend.engines.embedded.quantized import load_blocks
@@ -151,8 +151,10 @@ def _load_model(setup: WorkerSetup) -> tuple[Any, Any]:
     # No block (nor timed step) larger than the batch can be: the row cap.
     sizes = (setup.block_rows,) if setup.block_rows else compute.capped(compute.BLOCK_ROWS, setup.max_rows)
     ladders = not setup.block_rows  # a block set by the caller is used alone
-    can_int4 = int4.available()
-    decision = compute.decide(setup.compute, kernel_status(), bool(setup.gguf), sizes, ladders, can_int4)
+    can_int4, can_int8 = int4.available(), int8.available()
+    decision = compute.decide(
+        setup.compute, kernel_status(), bool(setup.gguf), sizes, ladders, can_int4, can_int8
+    )
     folder = Path(setup.folder)
     config = LlamaConfig.from_hf(read_config(folder))
     tensors = read_tensors(folder)
@@ -166,7 +168,9 @@ def _load_model(setup: WorkerSetup) -> tuple[Any, Any]:
                 raise ValueError(
                     f"--compute fp32-blocks cannot run: the GGUF's blocks could not be read ({exc})"
                 ) from None
-            decision = compute.decide(setup.compute, kernel_status(), False, sizes, ladders, can_int4)
+            decision = compute.decide(
+                setup.compute, kernel_status(), False, sizes, ladders, can_int4, can_int8
+            )
     return Llama(config, tensors, torch.float32, blocks), decision
 
 
@@ -176,17 +180,19 @@ def _set_up_compute(model: Any, decision: Any, setup: WorkerSetup) -> tuple[Any,
     the engine line's words for why, and the linear layers' description."""
     import torch
 
-    from backend.engines.embedded import decode_ops, fixed_rows
+    from backend.engines.embedded import decode_ops, fixed_rows, int8
     from backend.engines.embedded.linear import configure
 
     choice, reason = decision.choice, decision.reason
     if decision.options:
         choice, reason = _probe(model, decision, setup, configure, fixed_rows.check)
     linear_path = configure(allow=choice.path.rows_kernel, sizes=choice.sizes)
+    if choice.path.int8:
+        linear_path = int8.describe()
     decode_ops.configure()
     if not choice.path.gguf_blocks:
         model.drop_blocks()
-    model.cast(getattr(torch, choice.path.dtype), choice.path.int4)
+    model.cast(getattr(torch, choice.path.dtype), choice.path.int4, choice.path.int8)
     quantized, dense = model.block_bytes()
     if quantized:
         linear_path += (
@@ -215,7 +221,9 @@ def _probe(
         return model.probe_step(option.path, rows)
 
     def rows_check(option: compute.Choice) -> list[str]:
-        *layers, output = model.probe_weights(getattr(torch, option.path.dtype), option.path.int4)
+        *layers, output = model.probe_weights(
+            getattr(torch, option.path.dtype), option.path.int4, option.path.int8
+        )
         return check(option.sizes, [*layers[0].values(), output["output"]])
 
     started = time.perf_counter()

@@ -13,6 +13,11 @@ The paths (`--compute`, environment EMBEDDED_COMPUTE):
 - `int4-torch`: the weights in 4-bit groups of 32 (int4.py; the bundled GGUF's Q4_1 steps exactly)
   through PyTorch's int4 weight-only product, bfloat16 rows in and out: 84 MB read a step where
   bf16-torch reads 270 MB. Needs a torch with that product and its AVX2 or AVX-512 kernels.
+- `int8-exact`: the weights, and each step's rows, turned by a Hadamard matrix and rounded to int8
+  (int8.py), their products summed in int32, which is exact: a row's values are the same at any row
+  count, with no block to check (the C part int8_rows.c for a few rows, `torch._int_mm` beyond where
+  it is exact here, oneDNN's VNNI or AMX kernels). 0.006 nats a token from float32 on the README's
+  text (the output layer in int8 too). Needs the C parts and an AVX2 CPU (or a non-x86 one).
 
 Every path keeps its activations in float32 and runs the ops between the linear layers row by row
 (decode_ops.c where built, else PyTorch on one row at a time), with each row attending to its own
@@ -57,6 +62,14 @@ class ComputePath:
     """The rows kernel multiplies the GGUF's quantized blocks rather than float32 weights."""
     int4: bool = False
     """The weights are held in 4-bit groups (int4.py); `dtype` is then the product's rows' dtype."""
+    int8: bool = False
+    """The weights and a step's rows are held in int8 (int8.py), multiplied exactly: batch-invariant
+    at any row count, like the rows kernel."""
+
+    @property
+    def any_rows(self) -> bool:
+        """Whether a row's values do not depend on the row count at all (no block to check)."""
+        return self.rows_kernel or self.int8
 
 
 PATHS: dict[str, ComputePath] = {
@@ -67,6 +80,7 @@ PATHS: dict[str, ComputePath] = {
         ComputePath("fp32-torch", "float32", rows_kernel=False, gguf_blocks=False),
         ComputePath("bf16-torch", "bfloat16", rows_kernel=False, gguf_blocks=False),
         ComputePath("int4-torch", "bfloat16", rows_kernel=False, gguf_blocks=False, int4=True),
+        ComputePath("int8-exact", "float32", rows_kernel=False, gguf_blocks=False, int8=True),
     )
 }
 """Every path, by its `--compute` name."""
@@ -124,9 +138,9 @@ class Choice:
 
     @property
     def batch_invariant(self) -> bool:
-        """Whether a row's values do not depend on the rows computed beside it: the rows kernel, or a
-        library product at a block size checked at start."""
-        return self.path.rows_kernel or self.block is not None
+        """Whether a row's values do not depend on the rows computed beside it: the rows kernel, the
+        exact int8 products, or a library product at a block size checked at start."""
+        return self.path.any_rows or self.block is not None
 
     @property
     def label(self) -> str:
@@ -155,19 +169,26 @@ def check_setting(name: str) -> str:
 
 
 INT4_OK = (True, "")
+INT8_OK = (True, "")
 
 
 def unavailable(
-    path: ComputePath, kernel: tuple[bool, str], has_gguf: bool, int4: tuple[bool, str] = INT4_OK
+    path: ComputePath,
+    kernel: tuple[bool, str],
+    has_gguf: bool,
+    int4: tuple[bool, str] = INT4_OK,
+    int8: tuple[bool, str] = INT8_OK,
 ) -> str | None:
     """Why `path` cannot run in this process (None where it can): `kernel` is linear.kernel_status(),
-    `int4` int4.available()."""
+    `int4` int4.available(), `int8` int8.available()."""
     if path.rows_kernel and not kernel[0]:
         return kernel[1].removeprefix("PyTorch ").strip("()")
     if path.gguf_blocks and not has_gguf:
         return "the model did not come from a GGUF"
     if path.int4 and not int4[0]:
         return int4[1]
+    if path.int8 and not int8[0]:
+        return int8[1]
     return None
 
 
@@ -198,28 +219,30 @@ def decide(
     blocks: tuple[int, ...] = BLOCK_ROWS,
     ladders: bool = True,
     int4: tuple[bool, str] = INT4_OK,
+    int8: tuple[bool, str] = INT8_OK,
 ) -> Decision:
     """What `--compute setting` runs: a forced rows-kernel path where it can (ValueError saying why
     not where it cannot), a forced PyTorch path at each of `blocks` (to be timed and checked by
     `probe`); for `auto` every path that can run, the PyTorch ones at each of `blocks`, each as a
-    ladder (where `ladders`) and alone (library_options). `int4` is int4.available()."""
+    ladder (where `ladders`) and alone (library_options). `int4` is int4.available(), `int8`
+    int8.available()."""
     check_setting(setting)
     if any(block < 1 for block in blocks) or not blocks:
         raise ValueError(f"block sizes must be at least 1 row, got {blocks}")
     if setting != "auto":
         path = PATHS[setting]
-        why = unavailable(path, kernel, has_gguf, int4)
+        why = unavailable(path, kernel, has_gguf, int4, int8)
         if why is not None:
             raise ValueError(f"--compute {setting} cannot run here: {why}")
-        if path.rows_kernel:
+        if path.any_rows:
             return Decision(Choice(path), (), "set by --compute")
         return Decision(Choice(path), tuple(library_options(path, blocks, ladders)), "set by --compute")
     options: list[Choice] = []
     for path in PATHS.values():
         if path.name == "fp32-rows" and unavailable(PATHS["fp32-blocks"], kernel, has_gguf) is None:
             continue  # the same kernel and values from five times the bytes: never the faster
-        if unavailable(path, kernel, has_gguf, int4) is None:
-            options.extend([Choice(path)] if path.rows_kernel else library_options(path, blocks, ladders))
+        if unavailable(path, kernel, has_gguf, int4, int8) is None:
+            options.extend([Choice(path)] if path.any_rows else library_options(path, blocks, ladders))
     return Decision(options[0], tuple(options), "auto")
 
 

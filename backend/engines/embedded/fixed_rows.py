@@ -27,13 +27,15 @@ import torch
 
 from backend.engines.embedded.compute import chunks
 from backend.engines.embedded.int4 import Int4Matrix
+from backend.engines.embedded.int8 import Int8Matrix
 
 FILLS = 4
 """Products per matrix and row count the check runs (see `check`)."""
 
 
-Weight = torch.Tensor | Int4Matrix
-"""What a product multiplies by: a weight tensor [N, K], or the same in 4-bit groups (int4.py)."""
+Weight = torch.Tensor | Int4Matrix | Int8Matrix
+"""What a product multiplies by: a weight tensor [N, K], or the same in 4-bit groups (int4.py) or in
+int8 (int8.py, which needs no fixed row counts)."""
 
 
 def product(out: torch.Tensor, x: torch.Tensor, weight: Weight) -> None:

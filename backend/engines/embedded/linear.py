@@ -15,7 +15,7 @@ whether it can and why not. Where it does not, a decode step's products go to Py
 checked block of rows, or checked row counts up to it (`configure(sizes=...)`, fixed_rows.py), so
 that they are batch-invariant too. Weights of another dtype than the float32 activations (bfloat16,
 or 4-bit groups: int4.py, whose product takes and gives bfloat16) take their input cast to it and
-give float32 back.
+give float32 back. Weights in int8 (int8.py) multiply any number of rows exactly, with no block.
 """
 
 from __future__ import annotations
@@ -25,6 +25,7 @@ import torch.nn.functional as F
 
 from backend.engines.embedded.fixed_rows import FixedRows, Weight
 from backend.engines.embedded.int4 import Int4Matrix
+from backend.engines.embedded.int8 import Int8Matrix
 from backend.engines.embedded.quantized import PackedMatrix
 
 try:
@@ -116,6 +117,8 @@ def _library(x: torch.Tensor, weight: Weight, step: bool) -> torch.Tensor:
     """x @ weight^T in PyTorch, float32 out: a decode step's (`step`) at the checked row counts
     where set."""
     k = weight.shape[1]
+    if isinstance(weight, Int8Matrix):  # exact at any row count: no block
+        return weight.product(x.reshape(-1, k)).reshape(*x.shape[:-1], weight.shape[0])
     if step and _fixed is not None:
         out = _fixed.linear(x.reshape(-1, k), weight)
         return out.reshape(*x.shape[:-1], weight.shape[0])
@@ -128,7 +131,7 @@ def _library(x: torch.Tensor, weight: Weight, step: bool) -> torch.Tensor:
 
 def _kernel_rows(x: torch.Tensor, weight: Weight, any_rows: bool) -> torch.Tensor | None:
     """x as contiguous [rows, K] where the kernel takes the product, else None."""
-    if not _enabled or isinstance(weight, Int4Matrix):
+    if not _enabled or isinstance(weight, Int4Matrix | Int8Matrix):
         return None
     if x.dtype != torch.float32 or weight.dtype != torch.float32:
         return None

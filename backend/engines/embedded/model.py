@@ -8,9 +8,9 @@ computed); `decode` advances every row by one token in a single batch. Weights a
 fused (q, k and v in one matrix; gate and up in another) so a layer is a handful of large matmuls.
 Given the same weights as GGUF blocks (`quantized.read_blocks`), each matrix keeps them beside its
 float32 tensor, fused the same way and packed for the rows kernel (`BlockMatrix.packed`), and
-`linear` multiplies few rows from those. The weight matrices may be bfloat16, or 4-bit groups with
-the output layer in bfloat16 (`cast`, int4.py); activations, norms and the cache are float32
-whatever the weights' form.
+`linear` multiplies few rows from those. The weight matrices may be bfloat16, 4-bit groups with
+the output layer in bfloat16 (`cast`, int4.py), or int8 with the output layer in int8 too (int8.py);
+activations, norms and the cache are float32 whatever the weights' form.
 """
 
 from __future__ import annotations
@@ -27,6 +27,7 @@ import torch.nn.functional as F
 from backend.engines.embedded import decode_ops, pages
 from backend.engines.embedded.fixed_rows import Weight
 from backend.engines.embedded.int4 import Int4Matrix
+from backend.engines.embedded.int8 import Int8Matrix
 from backend.engines.embedded.linear import linear, linear_add
 from backend.engines.embedded.quantized import BlockMatrix, PackedMatrix, concat
 
@@ -332,7 +333,8 @@ class Llama:
         self.kv_size = config.kv_heads * config.head_dim
         self.scale = config.head_dim**-0.5
         self.int4 = False
-        self._probe_weights: dict[tuple[torch.dtype, bool], list[dict[str, Weight]]] = {}
+        self.int8 = False
+        self._probe_weights: dict[tuple[torch.dtype, bool, bool], list[dict[str, Weight]]] = {}
 
     @staticmethod
     def _layer_blocks(blocks: dict[str, BlockMatrix], prefix: str) -> dict[str, PackedMatrix]:
@@ -348,33 +350,41 @@ class Llama:
     MATRICES = ("qkv", "out", "gate_up", "down")
     """A layer's weight matrices, fused."""
 
-    def cast(self, dtype: torch.dtype, int4: bool = False) -> None:
+    def cast(self, dtype: torch.dtype, int4: bool = False, int8: bool = False) -> None:
         """Hold the weight matrices and the embedding in `dtype` from now on (norms stay float32; the
         GGUF's blocks, which are float32 weights, are freed unless `dtype` is float32); with `int4`,
         the layers' matrices in 4-bit groups instead (int4.py: the GGUF's Q4_1 steps come back
         exactly) and the output layer and embedding in `dtype`. The output layer is not made 4-bit:
         from the GGUF's Q8_0 it cost 0.06 nats a token on the README's text (top token agreeing with
-        float32 at 80 % of positions, against 99 % for the 4-bit layers). The probe's copies
-        (`probe_weights`) are freed too."""
+        float32 at 80 % of positions, against 99 % for the 4-bit layers). With `int8`, the layers'
+        matrices and the output layer in int8 (int8.py), the embedding kept in `dtype` beside it.
+        The probe's copies (`probe_weights`) are freed too."""
         self._probe_weights.clear()
-        if dtype == self.weight_dtype and int4 == self.int4:
+        if dtype == self.weight_dtype and int4 == self.int4 and int8 == self.int8:
             return
-        if dtype != torch.float32 or int4:
+        if dtype != torch.float32 or int4 or int8:
             self.drop_blocks()
         tied = self.lm_head is self.embed
         self.embed = self.embed.to(dtype)
-        self.lm_head = self.embed if tied else self.lm_head.to(dtype)
+        if int8:
+            self.lm_head = self._in_form(self.embed if tied else self.lm_head, dtype, int8=True)
+        else:
+            self.lm_head = self.embed if tied else self.lm_head.to(dtype)
         for layer in self.layers:
             for name in self.MATRICES:
-                setattr(layer, name, self._in_form(getattr(layer, name), dtype, int4))
+                setattr(layer, name, self._in_form(getattr(layer, name), dtype, int4, int8))
         self.weight_dtype = dtype
         self.int4 = int4
+        self.int8 = int8
 
     @staticmethod
-    def _in_form(matrix: Weight, dtype: torch.dtype, int4: bool) -> Weight:
-        """A layer's matrix (float32, or already in another form) as `dtype`, or in 4-bit groups."""
-        if isinstance(matrix, Int4Matrix):
-            raise ValueError("a model in 4-bit groups is not cast again")
+    def _in_form(matrix: Weight, dtype: torch.dtype, int4: bool = False, int8: bool = False) -> Weight:
+        """A layer's matrix (float32, or already in another form) as `dtype`, in 4-bit groups or in
+        int8."""
+        if isinstance(matrix, Int4Matrix | Int8Matrix):
+            raise ValueError("a model in 4-bit groups or int8 is not cast again")
+        if int8:
+            return Int8Matrix.quantize(matrix)
         return Int4Matrix.quantize(matrix) if int4 else matrix.to(dtype)
 
     def weight_bytes(self) -> int:
@@ -391,18 +401,21 @@ class Llama:
     """Layers whose products `probe_step` runs (with the output layer, about a third of a step's
     weights: enough to tell the paths apart)."""
 
-    def probe_weights(self, dtype: torch.dtype, int4: bool = False) -> list[dict[str, Weight]]:
+    def probe_weights(
+        self, dtype: torch.dtype, int4: bool = False, int8: bool = False
+    ) -> list[dict[str, Weight]]:
         """The first PROBE_LAYERS layers' matrices and the output layer ("output") in `dtype` (the
-        layers' in 4-bit groups with `int4`, as `cast` holds them): the model's own, or copies made
-        once where it holds them in another form."""
-        if (dtype, int4) not in self._probe_weights:
+        layers' in 4-bit groups with `int4`, theirs and the output layer's in int8 with `int8`, as
+        `cast` holds them): the model's own where it holds them in that form, else copies made once."""
+        if (dtype, int4, int8) not in self._probe_weights:
             layers: list[dict[str, Weight]] = [
-                {name: self._in_form(getattr(layer, name), dtype, int4) for name in self.MATRICES}
+                {name: self._in_form(getattr(layer, name), dtype, int4, int8) for name in self.MATRICES}
                 for layer in self.layers[: self.PROBE_LAYERS]
             ]
-            layers.append({"output": self.lm_head.to(dtype)})
-            self._probe_weights[dtype, int4] = layers
-        return self._probe_weights[dtype, int4]
+            output = self._in_form(self.lm_head, dtype, int8=True) if int8 else self.lm_head.to(dtype)
+            layers.append({"output": output})
+            self._probe_weights[dtype, int4, int8] = layers
+        return self._probe_weights[dtype, int4, int8]
 
     @torch.inference_mode()
     def probe_step(self, path: Any, rows: int) -> float:
@@ -414,7 +427,7 @@ class Llama:
         hidden = torch.ones(rows, c.hidden_size)
         inner = torch.ones(rows, c.intermediate_size)
         attended = torch.ones(rows, self.q_size)
-        *layers, output = self.probe_weights(getattr(torch, path.dtype), path.int4)
+        *layers, output = self.probe_weights(getattr(torch, path.dtype), path.int4, path.int8)
         started = time.perf_counter()
         for layer, weights in zip(self.layers, layers, strict=False):
             blocks = layer.blocks if path.gguf_blocks else {}
@@ -439,7 +452,7 @@ class Llama:
         if self.lm_head_blocks is not None:
             quantized += self.lm_head_blocks.nbytes
         else:
-            dense += self.lm_head.numel() * self.lm_head.element_size()
+            dense += _nbytes(self.lm_head)
         return quantized, dense
 
     def _mlp(self, x: torch.Tensor, layer: LayerWeights) -> torch.Tensor:
@@ -659,8 +672,8 @@ class Llama:
 
 
 def _nbytes(weight: Weight) -> int:
-    """Bytes a weight holds, a tensor or 4-bit groups."""
-    if isinstance(weight, Int4Matrix):
+    """Bytes a weight holds, a tensor, 4-bit groups or int8."""
+    if isinstance(weight, Int4Matrix | Int8Matrix):
         return weight.nbytes
     return weight.numel() * weight.element_size()
 

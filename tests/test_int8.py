@@ -1,0 +1,113 @@
+"""The int8-exact path's parts (int8.py, int8_rows.c): rows turned and rounded one by one, int8
+products summed exactly by the C part and by `torch._int_mm`, and a row's values the same at every
+row count and in every slot; the engine-level invariance runs in test_fixed_rows.py."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+import torch
+
+from backend.engines.embedded import int8
+from backend.engines.embedded.int8 import Int8Matrix, rotate_quantize
+
+pytestmark = pytest.mark.skipif(not int8.available()[0], reason=int8.available()[1])
+
+
+def _exact(matrix: Int8Matrix, x: torch.Tensor) -> torch.Tensor:
+    """What the product must give: the int8 rows times the steps summed in int64, times the row's
+    scale, rounded, times the weight row's, rounded."""
+    q, row_scales = rotate_quantize(x)
+    n, k = matrix.shape
+    steps = matrix.packed.permute(0, 2, 1, 3).reshape(-1, k)[:n]
+    return (q.long() @ steps.long().t()).float() * row_scales[:, None] * matrix.scales
+
+
+@pytest.mark.parametrize("k", [64, 576, 1536])
+def test_the_products_are_the_exact_integer_sums_at_the_largest_steps(k: int, monkeypatch: Any) -> None:
+    """Rows and weights whose turned values are all of one magnitude (a unit vector in each group
+    turns into +-1/8 everywhere: every step +-127, the largest sums there are), of both signs, beside
+    random ones, a weight count that is not whole groups of four (10): the C part up to eight rows,
+    `_int_mm` beyond where it is exact, and the C part at 17 rows too, give the int64 sums, scaled."""
+    generator = torch.Generator().manual_seed(k)
+    unit = torch.zeros(k)
+    unit[::64] = 1.0
+    weight = torch.randn(10, k, generator=generator)
+    weight[0], weight[1] = unit, -unit
+    matrix = Int8Matrix.quantize(weight)
+    assert matrix.packed.shape == (3, k // 32, 4, 32)
+    for rows in (1, 2, 5, 9, 17):
+        x = torch.randn(rows, k, generator=generator)
+        x[0], x[-1] = unit * 3, -unit
+        assert torch.equal(matrix.product(x), _exact(matrix, x)), rows
+    monkeypatch.setattr(int8, "C_MAX_ROWS", 64)
+    x = torch.randn(17, k, generator=generator)
+    assert torch.equal(matrix.product(x), _exact(matrix, x))
+
+
+def test_rows_are_turned_and_rounded_each_alone_and_multiply_as_their_weights() -> None:
+    generator = torch.Generator().manual_seed(0)
+    weight = torch.randn(384, 576, generator=generator) * 0.05
+    weight[:, 7] *= 40  # an outlying column, as the model's activations have
+    matrix = Int8Matrix.quantize(weight)
+    assert matrix.shape == (384, 576)
+    kept = 384 * 576 if matrix.steps is not None else 0
+    assert matrix.nbytes == 384 * 576 + kept + 384 * 4
+    assert (matrix.dequantize() - weight).norm() / weight.norm() < 0.01
+    x = torch.randn(9, 576, generator=generator)
+    x[:, 3] *= 50
+    q, scales = rotate_quantize(x)
+    for row in range(9):
+        alone_q, alone_scale = rotate_quantize(x[row : row + 1])
+        assert torch.equal(alone_q[0], q[row]) and torch.equal(alone_scale[0], scales[row])
+    reference = x @ weight.t()
+    assert (matrix.product(x) - reference).norm() / reference.norm() < 0.02
+    with pytest.raises(ValueError, match="not whole groups of 64"):
+        rotate_quantize(torch.randn(2, 100))
+
+
+def test_a_rows_values_are_the_same_at_every_row_count_and_slot() -> None:
+    """Row counts 1 to 40 (the C part's and `_int_mm`'s where it is exact), the row in every slot
+    beside random rows of two scales and zeros: the same bits as the row alone."""
+    generator = torch.Generator().manual_seed(2)
+    matrix = Int8Matrix.quantize(torch.randn(960, 576, generator=generator) * 0.05)
+    row = torch.randn(576, generator=generator)
+    alone = matrix.product(row[None])[0]
+    for rows in range(1, 41):
+        for scale in (1.0, 100.0, 0.0):
+            x = torch.randn(rows, 576, generator=generator) * scale
+            slots = range(rows) if rows <= 8 else (0, rows // 2, rows - 1)
+            for slot in slots:
+                x[slot] = row
+            out = matrix.product(x)
+            assert all(torch.equal(out[slot], alone) for slot in slots), (rows, scale)
+
+
+def test_a_saturating_int_mm_is_found_and_the_c_part_takes_every_row(monkeypatch: Any) -> None:
+    """Where `_int_mm` adds products in 16 bits (oneDNN's AVX2 kernel: the rows shifted to unsigned
+    bytes, pairs of products summed with saturation, the shift taken off after), the check at start
+    finds it, and every row count goes to the C part: the same sums as the exact ones."""
+    real = torch._int_mm
+
+    def saturating(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+        shifted = a.long()[:, :, None] + 128
+        pairs = (shifted * b.long()[None, :, :]).reshape(a.shape[0], -1, 2, b.shape[1])
+        sums = pairs.sum(2).clamp(-32768, 32767).sum(1) - 128 * b.long().sum(0)
+        return sums.to(torch.int32)
+
+    int8.int_mm_exact.cache_clear()
+    monkeypatch.setattr(torch, "_int_mm", saturating)
+    try:
+        assert not int8.int_mm_exact()
+        assert "by the C part" in int8.describe()
+        generator = torch.Generator().manual_seed(3)
+        matrix = Int8Matrix.quantize(torch.randn(64, 576, generator=generator))
+        assert matrix.steps is None  # not kept where _int_mm is not used
+        x = torch.randn(12, 576, generator=generator)
+        assert torch.equal(matrix.product(x), _exact(matrix, x))
+    finally:
+        monkeypatch.setattr(torch, "_int_mm", real)
+        int8.int_mm_exact.cache_clear()
+    if int8.int_mm_exact():
+        assert "torch._int_mm beyond" in int8.describe()
