@@ -15,13 +15,16 @@ from ui.engine_info import engine_line
 KERNEL_ON = (True, "rows kernel (AVX2) up to 64 rows, PyTorch beyond")
 KERNEL_OFF = (False, "PyTorch (the rows kernel's C part is not built)")
 INT4_OFF = (False, "this torch (2.1.0) has no _weight_int4pack_mm_for_cpu")
+INT8_OFF = (False, "the int8 products' C part is not built")
 
 
 def test_the_rows_kernel_is_batch_invariant_as_it_is_and_a_library_path_at_a_block() -> None:
     assert {name for name, path in PATHS.items() if Choice(path).batch_invariant} == {
         "fp32-blocks",
         "fp32-rows",
+        "int8-exact",
     }
+    assert Choice(PATHS["int8-exact"]).step_rows(17) == [17] and Choice(PATHS["int8-exact"]).sizes == ()
     assert Choice(PATHS["bf16-torch"], 16).batch_invariant and Choice(PATHS["fp32-torch"], 8).batch_invariant
     assert Choice(PATHS["bf16-torch"], 16).label == "bf16-torch/16"
     assert Choice(PATHS["bf16-torch"], 8).step_rows(17) == [8, 8, 8]
@@ -41,10 +44,14 @@ def _labels(options: tuple[Choice, ...]) -> list[str]:
 def test_auto_times_every_path_it_can_run_the_library_ones_at_each_block() -> None:
     both = decide("auto", KERNEL_ON, has_gguf=True, blocks=(8, 32), ladders=False)
     expected = ["fp32-blocks", "fp32-torch/32", "fp32-torch/8", "bf16-torch/32", "bf16-torch/8"]
-    assert _labels(both.options) == [*expected, "int4-torch/32", "int4-torch/8"]
+    assert _labels(both.options) == [*expected, "int4-torch/32", "int4-torch/8", "int8-exact"]
     # fp32-rows: the same kernel on five times the bytes
-    no_gguf = decide("auto", KERNEL_ON, has_gguf=False, blocks=(8,), ladders=False, int4=INT4_OFF)
+    no_gguf = decide(
+        "auto", KERNEL_ON, has_gguf=False, blocks=(8,), ladders=False, int4=INT4_OFF, int8=INT8_OFF
+    )
     assert _labels(no_gguf.options) == ["fp32-rows", "fp32-torch/8", "bf16-torch/8"]
+    # int8-exact needs no block: forced, nothing to time or check
+    assert decide("int8-exact", KERNEL_ON, has_gguf=True).options == ()
     forced = decide("bf16-torch", KERNEL_ON, has_gguf=True, blocks=(8, 16))
     assert (
         _labels(forced.options) == ["bf16-torch/1-16", "bf16-torch/1-8"]
@@ -58,7 +65,12 @@ def test_auto_times_every_path_it_can_run_the_library_ones_at_each_block() -> No
 
 def test_auto_without_the_kernel_times_the_library_paths() -> None:
     decision = decide("auto", KERNEL_OFF, has_gguf=True, blocks=(16,))
-    assert _labels(decision.options) == ["fp32-torch/1-16", "bf16-torch/1-16", "int4-torch/1-16"]
+    assert _labels(decision.options) == [
+        "fp32-torch/1-16",
+        "bf16-torch/1-16",
+        "int4-torch/1-16",
+        "int8-exact",
+    ]
 
 
 def test_a_forced_path_that_cannot_run_is_refused_with_the_reason() -> None:
@@ -66,6 +78,8 @@ def test_a_forced_path_that_cannot_run_is_refused_with_the_reason() -> None:
         decide("fp32-blocks", KERNEL_OFF, has_gguf=True)
     with pytest.raises(ValueError, match="did not come from a GGUF"):
         decide("fp32-blocks", KERNEL_ON, has_gguf=False)
+    with pytest.raises(ValueError, match="--compute int8-exact cannot run here: the int8 products' C part"):
+        decide("int8-exact", KERNEL_ON, has_gguf=True, int8=INT8_OFF)
     with pytest.raises(ValueError, match="must be one of auto, fp32-blocks"):
         decide("float16", KERNEL_ON, has_gguf=True)
     assert decide("bf16-torch", KERNEL_OFF, has_gguf=False).choice.path.name == "bf16-torch"

@@ -236,10 +236,13 @@ def test_a_gguf_that_cannot_be_read_leaves_the_engine_on_its_float32_weights(
         engine_linear.configure()
     assert "the GGUF's blocks could not be read" in caplog.text
     assert "GGUF" not in scheduler.linear_path and scheduler.compute["batch_invariant"]
-    # auto timed the paths that need no blocks: the rows kernel on float32 weights, or PyTorch's
+    # auto timed the paths that need no blocks: the rows kernel on float32 weights, the int8
+    # products, or PyTorch's
     if scheduler.compute["path"] == "fp32-rows":
         assert scheduler.linear_path.startswith("rows kernel")
         assert 5.3e8 < scheduler.step_weight_bytes < 5.4e8  # float32: 538 MB a step
+    elif scheduler.compute["path"] == "int8-exact":
+        assert scheduler.linear_path.startswith("int8 rows and weights")
     else:
         assert scheduler.compute["path"] in ("fp32-torch", "bf16-torch", "int4-torch"), scheduler.compute
         assert scheduler.linear_path.startswith("PyTorch")
