@@ -312,12 +312,18 @@ def path_weights(engine: EmbeddedEngine) -> str:
     others from the model's shapes (float32 or bf16 matrices, norms in float32; `fp32-blocks` keeps
     the float32 matrices for long prefills beside the GGUF's blocks; `int4-torch` holds the layers'
     matrices in 4-bit groups of 32, each group's bf16 scale and zero beside them, and the output
-    layer, which is also the embedding, in bf16)."""
+    layer, which is also the embedding, in bf16; `int8-exact` holds every matrix and the output
+    layer in int8 packed for its C part, again for `torch._int_mm` where that is exact here, a
+    float32 scale a row, and the embedding in float32)."""
+    from backend.engines.embedded import int8
     from backend.engines.embedded.model import LlamaConfig
     from backend.engines.embedded.weights import read_config
 
     c = LlamaConfig.from_hf(read_config(Path(engine.worker.setup.folder)))
-    *per_layer, output = (rows * cols for rows, cols in c.fused_matrices().values())
+    shapes = list(c.fused_matrices().values())
+    *per_layer, output = (rows * cols for rows, cols in shapes)
+    *layer_rows, output_rows = (rows for rows, _ in shapes)
+    copies = 2 if int8.int_mm_exact() else 1
     matrices = c.layers * sum(per_layer) + output
     norms = 4 * ((2 * c.layers + 1) * c.hidden_size)
     health = engine.health()
@@ -328,6 +334,10 @@ def path_weights(engine: EmbeddedEngine) -> str:
         "fp32-torch": 4 * matrices + norms,
         "bf16-torch": 2 * matrices + norms,
         "int4-torch": c.layers * sum(per_layer) * (4 + 2 * 16 / 32) // 8 + 2 * output + norms,
+        "int8-exact": copies * (matrices)
+        + 4 * (c.layers * sum(layer_rows) + output_rows)
+        + 4 * output
+        + norms,
     }
     held[health["compute_path"]] = health["weight_bytes"]
     words = []

@@ -45,8 +45,8 @@ COMPUTE = Setting(
     "--compute",
     ("EMBEDDED_COMPUTE",),
     "embedded engine: the compute path, `auto`, `fp32-blocks`, `fp32-rows`, `fp32-torch`, "
-    "`bf16-torch` or `int4-torch`; `auto` is the fastest batch-invariant path this machine runs, "
-    "timed at start "
+    "`bf16-torch`, `int4-torch` or `int8-exact`; `auto` is the fastest batch-invariant path this "
+    "machine runs, timed at start "
     "([docs/engines.md](docs/engines.md#the-embedded-engine))",
     default="auto",
     choices=tuple(COMPUTE_CHOICES),
