@@ -111,3 +111,19 @@ def test_a_saturating_int_mm_is_found_and_the_c_part_takes_every_row(monkeypatch
         int8.int_mm_exact.cache_clear()
     if int8.int_mm_exact():
         assert "torch._int_mm beyond" in int8.describe()
+
+
+def test_the_vector_turn_gives_the_portable_codes_bytes() -> None:
+    """On x86 rows are turned and rounded eight lanes at a time; the portable C (what other CPUs
+    run) gives the same bytes and scales, for large, zero and huge rows too."""
+    generator = torch.Generator().manual_seed(4)
+    for k in (64, 576, 1536):
+        x = torch.randn(20, k, generator=generator)
+        x[3] *= 1000
+        x[4] = 0
+        x[5, 7] = 1e30
+        fast, fast_scales = rotate_quantize(x)
+        plain = torch.empty(20, k, dtype=torch.int8)
+        plain_scales = torch.empty(20)
+        int8._int8_rows.rotate_quantize(plain.data_ptr(), plain_scales.data_ptr(), x.data_ptr(), 20, k, True)
+        assert torch.equal(fast, plain) and torch.equal(fast_scales, plain_scales), k

@@ -154,7 +154,12 @@ class Int8Matrix:
         rows, (n, k) = x.shape[0], self.shape
         if rows > C_MAX_ROWS and self.steps is not None:
             q, row_scales = rotate_quantize(x)
-            return torch._int_mm(q, self.steps.t()).float().mul_(row_scales[:, None]).mul_(self.scales)
+            sums = torch._int_mm(q, self.steps.t())
+            out = torch.empty(rows, n, dtype=torch.float32)
+            _int8_rows.scale(
+                out.data_ptr(), sums.data_ptr(), row_scales.data_ptr(), self.scales.data_ptr(), rows, n
+            )
+            return out
         if x.shape[1] != k:
             raise ValueError(f"rows of {x.shape[1]} values for weights of {n} x {k}")
         out = torch.empty(rows, n, dtype=torch.float32)

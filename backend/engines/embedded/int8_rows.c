@@ -45,8 +45,9 @@
 #define TARGET
 #endif
 
-/* One group of 64 values turned in place by the Walsh-Hadamard matrix, times 1/8. */
-TARGET static void hadamard64(float *v) {
+/* One group of 64 values turned in place by the Walsh-Hadamard matrix, times 1/8: butterflies of
+ * distance 1, 2, 4, ..., 32, each pair (a, b) becoming (a + b, a - b). */
+static void hadamard64(float *v) {
     for (int half = 1; half < GROUP; half <<= 1) {
         for (int start = 0; start < GROUP; start += 2 * half) {
             for (int i = start; i < start + half; i++) {
@@ -59,8 +60,73 @@ TARGET static void hadamard64(float *v) {
     for (int i = 0; i < GROUP; i++) v[i] *= 0.125f;
 }
 
-/* Row x [K] turned and rounded into q [K]; returns its scale. */
+#ifdef INT8_ROWS_X86
+/* A butterfly within each vector's lanes at distance 1, 2 or 4: v * signs + v's lanes swapped gives
+ * a + b in the lower lane of each pair and -b + a, which is a - b, in the upper one: the same sums
+ * as `hadamard64` (a product by +-1 is exact). */
+TARGET static inline __m256 within(__m256 v, __m256 swapped, __m256 signs) {
+    return _mm256_add_ps(_mm256_mul_ps(v, signs), swapped);
+}
+
+/* Row x [K] turned and rounded into q [K], as `turn_round_plain` does it, eight lanes at a time;
+ * returns its scale. */
 TARGET static float turn_round(int8_t *q, const float *x, Py_ssize_t K) {
+    float turned[MAX_K] __attribute__((aligned(32)));
+    const __m256 one_two = _mm256_setr_ps(1, -1, 1, -1, 1, -1, 1, -1);
+    const __m256 two_two = _mm256_setr_ps(1, 1, -1, -1, 1, 1, -1, -1);
+    const __m256 four_four = _mm256_setr_ps(1, 1, 1, 1, -1, -1, -1, -1);
+    const __m256 eighth = _mm256_set1_ps(0.125f);
+    const __m256 magnitude = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff));
+    __m256 greatest = _mm256_setzero_ps();
+    for (Py_ssize_t g = 0; g < K; g += GROUP) {
+        __m256 v[8];
+        for (int i = 0; i < 8; i++) {
+            __m256 a = _mm256_loadu_ps(x + g + 8 * i);
+            a = within(a, _mm256_permute_ps(a, 0xb1), one_two);
+            a = within(a, _mm256_permute_ps(a, 0x4e), two_two);
+            v[i] = within(a, _mm256_permute2f128_ps(a, a, 0x01), four_four);
+        }
+        for (int half = 1; half < 8; half <<= 1) {
+            for (int start = 0; start < 8; start += 2 * half) {
+                for (int i = start; i < start + half; i++) {
+                    __m256 a = v[i], b = v[i + half];
+                    v[i] = _mm256_add_ps(a, b);
+                    v[i + half] = _mm256_sub_ps(a, b);
+                }
+            }
+        }
+        for (int i = 0; i < 8; i++) {
+            __m256 a = _mm256_mul_ps(v[i], eighth);
+            _mm256_store_ps(turned + g + 8 * i, a);
+            greatest = _mm256_max_ps(greatest, _mm256_and_ps(a, magnitude));
+        }
+    }
+    float lanes_max[8];
+    _mm256_storeu_ps(lanes_max, greatest);
+    float top = 0.0f;
+    for (int i = 0; i < 8; i++) top = fmaxf(top, lanes_max[i]);
+    const __m256 inverse = _mm256_set1_ps(top > 0.0f ? 127.0f / top : 0.0f);
+    const __m256 high = _mm256_set1_ps(127.0f), low = _mm256_set1_ps(-127.0f);
+    const __m256i order = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);
+    for (Py_ssize_t k = 0; k < K; k += 32) {
+        __m256i w[4];
+        for (int i = 0; i < 4; i++) {
+            __m256 r = _mm256_round_ps(_mm256_mul_ps(_mm256_load_ps(turned + k + 8 * i), inverse),
+                                       _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+            w[i] = _mm256_cvtps_epi32(_mm256_max_ps(_mm256_min_ps(r, high), low));
+        }
+        __m256i packed = _mm256_packs_epi16(_mm256_packs_epi32(w[0], w[1]), _mm256_packs_epi32(w[2], w[3]));
+        _mm256_storeu_si256((__m256i *)(q + k), _mm256_permutevar8x32_epi32(packed, order));
+    }
+    return top / 127.0f;
+}
+#else
+#define turn_round turn_round_plain
+#endif
+
+/* Row x [K] turned and rounded into q [K]; returns its scale (on x86 `turn_round` gives the same
+ * bytes with AVX2, which a test checks). */
+static float turn_round_plain(int8_t *q, const float *x, Py_ssize_t K) {
     float turned[MAX_K];
     memcpy(turned, x, (size_t)K * sizeof(float));
     for (Py_ssize_t g = 0; g < K; g += GROUP) hadamard64(turned + g);
@@ -133,11 +199,17 @@ static int check_k(Py_ssize_t K, Py_ssize_t rows) {
 static PyObject *rotate_quantize(PyObject *self, PyObject *args) {
     unsigned long long q, scales, x;
     Py_ssize_t rows, K;
-    if (!PyArg_ParseTuple(args, "KKKnn", &q, &scales, &x, &rows, &K)) return NULL;
+    int plain = 0;
+    if (!PyArg_ParseTuple(args, "KKKnn|p", &q, &scales, &x, &rows, &K, &plain)) return NULL;
     if (!check_k(K, rows)) return NULL;
-    Py_BEGIN_ALLOW_THREADS for (Py_ssize_t r = 0; r < rows; r++)((float *)scales)[r] =
-        turn_round((int8_t *)q + r * K, (const float *)x + r * K, K);
-    Py_END_ALLOW_THREADS Py_RETURN_NONE;
+    Py_BEGIN_ALLOW_THREADS;
+    for (Py_ssize_t r = 0; r < rows; r++) {
+        int8_t *row_q = (int8_t *)q + r * K;
+        const float *row_x = (const float *)x + r * K;
+        ((float *)scales)[r] = plain ? turn_round_plain(row_q, row_x, K) : turn_round(row_q, row_x, K);
+    }
+    Py_END_ALLOW_THREADS;
+    Py_RETURN_NONE;
 }
 
 static PyObject *linear(PyObject *self, PyObject *args) {
@@ -174,13 +246,39 @@ static PyObject *linear(PyObject *self, PyObject *args) {
     Py_RETURN_NONE;
 }
 
+/* y[r, n] = sums[r, n] as float32, times row_scales[r], rounded, times weight_scales[n], rounded:
+ * `linear`'s scaling, for sums made elsewhere (`torch._int_mm`). */
+TARGET static void scale_rows(float *y, const int32_t *sums, const float *row_scales, const float *weight_scales,
+                              Py_ssize_t rows, Py_ssize_t N) {
+    for (Py_ssize_t r = 0; r < rows; r++) {
+        float row_scale = row_scales[r];
+        for (Py_ssize_t n = 0; n < N; n++) {
+            float scaled = (float)sums[r * N + n] * row_scale;
+            y[r * N + n] = scaled * weight_scales[n];
+        }
+    }
+}
+
+static PyObject *scale(PyObject *self, PyObject *args) {
+    unsigned long long y, sums, row_scales, weight_scales;
+    Py_ssize_t rows, N;
+    if (!PyArg_ParseTuple(args, "KKKKnn", &y, &sums, &row_scales, &weight_scales, &rows, &N)) return NULL;
+    Py_BEGIN_ALLOW_THREADS;
+    scale_rows((float *)y, (const int32_t *)sums, (const float *)row_scales, (const float *)weight_scales, rows, N);
+    Py_END_ALLOW_THREADS;
+    Py_RETURN_NONE;
+}
+
 static PyMethodDef methods[] = {
     {"available", available, METH_NOARGS, "Whether this CPU runs the build (on x86: has AVX2)."},
     {"rotate_quantize", rotate_quantize, METH_VARARGS,
-     "rotate_quantize(q, scales, x, rows, K): int8 [rows, K] and float32 [rows] from float32 [rows, K], by address."},
+     "rotate_quantize(q, scales, x, rows, K, plain=False): int8 [rows, K] and float32 [rows] from float32 "
+     "[rows, K], by address (`plain`: the portable C, for tests)."},
     {"linear", linear, METH_VARARGS,
      "linear(y, x, packed, scales, rows, N, K): float32 [rows, N] from float32 [rows, K] and packed int8 "
      "weights [N, K] with float32 scales [N], by address."},
+    {"scale", scale, METH_VARARGS,
+     "scale(y, sums, row_scales, weight_scales, rows, N): float32 [rows, N] from int32 sums, by address."},
     {NULL, NULL, 0, NULL},
 };
 
