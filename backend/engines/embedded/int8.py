@@ -147,6 +147,11 @@ class Int8Matrix:
         steps = 0 if self.steps is None else self.steps.numel()
         return self.packed.numel() + steps + self.scales.numel() * 4
 
+    @property
+    def step_bytes(self) -> int:
+        """Bytes a product reads: one copy of the steps (packed or for `_int_mm`) and the scales."""
+        return self.packed.numel() + self.scales.numel() * 4
+
     def product(self, x: torch.Tensor) -> torch.Tensor:
         """x[rows, K] @ weight^T as float32 [rows, N]: x turned and rounded row by row, the int32 sums
         times the row's scale, rounded, times the weight row's, rounded."""

@@ -179,6 +179,36 @@ TARGET static inline void group_sums(int32_t *sums, const int8_t *row, const int
 #endif
 }
 
+/* `group_sums` for two rows at once, each weight vector loaded once for both. */
+TARGET static inline void group_sums2(int32_t *sums0, int32_t *sums1, const int8_t *row0, const int8_t *row1,
+                                      const int8_t *w, Py_ssize_t K) {
+#ifdef INT8_ROWS_X86
+    const __m256i ones = _mm256_set1_epi16(1);
+    __m256i acc0[WEIGHT_ROWS], acc1[WEIGHT_ROWS];
+    for (int j = 0; j < WEIGHT_ROWS; j++) acc0[j] = acc1[j] = _mm256_setzero_si256();
+    for (Py_ssize_t k = 0; k < K; k += CHUNK) {
+        const int8_t *chunk = w + k * WEIGHT_ROWS;
+        __builtin_prefetch(chunk + AHEAD);
+        __builtin_prefetch(chunk + AHEAD + 64);
+        __m256i x0 = _mm256_loadu_si256((const __m256i *)(row0 + k));
+        __m256i x1 = _mm256_loadu_si256((const __m256i *)(row1 + k));
+        __m256i m0 = _mm256_abs_epi8(x0), m1 = _mm256_abs_epi8(x1);
+        for (int j = 0; j < WEIGHT_ROWS; j++) {
+            __m256i v = _mm256_loadu_si256((const __m256i *)(chunk + CHUNK * j));
+            acc0[j] = _mm256_add_epi32(acc0[j], _mm256_madd_epi16(_mm256_maddubs_epi16(m0, _mm256_sign_epi8(v, x0)), ones));
+            acc1[j] = _mm256_add_epi32(acc1[j], _mm256_madd_epi16(_mm256_maddubs_epi16(m1, _mm256_sign_epi8(v, x1)), ones));
+        }
+    }
+    for (int j = 0; j < WEIGHT_ROWS; j++) {
+        sums0[j] = lanes(acc0[j]);
+        sums1[j] = lanes(acc1[j]);
+    }
+#else
+    group_sums(sums0, row0, w, K);
+    group_sums(sums1, row1, w, K);
+#endif
+}
+
 static PyObject *available(PyObject *self, PyObject *unused) {
 #ifdef INT8_ROWS_X86
     __builtin_cpu_init();
@@ -231,12 +261,17 @@ static PyObject *linear(PyObject *self, PyObject *args) {
     for (Py_ssize_t n = 0; n < N; n += WEIGHT_ROWS) {
         const int8_t *group = (const int8_t *)w + n * K;
         Py_ssize_t count = N - n < WEIGHT_ROWS ? N - n : WEIGHT_ROWS;
-        for (Py_ssize_t r = 0; r < rows; r++) {
-            int32_t sums[WEIGHT_ROWS];
-            group_sums(sums, q + r * K, group, K);
-            for (Py_ssize_t j = 0; j < count; j++) {
-                float scaled = (float)sums[j] * row_scales[r];
-                out[r * N + n + j] = scaled * ws[n + j];
+        for (Py_ssize_t r = 0; r < rows; r += 2) {
+            int32_t sums[2][WEIGHT_ROWS];
+            if (r + 1 < rows)
+                group_sums2(sums[0], sums[1], q + r * K, q + (r + 1) * K, group, K);
+            else
+                group_sums(sums[0], q + r * K, group, K);
+            for (Py_ssize_t t = 0; t < 2 && r + t < rows; t++) {
+                for (Py_ssize_t j = 0; j < count; j++) {
+                    float scaled = (float)sums[t][j] * row_scales[r + t];
+                    out[(r + t) * N + n + j] = scaled * ws[n + j];
+                }
             }
         }
     }

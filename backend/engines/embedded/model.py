@@ -441,18 +441,19 @@ class Llama:
         return (sampled - started) * c.layers / len(layers) + (done - sampled)
 
     def block_bytes(self) -> tuple[int, int]:
-        """(bytes a decode step reads from GGUF blocks, bytes it reads as float32 weights)."""
+        """(bytes a decode step reads from GGUF blocks, bytes it reads as weights in their own form:
+        float32, bfloat16, 4-bit groups, or one of int8's two layouts)."""
         dense = quantized = 0
         for layer in self.layers:
             for name in ("qkv", "out", "gate_up", "down"):
                 if name in layer.blocks:
                     quantized += layer.blocks[name].nbytes
                 else:
-                    dense += _nbytes(getattr(layer, name))
+                    dense += _read_bytes(getattr(layer, name))
         if self.lm_head_blocks is not None:
             quantized += self.lm_head_blocks.nbytes
         else:
-            dense += _nbytes(self.lm_head)
+            dense += _read_bytes(self.lm_head)
         return quantized, dense
 
     def _mlp(self, x: torch.Tensor, layer: LayerWeights) -> torch.Tensor:
@@ -676,6 +677,13 @@ def _nbytes(weight: Weight) -> int:
     if isinstance(weight, Int4Matrix | Int8Matrix):
         return weight.nbytes
     return weight.numel() * weight.element_size()
+
+
+def _read_bytes(weight: Weight) -> int:
+    """Bytes a product reads of a weight: all it holds, but one of int8's two copies of its steps."""
+    if isinstance(weight, Int8Matrix):
+        return weight.step_bytes
+    return _nbytes(weight)
 
 
 def _each_row(op: Callable[..., torch.Tensor]) -> Callable[..., torch.Tensor]:
