@@ -101,9 +101,9 @@ async def test_abort_one_sample_then_all(engine: EmbeddedEngine) -> None:
 
 
 def test_the_engines_process_says_which_path_runs_and_why(engine: EmbeddedEngine) -> None:
-    """`auto` runs the fastest batch-invariant path it timed at start (the rows kernel's, or a
-    PyTorch path at a block of rows it checked); the figures say which kernel multiplies, as the
-    path has it. Read from what the engine says, not from CPU flags."""
+    """`auto` runs the fastest batch-invariant path it timed at start (the rows kernel's, the exact
+    int8 products, or a PyTorch path at a block of rows it checked); the figures say which kernel
+    multiplies, as the path has it. Read from what the engine says, not from CPU flags."""
     from backend.engines.embedded.compute import PATHS
     from tests.support.embedded import kernel_status_on_one_thread
 
@@ -116,6 +116,9 @@ def test_the_engines_process_says_which_path_runs_and_why(engine: EmbeddedEngine
     if path.rows_kernel:
         assert kernel_status_on_one_thread()[0] and said.startswith("rows kernel"), said
         assert health["compute_block"] is None
+    elif path.int8:  # exact at any row count: no block, nothing to check
+        assert said.startswith("int8 rows and weights") and "summed exactly in int32" in said, said
+        assert health["compute_block"] is None and "checked row by row" not in health["compute_why"]
     else:
         block = health["compute_block"]
         assert said.startswith("PyTorch") and f"blocks of {block}" in said, said
