@@ -68,10 +68,9 @@ TARGET static inline __m256 within(__m256 v, __m256 swapped, __m256 signs) {
     return _mm256_add_ps(_mm256_mul_ps(v, signs), swapped);
 }
 
-/* Row x [K] turned and rounded into q [K], as `turn_round_plain` does it, eight lanes at a time;
- * returns its scale. */
-TARGET static float turn_round(int8_t *q, const float *x, Py_ssize_t K) {
-    float turned[MAX_K] __attribute__((aligned(32)));
+/* Row x [K] turned and rounded into q [K], as `turn_round_plain` does it, eight lanes at a time,
+ * through `turned` (K floats, 32-byte aligned: `scratch`); returns its scale. */
+TARGET static float turn_round(int8_t *q, const float *x, Py_ssize_t K, float *turned) {
     const __m256 one_two = _mm256_setr_ps(1, -1, 1, -1, 1, -1, 1, -1);
     const __m256 two_two = _mm256_setr_ps(1, 1, -1, -1, 1, 1, -1, -1);
     const __m256 four_four = _mm256_setr_ps(1, 1, 1, 1, -1, -1, -1, -1);
@@ -124,10 +123,9 @@ TARGET static float turn_round(int8_t *q, const float *x, Py_ssize_t K) {
 #define turn_round turn_round_plain
 #endif
 
-/* Row x [K] turned and rounded into q [K]; returns its scale (on x86 `turn_round` gives the same
- * bytes with AVX2, which a test checks). */
-static float turn_round_plain(int8_t *q, const float *x, Py_ssize_t K) {
-    float turned[MAX_K];
+/* Row x [K] turned and rounded into q [K] through `turned` (K floats); returns its scale (on x86
+ * `turn_round` gives the same bytes with AVX2, which a test checks). */
+static float turn_round_plain(int8_t *q, const float *x, Py_ssize_t K, float *turned) {
     memcpy(turned, x, (size_t)K * sizeof(float));
     for (Py_ssize_t g = 0; g < K; g += GROUP) hadamard64(turned + g);
     float greatest = 0.0f;
@@ -218,6 +216,9 @@ static PyObject *available(PyObject *self, PyObject *unused) {
 #endif
 }
 
+/* K floats, 32-byte aligned, for a row being turned (on the heap: threads' stacks may be small). */
+static float *scratch(Py_ssize_t K) { return aligned_alloc(32, (size_t)K * sizeof(float)); }
+
 static int check_k(Py_ssize_t K, Py_ssize_t rows) {
     if (K % GROUP || K > MAX_K || K <= 0 || rows < 0) {
         PyErr_Format(PyExc_ValueError, "rows of %zd values are not whole groups of %d (up to %d)", K, GROUP, MAX_K);
@@ -232,13 +233,16 @@ static PyObject *rotate_quantize(PyObject *self, PyObject *args) {
     int plain = 0;
     if (!PyArg_ParseTuple(args, "KKKnn|p", &q, &scales, &x, &rows, &K, &plain)) return NULL;
     if (!check_k(K, rows)) return NULL;
+    float *turned = scratch(K);
+    if (!turned) return PyErr_NoMemory();
     Py_BEGIN_ALLOW_THREADS;
     for (Py_ssize_t r = 0; r < rows; r++) {
         int8_t *row_q = (int8_t *)q + r * K;
         const float *row_x = (const float *)x + r * K;
-        ((float *)scales)[r] = plain ? turn_round_plain(row_q, row_x, K) : turn_round(row_q, row_x, K);
+        ((float *)scales)[r] = plain ? turn_round_plain(row_q, row_x, K, turned) : turn_round(row_q, row_x, K, turned);
     }
     Py_END_ALLOW_THREADS;
+    free(turned);
     Py_RETURN_NONE;
 }
 
@@ -249,15 +253,17 @@ static PyObject *linear(PyObject *self, PyObject *args) {
     if (!check_k(K, rows) || N < 0) return NULL;
     int8_t *q = malloc((size_t)(rows ? rows : 1) * (size_t)K);
     float *row_scales = malloc((size_t)(rows ? rows : 1) * sizeof(float));
-    if (!q || !row_scales) {
+    float *turned = scratch(K);
+    if (!q || !row_scales || !turned) {
         free(q);
         free(row_scales);
+        free(turned);
         return PyErr_NoMemory();
     }
     Py_BEGIN_ALLOW_THREADS;
     float *out = (float *)y;
     const float *ws = (const float *)weight_scales;
-    for (Py_ssize_t r = 0; r < rows; r++) row_scales[r] = turn_round(q + r * K, (const float *)x + r * K, K);
+    for (Py_ssize_t r = 0; r < rows; r++) row_scales[r] = turn_round(q + r * K, (const float *)x + r * K, K, turned);
     for (Py_ssize_t n = 0; n < N; n += WEIGHT_ROWS) {
         const int8_t *group = (const int8_t *)w + n * K;
         Py_ssize_t count = N - n < WEIGHT_ROWS ? N - n : WEIGHT_ROWS;
@@ -278,6 +284,7 @@ static PyObject *linear(PyObject *self, PyObject *args) {
     Py_END_ALLOW_THREADS;
     free(q);
     free(row_scales);
+    free(turned);
     Py_RETURN_NONE;
 }
 
