@@ -26,9 +26,10 @@ from backend.engines.embedded import compute, int4, int8
 from backend.engines.embedded.engine import EmbeddedEngine
 from backend.engines.embedded.weights import resolve_model
 from backend.protocol import generate_frame
+from bench.rounding import with_products
 from devkit.frames import recv_frame
 from tests.support.backends import serving
-from tests.support.embedded import PROMPT, collect, kernel_status_on_one_thread, params, with_int8_products
+from tests.support.embedded import PROMPT, collect, kernel_status_on_one_thread, params
 
 COLOURS = ("red", "blue", "green", "yellow", "purple", "orange", "black", "white", "pink")
 
@@ -47,7 +48,7 @@ def _reference(engine: EmbeddedEngine) -> torch.nn.Module:
     from transformers import AutoModelForCausalLM
 
     reference = AutoModelForCausalLM.from_pretrained(resolve_model().path, dtype=torch.float32)
-    return with_int8_products(reference) if _path(engine).int8 else reference
+    return with_products(reference, "int8") if _path(engine).int8 else reference
 
 
 @pytest.fixture(scope="module", params=list(compute.PATHS))

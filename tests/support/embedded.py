@@ -35,27 +35,3 @@ def kernel_status_on_one_thread() -> tuple[bool, str]:
         return kernel_status()
     finally:
         torch.set_num_threads(threads)
-
-
-def with_int8_products(reference: torch.nn.Module) -> torch.nn.Module:
-    """transformers' model with each decoder layer's linear layers and its output layer multiplying
-    as the int8-exact path does (int8.Int8Matrix from the same weights): what that path's numbers
-    are compared against, the rest of the model being transformers' own."""
-    from backend.engines.embedded.int8 import Int8Matrix
-
-    def as_int8(linear: torch.nn.Linear) -> None:
-        matrix = Int8Matrix.quantize(linear.weight.detach().float())
-
-        def forward(x: torch.Tensor) -> torch.Tensor:
-            flat = matrix.product(x.reshape(-1, x.shape[-1]).float())
-            return flat.reshape(*x.shape[:-1], matrix.shape[0]).to(x.dtype)
-
-        linear.forward = forward  # type: ignore[method-assign]
-
-    for layer in reference.model.layers:
-        for module in (layer.self_attn, layer.mlp):
-            for linear in module.modules():
-                if isinstance(linear, torch.nn.Linear):
-                    as_int8(linear)
-    as_int8(reference.lm_head)
-    return reference

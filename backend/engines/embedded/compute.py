@@ -21,16 +21,16 @@ The paths (`--compute`, environment EMBEDDED_COMPUTE):
 
 Every path keeps its activations in float32 and runs the ops between the linear layers row by row
 (decode_ops.c where built, else PyTorch on one row at a time), with each row attending to its own
-positions only. The rows kernel computes each row on its own, so its paths are batch-invariant as
-they stand. A library product is made so by its shape: a PyTorch path multiplies a decode step's
-rows only at row counts this process has checked at start: a block of one size (`Choice.block`),
-padded, or a ladder of sizes up to it (1, 2, 4, ..., the block: a step's last rows at the smallest
-that holds them), where the same row gives the same bits at every size of the ladder and in every
-slot beside any other rows (fixed_rows.check). Where no size passes, the path multiplies every
-step whole and the engine line says that samples may change with load. Prefill multiplies one
-prompt's new tokens at a time (PyTorch paths) or prompts arriving together at once (the rows
-kernel, whose rows are independent at any count), so a prompt gives the same first-token logits
-whoever else is running.
+positions only. The rows kernel computes each row on its own, and `int8-exact`'s sums are exact
+integers, so their paths are batch-invariant as they stand. A library product is made so by its
+shape: a PyTorch path multiplies a decode step's rows only at row counts this process has checked at
+start: a block of one size (`Choice.block`), padded, or a ladder of sizes up to it (1, 2, 4, ...,
+the block: a step's last rows at the smallest that holds them), where the same row gives the same
+bits at every size of the ladder and in every slot beside any other rows (fixed_rows.check). Where
+no size passes, the path multiplies every step whole and the engine line says that samples may
+change with load. Prefill multiplies one prompt's new tokens at a time (PyTorch paths) or prompts
+arriving together at once (the rows kernel, whose rows are independent at any count), so a prompt
+gives the same first-token logits whoever else is running.
 
 `auto` times every path this process can run (`fp32-rows` only where there are no GGUF blocks: it
 is `fp32-blocks` reading five times the bytes), the PyTorch ones at each of BLOCK_ROWS as a ladder

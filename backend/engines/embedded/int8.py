@@ -5,8 +5,8 @@ Walsh-Hadamard matrix of 64, scaled by 1/8, on each group of 64 values), so x @ 
 and each is rounded to int8 steps of its own scale (its greatest magnitude / 127): the weights once,
 a row of each step on the fly (`_int8_rows.rotate_quantize`, int8_rows.c). The turn spreads a row's
 few large values over their group, so one scale a row loses less of the others: on the README's
-text, the layers' and output layer's rows and weights in int8 this way cost 0.004 nats a token
-against float32 (0.03 without the turn).
+text, the layers' and output layer's rows and weights in int8 this way cost 0.0057 nats a token
+against float32 (`python -m bench.rounding`; about six times that without the turn).
 
 The product of the int8 rows and weights is summed in int32, where every order of addition gives
 the same integer: by the C part (int8_rows.c, from the weights packed for it) for up to
