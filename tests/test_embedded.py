@@ -499,12 +499,13 @@ def run_jobs(scheduler: Any, prompts: list[list[int]], together: bool) -> list[R
 
 
 def test_requests_arriving_together_are_prefilled_in_one_pass_with_the_same_samples() -> None:
-    """Three requests arriving at once: where the rows kernel multiplies, their prompts go through
-    one prefill pass (the weights read once for all three), and every seeded sample starts as it
-    does when each request runs alone; elsewhere they are prefilled one after another, each request's
-    first tokens flushed after its own prefill, not after the last."""
+    """Three requests arriving at once: where a row's products do not depend on the rows beside it
+    (the rows kernel, int8's exact sums), their prompts go through one prefill pass (the weights
+    read once for all three), and every seeded sample starts as it does when each request runs
+    alone; elsewhere they are prefilled one after another, each request's first tokens flushed
+    after its own prefill, not after the last."""
     from backend.engines.embedded.child import build_scheduler
-    from backend.engines.embedded.linear import kernel_on
+    from backend.engines.embedded.linear import rows_independent
     from backend.engines.embedded.worker import WorkerSetup
 
     setup = WorkerSetup(str(resolve_model().path), "auto", 1, 8, 512, str(bundled_gguf()))
@@ -525,7 +526,7 @@ def test_requests_arriving_together_are_prefilled_in_one_pass_with_the_same_samp
     # decode steps of six rows against two, which may round differently.)
     assert [sink.firsts for sink in grouped] == [sink.firsts for sink in alone]
     firsts = [sink.seen[0] for sink in grouped]  # prefills done when each got its first tokens
-    if kernel_on():
+    if rows_independent():
         assert together.stats.grouped_prefills == 1 and firsts == [3, 3, 3], firsts
     else:
         assert together.stats.grouped_prefills == 0 and firsts == [1, 2, 3], firsts

@@ -186,7 +186,7 @@ def _set_up_compute(model: Any, decision: Any, setup: WorkerSetup) -> tuple[Any,
     choice, reason = decision.choice, decision.reason
     if decision.options:
         choice, reason = _probe(model, decision, setup, configure, fixed_rows.check)
-    linear_path = configure(allow=choice.path.rows_kernel, sizes=choice.sizes)
+    linear_path = configure(allow=choice.path.rows_kernel, sizes=choice.sizes, exact=choice.path.int8)
     if choice.path.int8:
         linear_path = int8.describe()
     decode_ops.configure()

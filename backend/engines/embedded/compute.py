@@ -29,8 +29,8 @@ the block: a step's last rows at the smallest that holds them), where the same r
 bits at every size of the ladder and in every slot beside any other rows (fixed_rows.check). Where
 no size passes, the path multiplies every step whole and the engine line says that samples may
 change with load. Prefill multiplies one prompt's new tokens at a time (PyTorch paths) or prompts
-arriving together at once (the rows kernel, whose rows are independent at any count), so a prompt
-gives the same first-token logits whoever else is running.
+arriving together at once (the rows kernel and `int8-exact`, whose rows are independent at any
+count), so a prompt gives the same first-token logits whoever else is running.
 
 `auto` times every path this process can run (`fp32-rows` only where there are no GGUF blocks: it
 is `fp32-blocks` reading five times the bytes), the PyTorch ones at each of BLOCK_ROWS as a ladder

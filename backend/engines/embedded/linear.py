@@ -52,14 +52,17 @@ def kernel_status(allow: bool = True) -> tuple[bool, str]:
 
 _enabled = False
 _fixed: FixedRows | None = None
+_exact = False
 
 
-def configure(allow: bool = True, sizes: tuple[int, ...] = ()) -> str:
+def configure(allow: bool = True, sizes: tuple[int, ...] = (), exact: bool = False) -> str:
     """Decide, once the thread count is set, whether `linear` uses the kernel (never where `allow`
     is False); where it does not, `sizes` (row counts checked by fixed_rows.check, compute.Choice.sizes)
-    are the only row counts a decode step's products run at in PyTorch (empty: any). Returns which
-    path runs and why."""
-    global _enabled, _fixed
+    are the only row counts a decode step's products run at in PyTorch (empty: any). `exact`: the
+    weights are int8 (int8.py), whose rows are independent at any row count. Returns which path
+    runs and why."""
+    global _enabled, _fixed, _exact
+    _exact = exact
     _enabled, reason = kernel_status(allow)
     _fixed = FixedRows(sizes) if sizes and not _enabled else None
     if _fixed is not None and len(_fixed.sizes) > 1:
@@ -70,11 +73,11 @@ def configure(allow: bool = True, sizes: tuple[int, ...] = ()) -> str:
     return reason
 
 
-def kernel_on() -> bool:
-    """Whether float32 products go to the rows kernel, whose rows are independent at any row count
-    up to KERNEL_MAX_ROWS: prompts arriving together may then be prefilled in one pass. (A library
+def rows_independent() -> bool:
+    """Whether a row's products do not depend on how many rows a call holds: the rows kernel's, or
+    int8's exact sums. Prompts arriving together may then be prefilled in one pass. (A library
     product is row-independent only at the block size it was checked at.)"""
-    return _enabled
+    return _enabled or _exact
 
 
 def linear(

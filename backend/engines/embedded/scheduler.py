@@ -35,7 +35,7 @@ import torch
 
 from backend.engines.base import Chunk, template_token_ids
 from backend.engines.embedded.detokenizer import TextStream
-from backend.engines.embedded.linear import KERNEL_MAX_ROWS, kernel_on
+from backend.engines.embedded.linear import KERNEL_MAX_ROWS, rows_independent
 from backend.engines.embedded.model import Llama, PromptKV, RowCache
 from backend.engines.embedded.sampler import RowSampling, sample
 
@@ -364,13 +364,14 @@ class BatchScheduler:
     def _next_group(self) -> list[Job]:
         """The first waiting request, and after it those that fit beside it in one prefill: their
         new tokens (after the template head each copies) at most KERNEL_MAX_ROWS together, their
-        rows within the cap. Only where the rows kernel multiplies (`kernel_on`): there a prompt
-        gives the same values alone or beside others, so a seed's text does not depend on who else
-        arrived. (PyTorch's product is checked at one block of rows, a decode step's; a prompt is
-        prefilled alone there, the same way every time.)"""
+        rows within the cap. Only where a row's products do not depend on the rows beside it (the
+        rows kernel, int8's exact sums: `rows_independent`): there a prompt gives the same values
+        alone or beside others, so a seed's text does not depend on who else arrived. (PyTorch's
+        product is checked at one block of rows, a decode step's; a prompt is prefilled alone
+        there, the same way every time.)"""
         first = self.waiting.popleft()
         group = [first]
-        if not kernel_on():
+        if not rows_independent():
             return group
         budget = KERNEL_MAX_ROWS - self._new_tokens(first)
         free = self.max_rows - len(self.rows) - first.n
