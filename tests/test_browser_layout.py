@@ -52,6 +52,8 @@ def open_at(browser: Browser, app: RunningApp, width: int, height: int) -> Page:
     page = browser.new_page(viewport={"width": width, "height": height})
     page.goto(app.url)
     expect(page.locator("#generate")).to_be_visible(timeout=30_000)
+    # The page as a person meets it: loaded, the engine line read from the backend.
+    expect(page.locator("#engine-info")).to_contain_text("Engine synthetic", timeout=30_000)
     return page
 
 

@@ -36,7 +36,7 @@ from backend.engines.base import PROMPT_FORMATS
 from backend.protocol import CONSUMER_MODES, FANOUTS, OUTPUT_KINDS, REPLAY_SPEED_MAX
 from ui.answers_view import answers_chart as answers_chart_component
 from ui.answers_view import empty_outputs as empty_answers
-from ui.engine_info import engine_line_now
+from ui.engine_info import ASKING_LINE, engine_line_now
 from ui.examples import examples_block
 from ui.handlers import Handlers
 from ui.run_request import REPLAY_SETTINGS, RUN_SETTINGS, RUN_SETTINGS_OF_A_RUN
@@ -146,7 +146,7 @@ def build_demo(
     handlers = Handlers(backend_url, token, experiment_url, VisitorLimits.for_backend(limits))
     with gr.Blocks(title="Parallel sampling, live", fill_width=True) as demo:
         gr.Markdown(MASTHEAD, elem_id="masthead")
-        engine_info = gr.Markdown(elem_id="engine-info")
+        engine_info = gr.Markdown(ASKING_LINE, elem_id="engine-info")
         _wire_engine_line(demo, engine_info, backend_url)
         with gr.Row(equal_height=False, elem_id="stage"):
             # The controls: what a run needs in view, then the rest one click away.

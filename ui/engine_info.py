@@ -137,6 +137,11 @@ def fetch_engine_line(backend_url: str) -> tuple[str, bool]:
     return engine_line(health), health.get("engine_state") == "starting"
 
 
+ASKING_LINE = "Asking the backend which engine it runs ..."
+"""The engine line until the page has read /health: it holds the line's place, so the controls under
+it do not move as the answer arrives."""
+
+
 async def engine_line_now(backend_url: str) -> tuple[str, bool]:
     """fetch_engine_line off the event loop (for a Gradio load or timer event)."""
     return await asyncio.to_thread(fetch_engine_line, backend_url)
