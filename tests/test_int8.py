@@ -1,6 +1,7 @@
 """The int8-exact path's parts (int8.py, int8_rows.c): rows turned and rounded one by one, int8
-products summed exactly by the C part and by `torch._int_mm`, and a row's values the same at every
-row count and in every slot; the engine-level invariance runs in test_fixed_rows.py."""
+products summed exactly by each of the C part's kernels that this CPU runs and by `torch._int_mm`,
+and a row's values the same at every row count and in every slot; the engine-level invariance runs
+in test_fixed_rows.py."""
 
 from __future__ import annotations
 
@@ -14,6 +15,18 @@ from backend.engines.embedded.int8 import Int8Matrix, rotate_quantize
 
 pytestmark = pytest.mark.skipif(not int8.available()[0], reason=int8.available()[1])
 
+KERNELS = ("avx2", "avx512-vnni")
+"""The C part's kernels on x86: each runs where the CPU has it, forced by `kernel`."""
+
+
+@pytest.fixture(params=KERNELS)
+def kernel(request: pytest.FixtureRequest, monkeypatch: Any) -> str:
+    """Each of the C part's kernels in turn, as `int8.kernel()` (skipped where this CPU lacks it)."""
+    if request.param not in int8.kernels():
+        pytest.skip(f"this CPU does not run the {request.param} kernel (it runs {int8.kernels()})")
+    monkeypatch.setattr(int8, "kernel", lambda: request.param)
+    return request.param
+
 
 def _exact(matrix: Int8Matrix, x: torch.Tensor) -> torch.Tensor:
     """What the product must give: the int8 rows times the steps summed in int64, times the row's
@@ -25,11 +38,14 @@ def _exact(matrix: Int8Matrix, x: torch.Tensor) -> torch.Tensor:
 
 
 @pytest.mark.parametrize("k", [64, 576, 1536])
-def test_the_products_are_the_exact_integer_sums_at_the_largest_steps(k: int, monkeypatch: Any) -> None:
+def test_the_products_are_the_exact_integer_sums_at_the_largest_steps(
+    k: int, kernel: str, monkeypatch: Any
+) -> None:
     """Rows and weights whose turned values are all of one magnitude (a unit vector in each group
     turns into +-1/8 everywhere: every step +-127, the largest sums there are), of both signs, beside
-    random ones, a weight count that is not whole groups of four (10): the C part up to eight rows,
-    `_int_mm` beyond where it is exact, and the C part at 17 rows too, give the int64 sums, scaled."""
+    random ones, a weight count that is not whole groups of four (10): the C part's kernel at every
+    row count (in tiles of eight rows and a tile's remainder), and `_int_mm` where it is exact, give
+    the int64 sums, scaled."""
     generator = torch.Generator().manual_seed(k)
     unit = torch.zeros(k)
     unit[::64] = 1.0
@@ -37,13 +53,16 @@ def test_the_products_are_the_exact_integer_sums_at_the_largest_steps(k: int, mo
     weight[0], weight[1] = unit, -unit
     matrix = Int8Matrix.quantize(weight)
     assert matrix.packed.shape == (3, k // 32, 4, 32)
-    for rows in (1, 2, 5, 9, 17):
+    for rows in (1, 2, 5, 8, 9, 16, 17, 33):
         x = torch.randn(rows, k, generator=generator)
         x[0], x[-1] = unit * 3, -unit
-        assert torch.equal(matrix.product(x), _exact(matrix, x)), rows
-    monkeypatch.setattr(int8, "C_MAX_ROWS", 64)
-    x = torch.randn(17, k, generator=generator)
-    assert torch.equal(matrix.product(x), _exact(matrix, x))
+        assert torch.equal(matrix.c_product(x), _exact(matrix, x)), rows
+        if matrix.steps is not None:
+            assert torch.equal(matrix.int_mm_product(x), _exact(matrix, x)), rows
+    for limit in (0, 8):  # the products on either side of where _int_mm takes over
+        monkeypatch.setattr(int8, "c_max_rows", lambda limit=limit: limit)
+        x = torch.randn(17, k, generator=generator)
+        assert torch.equal(matrix.product(x), _exact(matrix, x))
 
 
 def test_rows_are_turned_and_rounded_each_alone_and_multiply_as_their_weights() -> None:
@@ -53,7 +72,7 @@ def test_rows_are_turned_and_rounded_each_alone_and_multiply_as_their_weights() 
     matrix = Int8Matrix.quantize(weight)
     assert matrix.shape == (384, 576)
     kept = 384 * 576 if matrix.steps is not None else 0
-    assert matrix.nbytes == 384 * 576 + kept + 384 * 4
+    assert matrix.nbytes == 384 * 576 + kept + 384 * 4 + 384 * 4  # steps, scales, sums of steps
     assert (matrix.dequantize() - weight).norm() / weight.norm() < 0.01
     x = torch.randn(9, 576, generator=generator)
     x[:, 3] *= 50
@@ -67,9 +86,11 @@ def test_rows_are_turned_and_rounded_each_alone_and_multiply_as_their_weights() 
         rotate_quantize(torch.randn(2, 100))
 
 
-def test_a_rows_values_are_the_same_at_every_row_count_and_slot() -> None:
-    """Row counts 1 to 40 (the C part's and `_int_mm`'s where it is exact), the row in every slot
-    beside random rows of two scales and zeros: the same bits as the row alone."""
+def test_a_rows_values_are_the_same_at_every_row_count_and_slot(kernel: str, monkeypatch: Any) -> None:
+    """Row counts 1 to 40, with the C part taking up to 16 of them and `_int_mm` more where it is
+    exact, the row in every slot beside random rows of two scales and zeros: the same bits as the
+    row alone."""
+    monkeypatch.setattr(int8, "c_max_rows", lambda: 16)
     generator = torch.Generator().manual_seed(2)
     matrix = Int8Matrix.quantize(torch.randn(960, 576, generator=generator) * 0.05)
     row = torch.randn(576, generator=generator)
@@ -97,10 +118,12 @@ def test_a_saturating_int_mm_is_found_and_the_c_part_takes_every_row(monkeypatch
         return sums.to(torch.int32)
 
     int8.int_mm_exact.cache_clear()
+    int8.c_max_rows.cache_clear()
     monkeypatch.setattr(torch, "_int_mm", saturating)
     try:
         assert not int8.int_mm_exact()
-        assert "by the C part" in int8.describe()
+        assert int8.c_max_rows() > 1000
+        assert f"by the C part's {int8.kernel()} kernel" in int8.describe()
         generator = torch.Generator().manual_seed(3)
         matrix = Int8Matrix.quantize(torch.randn(64, 576, generator=generator))
         assert matrix.steps is None  # not kept where _int_mm is not used
@@ -109,8 +132,49 @@ def test_a_saturating_int_mm_is_found_and_the_c_part_takes_every_row(monkeypatch
     finally:
         monkeypatch.setattr(torch, "_int_mm", real)
         int8.int_mm_exact.cache_clear()
-    if int8.int_mm_exact():
-        assert "torch._int_mm beyond" in int8.describe()
+        int8.c_max_rows.cache_clear()
+
+
+def test_where_int_mm_takes_over_is_timed_and_said(monkeypatch: Any) -> None:
+    """Where `_int_mm` is exact, the C part takes the row counts up to the last of TIMED_ROWS at which
+    it was the faster, and the engine line says where `_int_mm` takes over (or that it does not)."""
+    if not int8.int_mm_exact():
+        pytest.skip("torch._int_mm is not exact here: the C part takes every row count")
+    calls: list[int] = []
+
+    def timed(times: int, product: Any, x: torch.Tensor) -> float:
+        calls.append(x.shape[0])
+        return 1.0 if product.__name__ == "c_product" else (2.0 if x.shape[0] <= 32 else 0.5)
+
+    monkeypatch.setattr(int8, "_best_of", timed)
+    int8.c_max_rows.cache_clear()
+    try:
+        assert int8.c_max_rows() == 32
+        assert max(calls) == 48  # timed no further than where _int_mm was the faster
+        assert f"the C part's {int8.kernel()} kernel up to 32 rows, torch._int_mm beyond" in int8.describe()
+        monkeypatch.setattr(int8, "_best_of", lambda times, product, x: 1.0)
+        int8.c_max_rows.cache_clear()
+        assert int8.c_max_rows() > 1000
+        assert "faster than torch._int_mm at up to 256 rows" in int8.describe()
+    finally:
+        int8.c_max_rows.cache_clear()
+
+
+def test_a_process_held_below_vnni_multiplies_with_the_avx2_kernel(monkeypatch: Any) -> None:
+    """PyTorch and oneDNN held to AVX2 (as tests do, to run what an AVX2-only CPU runs): the C part
+    holds to its AVX2 kernel too; unheld, it takes the last kernel this CPU runs."""
+    int8.kernel.cache_clear()
+    try:
+        for name in int8.HELD_BELOW_VNNI:
+            monkeypatch.delenv(name, raising=False)
+        assert int8.kernel() == int8.kernels()[-1]
+        for name, values in int8.HELD_BELOW_VNNI.items():
+            monkeypatch.setenv(name, values[-1].upper())
+            int8.kernel.cache_clear()
+            assert int8.kernel() == ("avx2" if "avx2" in int8.kernels() else int8.kernels()[-1])
+            monkeypatch.delenv(name)
+    finally:
+        int8.kernel.cache_clear()
 
 
 def test_the_vector_turn_gives_the_portable_codes_bytes() -> None:

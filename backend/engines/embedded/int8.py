@@ -9,18 +9,24 @@ text, the layers' and output layer's rows and weights in int8 this way cost 0.00
 against float32 (`python -m bench.rounding`; about six times that without the turn).
 
 The product of the int8 rows and weights is summed in int32, where every order of addition gives
-the same integer: by the C part (int8_rows.c, from the weights packed for it) for up to
-`C_MAX_ROWS` rows, by PyTorch's `torch._int_mm` (oneDNN, with AVX-512 VNNI or AMX where the CPU has
-them; from a second copy of the steps in its layout) beyond, where this process found `_int_mm`
-exact (`int_mm_exact`), else by the C part for every row count. Each sum is then scaled to float32
-by two rounded products, the row's scale and the weight row's, the same in C and in PyTorch: a
-row's values are the same alone, beside any rows and at any row count, on every CPU, with no block
-size to check.
+the same integer: by the C part (int8_rows.c, from the weights packed for it; its AVX-512 VNNI
+kernel where the CPU has it, else its AVX2 one: `kernel`) for up to `c_max_rows()` rows, by
+PyTorch's `torch._int_mm` (oneDNN, with AVX-512 VNNI or AMX where the CPU has them; from a second
+copy of the steps in its layout) beyond, where this process found `_int_mm` exact
+(`int_mm_exact`), else by the C part for every row count. Where the one takes over from the other
+is timed at start (`c_max_rows`). Each sum is then scaled to float32 by two rounded products, the
+row's scale and the weight row's, the same in C and in PyTorch: a row's values are the same alone,
+beside any rows and at any row count, with either kernel, on every CPU, with no block size to
+check.
 """
 
 from __future__ import annotations
 
 import functools
+import os
+import sys
+import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -33,17 +39,28 @@ except ImportError:  # not built (no C compiler)
 GROUP = 64
 """Values turned together (each group of a row by the Walsh-Hadamard matrix of this size)."""
 
-C_MAX_ROWS = 8
-"""The most rows the C part's products take where `torch._int_mm` is exact; more go to `_int_mm`.
-(A decode step's products on a 2-core AMD EPYC with AVX-512 VNNI: the C part 6.2 ms at 1 row
-against 14.5 for `_int_mm`, 20.0 against 24.2 at 8 rows; `_int_mm` 30 ms at 16 rows, where the C
-part's time goes up by a row's.)"""
+TIMED_ROWS = (1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128, 192, 256)
+"""Row counts at which the C part and `torch._int_mm` are timed against each other at start
+(`c_max_rows`), up to the first where `_int_mm` is faster."""
+
+TIMED_SHAPES = ((960, 576), (576, 576), (3072, 576), (576, 1536))
+"""The stand-in weight matrices [N, K] they are timed on: a layer of the default model (its query,
+key and value rows, its output, its gate and up rows, its down rows)."""
 
 WEIGHT_ROWS = 4
 """Weight rows the C part multiplies together (int8_rows.c)."""
 
 CHUNK = 32
 """Columns of a packed group's row side by side (int8_rows.c)."""
+
+
+HELD_BELOW_VNNI = {
+    "ATEN_CPU_CAPABILITY": ("default", "avx2"),
+    "ONEDNN_MAX_CPU_ISA": ("sse41", "avx", "avx2", "avx2_vnni", "avx2_vnni_2", "avx512_core"),
+}
+"""The settings that hold PyTorch's and oneDNN's kernels below AVX-512 VNNI, and their values that do:
+in a process run with one of them the C part holds to its AVX2 kernel too, as an AVX2-only CPU runs
+it."""
 
 
 def available() -> tuple[bool, str]:
@@ -53,6 +70,23 @@ def available() -> tuple[bool, str]:
     if not _int8_rows.available():
         return False, "this CPU lacks AVX2 for the int8 products' C part"
     return True, ""
+
+
+def kernels() -> tuple[str, ...]:
+    """The C part's kernels this CPU runs, in the order of their numbers: "avx2", then "avx512-vnni"
+    where the CPU has AVX-512 VNNI ("portable": plain C loops, off x86)."""
+    return tuple(_int8_rows.kernels()) if _int8_rows is not None else ()
+
+
+@functools.cache
+def kernel() -> str:
+    """The kernel the C part multiplies with in this process: the last of `kernels()`, unless a
+    setting of `HELD_BELOW_VNNI` holds the process's libraries below AVX-512 VNNI."""
+    here = kernels()
+    held = any(os.environ.get(name, "").lower() in values for name, values in HELD_BELOW_VNNI.items())
+    if held and "avx512-vnni" in here:
+        return "avx2"
+    return here[-1]
 
 
 @functools.cache
@@ -79,12 +113,56 @@ def int_mm_exact() -> bool:
     return True
 
 
+@functools.cache
+def c_max_rows() -> int:
+    """The most rows the C part multiplies in this process; `torch._int_mm` takes more. Where
+    `_int_mm` is exact: the largest of TIMED_ROWS up to which the C part was the faster of the two
+    on the TIMED_SHAPES matrices (each product timed three times, the best kept, summed over the
+    matrices; about a tenth of a second at start on one thread), every row count where it stayed
+    faster at all of them, none where `_int_mm` won at one row. Where `_int_mm` is not exact,
+    every row count."""
+    if not int_mm_exact():
+        return sys.maxsize
+    generator = torch.Generator().manual_seed(0)
+    matrices = [Int8Matrix.quantize(torch.randn(*shape, generator=generator)) for shape in TIMED_SHAPES]
+    fastest = 0
+    for rows in TIMED_ROWS:
+        c_part = int_mm = 0.0
+        for matrix in matrices:
+            x = torch.randn(rows, matrix.shape[1], generator=generator)
+            c_part += _best_of(3, matrix.c_product, x)
+            int_mm += _best_of(3, matrix.int_mm_product, x)
+        if int_mm < c_part:
+            return fastest
+        fastest = rows
+    return sys.maxsize
+
+
+def _best_of(times: int, product: Callable[[torch.Tensor], torch.Tensor], x: torch.Tensor) -> float:
+    """The shortest of `times` timings of `product(x)`, in seconds (after one call that is not
+    timed: a library's first call at a shape prepares its kernel)."""
+    product(x)
+    best = float("inf")
+    for _ in range(times):
+        started = time.perf_counter()
+        product(x)
+        best = min(best, time.perf_counter() - started)
+    return best
+
+
 def describe() -> str:
     """The engine line's words for how the int8 products run here."""
     made = "turned by a Hadamard matrix, summed exactly in int32"
-    if int_mm_exact():
-        return f"int8 rows and weights, {made}: the C part up to {C_MAX_ROWS} rows, torch._int_mm beyond"
-    return f"int8 rows and weights, {made} by the C part (torch._int_mm is not exact here)"
+    part = f"the C part's {kernel()} kernel"
+    if not int_mm_exact():
+        return f"int8 rows and weights, {made} by {part} (torch._int_mm is not exact here)"
+    limit = c_max_rows()
+    if limit == sys.maxsize:
+        faster = f"faster than torch._int_mm at up to {TIMED_ROWS[-1]} rows"
+        return f"int8 rows and weights, {made} by {part} ({faster})"
+    if limit == 0:
+        return f"int8 rows and weights, {made} by torch._int_mm (faster than {part} at one row)"
+    return f"int8 rows and weights, {made}: {part} up to {limit} rows, torch._int_mm beyond (timed at start)"
 
 
 def _hadamard() -> torch.Tensor:
@@ -118,6 +196,9 @@ class Int8Matrix:
     side by side (zero rows after the last), as the C part reads them."""
     scales: torch.Tensor
     """float32 [out_features]."""
+    sums: torch.Tensor
+    """int32 [out_features rounded up to 4]: each weight row's sum of steps (the VNNI kernel's
+    products are of x + 128, 128 times this too many)."""
     steps: torch.Tensor | None
     """int8 [out_features, in_features], for `torch._int_mm`; None where it is not exact here."""
 
@@ -129,7 +210,8 @@ class Int8Matrix:
         padded = torch.zeros(-(-n // WEIGHT_ROWS) * WEIGHT_ROWS, k, dtype=torch.int8)
         padded[:n] = steps
         packed = padded.view(-1, WEIGHT_ROWS, k // CHUNK, CHUNK).permute(0, 2, 1, 3).contiguous()
-        return cls(packed, scales, steps if int_mm_exact() else None)
+        sums = padded.sum(1, dtype=torch.int32)
+        return cls(packed, scales, sums, steps if int_mm_exact() else None)
 
     @property
     def shape(self) -> tuple[int, int]:
@@ -143,9 +225,9 @@ class Int8Matrix:
 
     @property
     def nbytes(self) -> int:
-        """Bytes held: the packed steps, the steps for `_int_mm` where kept, and the scales."""
+        """Bytes held: the packed steps, the steps for `_int_mm` where kept, the scales and sums."""
         steps = 0 if self.steps is None else self.steps.numel()
-        return self.packed.numel() + steps + self.scales.numel() * 4
+        return self.packed.numel() + steps + self.scales.numel() * 4 + self.sums.numel() * 4
 
     @property
     def step_bytes(self) -> int:
@@ -154,22 +236,41 @@ class Int8Matrix:
 
     def product(self, x: torch.Tensor) -> torch.Tensor:
         """x[rows, K] @ weight^T as float32 [rows, N]: x turned and rounded row by row, the int32 sums
-        times the row's scale, rounded, times the weight row's, rounded."""
+        times the row's scale, rounded, times the weight row's, rounded (by the C part, or by
+        `torch._int_mm` beyond `c_max_rows()` rows: the same values)."""
+        if x.shape[0] > c_max_rows() and self.steps is not None:
+            return self.int_mm_product(x)
+        return self.c_product(x)
+
+    def int_mm_product(self, x: torch.Tensor) -> torch.Tensor:
+        """`product` with the sums made by `torch._int_mm` (where `steps` is kept)."""
+        assert self.steps is not None, "the steps for torch._int_mm are not kept here"
+        x = x.to(torch.float32).contiguous()
+        rows, n = x.shape[0], self.shape[0]
+        q, row_scales = rotate_quantize(x)
+        sums = torch._int_mm(q, self.steps.t())
+        out = torch.empty(rows, n, dtype=torch.float32)
+        scales = self.scales.data_ptr()
+        _int8_rows.scale(out.data_ptr(), sums.data_ptr(), row_scales.data_ptr(), scales, rows, n)
+        return out
+
+    def c_product(self, x: torch.Tensor) -> torch.Tensor:
+        """`product` with the sums made by the C part, with `kernel()`."""
         x = x.to(torch.float32).contiguous()
         rows, (n, k) = x.shape[0], self.shape
-        if rows > C_MAX_ROWS and self.steps is not None:
-            q, row_scales = rotate_quantize(x)
-            sums = torch._int_mm(q, self.steps.t())
-            out = torch.empty(rows, n, dtype=torch.float32)
-            _int8_rows.scale(
-                out.data_ptr(), sums.data_ptr(), row_scales.data_ptr(), self.scales.data_ptr(), rows, n
-            )
-            return out
         if x.shape[1] != k:
             raise ValueError(f"rows of {x.shape[1]} values for weights of {n} x {k}")
         out = torch.empty(rows, n, dtype=torch.float32)
         _int8_rows.linear(
-            out.data_ptr(), x.data_ptr(), self.packed.data_ptr(), self.scales.data_ptr(), rows, n, k
+            out.data_ptr(),
+            x.data_ptr(),
+            self.packed.data_ptr(),
+            self.scales.data_ptr(),
+            self.sums.data_ptr(),
+            rows,
+            n,
+            k,
+            kernels().index(kernel()),
         )
         return out
 

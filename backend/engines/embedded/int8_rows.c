@@ -15,12 +15,20 @@
  * products round them, int8.py's path for more rows). The sums are integers, exact whatever the
  * order the CPU adds them in (K * 127 * 127 fits in int32 for K up to MAX_K), so a row's values are
  * the same alone, beside any rows, and equal to any other exact product's (PyTorch's `_int_mm`
- * where it is exact): batch-invariant by construction. 32 products at a time: |x| as unsigned
- * bytes times w with x's sign (AVX2's vpmaddubsw: two products of at most 127 x 127 added in 16
- * bits, which cannot saturate), pairs of those added into 32 bits (vpmaddwd by ones). Each group is
- * read from memory once for every input row (a decode step's few rows).
+ * where it is exact): batch-invariant by construction. Two kernels make the same sums:
  *
- * `available()` says whether this CPU has AVX2; on another architecture the sums are plain C loops.
+ * - KERNEL_AVX2, 32 products at a time: |x| as unsigned bytes times w with x's sign (AVX2's
+ *   vpmaddubsw: two products of at most 127 x 127 added in 16 bits, which cannot saturate), pairs of
+ *   those added into 32 bits (vpmaddwd by ones); two input rows at a time.
+ * - KERNEL_AVX512_VNNI, 64 products at a time: x + 128 as unsigned bytes times w, four products
+ *   added straight into 32 bits (vpdpbusd, which has no 16-bit step to saturate), two weight rows in
+ *   each 512-bit register and up to eight input rows at a time; 128 times the weight row's sum of
+ *   steps is taken off after (all integers, so the sum is the same one).
+ *
+ * Each group is read from memory once for every input row (a decode step's few rows); rows after
+ * the first tile read it again from the core's cache.
+ *
+ * `kernels()` names the kernels this CPU runs; on another architecture the sums are plain C loops.
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -41,6 +49,7 @@
 #define INT8_ROWS_X86 1
 #include <immintrin.h>
 #define TARGET __attribute__((target("avx2")))
+#define TARGET_VNNI __attribute__((target("avx2,avx512f,avx512bw,avx512vnni")))
 #else
 #define TARGET
 #endif
@@ -207,12 +216,113 @@ TARGET static inline void group_sums2(int32_t *sums0, int32_t *sums1, const int8
 #endif
 }
 
+
+enum { KERNEL_AVX2 = 0, KERNEL_AVX512_VNNI = 1 };
+
+/* Input rows a VNNI tile multiplies together: two accumulators each, 16 registers in all. */
+#define VNNI_TILE 8
+
+#ifdef INT8_ROWS_X86
+/* The four int32 sums of weight rows 0..3 for one input row, from its accumulators: `a` holding rows
+ * 0 and 1 (eight lanes each), `b` rows 2 and 3. */
+TARGET_VNNI static inline __m128i four_sums(__m512i a, __m512i b) {
+    const __m256i row0 = _mm512_castsi512_si256(a), row1 = _mm512_extracti64x4_epi64(a, 1);
+    const __m256i row2 = _mm512_castsi512_si256(b), row3 = _mm512_extracti64x4_epi64(b, 1);
+    /* Pairwise sums: lanes of [row0 row1 | row0 row1] then [0 1 2 3 | 0 1 2 3] within each half. */
+    const __m256i s = _mm256_hadd_epi32(_mm256_hadd_epi32(row0, row1), _mm256_hadd_epi32(row2, row3));
+    return _mm_add_epi32(_mm256_castsi256_si128(s), _mm256_extracti128_si256(s, 1));
+}
+
+/* out[r][n + j] for r < R rows of `shifted` (each row's steps + 128, as unsigned bytes, K apart)
+ * and j < `count` weight rows of the packed group `w`: each exact int32 sum (128 times the weight
+ * row's sum of steps `wsums` taken off, which each vpdpbusd sum holds too many) times the row's
+ * scale, rounded, times the weight row's `ws`, rounded, four lanes at a time (each lane rounded
+ * as the scalar products are). Inlined with constant R, so that the accumulators stay in
+ * registers. */
+TARGET_VNNI static inline __attribute__((always_inline)) void group_vnni(float *out, Py_ssize_t N,
+                                                                         const uint8_t *shifted,
+                                                                         const float *row_scales, const int8_t *w,
+                                                                         const float *ws, const int32_t *wsums,
+                                                                         Py_ssize_t count, Py_ssize_t K,
+                                                                         const int R) {
+    __m512i acc[VNNI_TILE][2];
+    for (int r = 0; r < R; r++) acc[r][0] = acc[r][1] = _mm512_setzero_si512();
+    for (Py_ssize_t k = 0; k < K; k += CHUNK) {
+        const int8_t *chunk = w + k * WEIGHT_ROWS;
+        __builtin_prefetch(chunk + AHEAD);
+        __builtin_prefetch(chunk + AHEAD + 64);
+        /* Weight rows 0 and 1 in one register, 2 and 3 in the other: 32 steps each. */
+        const __m512i w01 = _mm512_loadu_si512((const void *)chunk);
+        const __m512i w23 = _mm512_loadu_si512((const void *)(chunk + 2 * CHUNK));
+        for (int r = 0; r < R; r++) {
+            const __m512i x =
+                _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)(shifted + r * K + k)));
+            acc[r][0] = _mm512_dpbusd_epi32(acc[r][0], x, w01);
+            acc[r][1] = _mm512_dpbusd_epi32(acc[r][1], x, w23);
+        }
+    }
+    const __m128i offset = _mm_slli_epi32(_mm_loadu_si128((const __m128i *)wsums), 7);
+    float scales[4] = {0};
+    for (Py_ssize_t j = 0; j < count; j++) scales[j] = ws[j];
+    const __m128 weight_scales = _mm_loadu_ps(scales);
+    for (int r = 0; r < R; r++) {
+        const __m128i sums = _mm_sub_epi32(four_sums(acc[r][0], acc[r][1]), offset);
+        const __m128 scaled = _mm_mul_ps(_mm_cvtepi32_ps(sums), _mm_set1_ps(row_scales[r]));
+        const __m128 y = _mm_mul_ps(scaled, weight_scales);
+        if (count == WEIGHT_ROWS) {
+            _mm_storeu_ps(out + r * N, y);
+        } else {
+            float lanes4[4];
+            _mm_storeu_ps(lanes4, y);
+            for (Py_ssize_t j = 0; j < count; j++) out[r * N + j] = lanes4[j];
+        }
+    }
+}
+
+/* group_vnni for a tile of `R` rows (1..VNNI_TILE), each size with its own constant bounds. */
+TARGET_VNNI static void tile_vnni(float *out, Py_ssize_t N, const uint8_t *shifted, const float *row_scales,
+                                  const int8_t *w, const float *ws, const int32_t *wsums, Py_ssize_t count,
+                                  Py_ssize_t K, Py_ssize_t R) {
+#define TILE(rows) group_vnni(out, N, shifted, row_scales, w, ws, wsums, count, K, rows)
+    switch (R) {
+    case 1: TILE(1); break;
+    case 2: TILE(2); break;
+    case 3: TILE(3); break;
+    case 4: TILE(4); break;
+    case 5: TILE(5); break;
+    case 6: TILE(6); break;
+    case 7: TILE(7); break;
+    default: TILE(8); break;
+    }
+#undef TILE
+}
+
+/* Whether this CPU (and its operating system) runs KERNEL_AVX512_VNNI. */
+static int vnni_here(void) {
+    __builtin_cpu_init();
+    return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+           __builtin_cpu_supports("avx512vnni");
+}
+#endif
+
 static PyObject *available(PyObject *self, PyObject *unused) {
 #ifdef INT8_ROWS_X86
     __builtin_cpu_init();
     return PyBool_FromLong(__builtin_cpu_supports("avx2"));
 #else
     Py_RETURN_TRUE;
+#endif
+}
+
+/* The kernels this CPU runs, by name, in the order of their numbers (KERNEL_*). */
+static PyObject *kernels(PyObject *self, PyObject *unused) {
+#ifdef INT8_ROWS_X86
+    __builtin_cpu_init();
+    if (!__builtin_cpu_supports("avx2")) return Py_BuildValue("()");
+    if (vnni_here()) return Py_BuildValue("(ss)", "avx2", "avx512-vnni");
+    return Py_BuildValue("(s)", "avx2");
+#else
+    return Py_BuildValue("(s)", "portable");
 #endif
 }
 
@@ -246,26 +356,11 @@ static PyObject *rotate_quantize(PyObject *self, PyObject *args) {
     Py_RETURN_NONE;
 }
 
-static PyObject *linear(PyObject *self, PyObject *args) {
-    unsigned long long y, x, w, weight_scales;
-    Py_ssize_t rows, N, K;
-    if (!PyArg_ParseTuple(args, "KKKKnnn", &y, &x, &w, &weight_scales, &rows, &N, &K)) return NULL;
-    if (!check_k(K, rows) || N < 0) return NULL;
-    int8_t *q = malloc((size_t)(rows ? rows : 1) * (size_t)K);
-    float *row_scales = malloc((size_t)(rows ? rows : 1) * sizeof(float));
-    float *turned = scratch(K);
-    if (!q || !row_scales || !turned) {
-        free(q);
-        free(row_scales);
-        free(turned);
-        return PyErr_NoMemory();
-    }
-    Py_BEGIN_ALLOW_THREADS;
-    float *out = (float *)y;
-    const float *ws = (const float *)weight_scales;
-    for (Py_ssize_t r = 0; r < rows; r++) row_scales[r] = turn_round(q + r * K, (const float *)x + r * K, K, turned);
+/* y [rows, N] from rows x with the AVX2 kernel (or the plain loops): two rows at a time. */
+static void linear_pairs(float *out, const int8_t *q, const float *row_scales, const int8_t *w, const float *ws,
+                         Py_ssize_t rows, Py_ssize_t N, Py_ssize_t K) {
     for (Py_ssize_t n = 0; n < N; n += WEIGHT_ROWS) {
-        const int8_t *group = (const int8_t *)w + n * K;
+        const int8_t *group = w + n * K;
         Py_ssize_t count = N - n < WEIGHT_ROWS ? N - n : WEIGHT_ROWS;
         for (Py_ssize_t r = 0; r < rows; r += 2) {
             int32_t sums[2][WEIGHT_ROWS];
@@ -281,6 +376,68 @@ static PyObject *linear(PyObject *self, PyObject *args) {
             }
         }
     }
+}
+
+#ifdef INT8_ROWS_X86
+/* y [rows, N] with the AVX-512 VNNI kernel: tiles of up to VNNI_TILE rows, from `q` shifted to
+ * unsigned bytes (in place: q is this call's own buffer). */
+TARGET_VNNI static void linear_vnni(float *out, int8_t *q, const float *row_scales, const int8_t *w,
+                                    const float *ws, const int32_t *wsums, Py_ssize_t rows, Py_ssize_t N,
+                                    Py_ssize_t K) {
+    const __m256i flip = _mm256_set1_epi8((char)0x80);
+    for (Py_ssize_t i = 0; i < rows * K; i += 32) {
+        __m256i v = _mm256_loadu_si256((const __m256i *)(q + i));
+        _mm256_storeu_si256((__m256i *)(q + i), _mm256_xor_si256(v, flip)); /* x + 128, as a byte */
+    }
+    const uint8_t *shifted = (const uint8_t *)q;
+    for (Py_ssize_t n = 0; n < N; n += WEIGHT_ROWS) {
+        const Py_ssize_t count = N - n < WEIGHT_ROWS ? N - n : WEIGHT_ROWS;
+        for (Py_ssize_t r = 0; r < rows; r += VNNI_TILE) {
+            const Py_ssize_t tile = rows - r < VNNI_TILE ? rows - r : VNNI_TILE;
+            tile_vnni(out + r * N + n, N, shifted + r * K, row_scales + r, w + n * K, ws + n, wsums + n, count, K,
+                      tile);
+        }
+    }
+}
+#endif
+
+static PyObject *linear(PyObject *self, PyObject *args) {
+    unsigned long long y, x, w, weight_scales, weight_sums;
+    Py_ssize_t rows, N, K;
+    int kernel;
+    if (!PyArg_ParseTuple(args, "KKKKKnnni", &y, &x, &w, &weight_scales, &weight_sums, &rows, &N, &K, &kernel))
+        return NULL;
+    if (!check_k(K, rows) || N < 0) return NULL;
+    if (kernel != KERNEL_AVX2 && kernel != KERNEL_AVX512_VNNI) {
+        PyErr_Format(PyExc_ValueError, "no int8 kernel numbered %d", kernel);
+        return NULL;
+    }
+#ifdef INT8_ROWS_X86
+    if (kernel == KERNEL_AVX512_VNNI && !vnni_here()) {
+        PyErr_SetString(PyExc_RuntimeError, "this CPU lacks AVX-512 VNNI for the int8 kernel asked for");
+        return NULL;
+    }
+#else
+    kernel = KERNEL_AVX2; /* the plain loops */
+#endif
+    int8_t *q = malloc((size_t)(rows ? rows : 1) * (size_t)K);
+    float *row_scales = malloc((size_t)(rows ? rows : 1) * sizeof(float));
+    float *turned = scratch(K);
+    if (!q || !row_scales || !turned) {
+        free(q);
+        free(row_scales);
+        free(turned);
+        return PyErr_NoMemory();
+    }
+    Py_BEGIN_ALLOW_THREADS;
+    for (Py_ssize_t r = 0; r < rows; r++) row_scales[r] = turn_round(q + r * K, (const float *)x + r * K, K, turned);
+#ifdef INT8_ROWS_X86
+    if (kernel == KERNEL_AVX512_VNNI)
+        linear_vnni((float *)y, q, row_scales, (const int8_t *)w, (const float *)weight_scales,
+                    (const int32_t *)weight_sums, rows, N, K);
+    else
+#endif
+        linear_pairs((float *)y, q, row_scales, (const int8_t *)w, (const float *)weight_scales, rows, N, K);
     Py_END_ALLOW_THREADS;
     free(q);
     free(row_scales);
@@ -316,9 +473,11 @@ static PyMethodDef methods[] = {
     {"rotate_quantize", rotate_quantize, METH_VARARGS,
      "rotate_quantize(q, scales, x, rows, K, plain=False): int8 [rows, K] and float32 [rows] from float32 "
      "[rows, K], by address (`plain`: the portable C, for tests)."},
+    {"kernels", kernels, METH_NOARGS, "The names of the product kernels this CPU runs, by their numbers."},
     {"linear", linear, METH_VARARGS,
-     "linear(y, x, packed, scales, rows, N, K): float32 [rows, N] from float32 [rows, K] and packed int8 "
-     "weights [N, K] with float32 scales [N], by address."},
+     "linear(y, x, packed, scales, sums, rows, N, K, kernel): float32 [rows, N] from float32 [rows, K] and "
+     "packed int8 weights [N, K] with float32 scales [N] and int32 sums of steps [N rounded up to 4], by "
+     "address, with kernel number `kernel` (an index into kernels())."},
     {"scale", scale, METH_VARARGS,
      "scale(y, sums, row_scales, weight_scales, rows, N): float32 [rows, N] from int32 sums, by address."},
     {NULL, NULL, 0, NULL},
