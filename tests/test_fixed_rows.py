@@ -281,6 +281,7 @@ HELD_TO_AVX2 = {
 """PyTorch, oneDNN and MKL held to AVX2: the kernels an AVX2-only CPU runs, on any newer x86 CPU."""
 
 
+@pytest.mark.timeout(600)  # a pytest of its own that starts an engine for each path (minutes on 2 busy cores)
 def test_the_library_paths_are_batch_invariant_with_the_libraries_held_to_avx2() -> None:
     """The row-by-row invariance above, in a process whose libraries run their AVX2 kernels (as on
     the AVX2-only machines users and Spaces have), for every PyTorch path: each settles on row
