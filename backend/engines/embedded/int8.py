@@ -40,12 +40,18 @@ GROUP = 64
 """Values turned together (each group of a row by the Walsh-Hadamard matrix of this size)."""
 
 TIMED_ROWS = (1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128, 192, 256)
-"""Row counts at which the C part and `torch._int_mm` are timed against each other at start
-(`c_max_rows`), up to the first where `_int_mm` is faster."""
+"""Row counts at which the C part and `torch._int_mm` are timed against each other (`c_max_rows`),
+up to the first where `_int_mm` takes over."""
 
-TIMED_SHAPES = ((960, 576), (576, 576), (3072, 576), (576, 1536))
-"""The stand-in weight matrices [N, K] they are timed on: a layer of the default model (its query,
-key and value rows, its output, its gate and up rows, its down rows)."""
+TIMED_SHAPES = (((960, 576), 30), ((576, 576), 30), ((3072, 576), 30), ((576, 1536), 30), ((12288, 576), 4))
+"""The stand-in weight matrices [N, K] they are timed on, and how many of each a step multiplies:
+a decode step of the default model (30 layers' query, key and value rows, output, gate and up rows
+and down rows; its output layer of 49,152 rows as four of a quarter of them)."""
+
+TAKE_OVER = 0.9
+"""`torch._int_mm` takes rows over from the C part where its products take at most this share of
+the C part's time: a margin over the timings' noise, so that where the two are level (on the
+Zen 4 host, 24 to 48 rows) the choice does not change from one start to the next."""
 
 WEIGHT_ROWS = 4
 """Weight rows the C part multiplies together (int8_rows.c)."""
@@ -116,29 +122,32 @@ def int_mm_exact() -> bool:
 @functools.cache
 def c_max_rows() -> int:
     """The most rows the C part multiplies in this process; `torch._int_mm` takes more. Where
-    `_int_mm` is exact: the largest of TIMED_ROWS up to which the C part was the faster of the two
-    on the TIMED_SHAPES matrices (each product timed three times, the best kept, summed over the
-    matrices; about a tenth of a second at start on one thread), every row count where it stayed
-    faster at all of them, none where `_int_mm` won at one row. Where `_int_mm` is not exact,
-    every row count."""
+    `_int_mm` is exact: the largest of TIMED_ROWS before the first at which `_int_mm`'s products
+    over a step's TIMED_SHAPES took at most TAKE_OVER of the C part's time (each product timed
+    twice, the shorter kept, times how many a step has; 0.2-0.3 s at start on one thread on the
+    Zen 4 host), every row count where that never happened, none where it happened at one row. Where
+    `_int_mm` is not exact, every row count."""
     if not int_mm_exact():
         return sys.maxsize
     generator = torch.Generator().manual_seed(0)
-    matrices = [Int8Matrix.quantize(torch.randn(*shape, generator=generator)) for shape in TIMED_SHAPES]
+    matrices = [
+        (Int8Matrix.quantize(torch.randn(*shape, generator=generator)), count)
+        for shape, count in TIMED_SHAPES
+    ]
     fastest = 0
     for rows in TIMED_ROWS:
         c_part = int_mm = 0.0
-        for matrix in matrices:
+        for matrix, count in matrices:
             x = torch.randn(rows, matrix.shape[1], generator=generator)
-            c_part += _best_of(3, matrix.c_product, x)
-            int_mm += _best_of(3, matrix.int_mm_product, x)
-        if int_mm < c_part:
+            c_part += count * _shortest(2, matrix.c_product, x)
+            int_mm += count * _shortest(2, matrix.int_mm_product, x)
+        if int_mm <= TAKE_OVER * c_part:
             return fastest
         fastest = rows
     return sys.maxsize
 
 
-def _best_of(times: int, product: Callable[[torch.Tensor], torch.Tensor], x: torch.Tensor) -> float:
+def _shortest(times: int, product: Callable[[torch.Tensor], torch.Tensor], x: torch.Tensor) -> float:
     """The shortest of `times` timings of `product(x)`, in seconds (after one call that is not
     timed: a library's first call at a shape prepares its kernel)."""
     product(x)
@@ -158,8 +167,8 @@ def describe() -> str:
         return f"int8 rows and weights, {made} by {part} (torch._int_mm is not exact here)"
     limit = c_max_rows()
     if limit == sys.maxsize:
-        faster = f"faster than torch._int_mm at up to {TIMED_ROWS[-1]} rows"
-        return f"int8 rows and weights, {made} by {part} ({faster})"
+        level = f"torch._int_mm no faster at up to {TIMED_ROWS[-1]} rows"
+        return f"int8 rows and weights, {made} by {part} ({level})"
     if limit == 0:
         return f"int8 rows and weights, {made} by torch._int_mm (faster than {part} at one row)"
     return f"int8 rows and weights, {made}: {part} up to {limit} rows, torch._int_mm beyond (timed at start)"
