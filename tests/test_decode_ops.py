@@ -77,6 +77,37 @@ def test_attention_reads_each_rows_own_positions_as_masked_sdpa_does() -> None:
         assert torch.allclose(out[r], expected.reshape(-1), atol=2e-6), (r, length)
 
 
+def test_a_float16_cache_holds_the_rounded_keys_and_attention_reads_them_exactly() -> None:
+    """With a float16 cache (the scheduler's), rope_store writes each key and value rounded as
+    PyTorch rounds float32 to float16, and attention over it gives, bit for bit, what attention gives
+    over a float32 cache holding those rounded values."""
+    torch.manual_seed(0)
+    rows, heads, kv_heads, dim, capacity = 3, 9, 3, 64, 16
+    qkv = torch.randn(rows, (heads + 2 * kv_heads) * dim) * 4
+    qkv[0, -dim:] = 70000.0  # past float16's range: infinity, as PyTorch rounds it
+    angles = torch.randn(40, dim)
+    cos, sin = angles.cos(), angles.sin()
+    positions = torch.tensor([0, 7, 15])
+    wide = torch.zeros(4, kv_heads, capacity, dim), torch.zeros(4, kv_heads, capacity, dim)
+    half = tuple(torch.zeros(4, kv_heads, capacity, dim, dtype=torch.float16) for _ in range(2))
+    q = decode_ops.rope_store(qkv, cos, sin, positions, *wide, heads)
+    assert torch.equal(decode_ops.rope_store(qkv, cos, sin, positions, *half, heads), q)
+    for rounded, exact in zip(half, wide, strict=True):
+        assert torch.equal(rounded, exact.to(torch.float16))
+    assert half[1][0, -1, 0].isinf().all()
+    keys, values = torch.randn(6, kv_heads, 64, dim).half(), torch.randn(6, kv_heads, 64, dim).half()
+    q = torch.randn(5, kv_heads * 3 * dim)
+    lengths = torch.tensor([1, 8, 9, 50, 64])
+    assert torch.equal(
+        decode_ops.attention(q, keys, values, lengths, 0.125),
+        decode_ops.attention(q, keys.float(), values.float(), lengths, 0.125),
+    )
+    with pytest.raises(ValueError, match="bfloat16"):
+        decode_ops.attention(q, keys.bfloat16(), values.bfloat16(), lengths, 0.125)
+    with pytest.raises(ValueError, match="values must be"):
+        decode_ops.attention(q, keys, values.float(), lengths, 0.125)
+
+
 def test_linear_add_rounds_as_the_sum_of_the_product() -> None:
     torch.manual_seed(0)
     x, weight, y = torch.randn(6, 576), torch.randn(1536, 576) * 0.05, torch.randn(6, 1536)
@@ -136,16 +167,21 @@ def prompts_in(cache, model, tokenizer, texts: list[str], copies: int) -> list[i
 TEXTS = ["Name three colours.", "Why is the sky blue?", "Write a haiku about rain."]
 
 
-def test_decode_on_the_ops_picks_the_pytorch_steps_greedy_tokens(bundled) -> None:
-    """Rows of three prompts at different lengths, 40 greedy steps each way: the same tokens at
-    every step, logits within 2e-4 (the sums add in another order: up to 1.1e-4 measured, logits
-    of magnitude up to ~20)."""
+@pytest.mark.parametrize(("dtype", "within"), [(torch.float32, 2e-4), (torch.float16, 2e-2)])
+def test_decode_on_the_ops_picks_the_pytorch_steps_greedy_tokens(
+    bundled, dtype: torch.dtype, within: float
+) -> None:
+    """Rows of three prompts at different lengths, 40 greedy steps each way, with a float32 cache
+    and with a float16 one (the scheduler's): the same tokens at every step, logits within 2e-4 in
+    float32 (the sums add in another order: up to 1.1e-4 measured, logits of magnitude up to ~20),
+    2e-2 in float16 (a key or value that far apart can round to the neighbouring float16, 2^-11 of
+    it away, and the next steps read it: 1.5e-3 after one step, up to 1.1e-2 measured over 40)."""
     from backend.engines.embedded.model import RowCache
 
     config, model, tokenizer = bundled
     caches, tokens = {}, {}
     for way in ("ops", "pytorch"):
-        caches[way] = RowCache(config, 6, 512, torch.float32)
+        caches[way] = RowCache(config, 6, 512, dtype)
         tokens[way] = torch.tensor(prompts_in(caches[way], model, tokenizer, TEXTS, 2))
     words = [int(tokens["ops"][2])]
     for _ in range(40):
@@ -156,7 +192,7 @@ def test_decode_on_the_ops_picks_the_pytorch_steps_greedy_tokens(bundled) -> Non
                 logits[way] = model.decode(tokens[way], cache)
             finally:
                 decode_ops.configure()
-        assert (logits["ops"] - logits["pytorch"]).abs().max() < 2e-4
+        assert (logits["ops"] - logits["pytorch"]).abs().max() < within
         tokens = {way: values.argmax(-1) for way, values in logits.items()}
         assert torch.equal(tokens["ops"], tokens["pytorch"])
         words.append(int(tokens["ops"][2]))
@@ -164,12 +200,14 @@ def test_decode_on_the_ops_picks_the_pytorch_steps_greedy_tokens(bundled) -> Non
     assert any(word in answer for word in ("scatter", "light", "atmosphere", "sky")), answer
 
 
-def test_a_rows_values_do_not_depend_on_the_rows_beside_it(bundled) -> None:
-    """One prompt decoded alone and beside rows of other prompts: its logits bit for bit the same."""
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+def test_a_rows_values_do_not_depend_on_the_rows_beside_it(bundled, dtype: torch.dtype) -> None:
+    """One prompt decoded alone and beside rows of other prompts: its logits bit for bit the same,
+    with a float32 cache and with a float16 one."""
     from backend.engines.embedded.model import RowCache
 
     config, model, tokenizer = bundled
-    alone, crowded = RowCache(config, 1, 512, torch.float32), RowCache(config, 7, 512, torch.float32)
+    alone, crowded = RowCache(config, 1, 512, dtype), RowCache(config, 7, 512, dtype)
     mine = torch.tensor(prompts_in(alone, model, tokenizer, TEXTS[1:2], 1))
     theirs = prompts_in(crowded, model, tokenizer, TEXTS[1:2] + TEXTS[:1] + TEXTS[2:], 1)
     theirs = torch.tensor(theirs + prompts_in(crowded, model, tokenizer, TEXTS[:1], 4))
@@ -205,14 +243,15 @@ def test_rows_reading_their_prompt_from_one_row_get_what_their_own_copies_give()
         decode_ops.attention(q, keys, values, lengths, 0.125, torch.tensor([0, 0, 0, 3, 5]), shared)
 
 
-def test_a_leaving_row_hands_its_followers_to_a_row_with_the_same_prompt(bundled) -> None:
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+def test_a_leaving_row_hands_its_followers_to_a_row_with_the_same_prompt(bundled, dtype: torch.dtype) -> None:
     """Rows of two prompts leave in an order that removes each prompt's first row and moves others:
     every row's source is a live row holding the same shared positions, and each remaining row's
     logits stay those of a cache where no row ever left."""
     from backend.engines.embedded.model import RowCache
 
     config, model, tokenizer = bundled
-    cache, fresh = RowCache(config, 8, 512, torch.float32), RowCache(config, 8, 512, torch.float32)
+    cache, fresh = RowCache(config, 8, 512, dtype), RowCache(config, 8, 512, dtype)
     firsts = prompts_in(cache, model, tokenizer, TEXTS[:2], 4)
     prompts_in(fresh, model, tokenizer, TEXTS[:2], 4)
     tokens = torch.tensor(firsts)

@@ -14,8 +14,12 @@
  * order, and exp is Cephes' single-precision polynomial (within 2 ulp), as PyTorch's vectorized exp
  * is a polynomial of its own.
  *
- * Every function takes the addresses of contiguous float32 buffers; the caller (decode_ops.py)
- * checks shapes, types and layout. `available()` says whether this CPU has AVX2 and FMA.
+ * The row cache's keys and values are float32 or float16 (`half`): float16 halves what attention
+ * reads, which grows with every position; F16C rounds on the write (to nearest even, as PyTorch
+ * rounds a float32 to float16) and widens exactly on the read, and the sums are float32 either way.
+ *
+ * Every function takes the addresses of contiguous buffers; the caller (decode_ops.py) checks
+ * shapes, types and layout. `available()` says whether this CPU has AVX2, FMA and F16C.
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -30,7 +34,7 @@
 
 #include "lane_sum.h"
 
-#define TARGET __attribute__((target("avx2,fma")))
+#define TARGET __attribute__((target("avx2,fma,f16c")))
 
 /* exp(x) for 8 floats (Cephes' expf): x = n ln 2 + r, |r| <= ln 2 / 2, exp(r) by a degree-6
  * polynomial, times 2^n. Inputs are clamped to [-87, 88], where 2^n stays a normal float. */
@@ -94,15 +98,29 @@ TARGET static void rotate_head(float *dst, const float *x, const float *cos, con
     }
 }
 
-/* The eight dot products of q with k[0..7] (each D floats), as one vector. */
-TARGET static inline __m256 dots8(const float *q, const float *const k[8], Py_ssize_t D) {
+/* Eight of the cache's values at element `i` of p, as floats: the cache holds float32, or float16
+ * where `half` (widened exactly by F16C's vcvtph2ps). */
+TARGET static inline __attribute__((always_inline)) __m256 load_kv(const void *p, Py_ssize_t i, const int half) {
+    if (half)
+        return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)((const uint16_t *)p + i)));
+    return _mm256_loadu_ps((const float *)p + i);
+}
+
+/* The address of element `i` of the cache at p (float32, or float16 where `half`). */
+static inline __attribute__((always_inline)) const void *kv_at(const void *p, Py_ssize_t i, const int half) {
+    return (const char *)p + i * (half ? 2 : 4);
+}
+
+/* The eight dot products of q with k[0..7] (each D of the cache's values), as one vector. */
+TARGET static inline __attribute__((always_inline)) __m256 dots8(const float *q, const void *const k[8],
+                                                                 Py_ssize_t D, const int half) {
     __m256 c[8];
     for (int j = 0; j < 8; j++)
         c[j] = _mm256_setzero_ps();
     for (Py_ssize_t i = 0; i < D; i += 8) {
         const __m256 a = _mm256_loadu_ps(q + i);
         for (int j = 0; j < 8; j++)
-            c[j] = _mm256_fmadd_ps(a, _mm256_loadu_ps(k[j] + i), c[j]);
+            c[j] = _mm256_fmadd_ps(a, load_kv(k[j], i, half), c[j]);
     }
     /* Reduce the eight accumulators at once: lane j of the result is the sum of c[j]'s lanes. */
     const __m256 t0 = _mm256_hadd_ps(c[0], c[1]), t1 = _mm256_hadd_ps(c[2], c[3]);
@@ -111,20 +129,25 @@ TARGET static inline __m256 dots8(const float *q, const float *const k[8], Py_ss
     return _mm256_add_ps(_mm256_permute2f128_ps(u0, u1, 0x20), _mm256_permute2f128_ps(u0, u1, 0x31));
 }
 
-TARGET static inline float dot(const float *a, const float *b, Py_ssize_t D) {
+/* q . k for one key k of the cache (D values). */
+TARGET static inline __attribute__((always_inline)) float dot(const float *a, const void *b, Py_ssize_t D,
+                                                              const int half) {
     __m256 c0 = _mm256_setzero_ps(), c1 = c0;
     Py_ssize_t i = 0;
     for (; i + 16 <= D; i += 16) {
-        c0 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), _mm256_loadu_ps(b + i), c0);
-        c1 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i + 8), _mm256_loadu_ps(b + i + 8), c1);
+        c0 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), load_kv(b, i, half), c0);
+        c1 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i + 8), load_kv(b, i + 8, half), c1);
     }
     for (; i < D; i += 8)
-        c0 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), _mm256_loadu_ps(b + i), c0);
+        c0 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), load_kv(b, i, half), c0);
     return hsum(_mm256_add_ps(c0, c1));
 }
 
 /* The most query heads that share one kv head (`attention` refuses more). */
 #define MAX_GROUP 64
+
+/* The largest head the ops take (`rope_store` rotates a key head on the stack). */
+#define MAX_D 1024
 
 /* softmax in place over scores[0:length]; returns 1 / the sum of the exponentials. The buffer holds
  * length rounded up to 8 floats. */
@@ -151,34 +174,38 @@ TARGET static float softmax_unscaled(float *scores, Py_ssize_t length) {
  * the AVX2 development machine. */
 #define AHEAD 16
 
-/* Ask for `count` floats at p (whole cache lines) to be brought into the cache. A prefetch is a hint:
- * one past the end of the cache's memory is harmless. */
-static inline void ahead(const float *p, Py_ssize_t count) {
-    for (Py_ssize_t i = 0; i < count; i += 16)
-        __builtin_prefetch(p + i);
+/* Ask for `count` of the cache's values at p (float32, or float16 where `half`; whole cache lines)
+ * to be brought into the cache. A prefetch is a hint: one past the end of the cache's memory is
+ * harmless. */
+static inline __attribute__((always_inline)) void ahead(const void *p, Py_ssize_t count, const int half) {
+    const Py_ssize_t bytes = count * (half ? 2 : 4);
+    for (Py_ssize_t i = 0; i < bytes; i += 64)
+        __builtin_prefetch((const char *)p + i);
 }
 
 /* out[h, 0:8 parts] = inv[h] * sum over t < length of p[h * stride + t] * value t [0:8 parts], value t
  * being values + t * D for t < shared (the prompt, read from the row that holds it for all rows of
- * its request) and own_values + t * D after; for `heads` <= 3 heads and `parts` <= 4 vectors of 8
- * floats. Inlined where called with constants, so that the accumulators stay in registers. */
-TARGET static inline __attribute__((always_inline)) void weigh_values(float *out, const float *values,
-                                                                      const float *own_values,
+ * its request) and own_values + t * D after (the cache's values: float16 where `half`); for `heads`
+ * <= 3 heads and `parts` <= 4 vectors of 8 floats. Inlined where called with constants, so that the
+ * accumulators stay in registers. */
+TARGET static inline __attribute__((always_inline)) void weigh_values(float *out, const void *values,
+                                                                      const void *own_values,
                                                                       Py_ssize_t shared, const float *p,
                                                                       Py_ssize_t stride, const float *inv,
                                                                       Py_ssize_t length, Py_ssize_t D,
-                                                                      const int heads, const int parts) {
+                                                                      const int heads, const int parts,
+                                                                      const int half) {
     __m256 acc[3][4];
     for (int h = 0; h < 3; h++)
         for (int c = 0; c < 4; c++)
             acc[h][c] = _mm256_setzero_ps();
     for (Py_ssize_t t = 0; t < length; t++) {
-        const float *v = (t < shared ? values : own_values) + t * D;
+        const void *v = kv_at(t < shared ? values : own_values, t * D, half);
         if (t + AHEAD < length)
-            ahead((t + AHEAD < shared ? values : own_values) + (t + AHEAD) * D, 32);
+            ahead(kv_at(t + AHEAD < shared ? values : own_values, (t + AHEAD) * D, half), 32, half);
         __m256 row[4];
         for (int c = 0; c < parts; c++)
-            row[c] = _mm256_loadu_ps(v + 8 * c);
+            row[c] = load_kv(v, 8 * c, half);
         for (int h = 0; h < heads; h++) {
             const __m256 weight = _mm256_set1_ps(p[h * stride + t]);
             for (int c = 0; c < parts; c++)
@@ -198,40 +225,67 @@ TARGET static inline __attribute__((always_inline)) void weigh_values(float *out
  * the values are read in slices of 32 floats, three heads weighed at a time). Each score is
  * summed the same way wherever `shared` falls. `scores` holds group * stride floats, stride >=
  * length rounded up to 8; D is a multiple of 8. */
-TARGET static void attend_group(float *out, const float *q, const float *keys, const float *values,
-                                const float *own_keys, const float *own_values, Py_ssize_t shared,
-                                Py_ssize_t length, Py_ssize_t group, Py_ssize_t D, float scale, float *scores,
-                                Py_ssize_t stride) {
+TARGET static inline __attribute__((always_inline)) void attend_group(
+    float *out, const float *q, const void *keys, const void *values, const void *own_keys, const void *own_values,
+    Py_ssize_t shared, Py_ssize_t length, Py_ssize_t group, Py_ssize_t D, float scale, float *scores,
+    Py_ssize_t stride, const int half) {
     const __m256 vscale = _mm256_set1_ps(scale);
     Py_ssize_t t = 0;
     for (; t + 8 <= length; t += 8) {
-        const float *k[8];
+        const void *k[8];
         for (int j = 0; j < 8; j++)
-            k[j] = (t + j < shared ? keys : own_keys) + (t + j) * D;
+            k[j] = kv_at(t + j < shared ? keys : own_keys, (t + j) * D, half);
         if (t + AHEAD + 8 <= length)
-            ahead((t + AHEAD < shared ? keys : own_keys) + (t + AHEAD) * D, 8 * D);
+            ahead(kv_at(t + AHEAD < shared ? keys : own_keys, (t + AHEAD) * D, half), 8 * D, half);
         for (Py_ssize_t j = 0; j < group; j++)
-            _mm256_storeu_ps(scores + j * stride + t, _mm256_mul_ps(dots8(q + j * D, k, D), vscale));
+            _mm256_storeu_ps(scores + j * stride + t, _mm256_mul_ps(dots8(q + j * D, k, D, half), vscale));
     }
     for (; t < length; t++)
         for (Py_ssize_t j = 0; j < group; j++)
-            scores[j * stride + t] = dot(q + j * D, (t < shared ? keys : own_keys) + t * D, D) * scale;
+            scores[j * stride + t] = dot(q + j * D, kv_at(t < shared ? keys : own_keys, t * D, half), D, half) * scale;
     float inv[MAX_GROUP];
     for (Py_ssize_t j = 0; j < group; j++)
         inv[j] = softmax_unscaled(scores + j * stride, length);
     for (Py_ssize_t i = 0; i < D; i += 32) {
         const int parts = D - i < 32 ? (int)((D - i) / 8) : 4;
+        const void *v = kv_at(values, i, half), *own_v = kv_at(own_values, i, half);
         for (Py_ssize_t first = 0; first < group; first += 3) {
             const int heads = group - first < 3 ? (int)(group - first) : 3;
             float *o = out + first * D + i;
             const float *p = scores + first * stride;
             if (heads == 3 && parts == 4) /* the common case, with constant bounds: accumulators in registers */
-                weigh_values(o, values + i, own_values + i, shared, p, stride, inv + first, length, D, 3, 4);
+                weigh_values(o, v, own_v, shared, p, stride, inv + first, length, D, 3, 4, half);
             else
-                weigh_values(o, values + i, own_values + i, shared, p, stride, inv + first, length, D, heads,
-                             parts);
+                weigh_values(o, v, own_v, shared, p, stride, inv + first, length, D, heads, parts, half);
         }
     }
+}
+
+/* attend_group on a float32 cache and on a float16 one, each compiled with its loads inlined. */
+TARGET static void attend_group_f32(float *out, const float *q, const void *keys, const void *values,
+                                    const void *own_keys, const void *own_values, Py_ssize_t shared,
+                                    Py_ssize_t length, Py_ssize_t group, Py_ssize_t D, float scale, float *scores,
+                                    Py_ssize_t stride) {
+    attend_group(out, q, keys, values, own_keys, own_values, shared, length, group, D, scale, scores, stride, 0);
+}
+
+TARGET static void attend_group_f16(float *out, const float *q, const void *keys, const void *values,
+                                    const void *own_keys, const void *own_values, Py_ssize_t shared,
+                                    Py_ssize_t length, Py_ssize_t group, Py_ssize_t D, float scale, float *scores,
+                                    Py_ssize_t stride) {
+    attend_group(out, q, keys, values, own_keys, own_values, shared, length, group, D, scale, scores, stride, 1);
+}
+
+/* D floats from `from` into the cache at `to`: copied (float32), or rounded to float16 where `half`
+ * (F16C's vcvtps2ph, to nearest even: as PyTorch rounds float32 to float16). */
+TARGET static void store_kv(void *to, const float *from, Py_ssize_t D, int half) {
+    if (!half) {
+        memcpy(to, from, (size_t)D * sizeof(float));
+        return;
+    }
+    for (Py_ssize_t i = 0; i < D; i += 8)
+        _mm_storeu_si128((__m128i *)((uint16_t *)to + i),
+                         _mm256_cvtps_ph(_mm256_loadu_ps(from + i), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
 }
 
 /* out[R, 2I] -> out[R, I]: silu(gate) * up, each row of gate_up being [gate (I), up (I)]. */
@@ -252,7 +306,7 @@ TARGET static void silu_mul_rows(float *out, const float *gate_up, Py_ssize_t R,
 static PyObject *available(PyObject *self, PyObject *unused) {
 #ifdef DECODE_OPS_X86
     __builtin_cpu_init();
-    if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma"))
+    if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c"))
         Py_RETURN_TRUE;
 #endif
     Py_RETURN_FALSE;
@@ -296,11 +350,12 @@ static PyObject *rms_norm(PyObject *self, PyObject *args) {
 static PyObject *rope_store(PyObject *self, PyObject *args) {
     unsigned long long q, qkv, cos, sin, positions, keys, values;
     Py_ssize_t table_rows, R, H, KV, D, capacity;
-    if (!PyArg_ParseTuple(args, "KKKKnKKKnnnnn", &q, &qkv, &cos, &sin, &table_rows, &positions, &keys, &values, &R,
-                          &H, &KV, &D, &capacity))
+    int half = 0;
+    if (!PyArg_ParseTuple(args, "KKKKnKKKnnnnn|p", &q, &qkv, &cos, &sin, &table_rows, &positions, &keys, &values, &R,
+                          &H, &KV, &D, &capacity, &half))
         return NULL;
-    if (R < 0 || H <= 0 || KV <= 0 || D <= 0 || D % 16 || capacity <= 0) {
-        PyErr_SetString(PyExc_ValueError, "decode_ops.rope_store: sizes > 0 and D a multiple of 16");
+    if (R < 0 || H <= 0 || KV <= 0 || D <= 0 || D % 16 || D > MAX_D || capacity <= 0) {
+        PyErr_SetString(PyExc_ValueError, "decode_ops.rope_store: sizes > 0 and D a multiple of 16, at most 1024");
         return NULL;
     }
 #ifdef DECODE_OPS_X86
@@ -319,8 +374,10 @@ static PyObject *rope_store(PyObject *self, PyObject *args) {
             rotate_head(PTR(float, q) + (r * H + h) * D, row + h * D, c, s, D);
         for (Py_ssize_t h = 0; h < KV; h++) {
             const Py_ssize_t slot = ((r * KV + h) * capacity + p) * D;
-            rotate_head(PTR(float, keys) + slot, row + (H + h) * D, c, s, D);
-            memcpy(PTR(float, values) + slot, row + (H + KV + h) * D, (size_t)D * sizeof(float));
+            float rotated[MAX_D];
+            rotate_head(rotated, row + (H + h) * D, c, s, D);
+            store_kv((char *)PTR(void, keys) + slot * (half ? 2 : 4), rotated, D, half);
+            store_kv((char *)PTR(void, values) + slot * (half ? 2 : 4), row + (H + KV + h) * D, D, half);
         }
     }
     Py_END_ALLOW_THREADS
@@ -341,8 +398,9 @@ static PyObject *attention(PyObject *self, PyObject *args) {
     unsigned long long out, q, keys, values, lengths, sources, shared;
     Py_ssize_t R, KV, group, D, capacity;
     float scale;
-    if (!PyArg_ParseTuple(args, "KKKKKKKnnnnnf", &out, &q, &keys, &values, &lengths, &sources, &shared, &R, &KV,
-                          &group, &D, &capacity, &scale))
+    int half = 0;
+    if (!PyArg_ParseTuple(args, "KKKKKKKnnnnnf|p", &out, &q, &keys, &values, &lengths, &sources, &shared, &R, &KV,
+                          &group, &D, &capacity, &scale, &half))
         return NULL;
     if (R < 0 || KV <= 0 || group <= 0 || group > MAX_GROUP || D <= 0 || D % 8 || capacity <= 0) {
         PyErr_SetString(PyExc_ValueError, "decode_ops.attention: sizes > 0, D a multiple of 8, group <= 64");
@@ -370,16 +428,18 @@ static PyObject *attention(PyObject *self, PyObject *args) {
         for (Py_ssize_t kv = 0; kv < KV; kv++) {
             const Py_ssize_t own = (r * KV + kv) * capacity * D, from = (source[r] * KV + kv) * capacity * D;
             const Py_ssize_t head = (r * KV + kv) * group * D;
-            const float *k = PTR(const float, keys), *v = PTR(const float, values);
+            const void *k = PTR(const void, keys), *v = PTR(const void, values);
             if (r + 1 < R || kv + 1 < KV) { /* the next pair's first own positions */
                 const Py_ssize_t next = r * KV + kv + 1, row = next / KV;
                 const Py_ssize_t first = prefix[row] < length[row] ? prefix[row] : length[row];
                 const Py_ssize_t count = (length[row] - first < AHEAD ? length[row] - first : AHEAD) * D;
-                ahead(k + (next * capacity + first) * D, count);
-                ahead(v + (next * capacity + first) * D, count);
+                ahead(kv_at(k, (next * capacity + first) * D, half), count, half);
+                ahead(kv_at(v, (next * capacity + first) * D, half), count, half);
             }
-            attend_group(PTR(float, out) + head, PTR(const float, q) + head, k + from, v + from, k + own, v + own,
-                         (Py_ssize_t)prefix[r], (Py_ssize_t)length[r], group, D, scale, scores, stride);
+            (half ? attend_group_f16 : attend_group_f32)(
+                PTR(float, out) + head, PTR(const float, q) + head, kv_at(k, from, half), kv_at(v, from, half),
+                kv_at(k, own, half), kv_at(v, own, half), (Py_ssize_t)prefix[r], (Py_ssize_t)length[r], group, D,
+                scale, scores, stride);
         }
     Py_END_ALLOW_THREADS
     free(scores);

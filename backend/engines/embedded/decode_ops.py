@@ -23,8 +23,12 @@ except ImportError:  # not built (no C compiler): PyTorch alone
     _decode_ops = None
 
 
+CACHE_DTYPES = (torch.float32, torch.float16)
+"""The row cache's dtypes the ops read and write (the scheduler's cache is float16)."""
+
+
 def built() -> bool:
-    """Whether the C part is built and this CPU has what it needs (AVX2, FMA)."""
+    """Whether the C part is built and this CPU has what it needs (AVX2, FMA, F16C)."""
     return _decode_ops is not None and _decode_ops.available()
 
 
@@ -41,6 +45,16 @@ def configure(allow: bool = True) -> None:
 def usable() -> bool:
     """Whether decode steps run on these ops (their activations are float32 on every path)."""
     return _on
+
+
+def _check_cache(keys: torch.Tensor, values: torch.Tensor) -> bool:
+    """Check one layer's keys and values of the row cache (one of CACHE_DTYPES, both the same,
+    contiguous); returns whether they are float16."""
+    if keys.dtype not in CACHE_DTYPES:
+        raise ValueError(f"decode_ops: a cache of {keys.dtype}, not one of {CACHE_DTYPES}")
+    _check("keys", keys, tuple(keys.shape), keys.dtype)
+    _check("values", values, tuple(keys.shape), keys.dtype)
+    return keys.dtype == torch.float16
 
 
 def _check(
@@ -74,7 +88,8 @@ def rope_store(
 ) -> torch.Tensor:
     """Rotate the q and k heads of qkv[rows, (heads + 2 kv_heads) x D] to each row's position
     (positions[rows], int64; cos/sin tables [positions, D]), write k and v into keys/values[r, kv,
-    positions[r]] (one layer's cache, [max_rows, kv_heads, capacity, D]); returns q [rows, heads x D]."""
+    positions[r]] (one layer's cache, [max_rows, kv_heads, capacity, D], float32 or float16: rounded
+    to it); returns q [rows, heads x D]."""
     rows = qkv.shape[0]
     _, kv_heads, capacity, dim = keys.shape
     if keys.shape[0] < rows:
@@ -83,12 +98,11 @@ def rope_store(
     _check("cos", cos, (cos.shape[0], dim))
     _check("sin", sin, tuple(cos.shape))
     _check("positions", positions, (rows,), torch.long)
-    _check("keys", keys, tuple(keys.shape))
-    _check("values", values, tuple(keys.shape))
+    half = _check_cache(keys, values)
     q = torch.empty(rows, heads * dim, dtype=torch.float32)
     _decode_ops.rope_store(
         q.data_ptr(), qkv.data_ptr(), cos.data_ptr(), sin.data_ptr(), cos.shape[0], positions.data_ptr(),
-        keys.data_ptr(), values.data_ptr(), rows, heads, kv_heads, dim, capacity,
+        keys.data_ptr(), values.data_ptr(), rows, heads, kv_heads, dim, capacity, half,
     )  # fmt: skip
     return q
 
@@ -103,8 +117,8 @@ def attention(
     shared: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Each row's attention over its own first lengths[r] positions: q [rows, heads x D], keys and
-    values one layer's cache [max_rows, kv_heads, capacity, D], query head h reading kv head
-    h // (heads / kv_heads); returns [rows, heads x D]. Where given, row r reads its first
+    values one layer's cache [max_rows, kv_heads, capacity, D] (float32 or float16), query head h
+    reading kv head h // (heads / kv_heads); returns [rows, heads x D]. Where given, row r reads its first
     shared[r] positions from row sources[r] (a row holding the same keys and values there: the
     rows of one request share its prompt, which is then read from one place for all of them)."""
     rows = q.shape[0]
@@ -113,8 +127,7 @@ def attention(
     if heads % kv_heads or keys.shape[0] < rows:
         raise ValueError(f"decode_ops: {heads} query heads, {kv_heads} kv heads, {keys.shape[0]} cache rows")
     _check("q", q, (rows, heads * dim))
-    _check("keys", keys, tuple(keys.shape))
-    _check("values", values, tuple(keys.shape))
+    half = _check_cache(keys, values)
     _check("lengths", lengths, (rows,), torch.long)
     if sources is None or shared is None:
         sources, shared = torch.arange(rows), torch.zeros(rows, dtype=torch.long)
@@ -123,7 +136,7 @@ def attention(
     out = torch.empty_like(q)
     _decode_ops.attention(
         out.data_ptr(), q.data_ptr(), keys.data_ptr(), values.data_ptr(), lengths.data_ptr(),
-        sources.data_ptr(), shared.data_ptr(), rows, kv_heads, heads // kv_heads, dim, capacity, scale,
+        sources.data_ptr(), shared.data_ptr(), rows, kv_heads, heads // kv_heads, dim, capacity, scale, half,
     )  # fmt: skip
     return out
 

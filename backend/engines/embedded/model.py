@@ -566,8 +566,9 @@ class Llama:
         qi, ki, vi = (part.transpose(0, 1) for part in qkv)
         if plan.start:
             assert plan.source is not None
-            ki = torch.cat((plan.source.keys[index, :, : plan.start], ki), dim=1)
-            vi = torch.cat((plan.source.values[index, :, : plan.start], vi), dim=1)
+            # (a finished sample's, from the row cache, are float16: widened exactly)
+            ki = torch.cat((plan.source.keys[index, :, : plan.start].to(ki.dtype), ki), dim=1)
+            vi = torch.cat((plan.source.values[index, :, : plan.start].to(vi.dtype), vi), dim=1)
         keep = len(plan.kept.tokens)
         plan.kept.keys[index] = ki[:, :keep]
         plan.kept.values[index] = vi[:, :keep]
@@ -663,8 +664,8 @@ class Llama:
                 values[row, :, position] = v.view(c.kv_heads, c.head_dim)
                 attended = F.scaled_dot_product_attention(
                     q.view(c.kv_heads, group, c.head_dim),
-                    keys[row, :, : position + 1],
-                    values[row, :, : position + 1],
+                    keys[row, :, : position + 1].to(q.dtype),  # a float16 cache widened exactly
+                    values[row, :, : position + 1].to(q.dtype),
                 )
                 out[row] = attended.reshape(self.q_size)
             return out
