@@ -1,8 +1,9 @@
 """Whole decode steps of the bundled model on each compute path, one thread, and where a step's time goes.
 
 For each path (compute.py), set up as the engine's process sets it up (`child.build_scheduler` with
-`--compute PATH`: its row counts timed and checked, its weights in their form), n rows prefilled
-with one 40-token prompt, then decode steps of `Llama.decode`; per n the median step of --steps
+`--compute PATH`: its row counts timed and checked, its weights in their form), n rows of a row
+cache in the scheduler's dtype prefilled with one 40-token prompt, then decode steps of
+`Llama.decode`; per n the median step of --steps
 (after two warm-up steps), the time inside the linear layers (`linear`, `linear_add`) and outside
 them, and tokens/s of decode alone (n / step). The engine line's label says which row counts the
 path settled on.
@@ -26,6 +27,7 @@ from backend.engines.embedded import linear as engine_linear
 from backend.engines.embedded.child import build_scheduler
 from backend.engines.embedded.compute import PATHS, unavailable
 from backend.engines.embedded.model import RowCache
+from backend.engines.embedded.scheduler import CACHE_DTYPE
 from backend.engines.embedded.weights import resolve_model
 from backend.engines.embedded.worker import WorkerSetup
 from bench.embedded_vs_vllm import cpu_words
@@ -57,7 +59,7 @@ def steps(name: str, ns: list[int], count: int) -> None:
     model.linear, model.linear_add = _timed(plain[0], spent), _timed(plain[1], spent)
     try:
         for n in ns:
-            cache = RowCache(llama.config, n, 512, torch.float32)
+            cache = RowCache(llama.config, n, 512, CACHE_DTYPE)
             llama.prefill(list(range(100, 140)), cache, cache.add_rows(n))
             tokens = torch.full((n,), 5, dtype=torch.long)
             whole, inside = [], []

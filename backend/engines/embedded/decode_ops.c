@@ -111,24 +111,6 @@ static inline __attribute__((always_inline)) const void *kv_at(const void *p, Py
     return (const char *)p + i * (half ? 2 : 4);
 }
 
-/* The eight dot products of q with k[0..7] (each D of the cache's values), as one vector. */
-TARGET static inline __attribute__((always_inline)) __m256 dots8(const float *q, const void *const k[8],
-                                                                 Py_ssize_t D, const int half) {
-    __m256 c[8];
-    for (int j = 0; j < 8; j++)
-        c[j] = _mm256_setzero_ps();
-    for (Py_ssize_t i = 0; i < D; i += 8) {
-        const __m256 a = _mm256_loadu_ps(q + i);
-        for (int j = 0; j < 8; j++)
-            c[j] = _mm256_fmadd_ps(a, load_kv(k[j], i, half), c[j]);
-    }
-    /* Reduce the eight accumulators at once: lane j of the result is the sum of c[j]'s lanes. */
-    const __m256 t0 = _mm256_hadd_ps(c[0], c[1]), t1 = _mm256_hadd_ps(c[2], c[3]);
-    const __m256 t2 = _mm256_hadd_ps(c[4], c[5]), t3 = _mm256_hadd_ps(c[6], c[7]);
-    const __m256 u0 = _mm256_hadd_ps(t0, t1), u1 = _mm256_hadd_ps(t2, t3);
-    return _mm256_add_ps(_mm256_permute2f128_ps(u0, u1, 0x20), _mm256_permute2f128_ps(u0, u1, 0x31));
-}
-
 /* q . k for one key k of the cache (D values). */
 TARGET static inline __attribute__((always_inline)) float dot(const float *a, const void *b, Py_ssize_t D,
                                                               const int half) {
@@ -141,6 +123,35 @@ TARGET static inline __attribute__((always_inline)) float dot(const float *a, co
     for (; i < D; i += 8)
         c0 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), load_kv(b, i, half), c0);
     return hsum(_mm256_add_ps(c0, c1));
+}
+
+/* scores[h * stride + c] = scale * (q[h] . key c) for `heads` <= 3 query heads q + h * D and the four
+ * keys k[0..3] (D of the cache's values each): each key chunk loaded once for all the heads, twelve
+ * accumulators, so that a product costs fewer loads than one (the loads bounded the one-head-at-a-
+ * time products). Inlined with constant `heads` and `half`. */
+TARGET static inline __attribute__((always_inline)) void scores4(float *scores, Py_ssize_t stride, const float *q,
+                                                                 const void *const k[4], Py_ssize_t D,
+                                                                 float scale, const int heads, const int half) {
+    __m256 acc[3][4];
+    for (int h = 0; h < 3; h++)
+        for (int c = 0; c < 4; c++)
+            acc[h][c] = _mm256_setzero_ps();
+    for (Py_ssize_t i = 0; i < D; i += 8) {
+        __m256 qs[3];
+        for (int h = 0; h < heads; h++)
+            qs[h] = _mm256_loadu_ps(q + h * D + i);
+        for (int c = 0; c < 4; c++) {
+            const __m256 key = load_kv(k[c], i, half);
+            for (int h = 0; h < heads; h++)
+                acc[h][c] = _mm256_fmadd_ps(qs[h], key, acc[h][c]);
+        }
+    }
+    for (int h = 0; h < heads; h++) {
+        /* lane c of the four sums: pairs, then quads, within each half; then the halves added */
+        const __m256 pairs = _mm256_hadd_ps(_mm256_hadd_ps(acc[h][0], acc[h][1]), _mm256_hadd_ps(acc[h][2], acc[h][3]));
+        const __m128 sums = _mm_add_ps(_mm256_castps256_ps128(pairs), _mm256_extractf128_ps(pairs, 1));
+        _mm_storeu_ps(scores + h * stride, _mm_mul_ps(sums, _mm_set1_ps(scale)));
+    }
 }
 
 /* The most query heads that share one kv head (`attention` refuses more). */
@@ -221,24 +232,30 @@ TARGET static inline __attribute__((always_inline)) void weigh_values(float *out
  * out[j] = softmax_t(scale * q[j] . key t) . value t, where key and value t are keys/values + t * D
  * for t < shared (the request's prompt, the same in each of its rows, read from one row for all of
  * them) and own_keys/own_values + t * D after. Keys and values are read once for all the group's
- * heads (a block of eight keys, 2 KB at D = 64, stays in L1 while every head's scores are taken;
- * the values are read in slices of 32 floats, three heads weighed at a time). Each score is
+ * heads (four keys at a time, each chunk loaded once for three heads: `scores4`; the values in
+ * slices of 32, three heads weighed at a time). Each score is
  * summed the same way wherever `shared` falls. `scores` holds group * stride floats, stride >=
  * length rounded up to 8; D is a multiple of 8. */
 TARGET static inline __attribute__((always_inline)) void attend_group(
     float *out, const float *q, const void *keys, const void *values, const void *own_keys, const void *own_values,
     Py_ssize_t shared, Py_ssize_t length, Py_ssize_t group, Py_ssize_t D, float scale, float *scores,
     Py_ssize_t stride, const int half) {
-    const __m256 vscale = _mm256_set1_ps(scale);
     Py_ssize_t t = 0;
-    for (; t + 8 <= length; t += 8) {
-        const void *k[8];
-        for (int j = 0; j < 8; j++)
+    for (; t + 4 <= length; t += 4) {
+        const void *k[4];
+        for (int j = 0; j < 4; j++)
             k[j] = kv_at(t + j < shared ? keys : own_keys, (t + j) * D, half);
-        if (t + AHEAD + 8 <= length)
-            ahead(kv_at(t + AHEAD < shared ? keys : own_keys, (t + AHEAD) * D, half), 8 * D, half);
-        for (Py_ssize_t j = 0; j < group; j++)
-            _mm256_storeu_ps(scores + j * stride + t, _mm256_mul_ps(dots8(q + j * D, k, D, half), vscale));
+        if (t + AHEAD + 4 <= length)
+            ahead(kv_at(t + AHEAD < shared ? keys : own_keys, (t + AHEAD) * D, half), 4 * D, half);
+        for (Py_ssize_t first = 0; first < group; first += 3) {
+            float *at = scores + first * stride + t;
+            if (group - first >= 3) /* the common case, with constant bounds: accumulators in registers */
+                scores4(at, stride, q + first * D, k, D, scale, 3, half);
+            else if (group - first == 2)
+                scores4(at, stride, q + first * D, k, D, scale, 2, half);
+            else
+                scores4(at, stride, q + first * D, k, D, scale, 1, half);
+        }
     }
     for (; t < length; t++)
         for (Py_ssize_t j = 0; j < group; j++)
