@@ -1,15 +1,13 @@
-"""The embedded engine's compute paths (compute.py) and the sampler's batch invariance, without a model."""
+"""The embedded engine's compute paths (compute.py), without a model."""
 
 from __future__ import annotations
 
 from collections.abc import Callable
 
 import pytest
-import torch
 
 from backend.engines.embedded import compute
 from backend.engines.embedded.compute import PATHS, Choice, decide, probe
-from backend.engines.embedded.sampler import RowSampling, sample
 from ui.engine_info import engine_line
 
 KERNEL_ON = (True, "rows kernel (AVX2) up to 64 rows, PyTorch beyond")
@@ -191,34 +189,6 @@ def test_the_engine_line_names_the_path_and_warns_where_samples_vary_with_load()
     varying = engine_line({**health, "compute_path": "bf16-torch", "batch_invariant": False})
     assert "seeded samples may change with load" in varying
     assert "compute" not in engine_line({"engine": "synthetic", "model": "synthetic"})
-
-
-def _rows(n: int, seed: int, top_k: int = 0, top_p: float = 0.9) -> list[RowSampling]:
-    return [RowSampling(0.8, top_p, top_k, torch.Generator().manual_seed(seed + i)) for i in range(n)]
-
-
-def test_a_rows_draw_does_not_depend_on_the_rows_beside_it() -> None:
-    """A row whose nucleus fits its 256 candidates, sampled alone and beside a flat row (whose
-    nucleus does not: it is drawn from a full sort), draws the same token every time."""
-    torch.manual_seed(0)
-    differ = 0
-    for trial in range(300):
-        peaked = torch.randn(1, 4096) * 4
-        flat = torch.zeros(1, 4096)
-        alone = sample(peaked, _rows(1, trial))
-        beside = sample(torch.cat([peaked, flat, peaked]), _rows(1, trial) + _rows(2, 10_000 + trial))
-        differ += alone[0] != beside[0]
-    assert differ == 0
-
-
-def test_top_k_one_is_greedy_at_any_batch() -> None:
-    torch.manual_seed(1)
-    logits = torch.randn(6, 1000) * 3
-    logits[3] = 0.0  # a flat row beside them
-    greedy = logits.argmax(-1).tolist()
-    rows = [RowSampling(0.8, 1.0, 1, torch.Generator().manual_seed(i)) for i in range(6)]
-    picked = sample(logits, rows)
-    assert [p for i, p in enumerate(picked) if i != 3] == [g for i, g in enumerate(greedy) if i != 3]
 
 
 def test_options_within_the_tie_margin_are_taken_in_order_and_the_engine_line_says_so() -> None:

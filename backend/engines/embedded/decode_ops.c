@@ -1,6 +1,7 @@
 /* The embedded engine's decode step between its linear layers, float32, one call per op for all rows
  * (AVX2, FMA): RMSNorm, rotary embedding with the write of the new keys and values into the cache,
- * attention of each row over its own positions, and the SiLU-gated product of the MLP.
+ * attention of each row over its own positions, and the SiLU-gated product of the MLP; and after the
+ * output layer, the draw of each row's next token from its logits (`draw`, sampler.py).
  *
  * In PyTorch each of these is several small ops (a decode layer about 40), each a dispatch of a few
  * microseconds on tensors of a few kilobytes, and attention goes through a masked
@@ -318,6 +319,222 @@ TARGET static void silu_mul_rows(float *out, const float *gate_up, Py_ssize_t R,
         }
     }
 }
+
+/* Floats of the draw's blocks: a plain row's total is summed a block at a time, and its draw finds
+ * its block from the blocks' sums before it walks the block's tokens one by one. */
+#define DRAW_BLOCK 256
+
+/* A weight's bucket: its float bits above the lowest 20 (the exponent and the mantissa's top three
+ * bits, eight buckets an octave). Weights are in [0, 1], so buckets run 0..BUCKETS - 1, heavier
+ * weights in higher buckets. */
+#define BUCKET_SHIFT 20
+#define BUCKETS ((0x3F800000 >> BUCKET_SHIFT) + 1)
+
+/* A gathered token as one sortable integer: its weight's bits (a float >= 0 orders as its bits do)
+ * above its id counted down, so that larger integers are heavier, equal weights lower ids first. */
+static inline uint64_t packed(float weight, int64_t id) {
+    uint32_t bits;
+    memcpy(&bits, &weight, sizeof bits);
+    return ((uint64_t)bits << 32) | (uint32_t)(UINT32_MAX - (uint32_t)id);
+}
+
+static inline float packed_weight(uint64_t key) {
+    const uint32_t bits = (uint32_t)(key >> 32);
+    float weight;
+    memcpy(&weight, &bits, sizeof weight);
+    return weight;
+}
+
+static inline int64_t packed_id(uint64_t key) { return (int64_t)(UINT32_MAX - (uint32_t)key); }
+
+static int larger_first(const void *a, const void *b) {
+    const uint64_t x = *(const uint64_t *)a, y = *(const uint64_t *)b;
+    return (x < y) - (x > y);
+}
+
+/* The first index of the largest of V logits (as torch.argmax, NaN aside). */
+static int64_t first_largest(const float *x, Py_ssize_t V) {
+    int64_t best = 0;
+    for (Py_ssize_t i = 1; i < V; i++)
+        if (x[i] > x[best])
+            best = i;
+    return best;
+}
+
+/* e[i] = exp((x[i] - top) * (1 / T)) for V logits, top their largest (so that the largest weighs 1,
+ * and a temperature near 0 leaves the largest alone rather than overflowing),
+ * 0 where that exponent is below -87 (whose float exp would be subnormal); blocks[b] = the sum of
+ * block b's weights (DRAW_BLOCK of them, in eight lanes, then `hsum`). Returns the blocks' sum, added
+ * in order. */
+TARGET static float weigh_logits(float *e, float *blocks, const float *x, Py_ssize_t V, float T) {
+    float top = x[0];
+    Py_ssize_t i = 0;
+    if (V >= 8) { /* eight lanes' largest (a NaN lane keeps the lane's value), then across them */
+        __m256 most = _mm256_loadu_ps(x);
+        for (i = 8; i + 8 <= V; i += 8)
+            most = _mm256_max_ps(_mm256_loadu_ps(x + i), most);
+        float lanes[8];
+        _mm256_storeu_ps(lanes, most);
+        top = lanes[0];
+        for (int lane = 1; lane < 8; lane++)
+            top = lanes[lane] > top ? lanes[lane] : top;
+    }
+    for (; i < V; i++)
+        top = x[i] > top ? x[i] : top;
+    const float inverse = 1.0f / T;
+    const __m256 vinverse = _mm256_set1_ps(inverse), vtop = _mm256_set1_ps(top), floor = _mm256_set1_ps(-87.0f);
+    float total = 0.0f;
+    for (Py_ssize_t start = 0, b = 0; start < V; start += DRAW_BLOCK, b++) {
+        const Py_ssize_t end = start + DRAW_BLOCK < V ? start + DRAW_BLOCK : V;
+        __m256 sum = _mm256_setzero_ps();
+        for (i = start; i + 8 <= end; i += 8) {
+            const __m256 s = _mm256_mul_ps(_mm256_sub_ps(_mm256_loadu_ps(x + i), vtop), vinverse);
+            const __m256 w = _mm256_and_ps(exp8(s), _mm256_cmp_ps(s, floor, _CMP_GE_OQ));
+            _mm256_storeu_ps(e + i, w);
+            sum = _mm256_add_ps(sum, w);
+        }
+        float block = hsum(sum);
+        for (; i < end; i++) { /* V not a multiple of 8: the last few one at a time, the same exp */
+            const float s = (x[i] - top) * inverse;
+            e[i] = s >= -87.0f ? _mm256_cvtss_f32(exp8(_mm256_set1_ps(s))) : 0.0f;
+            block += e[i];
+        }
+        blocks[b] = block;
+        total += block;
+    }
+    return total;
+}
+
+/* The token of a row drawn in proportion to its weights e[V] (blocks' sums `blocks`, adding up to
+ * `total`) at uniform u in [0, 1): the first token whose running sum exceeds u * total, the blocks
+ * summed in order, then the tokens of the block reached one by one. Where rounding leaves the walk
+ * short of the target, the last token of weight > 0 in the block it ends in. */
+static int64_t walk_weights(const float *e, const float *blocks, Py_ssize_t V, float total, float u) {
+    const float target = u * total;
+    float before = 0.0f;
+    const Py_ssize_t count = (V + DRAW_BLOCK - 1) / DRAW_BLOCK;
+    Py_ssize_t b = 0;
+    while (b + 1 < count && before + blocks[b] <= target)
+        before += blocks[b++];
+    const Py_ssize_t start = b * DRAW_BLOCK, end = start + DRAW_BLOCK < V ? start + DRAW_BLOCK : V;
+    int64_t last = -1;
+    for (Py_ssize_t i = start; i < end; i++) {
+        if (e[i] > 0.0f)
+            last = i;
+        before += e[i];
+        if (before > target && e[i] > 0.0f)
+            return i;
+    }
+    return last >= 0 ? last : first_largest(e, V);
+}
+
+/* First gathered at or above this share of the heaviest weight (which is 1), then at its square, its
+ * cube, ..., then every token: where the first hold every token a truncated row keeps, as they mostly
+ * do, the rest of its work is on a few hundred tokens. */
+#define FIRST_THRESHOLD 0x1p-12f
+
+/* keys[0:count] = the tokens of weight >= threshold (and > 0) among e[V], packed, in id order;
+ * *mass = their mass. Eight weights compared at a time. */
+TARGET static Py_ssize_t gather(uint64_t *keys, double *mass, const float *e, Py_ssize_t V, float threshold) {
+    Py_ssize_t count = 0, i = 0;
+    double sum = 0.0;
+    const __m256 at_least = _mm256_set1_ps(threshold), zero = _mm256_setzero_ps();
+    for (; i + 8 <= V; i += 8) {
+        const __m256 w = _mm256_loadu_ps(e + i);
+        unsigned lanes = (unsigned)_mm256_movemask_ps(
+            _mm256_and_ps(_mm256_cmp_ps(w, at_least, _CMP_GE_OQ), _mm256_cmp_ps(w, zero, _CMP_GT_OQ)));
+        while (lanes) {
+            const int lane = __builtin_ctz(lanes);
+            lanes &= lanes - 1;
+            keys[count++] = packed(e[i + lane], i + lane);
+            sum += e[i + lane];
+        }
+    }
+    for (; i < V; i++)
+        if (e[i] >= threshold && e[i] > 0.0f) {
+            keys[count++] = packed(e[i], i);
+            sum += e[i];
+        }
+    *mass = sum;
+    return count;
+}
+
+/* The token of a truncated row (HF's order: its k heaviest tokens, then the smallest prefix of those
+ * whose mass reaches top_p of theirs) drawn at u from its weights e[V] (`weigh_logits`, adding up to
+ * `total`). The tokens of weight >= FIRST_THRESHOLD are gathered (at a lower threshold, down to every
+ * token > 0, where those are fewer than k, or, without k, hold less than top_p of the whole mass);
+ * their count and mass in each
+ * weight bucket, from the heaviest bucket down, give the first bucket by which at least k tokens
+ * (where 0 < k < V) or else top_p of the whole mass are reached. The gathered tokens at or above it
+ * (each outweighs every token below) are sorted heaviest first, equal weights by id; a token is kept
+ * while the mass before it is below top_p times the mass of the k heaviest (the whole mass where k
+ * is 0 or >= V); the draw is the first kept token whose running sum exceeds u times the kept mass.
+ * `keys` holds V, `counts` and `masses` BUCKETS. */
+TARGET static int64_t draw_truncated(const float *e, Py_ssize_t V, float total, int64_t k, float top_p, float u,
+                                     uint64_t *keys, int64_t *counts, double *masses) {
+    const int by_k = k > 0 && k < V;
+    const double wanted = (double)top_p * total;
+    double mass;
+    Py_ssize_t gathered = 0;
+    for (float threshold = FIRST_THRESHOLD;; threshold *= FIRST_THRESHOLD) {
+        if (threshold < 0x1p-100f) /* the last: every weight above 0 */
+            threshold = 0.0f;
+        gathered = gather(keys, &mass, e, V, threshold);
+        if (threshold == 0.0f || (by_k ? gathered >= k : mass >= wanted))
+            break;
+    }
+    if (gathered == 0) /* no weight above 0 (every logit NaN) */
+        return 0;
+    memset(counts, 0, BUCKETS * sizeof *counts);
+    memset(masses, 0, BUCKETS * sizeof *masses);
+    for (Py_ssize_t j = 0; j < gathered; j++) {
+        const uint32_t bucket = (uint32_t)(keys[j] >> 32) >> BUCKET_SHIFT;
+        counts[bucket]++;
+        masses[bucket] += packed_weight(keys[j]);
+    }
+    int64_t count = 0;
+    mass = 0.0;
+    int bucket = BUCKETS - 1;
+    for (; bucket > 0; bucket--) {
+        count += counts[bucket];
+        mass += masses[bucket];
+        if (by_k ? count >= k : mass >= wanted)
+            break;
+    }
+    const uint64_t lowest = (uint64_t)((uint32_t)bucket << BUCKET_SHIFT) << 32;
+    Py_ssize_t kept = 0;
+    for (Py_ssize_t j = 0; j < gathered; j++)
+        if (keys[j] >= lowest)
+            keys[kept++] = keys[j];
+    gathered = kept;
+    qsort(keys, (size_t)gathered, sizeof *keys, larger_first);
+    Py_ssize_t limit = by_k && k < gathered ? (Py_ssize_t)k : gathered;
+    float whole = total;
+    if (by_k) {
+        whole = 0.0f;
+        for (Py_ssize_t j = 0; j < limit; j++)
+            whole += packed_weight(keys[j]);
+    }
+    float before = 0.0f;
+    Py_ssize_t j = 0;
+    if (top_p < 1.0f) {
+        const float reach = top_p * whole;
+        while (j < limit && before < reach)
+            before += packed_weight(keys[j++]);
+        limit = j;
+    } else {
+        for (; j < limit; j++)
+            before += packed_weight(keys[j]);
+    }
+    const float target = u * before;
+    float running = 0.0f;
+    for (j = 0; j < limit; j++) {
+        running += packed_weight(keys[j]);
+        if (running > target)
+            return packed_id(keys[j]);
+    }
+    return packed_id(keys[limit - 1]);
+}
 #endif
 
 static PyObject *available(PyObject *self, PyObject *unused) {
@@ -487,6 +704,64 @@ static PyObject *silu_mul(PyObject *self, PyObject *args) {
 #endif
 }
 
+/* draw(tokens, logits, temperatures, top_p, top_k, uniforms, rows, V): the next token of each row
+ * of logits[rows, V] (float32) into tokens[rows] (int64): the first largest logit where its
+ * temperature <= 0, else drawn at its uniform in [0, 1) from the softmax of logits / temperature,
+ * restricted to its top_k tokens (0 or >= V: all) and then its top_p nucleus (>= 1: all). Each row
+ * on its own. Runs without the GIL. */
+static PyObject *draw(PyObject *self, PyObject *args) {
+    unsigned long long tokens, logits, temperatures, top_ps, top_ks, uniforms;
+    Py_ssize_t R, V;
+    if (!PyArg_ParseTuple(args, "KKKKKKnn", &tokens, &logits, &temperatures, &top_ps, &top_ks, &uniforms, &R, &V))
+        return NULL;
+    if (R < 0 || V <= 0) {
+        PyErr_SetString(PyExc_ValueError, "decode_ops.draw: rows >= 0, V > 0");
+        return NULL;
+    }
+#ifdef DECODE_OPS_X86
+    if (V > (Py_ssize_t)UINT32_MAX) {
+        PyErr_SetString(PyExc_ValueError, "decode_ops.draw: a vocabulary of at most 2^32 tokens");
+        return NULL;
+    }
+    const Py_ssize_t blocks = (V + DRAW_BLOCK - 1) / DRAW_BLOCK;
+    float *e = malloc((size_t)(V + blocks) * sizeof(float));
+    uint64_t *keys = malloc((size_t)V * sizeof(uint64_t));
+    int64_t *counts = malloc(BUCKETS * sizeof(int64_t));
+    double *masses = malloc(BUCKETS * sizeof(double));
+    if (e == NULL || keys == NULL || counts == NULL || masses == NULL) {
+        free(e);
+        free(keys);
+        free(counts);
+        free(masses);
+        return PyErr_NoMemory();
+    }
+    int64_t *out = PTR(int64_t, tokens);
+    const float *T = PTR(const float, temperatures), *p = PTR(const float, top_ps), *u = PTR(const float, uniforms);
+    const int64_t *k = PTR(const int64_t, top_ks);
+    Py_BEGIN_ALLOW_THREADS
+    for (Py_ssize_t r = 0; r < R; r++) {
+        const float *x = PTR(const float, logits) + r * V;
+        if (T[r] <= 0.0f) {
+            out[r] = first_largest(x, V);
+            continue;
+        }
+        const float total = weigh_logits(e, e + V, x, V, T[r]);
+        if ((k[r] <= 0 || k[r] >= V) && p[r] >= 1.0f)
+            out[r] = walk_weights(e, e + V, V, total, u[r]);
+        else
+            out[r] = draw_truncated(e, V, total, k[r], p[r], u[r], keys, counts, masses);
+    }
+    Py_END_ALLOW_THREADS
+    free(e);
+    free(keys);
+    free(counts);
+    free(masses);
+    Py_RETURN_NONE;
+#else
+    return unbuilt();
+#endif
+}
+
 static PyMethodDef methods[] = {
     {"available", available, METH_NOARGS, "Whether this CPU has AVX2 and FMA (and the build uses them)."},
     {"rms_norm", rms_norm, METH_VARARGS, "rms_norm(out, x, weight, rows, D, eps), float32 by address."},
@@ -495,6 +770,7 @@ static PyMethodDef methods[] = {
     {"attention", attention, METH_VARARGS,
      "attention(out, q, keys, values, lengths, sources, shared, rows, kv_heads, group, D, capacity, scale)."},
     {"silu_mul", silu_mul, METH_VARARGS, "silu_mul(out, gate_up, rows, I), float32 by address."},
+    {"draw", draw, METH_VARARGS, "draw(tokens, logits, temperatures, top_p, top_k, uniforms, rows, V), by address."},
     {NULL, NULL, 0, NULL},
 };
 

@@ -4,7 +4,8 @@ A decode layer in PyTorch is about 40 small ops (norms, rotary embedding, cache 
 attention over the rows, SiLU); at a few rows each costs its dispatch more than
 its arithmetic. Here RMSNorm, rotary embedding with the cache write, attention over each row's own
 positions, and the MLP's SiLU-gated product are one C call each, every row computed on its own, so
-a row's values do not depend on the rows beside it (as with the rows kernel, linear.py).
+a row's values do not depend on the rows beside it (as with the rows kernel, linear.py). The
+sampler's draw of each row's next token from its logits is one more (`draw`, sampler.py).
 `Llama.decode` takes this path on every compute path where `usable()` (this C part built, on a CPU
 with AVX2 and FMA); elsewhere it runs the same ops in PyTorch, one row at a time. The values agree
 with PyTorch's to float32 rounding (decode_ops.c says where and why they differ);
@@ -150,3 +151,29 @@ def silu_mul(gate_up: torch.Tensor) -> torch.Tensor:
     out = torch.empty(rows, width // 2, dtype=torch.float32)
     _decode_ops.silu_mul(out.data_ptr(), gate_up.data_ptr(), rows, width // 2)
     return out
+
+
+def draw(
+    logits: torch.Tensor,
+    temperatures: torch.Tensor,
+    top_p: torch.Tensor,
+    top_k: torch.Tensor,
+    uniforms: torch.Tensor,
+) -> torch.Tensor:
+    """The next token of each row of logits[rows, V] (int64 [rows]), each row on its own: its first
+    largest logit where its temperature <= 0, else drawn at its uniform in [0, 1) from the softmax of
+    logits / temperature, restricted to its top_k tokens (0 or >= V: all), then to the smallest
+    prefix of those, heaviest first, whose mass reaches top_p of theirs (>= 1: all). temperatures,
+    top_p and uniforms are float32 [rows], top_k int64 [rows]. One pass for the largest logit, one
+    for the weights; a truncated row sorts only its heaviest tokens (decode_ops.c: `draw`)."""
+    rows, vocab = logits.shape
+    _check("logits", logits, (rows, vocab))
+    for name, values in (("temperatures", temperatures), ("top_p", top_p), ("uniforms", uniforms)):
+        _check(name, values, (rows,))
+    _check("top_k", top_k, (rows,), torch.long)
+    tokens = torch.empty(rows, dtype=torch.long)
+    _decode_ops.draw(
+        tokens.data_ptr(), logits.data_ptr(), temperatures.data_ptr(), top_p.data_ptr(), top_k.data_ptr(),
+        uniforms.data_ptr(), rows, vocab,
+    )  # fmt: skip
+    return tokens
