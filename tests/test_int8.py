@@ -25,6 +25,7 @@ def kernel(request: pytest.FixtureRequest, monkeypatch: Any) -> str:
     if request.param not in int8.kernels():
         pytest.skip(f"this CPU does not run the {request.param} kernel (it runs {int8.kernels()})")
     monkeypatch.setattr(int8, "kernel", lambda: request.param)
+    monkeypatch.setattr(int8, "kernel_number", lambda: int8.kernels().index(request.param))
     return request.param
 
 

@@ -96,6 +96,12 @@ def kernel() -> str:
 
 
 @functools.cache
+def kernel_number() -> int:
+    """`kernel()`'s number in the C part (its place in `kernels()`)."""
+    return kernels().index(kernel())
+
+
+@functools.cache
 def int_mm_exact() -> bool:
     """Whether `torch._int_mm` gives the exact int32 sums here, at every row count up to 64, with the
     largest steps of both signs (where the CPU lacks VNNI, oneDNN's AVX2 kernel adds products in
@@ -263,24 +269,23 @@ class Int8Matrix:
         _int8_rows.scale(out.data_ptr(), sums.data_ptr(), row_scales.data_ptr(), scales, rows, n)
         return out
 
+    @functools.cached_property
+    def _c_weights(self) -> tuple[int, int, int, int, int]:
+        """What `c_product` passes the C part of the weights, read once: the packed steps', scales' and
+        sums' addresses, out_features and in_features."""
+        n, k = self.shape
+        return self.packed.data_ptr(), self.scales.data_ptr(), self.sums.data_ptr(), n, k
+
     def c_product(self, x: torch.Tensor) -> torch.Tensor:
         """`product` with the sums made by the C part, with `kernel()`."""
-        x = x.to(torch.float32).contiguous()
-        rows, (n, k) = x.shape[0], self.shape
+        packed, scales, sums, n, k = self._c_weights
+        if x.dtype != torch.float32 or not x.is_contiguous():
+            x = x.to(torch.float32).contiguous()
+        rows = x.shape[0]
         if x.shape[1] != k:
             raise ValueError(f"rows of {x.shape[1]} values for weights of {n} x {k}")
         out = torch.empty(rows, n, dtype=torch.float32)
-        _int8_rows.linear(
-            out.data_ptr(),
-            x.data_ptr(),
-            self.packed.data_ptr(),
-            self.scales.data_ptr(),
-            self.sums.data_ptr(),
-            rows,
-            n,
-            k,
-            kernels().index(kernel()),
-        )
+        _int8_rows.linear(out.data_ptr(), x.data_ptr(), packed, scales, sums, rows, n, k, kernel_number())
         return out
 
     def dequantize(self) -> torch.Tensor:

@@ -119,9 +119,11 @@ def linear_add(
 def _library(x: torch.Tensor, weight: Weight, step: bool) -> torch.Tensor:
     """x @ weight^T in PyTorch, float32 out: a decode step's (`step`) at the checked row counts
     where set."""
-    k = weight.shape[1]
     if isinstance(weight, Int8Matrix):  # exact at any row count: no block
-        return weight.product(x.reshape(-1, k)).reshape(*x.shape[:-1], weight.shape[0])
+        if x.dim() == 2:  # a step's rows: no reshapes
+            return weight.product(x)
+        return weight.product(x.reshape(-1, x.shape[-1])).reshape(*x.shape[:-1], weight.shape[0])
+    k = weight.shape[1]
     if step and _fixed is not None:
         out = _fixed.linear(x.reshape(-1, k), weight)
         return out.reshape(*x.shape[:-1], weight.shape[0])
