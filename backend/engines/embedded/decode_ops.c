@@ -215,13 +215,17 @@ TARGET static inline __attribute__((always_inline)) void weigh_values(float *out
         const void *v = kv_at(t < shared ? values : own_values, t * D, half);
         if (t + AHEAD < length)
             ahead(kv_at(t + AHEAD < shared ? values : own_values, (t + AHEAD) * D, half), 32, half);
-        __m256 row[4];
-        for (int c = 0; c < parts; c++)
-            row[c] = load_kv(v, 8 * c, half);
-        for (int h = 0; h < heads; h++) {
-            const __m256 weight = _mm256_set1_ps(p[h * stride + t]);
-            for (int c = 0; c < parts; c++)
-                acc[h][c] = _mm256_fmadd_ps(weight, row[c], acc[h][c]);
+        /* the heads' weights, then each vector of the value once for all of them: 12 accumulators,
+         * 3 weights and 1 vector in AVX2's 16 registers (a value's 4 vectors at once spilled one to
+         * the stack: attention of 32 rows over 102 positions, 30 layers, caches warm, took 5.2 ms
+         * that way and 4.2 this, the same sums in the same order; read from memory, 9-10 ms both) */
+        __m256 weight[3];
+        for (int h = 0; h < heads; h++)
+            weight[h] = _mm256_set1_ps(p[h * stride + t]);
+        for (int c = 0; c < parts; c++) {
+            const __m256 part = load_kv(v, 8 * c, half);
+            for (int h = 0; h < heads; h++)
+                acc[h][c] = _mm256_fmadd_ps(weight[h], part, acc[h][c]);
         }
     }
     for (int h = 0; h < heads; h++)
