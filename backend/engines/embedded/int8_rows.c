@@ -44,11 +44,12 @@
 /* Bytes ahead of a group's stream to prefetch: 256 took the decode step's products at one row from
  * 11.7 ms to 6.2 ms on a 2-core AMD EPYC (512 and 1024 were slower). */
 #define AHEAD 256
-/* The VNNI kernel's distance where a product has more rows than one tile: each group's weights then
- * serve several tiles from the L1 cache, and the prefetches reach into the next group's instead.
- * 2048 took a decode step's products at 32 rows from 40.7 to 35.4 ms on the Zen 4 host (16 rows:
- * 21.7 to 19.6; 48: 55.8 to 49.7; 1024 gained half that; 4096 the same as 2048); at one tile the
- * longer distance was slower (one row: 8.0 against 9.7 ms). */
+/* The distance where a product has more rows than one tile (the VNNI kernel's 8, the AVX2 kernel's
+ * pair): each group's weights then serve several tiles from the L1 cache, and the prefetches reach
+ * into the next group's instead. With the VNNI kernel 2048 took a decode step's products at 32 rows
+ * from 40.7 to 35.4 ms on the Zen 4 host (16 rows: 21.7 to 19.6; 48: 55.8 to 49.7; 1024 gained half
+ * that; 4096 the same as 2048), with the AVX2 kernel from 85 to 80 ms (8 rows: 3-4 % less); at one
+ * tile the longer distance was slower (one row: 8.0 against 9.7 ms). */
 #define AHEAD_TILES 2048
 
 #if defined(__x86_64__) && defined(__GNUC__)
@@ -164,15 +165,16 @@ TARGET static inline int32_t lanes(__m256i v) {
 #endif
 
 /* sums[j] = row . (weight row j of the packed group `w`), j < WEIGHT_ROWS, exactly. */
-TARGET static inline void group_sums(int32_t *sums, const int8_t *row, const int8_t *w, Py_ssize_t K) {
+TARGET static inline void group_sums(int32_t *sums, const int8_t *row, const int8_t *w, Py_ssize_t K,
+                                     Py_ssize_t ahead) {
 #ifdef INT8_ROWS_X86
     const __m256i ones = _mm256_set1_epi16(1);
     __m256i acc[WEIGHT_ROWS];
     for (int j = 0; j < WEIGHT_ROWS; j++) acc[j] = _mm256_setzero_si256();
     for (Py_ssize_t k = 0; k < K; k += CHUNK) {
         const int8_t *chunk = w + k * WEIGHT_ROWS;
-        __builtin_prefetch(chunk + AHEAD);
-        __builtin_prefetch(chunk + AHEAD + 64);
+        __builtin_prefetch(chunk + ahead);
+        __builtin_prefetch(chunk + ahead + 64);
         __m256i x = _mm256_loadu_si256((const __m256i *)(row + k));
         __m256i magnitude = _mm256_abs_epi8(x);
         for (int j = 0; j < WEIGHT_ROWS; j++) {
@@ -194,15 +196,15 @@ TARGET static inline void group_sums(int32_t *sums, const int8_t *row, const int
 
 /* `group_sums` for two rows at once, each weight vector loaded once for both. */
 TARGET static inline void group_sums2(int32_t *sums0, int32_t *sums1, const int8_t *row0, const int8_t *row1,
-                                      const int8_t *w, Py_ssize_t K) {
+                                      const int8_t *w, Py_ssize_t K, Py_ssize_t ahead) {
 #ifdef INT8_ROWS_X86
     const __m256i ones = _mm256_set1_epi16(1);
     __m256i acc0[WEIGHT_ROWS], acc1[WEIGHT_ROWS];
     for (int j = 0; j < WEIGHT_ROWS; j++) acc0[j] = acc1[j] = _mm256_setzero_si256();
     for (Py_ssize_t k = 0; k < K; k += CHUNK) {
         const int8_t *chunk = w + k * WEIGHT_ROWS;
-        __builtin_prefetch(chunk + AHEAD);
-        __builtin_prefetch(chunk + AHEAD + 64);
+        __builtin_prefetch(chunk + ahead);
+        __builtin_prefetch(chunk + ahead + 64);
         __m256i x0 = _mm256_loadu_si256((const __m256i *)(row0 + k));
         __m256i x1 = _mm256_loadu_si256((const __m256i *)(row1 + k));
         __m256i m0 = _mm256_abs_epi8(x0), m1 = _mm256_abs_epi8(x1);
@@ -217,8 +219,8 @@ TARGET static inline void group_sums2(int32_t *sums0, int32_t *sums1, const int8
         sums1[j] = lanes(acc1[j]);
     }
 #else
-    group_sums(sums0, row0, w, K);
-    group_sums(sums1, row1, w, K);
+    group_sums(sums0, row0, w, K, ahead);
+    group_sums(sums1, row1, w, K, ahead);
 #endif
 }
 
@@ -365,15 +367,16 @@ static PyObject *rotate_quantize(PyObject *self, PyObject *args) {
 /* y [rows, N] from rows x with the AVX2 kernel (or the plain loops): two rows at a time. */
 static void linear_pairs(float *out, const int8_t *q, const float *row_scales, const int8_t *w, const float *ws,
                          Py_ssize_t rows, Py_ssize_t N, Py_ssize_t K) {
+    const Py_ssize_t ahead = rows > 2 ? AHEAD_TILES : AHEAD;
     for (Py_ssize_t n = 0; n < N; n += WEIGHT_ROWS) {
         const int8_t *group = w + n * K;
         Py_ssize_t count = N - n < WEIGHT_ROWS ? N - n : WEIGHT_ROWS;
         for (Py_ssize_t r = 0; r < rows; r += 2) {
             int32_t sums[2][WEIGHT_ROWS];
             if (r + 1 < rows)
-                group_sums2(sums[0], sums[1], q + r * K, q + (r + 1) * K, group, K);
+                group_sums2(sums[0], sums[1], q + r * K, q + (r + 1) * K, group, K, ahead);
             else
-                group_sums(sums[0], q + r * K, group, K);
+                group_sums(sums[0], q + r * K, group, K, ahead);
             for (Py_ssize_t t = 0; t < 2 && r + t < rows; t++) {
                 for (Py_ssize_t j = 0; j < count; j++) {
                     float scaled = (float)sums[t][j] * row_scales[r + t];
