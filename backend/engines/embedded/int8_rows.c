@@ -42,7 +42,10 @@
 #define WEIGHT_ROWS 4
 #define CHUNK 32
 /* Bytes ahead of a group's stream to prefetch: 256 took the decode step's products at one row from
- * 11.7 ms to 6.2 ms on a 2-core AMD EPYC (512 and 1024 were slower). */
+ * 11.7 ms to 6.2 ms on a 2-core AMD EPYC (512 and 1024 were slower). Non-temporal prefetches
+ * (`prefetchnta`) took a step's products alone, run back to back, from 7.4-9.1 to 5.6-6.7 ms at one
+ * row on the Zen 4 host, but not whole decode steps (the two builds alternating step by step in one
+ * process: 9.93 ms against these prefetches' 9.45 at one row, 15.6 against 16.0 at 8 rows). */
 #define AHEAD 256
 /* The distance where a product has more rows than one tile (the VNNI kernel's 8, the AVX2 kernel's
  * pair): each group's weights then serve several tiles from the L1 cache, and the prefetches reach
