@@ -4,6 +4,7 @@ silently; the settings each GPU gets (fp16 below compute capability 8.0), in the
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import sys
 import types
@@ -284,6 +285,47 @@ async def test_in_process_sglang_on_the_cpu_skips_the_preflight(
     assert (
         stand_in_sglang[0]["device"] == "cpu" and stand_in_sglang[0]["incremental_streaming_output"] is True
     )
+
+
+async def test_in_process_sglangs_import_leaves_the_loop_free(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Importing SGLang takes seconds; meanwhile the loop keeps serving (/health, the page): a stand-in
+    package whose import takes 0.6 s holds no tick of the loop for more than a fraction of that."""
+    package = tmp_path / "sglang"
+    package.mkdir()
+    (package / "__init__.py").write_text(
+        "import time, types\n"
+        "time.sleep(0.6)\n"
+        "class Engine:\n"
+        "    def __init__(self, **kwargs):\n"
+        "        self.server_args = types.SimpleNamespace(**kwargs)\n"
+        "        self.tokenizer_manager = types.SimpleNamespace(auto_create_handle_loop=lambda: None)\n"
+        "    def shutdown(self):\n"
+        "        pass\n"
+    )
+    monkeypatch.delitem(sys.modules, "sglang", raising=False)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    engine = SGLangInProcessEngine("org/model", locate=SGLangModel, device="cpu")
+    gaps: list[float] = []
+
+    async def tick() -> None:
+        last = asyncio.get_running_loop().time()
+        while True:
+            await asyncio.sleep(0.01)
+            now = asyncio.get_running_loop().time()
+            gaps.append(now - last)
+            last = now
+
+    ticker = asyncio.create_task(tick())
+    try:
+        await engine.start()
+        await engine.stop()
+        assert sys.modules["sglang"].__file__ == str(package / "__init__.py")
+    finally:
+        ticker.cancel()
+        sys.modules.pop("sglang", None)  # the stand-in is for this test alone
+    assert len(gaps) >= 20 and max(gaps) < 0.3, max(gaps)
 
 
 async def test_in_process_sglang_on_a_gpu_it_cannot_use_fails_to_start_naming_what_is_missing(

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import importlib
 import json
 import logging
 import multiprocessing
@@ -144,8 +145,9 @@ class SGLangInProcessEngine(Engine):
         return facts
 
     async def start(self) -> None:
-        import sglang
-
+        # Importing SGLang takes seconds (3.2 s on an idle 2-core host, more under load): off the loop,
+        # which keeps answering /health and the page meanwhile.
+        sglang = await asyncio.to_thread(importlib.import_module, "sglang")
         facts = await self.preflight()
         try:
             chosen = await asyncio.to_thread(self.locate, self.requested_model)
