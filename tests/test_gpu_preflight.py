@@ -291,19 +291,14 @@ async def test_in_process_sglangs_import_leaves_the_loop_free(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Importing SGLang takes seconds; meanwhile the loop keeps serving (/health, the page): a stand-in
-    package whose import takes 0.6 s holds no tick of the loop for more than a fraction of that."""
+    package whose import takes 0.6 s (its `Engine` this file's StandInSGLang) holds no tick of the loop
+    for more than a fraction of that."""
     package = tmp_path / "sglang"
     package.mkdir()
     (package / "__init__.py").write_text(
-        "import time, types\n"
-        "time.sleep(0.6)\n"
-        "class Engine:\n"
-        "    def __init__(self, **kwargs):\n"
-        "        self.server_args = types.SimpleNamespace(**kwargs)\n"
-        "        self.tokenizer_manager = types.SimpleNamespace(auto_create_handle_loop=lambda: None)\n"
-        "    def shutdown(self):\n"
-        "        pass\n"
+        f"import time\ntime.sleep(0.6)\nfrom {__name__} import StandInSGLang as Engine\n"
     )
+    StandInSGLang.made = []
     monkeypatch.delitem(sys.modules, "sglang", raising=False)
     monkeypatch.syspath_prepend(str(tmp_path))
     engine = SGLangInProcessEngine("org/model", locate=SGLangModel, device="cpu")
@@ -322,6 +317,7 @@ async def test_in_process_sglangs_import_leaves_the_loop_free(
         await engine.start()
         await engine.stop()
         assert sys.modules["sglang"].__file__ == str(package / "__init__.py")
+        assert [made["model_path"] for made in StandInSGLang.made] == ["org/model"]
     finally:
         ticker.cancel()
         sys.modules.pop("sglang", None)  # the stand-in is for this test alone
