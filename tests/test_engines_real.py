@@ -20,7 +20,7 @@ import sys
 import tempfile
 import time
 import urllib.request
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -65,6 +65,10 @@ FRAME_TIMEOUT_S = 120.0
 """Longest wait for one websocket frame while a CPU server generates."""
 METRICS_SETTLE_S = 15.0
 """How long the server may take to count an abort in /metrics."""
+TALLY_QUIET_S = 1.0
+"""How long SGLang's count of generated tokens must hold still before it is read as settled: it
+tallies each aborted sample's tokens when the finish reaches its tokenizer manager (4 tokens of a
+Cancel's 4 samples came after its scheduler's count read 0, in a CI run on 2 cores)."""
 
 ON_GPU = os.environ.get("DASHBOARD_ENGINES_ON_GPU") == "1"
 """Set by scripts/gpu-check.sh: SGLang is the one installed beside this Python (the GPU install) and
@@ -284,9 +288,32 @@ async def assert_stopped_on_server(
     while server.running() > 0 or (server.aborted_metric and server.aborted() - aborted_before < n):
         assert time.monotonic() < deadline, (server.running(), server.aborted() - aborted_before)
         await asyncio.sleep(0.5)
-    generated = server.generated()
+    await assert_generates_no_more(server, generated_before, n)
+
+
+async def settled(read: Callable[[], float], quiet_s: float = TALLY_QUIET_S) -> float:
+    """`read()` once it has given the same value for `quiet_s`; fails past METRICS_SETTLE_S."""
+    deadline = time.monotonic() + METRICS_SETTLE_S
+    value, since = read(), time.monotonic()
+    while time.monotonic() - since < quiet_s:
+        assert time.monotonic() < deadline, f"the count still moves {METRICS_SETTLE_S:.0f} s on"
+        await asyncio.sleep(0.25)
+        now = await asyncio.to_thread(read)
+        if now != value:
+            value, since = now, time.monotonic()
+    return value
+
+
+async def assert_generates_no_more(server: Any, generated_before: float, n: int) -> None:
+    """Once `server` runs nothing of a request of n samples, its count of generated tokens holds
+    still for 2 s while it still runs nothing, and the samples fell short of max_tokens. SGLang
+    tallies a request's tokens (`sglang:generation_tokens_total`) in its tokenizer manager all at
+    once, when the request's finish reaches it, which can be after the scheduler's count reads 0:
+    the count is read once it has held still for TALLY_QUIET_S (vLLM counts as it generates)."""
+    generated = await settled(server.generated)
     await asyncio.sleep(2.0)
     assert server.generated() == generated, "the server still generates after the abort"
+    assert server.running() == 0, "the server runs the request again"
     assert generated - generated_before < n * LONG, "the samples ran to max_tokens: nothing was aborted"
 
 
@@ -368,10 +395,7 @@ async def cancel_at_once(
     assert all(f["stats"]["tokens"] < LONG for f in result["finishes"].values()), result["finishes"]
     took = await wait_running_zero(stopped_on, cancelled_at, within)
     print(f"{rid}: SGLang runs nothing {took:.2f} s after the cancel")
-    generated = stopped_on.generated()
-    await asyncio.sleep(2.0)  # nothing of the request may still generate once the count is 0
-    assert stopped_on.generated() == generated, "SGLang still generates after the cancel"
-    assert generated - generated_before < 4 * LONG, "the samples ran to max_tokens: nothing was aborted"
+    await assert_generates_no_more(stopped_on, generated_before, 4)
 
 
 async def stop_one_at_once(ws_url: str, rid: str, headers: dict[str, str] | None = None) -> None:
