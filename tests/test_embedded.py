@@ -62,7 +62,11 @@ async def test_a_continuation_writes_on_from_the_branch_it_continues(engine: Emb
     ids = engine.prompt_ids(continued)
     assert ids == engine.prompt_ids(Prompt(story)) + tokenizer.encode(prefix, add_special_tokens=False)
     rest, _, finals = await collect(engine.generate(continued, 1, params(6, temperature=0)), 1)
-    assert len(rest[0]) > 8 and whole[0].startswith(prefix + rest[0][:8]), (prefix, rest[0], whole[0])
+    # The same next word as the answer (a closed turn would start another answer). Later words may
+    # part at a near tie: the prompt's last token is prefilled, not copied, and rounds slightly
+    # otherwise (on a 2-core AMD EPYC Zen 1 "soul, stood" against the answer's "soul, had").
+    said, answer = rest[0].split(), whole[0][len(prefix) :].split()
+    assert len(said) > 1 and said[0] == answer[0], (prefix, rest[0], whole[0])
     # The continuation copied the kept sample's keys and values: all its prompt but the last token
     # (whose logits it needs) where the prefix's tokens are those the sample drew.
     figures = finals[0].meta

@@ -5,6 +5,7 @@ in test_fixed_rows.py."""
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 import pytest
@@ -46,7 +47,7 @@ def test_the_products_are_the_exact_integer_sums_at_the_largest_steps(
     turns into +-1/8 everywhere: every step +-127, the largest sums there are), of both signs, beside
     random ones, a weight count that is not whole groups of four (10): the C part's kernel at every
     row count (in tiles of eight rows and a tile's remainder), and `_int_mm` where it is exact, give
-    the int64 sums, scaled."""
+    the int64 sums, scaled; added into a residual, each value as `residual + product` rounds it."""
     generator = torch.Generator().manual_seed(k)
     unit = torch.zeros(k)
     unit[::64] = 1.0
@@ -58,6 +59,10 @@ def test_the_products_are_the_exact_integer_sums_at_the_largest_steps(
         x = torch.randn(rows, k, generator=generator)
         x[0], x[-1] = unit * 3, -unit
         assert torch.equal(matrix.c_product(x), _exact(matrix, x)), rows
+        residual = torch.randn(rows, 10, generator=generator)
+        added = residual.clone()
+        matrix.c_product_into(added, x, add=True)  # a residual connection: each value rounded once
+        assert torch.equal(added, residual + _exact(matrix, x)), rows
         if matrix.steps is not None:
             assert torch.equal(matrix.int_mm_product(x), _exact(matrix, x)), rows
     for limit in (0, 8):  # the products on either side of where _int_mm takes over
@@ -119,7 +124,7 @@ def test_a_saturating_int_mm_is_found_and_the_c_part_takes_every_row(monkeypatch
         return sums.to(torch.int32)
 
     int8.int_mm_exact.cache_clear()
-    int8.c_max_rows.cache_clear()
+    int8.take_over.cache_clear()
     monkeypatch.setattr(torch, "_int_mm", saturating)
     try:
         assert not int8.int_mm_exact()
@@ -133,7 +138,7 @@ def test_a_saturating_int_mm_is_found_and_the_c_part_takes_every_row(monkeypatch
     finally:
         monkeypatch.setattr(torch, "_int_mm", real)
         int8.int_mm_exact.cache_clear()
-        int8.c_max_rows.cache_clear()
+        int8.take_over.cache_clear()
 
 
 def test_where_int_mm_takes_over_is_timed_and_said(monkeypatch: Any) -> None:
@@ -151,18 +156,43 @@ def test_where_int_mm_takes_over_is_timed_and_said(monkeypatch: Any) -> None:
         return 0.95 if x.shape[0] <= 32 else 0.85  # level (within the margin), then clearly faster
 
     monkeypatch.setattr(int8, "_shortest", timed)
-    int8.c_max_rows.cache_clear()
+    int8.take_over.cache_clear()
     try:
         assert int8.c_max_rows() == 32
         assert max(calls) == 48  # timed no further than where _int_mm took over
         said = int8.describe()
         assert f"the C part's {int8.kernel()} kernel up to 32 rows, torch._int_mm beyond" in said
         monkeypatch.setattr(int8, "_shortest", lambda times, product, x: 1.0)
-        int8.c_max_rows.cache_clear()
+        int8.take_over.cache_clear()
         assert int8.c_max_rows() > 1000
         assert "torch._int_mm no faster at up to 256 rows" in int8.describe()
     finally:
-        int8.c_max_rows.cache_clear()
+        int8.take_over.cache_clear()
+
+
+def test_the_take_over_timings_stop_at_their_budget(monkeypatch: Any) -> None:
+    """Once the timings pass TIMING_BUDGET_S with `_int_mm` never faster, they stop: the C part takes
+    every row count, and the engine line names the row count timed last."""
+    if not int8.int_mm_exact():
+        pytest.skip("torch._int_mm is not exact here: nothing is timed")
+    calls: list[int] = []
+
+    def slow(times: int, product: Any, x: torch.Tensor) -> float:
+        calls.append(x.shape[0])
+        time.sleep(0.01)
+        return 1.0
+
+    monkeypatch.setattr(int8, "_shortest", slow)
+    monkeypatch.setattr(int8, "TIMING_BUDGET_S", 0.15)
+    int8.take_over.cache_clear()
+    try:
+        found = int8.take_over()
+        assert found.c_max_rows > 1000
+        assert 2 <= found.timed_rows < int8.TIMED_ROWS[-1]
+        assert max(calls) == found.timed_rows  # nothing timed past the budget's row count
+        assert f"torch._int_mm no faster at up to {found.timed_rows} rows" in int8.describe()
+    finally:
+        int8.take_over.cache_clear()
 
 
 def test_a_process_held_below_vnni_multiplies_with_the_avx2_kernel(monkeypatch: Any) -> None:

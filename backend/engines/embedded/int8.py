@@ -14,7 +14,7 @@ kernel where the CPU has it, else its AVX2 one: `kernel`) for up to `c_max_rows(
 PyTorch's `torch._int_mm` (oneDNN, with AVX-512 VNNI or AMX where the CPU has them; from a second
 copy of the steps in its layout) beyond, where this process found `_int_mm` exact
 (`int_mm_exact`), else by the C part for every row count. Where the one takes over from the other
-is timed at start (`c_max_rows`). Each sum is then scaled to float32 by two rounded products, the
+is timed at start (`take_over`). Each sum is then scaled to float32 by two rounded products, the
 row's scale and the weight row's, the same in C and in PyTorch: a row's values are the same alone,
 beside any rows and at any row count, with either kernel, on every CPU, with no block size to
 check.
@@ -40,7 +40,7 @@ GROUP = 64
 """Values turned together (each group of a row by the Walsh-Hadamard matrix of this size)."""
 
 TIMED_ROWS = (1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128, 192, 256)
-"""Row counts at which the C part and `torch._int_mm` are timed against each other (`c_max_rows`),
+"""Row counts at which the C part and `torch._int_mm` are timed against each other (`take_over`),
 up to the first where `_int_mm` takes over."""
 
 TIMED_SHAPES = (((960, 576), 30), ((576, 576), 30), ((3072, 576), 30), ((576, 1536), 30), ((12288, 576), 4))
@@ -52,6 +52,12 @@ TAKE_OVER = 0.9
 """`torch._int_mm` takes rows over from the C part where its products take at most this share of
 the C part's time: a margin over the timings' noise, so that where the two are level (on the
 Zen 4 host, 24 to 48 rows) the choice does not change from one start to the next."""
+
+TIMING_BUDGET_S = 0.5
+"""Seconds `take_over` times for at most: where `_int_mm` has not taken over by the row count at which
+its timings pass them, the C part takes every row count. Where both are slow, timing every one of
+TIMED_ROWS costs more than it can win (on a 2-core AMD EPYC Zen 1, AVX2 only, where `_int_mm` is
+exact and no faster, timing up to 256 rows took 30 s of the engine's start, to 8 rows 0.7 s)."""
 
 WEIGHT_ROWS = 4
 """Weight rows the C part multiplies together (int8_rows.c)."""
@@ -125,21 +131,32 @@ def int_mm_exact() -> bool:
     return True
 
 
+@dataclass(frozen=True)
+class TakeOver:
+    """Where `torch._int_mm` takes rows over from the C part in this process (`take_over`)."""
+
+    c_max_rows: int
+    """The most rows the C part multiplies (sys.maxsize: every row count)."""
+    timed_rows: int
+    """The most rows the two were timed at (0 where `_int_mm` is not exact and nothing was timed)."""
+
+
 @functools.cache
-def c_max_rows() -> int:
-    """The most rows the C part multiplies in this process; `torch._int_mm` takes more. Where
-    `_int_mm` is exact: the largest of TIMED_ROWS before the first at which `_int_mm`'s products
-    over a step's TIMED_SHAPES took at most TAKE_OVER of the C part's time (each product timed
-    twice, the shorter kept, times how many a step has; 0.2-0.3 s at start on one thread on the
-    Zen 4 host), every row count where that never happened, none where it happened at one row. Where
-    `_int_mm` is not exact, every row count."""
+def take_over() -> TakeOver:
+    """Where `_int_mm` is exact: the C part takes the largest of TIMED_ROWS before the first at which
+    `_int_mm`'s products over a step's TIMED_SHAPES took at most TAKE_OVER of the C part's time (each
+    product timed twice, the shorter kept, times how many a step has; 0.2-0.3 s at start on one
+    thread on the Zen 4 host), none where that happened at one row; every row count where it never
+    happened up to the last of TIMED_ROWS or up to the row count at which the timings passed
+    TIMING_BUDGET_S. Where `_int_mm` is not exact, every row count, untimed."""
     if not int_mm_exact():
-        return sys.maxsize
+        return TakeOver(sys.maxsize, 0)
     generator = torch.Generator().manual_seed(0)
     matrices = [
         (Int8Matrix.quantize(torch.randn(*shape, generator=generator)), count)
         for shape, count in TIMED_SHAPES
     ]
+    started = time.perf_counter()
     fastest = 0
     for rows in TIMED_ROWS:
         c_part = int_mm = 0.0
@@ -148,9 +165,16 @@ def c_max_rows() -> int:
             c_part += count * _shortest(2, matrix.c_product, x)
             int_mm += count * _shortest(2, matrix.int_mm_product, x)
         if int_mm <= TAKE_OVER * c_part:
-            return fastest
+            return TakeOver(fastest, rows)
         fastest = rows
-    return sys.maxsize
+        if time.perf_counter() - started > TIMING_BUDGET_S:
+            break
+    return TakeOver(sys.maxsize, fastest)
+
+
+def c_max_rows() -> int:
+    """The most rows the C part multiplies in this process; `torch._int_mm` takes more (`take_over`)."""
+    return take_over().c_max_rows
 
 
 def _shortest(times: int, product: Callable[[torch.Tensor], torch.Tensor], x: torch.Tensor) -> float:
@@ -171,9 +195,10 @@ def describe() -> str:
     part = f"the C part's {kernel()} kernel"
     if not int_mm_exact():
         return f"int8 rows and weights, {made} by {part} (torch._int_mm is not exact here)"
-    limit = c_max_rows()
+    found = take_over()
+    limit = found.c_max_rows
     if limit == sys.maxsize:
-        level = f"torch._int_mm no faster at up to {TIMED_ROWS[-1]} rows"
+        level = f"torch._int_mm no faster at up to {found.timed_rows} rows"
         return f"int8 rows and weights, {made} by {part} ({level})"
     if limit == 0:
         return f"int8 rows and weights, {made} by torch._int_mm (faster than {part} at one row)"
@@ -253,9 +278,13 @@ class Int8Matrix:
         """x[rows, K] @ weight^T as float32 [rows, N]: x turned and rounded row by row, the int32 sums
         times the row's scale, rounded, times the weight row's, rounded (by the C part, or by
         `torch._int_mm` beyond `c_max_rows()` rows: the same values)."""
-        if x.shape[0] > c_max_rows() and self.steps is not None:
+        if not self.in_c(x.shape[0]):
             return self.int_mm_product(x)
         return self.c_product(x)
+
+    def in_c(self, rows: int) -> bool:
+        """Whether `product` multiplies `rows` rows in the C part (else in `torch._int_mm`)."""
+        return rows <= c_max_rows() or self.steps is None
 
     def int_mm_product(self, x: torch.Tensor) -> torch.Tensor:
         """`product` with the sums made by `torch._int_mm` (where `steps` is kept)."""
@@ -278,15 +307,26 @@ class Int8Matrix:
 
     def c_product(self, x: torch.Tensor) -> torch.Tensor:
         """`product` with the sums made by the C part, with `kernel()`."""
-        packed, scales, sums, n, k = self._c_weights
         if x.dtype != torch.float32 or not x.is_contiguous():
             x = x.to(torch.float32).contiguous()
-        rows = x.shape[0]
-        if x.shape[1] != k:
-            raise ValueError(f"rows of {x.shape[1]} values for weights of {n} x {k}")
-        out = torch.empty(rows, n, dtype=torch.float32)
-        _int8_rows.linear(out.data_ptr(), x.data_ptr(), packed, scales, sums, rows, n, k, kernel_number())
+        out = torch.empty(x.shape[0], self.shape[0], dtype=torch.float32)
+        self.c_product_into(out, x)
         return out
+
+    def c_product_into(self, out: torch.Tensor, x: torch.Tensor, add: bool = False) -> None:
+        """`c_product` of x [rows, K] (float32, contiguous) written into `out` [rows, N] (float32,
+        contiguous), or with `add` added to what it holds (each value rounded as out + the product):
+        a decode step's buffers and residual connection, without a tensor made per call."""
+        packed, scales, sums, n, k = self._c_weights
+        rows = x.shape[0]
+        if x.shape[1] != k or out.shape != (rows, n):
+            raise ValueError(f"rows of {tuple(x.shape)} into {tuple(out.shape)} for weights of {n} x {k}")
+        if x.dtype != torch.float32 or out.dtype != torch.float32:
+            raise ValueError(f"rows of {x.dtype} into {out.dtype}: the C part takes float32")
+        if not (x.is_contiguous() and out.is_contiguous()):
+            raise ValueError("the C part takes contiguous rows")
+        kernel = kernel_number()
+        _int8_rows.linear(out.data_ptr(), x.data_ptr(), packed, scales, sums, rows, n, k, kernel, add)
 
     def dequantize(self) -> torch.Tensor:
         """The weights as float32 [N, K], as the steps hold them (turned back; for tests and

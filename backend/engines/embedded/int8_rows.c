@@ -12,7 +12,8 @@
  * rows a group, their 32 steps at each k side by side: [N / 4, K / 32, 4, 32], so that a group is
  * one stream of memory), each row turned and rounded first, into float32 [rows, N]: each int32 sum
  * times the row's scale, rounded, times the weight row's, rounded (as PyTorch's two elementwise
- * products round them, int8.py's path for more rows). The sums are integers, exact whatever the
+ * products round them, int8.py's path for more rows), or with `add` each added to what y holds (a
+ * residual connection, rounded as y + the product). The sums are integers, exact whatever the
  * order the CPU adds them in (K * 127 * 127 fits in int32 for K up to MAX_K), so a row's values are
  * the same alone, beside any rows, and equal to any other exact product's (PyTorch's `_int_mm`
  * where it is exact): batch-invariant by construction. Two kernels make the same sums:
@@ -255,7 +256,7 @@ TARGET_VNNI static inline __attribute__((always_inline)) void group_vnni(float *
                                                                          const float *row_scales, const int8_t *w,
                                                                          const float *ws, const int32_t *wsums,
                                                                          Py_ssize_t count, Py_ssize_t K,
-                                                                         Py_ssize_t ahead, const int R) {
+                                                                         Py_ssize_t ahead, int add, const int R) {
     __m512i acc[VNNI_TILE][2];
     for (int r = 0; r < R; r++) acc[r][0] = acc[r][1] = _mm512_setzero_si512();
     for (Py_ssize_t k = 0; k < K; k += CHUNK) {
@@ -281,11 +282,11 @@ TARGET_VNNI static inline __attribute__((always_inline)) void group_vnni(float *
         const __m128 scaled = _mm_mul_ps(_mm_cvtepi32_ps(sums), _mm_set1_ps(row_scales[r]));
         const __m128 y = _mm_mul_ps(scaled, weight_scales);
         if (count == WEIGHT_ROWS) {
-            _mm_storeu_ps(out + r * N, y);
+            _mm_storeu_ps(out + r * N, add ? _mm_add_ps(_mm_loadu_ps(out + r * N), y) : y);
         } else {
             float lanes4[4];
             _mm_storeu_ps(lanes4, y);
-            for (Py_ssize_t j = 0; j < count; j++) out[r * N + j] = lanes4[j];
+            for (Py_ssize_t j = 0; j < count; j++) out[r * N + j] = add ? out[r * N + j] + lanes4[j] : lanes4[j];
         }
     }
 }
@@ -293,8 +294,8 @@ TARGET_VNNI static inline __attribute__((always_inline)) void group_vnni(float *
 /* group_vnni for a tile of `R` rows (1..VNNI_TILE), each size with its own constant bounds. */
 TARGET_VNNI static void tile_vnni(float *out, Py_ssize_t N, const uint8_t *shifted, const float *row_scales,
                                   const int8_t *w, const float *ws, const int32_t *wsums, Py_ssize_t count,
-                                  Py_ssize_t K, Py_ssize_t ahead, Py_ssize_t R) {
-#define TILE(rows) group_vnni(out, N, shifted, row_scales, w, ws, wsums, count, K, ahead, rows)
+                                  Py_ssize_t K, Py_ssize_t ahead, int add, Py_ssize_t R) {
+#define TILE(rows) group_vnni(out, N, shifted, row_scales, w, ws, wsums, count, K, ahead, add, rows)
     switch (R) {
     case 1: TILE(1); break;
     case 2: TILE(2); break;
@@ -369,7 +370,7 @@ static PyObject *rotate_quantize(PyObject *self, PyObject *args) {
 
 /* y [rows, N] from rows x with the AVX2 kernel (or the plain loops): two rows at a time. */
 static void linear_pairs(float *out, const int8_t *q, const float *row_scales, const int8_t *w, const float *ws,
-                         Py_ssize_t rows, Py_ssize_t N, Py_ssize_t K) {
+                         Py_ssize_t rows, Py_ssize_t N, Py_ssize_t K, int add) {
     const Py_ssize_t ahead = rows > 2 ? AHEAD_TILES : AHEAD;
     for (Py_ssize_t n = 0; n < N; n += WEIGHT_ROWS) {
         const int8_t *group = w + n * K;
@@ -383,7 +384,8 @@ static void linear_pairs(float *out, const int8_t *q, const float *row_scales, c
             for (Py_ssize_t t = 0; t < 2 && r + t < rows; t++) {
                 for (Py_ssize_t j = 0; j < count; j++) {
                     float scaled = (float)sums[t][j] * row_scales[r + t];
-                    out[(r + t) * N + n + j] = scaled * ws[n + j];
+                    float *y = out + (r + t) * N + n + j;
+                    *y = add ? *y + scaled * ws[n + j] : scaled * ws[n + j];
                 }
             }
         }
@@ -395,7 +397,7 @@ static void linear_pairs(float *out, const int8_t *q, const float *row_scales, c
  * unsigned bytes (in place: q is this call's own buffer). */
 TARGET_VNNI static void linear_vnni(float *out, int8_t *q, const float *row_scales, const int8_t *w,
                                     const float *ws, const int32_t *wsums, Py_ssize_t rows, Py_ssize_t N,
-                                    Py_ssize_t K) {
+                                    Py_ssize_t K, int add) {
     const __m256i flip = _mm256_set1_epi8((char)0x80);
     for (Py_ssize_t i = 0; i < rows * K; i += 32) {
         __m256i v = _mm256_loadu_si256((const __m256i *)(q + i));
@@ -408,7 +410,7 @@ TARGET_VNNI static void linear_vnni(float *out, int8_t *q, const float *row_scal
         for (Py_ssize_t r = 0; r < rows; r += VNNI_TILE) {
             const Py_ssize_t tile = rows - r < VNNI_TILE ? rows - r : VNNI_TILE;
             tile_vnni(out + r * N + n, N, shifted + r * K, row_scales + r, w + n * K, ws + n, wsums + n, count, K,
-                      ahead, tile);
+                      ahead, add, tile);
         }
     }
 }
@@ -417,8 +419,9 @@ TARGET_VNNI static void linear_vnni(float *out, int8_t *q, const float *row_scal
 static PyObject *linear(PyObject *self, PyObject *args) {
     unsigned long long y, x, w, weight_scales, weight_sums;
     Py_ssize_t rows, N, K;
-    int kernel;
-    if (!PyArg_ParseTuple(args, "KKKKKnnni", &y, &x, &w, &weight_scales, &weight_sums, &rows, &N, &K, &kernel))
+    int kernel, add;
+    if (!PyArg_ParseTuple(args, "KKKKKnnnip", &y, &x, &w, &weight_scales, &weight_sums, &rows, &N, &K, &kernel,
+                          &add))
         return NULL;
     if (!check_k(K, rows) || N < 0) return NULL;
     if (kernel != KERNEL_AVX2 && kernel != KERNEL_AVX512_VNNI) {
@@ -447,10 +450,10 @@ static PyObject *linear(PyObject *self, PyObject *args) {
 #ifdef INT8_ROWS_X86
     if (kernel == KERNEL_AVX512_VNNI)
         linear_vnni((float *)y, q, row_scales, (const int8_t *)w, (const float *)weight_scales,
-                    (const int32_t *)weight_sums, rows, N, K);
+                    (const int32_t *)weight_sums, rows, N, K, add);
     else
 #endif
-        linear_pairs((float *)y, q, row_scales, (const int8_t *)w, (const float *)weight_scales, rows, N, K);
+        linear_pairs((float *)y, q, row_scales, (const int8_t *)w, (const float *)weight_scales, rows, N, K, add);
     Py_END_ALLOW_THREADS;
     free(q);
     free(row_scales);
@@ -488,9 +491,10 @@ static PyMethodDef methods[] = {
      "[rows, K], by address (`plain`: the portable C, for tests)."},
     {"kernels", kernels, METH_NOARGS, "The names of the product kernels this CPU runs, by their numbers."},
     {"linear", linear, METH_VARARGS,
-     "linear(y, x, packed, scales, sums, rows, N, K, kernel): float32 [rows, N] from float32 [rows, K] and "
-     "packed int8 weights [N, K] with float32 scales [N] and int32 sums of steps [N rounded up to 4], by "
-     "address, with kernel number `kernel` (an index into kernels())."},
+     "linear(y, x, packed, scales, sums, rows, N, K, kernel, add): float32 [rows, N] from float32 [rows, K] "
+     "and packed int8 weights [N, K] with float32 scales [N] and int32 sums of steps [N rounded up to 4], by "
+     "address, with kernel number `kernel` (an index into kernels()); with `add`, added to y (y + the "
+     "product, each rounded once) rather than written."},
     {"scale", scale, METH_VARARGS,
      "scale(y, sums, row_scales, weight_scales, rows, N): float32 [rows, N] from int32 sums, by address."},
     {NULL, NULL, 0, NULL},

@@ -81,16 +81,26 @@ def rows_independent() -> bool:
 
 
 def linear(
-    x: torch.Tensor, weight: Weight, blocks: PackedMatrix | None = None, any_rows: bool = False
+    x: torch.Tensor,
+    weight: Weight,
+    blocks: PackedMatrix | None = None,
+    any_rows: bool = False,
+    out: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """x[..., K] @ weight[N, K]^T, as `F.linear(x, weight)`; through the kernel from `blocks` (the
     same weights as GGUF blocks, `quantized.read_blocks`, packed) where given. With `any_rows` (a
     decode step) the kernel takes more than KERNEL_MAX_ROWS rows too, so that a row's values never
-    depend on how many rows share the step."""
+    depend on how many rows share the step. `out` (float32 [rows, N], contiguous, for x [rows, K]):
+    written there and returned, the same values (a decode step's buffer)."""
+    if out is not None and _int8_in_c(x, weight):
+        weight.c_product_into(out, x)
+        return out
     flat = _kernel_rows(x, weight, any_rows)
     if flat is None:
-        return _library(x, weight, any_rows)
-    out = torch.empty(flat.shape[0], weight.shape[0], dtype=torch.float32)
+        made = _library(x, weight, any_rows)
+        return made if out is None else out.copy_(made)
+    if out is None or out.shape != (flat.shape[0], weight.shape[0]) or not out.is_contiguous():
+        out = torch.empty(flat.shape[0], weight.shape[0], dtype=torch.float32)
     _product(out, flat, weight, blocks, add=False)
     return out.reshape(*x.shape[:-1], weight.shape[0])
 
@@ -104,6 +114,14 @@ def linear_add(
 ) -> None:
     """y += x @ weight^T in place (a residual connection), y[rows, N] contiguous, x[rows, K]: each
     sum rounded as `y + linear(x, weight)` rounds it, without the intermediate tensor."""
+    if (
+        _int8_in_c(x, weight)
+        and y.dtype == torch.float32
+        and y.is_contiguous()
+        and y.shape == (x.shape[0], weight.shape[0])
+    ):
+        weight.c_product_into(y, x, add=True)
+        return
     flat = _kernel_rows(x, weight, any_rows)
     if (
         flat is None
@@ -132,6 +150,17 @@ def _library(x: torch.Tensor, weight: Weight, step: bool) -> torch.Tensor:
     if x.dtype != weight.dtype:
         return F.linear(x.to(weight.dtype), weight).float()
     return F.linear(x, weight)
+
+
+def _int8_in_c(x: torch.Tensor, weight: Weight) -> bool:
+    """Whether `weight` is int8 whose C part multiplies x's rows (2-D, float32, contiguous) here."""
+    return (
+        isinstance(weight, Int8Matrix)
+        and x.dim() == 2
+        and x.dtype == torch.float32
+        and x.is_contiguous()
+        and weight.in_c(x.shape[0])
+    )
 
 
 def _kernel_rows(x: torch.Tensor, weight: Weight, any_rows: bool) -> torch.Tensor | None:

@@ -613,38 +613,23 @@ class Llama:
         rows = cache.rows
         positions = cache.lengths[:rows].clone()
         cache.reserve(int(positions.max()) + 1)
-        if decode_ops.usable():
-            norm, silu_mul = decode_ops.rms_norm, decode_ops.silu_mul
-            attend = self._row_attention(cache, positions)
-        else:
-            norm, silu_mul = _each_row(rms_norm), _each_row(_silu_mul)
-            attend = self._attention_row_by_row(cache, positions)
         x = self.embed[tokens].float().contiguous()
+        if decode_ops.usable():
+            ops: decode_ops.StepOps | _RowByRowOps = decode_ops.StepOps(
+                x, cache.keys, cache.values, positions, cache.source[:rows], cache.shared[:rows],
+                (self.cos, self.sin), c.heads, self.scale, c.intermediate_size,
+            )  # fmt: skip
+        else:
+            ops = _RowByRowOps(x, self._attention_row_by_row(cache, positions))
         for index, layer in enumerate(self.layers):
-            qkv = linear(norm(x, layer.attn_norm, c.rms_eps), layer.qkv, layer.blocks.get("qkv"), True)
-            linear_add(x, attend(index, qkv), layer.out, layer.blocks.get("out"), True)
-            gate_up = linear(
-                norm(x, layer.mlp_norm, c.rms_eps), layer.gate_up, layer.blocks.get("gate_up"), True
-            )
-            linear_add(x, silu_mul(gate_up), layer.down, layer.blocks.get("down"), True)
+            normed = ops.rms_norm(layer.attn_norm, c.rms_eps)
+            qkv = linear(normed, layer.qkv, layer.blocks.get("qkv"), True, out=ops.qkv)
+            linear_add(x, ops.attend(index, qkv), layer.out, layer.blocks.get("out"), True)
+            normed = ops.rms_norm(layer.mlp_norm, c.rms_eps)
+            gate_up = linear(normed, layer.gate_up, layer.blocks.get("gate_up"), True, out=ops.gate_up)
+            linear_add(x, ops.silu_mul(gate_up), layer.down, layer.blocks.get("down"), True)
         cache.lengths[:rows] += 1
         return self._logits(x)
-
-    def _row_attention(
-        self, cache: RowCache, positions: torch.Tensor
-    ) -> Callable[[int, torch.Tensor], torch.Tensor]:
-        """Attention on decode_ops for layer `index` of a step: rotary embedding and the cache write in
-        one call, then each row over its own positions (a request's shared prompt read once)."""
-        lengths = positions + 1
-        sources, shared = cache.source[: cache.rows], cache.shared[: cache.rows]
-        heads = self.config.heads
-
-        def attend(index: int, qkv: torch.Tensor) -> torch.Tensor:
-            keys, values = cache.keys[index], cache.values[index]
-            q = decode_ops.rope_store(qkv, self.cos, self.sin, positions, keys, values, heads)
-            return decode_ops.attention(q, keys, values, lengths, self.scale, sources, shared)
-
-        return attend
 
     def _attention_row_by_row(
         self, cache: RowCache, positions: torch.Tensor
@@ -687,6 +672,25 @@ def _read_bytes(weight: Weight) -> int:
     if isinstance(weight, Int8Matrix):
         return weight.step_bytes
     return _nbytes(weight)
+
+
+class _RowByRowOps:
+    """A decode step's ops in PyTorch, one row at a time (where decode_ops is not built), as
+    decode_ops.StepOps offers them: the products make their own outputs (no buffers)."""
+
+    qkv: torch.Tensor | None = None
+    gate_up: torch.Tensor | None = None
+
+    def __init__(self, x: torch.Tensor, attend: Callable[[int, torch.Tensor], torch.Tensor]) -> None:
+        self._x, self.attend = x, attend
+
+    def rms_norm(self, weight: torch.Tensor, eps: float) -> torch.Tensor:
+        """`model.rms_norm` of the step's x, row by row."""
+        return _each_row(rms_norm)(self._x, weight, eps)
+
+    def silu_mul(self, gate_up: torch.Tensor) -> torch.Tensor:
+        """silu(gate) * up, row by row."""
+        return _each_row(_silu_mul)(gate_up)
 
 
 def _each_row(op: Callable[..., torch.Tensor]) -> Callable[..., torch.Tensor]:
