@@ -272,3 +272,35 @@ def test_a_leaving_row_hands_its_followers_to_a_row_with_the_same_prompt(bundled
     after = model.decode(tokens[origin], cache)
     expected = model.decode(tokens, fresh)[origin]
     assert torch.equal(after, expected)
+
+
+def test_a_steps_ops_give_the_functions_values_on_each_layer_of_the_cache() -> None:
+    """StepOps, which checks a step's tensors once and writes into its own buffers, gives bit for bit
+    what the functions give, layer by layer of a many-layer float16 cache (each layer's keys and
+    values where the layer's view of the cache holds them), and refuses a buffer not its own."""
+    torch.manual_seed(0)
+    rows, heads, kv_heads, dim, capacity, layers, width, inner = 3, 9, 3, 64, 16, 4, 576, 1536
+    x = torch.randn(rows, width)
+    angles = torch.randn(40, dim)
+    cos, sin = angles.cos(), angles.sin()
+    positions, sources, shared = torch.tensor([0, 7, 15]), torch.tensor([0, 0, 2]), torch.tensor([0, 1, 0])
+    shape = (layers, rows + 1, kv_heads, capacity, dim)
+    keys, values = torch.randn(shape).half(), torch.randn(shape).half()
+    keys_alone, values_alone = keys.clone(), values.clone()
+    ops = decode_ops.StepOps(x, keys, values, positions, sources, shared, (cos, sin), heads, dim**-0.5, inner)
+    weight = torch.randn(width)
+    assert torch.equal(ops.rms_norm(weight, 1e-5), decode_ops.rms_norm(x, weight, 1e-5))
+    for layer in (0, 2, 3):
+        ops.qkv.copy_(torch.randn(rows, (heads + 2 * kv_heads) * dim))
+        q = decode_ops.rope_store(ops.qkv, cos, sin, positions, keys_alone[layer], values_alone[layer], heads)
+        expected = decode_ops.attention(
+            q, keys_alone[layer], values_alone[layer], positions + 1, dim**-0.5, sources, shared
+        )
+        assert torch.equal(ops.attend(layer, ops.qkv), expected), layer
+        assert torch.equal(keys, keys_alone) and torch.equal(values, values_alone), layer
+    ops.gate_up.copy_(torch.randn(rows, 2 * inner))
+    assert torch.equal(ops.silu_mul(ops.gate_up), decode_ops.silu_mul(ops.gate_up))
+    with pytest.raises(ValueError, match="own qkv buffer"):
+        ops.attend(0, ops.qkv.clone())
+    with pytest.raises(ValueError, match="own gate_up buffer"):
+        ops.silu_mul(ops.gate_up.clone())
