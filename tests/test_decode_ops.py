@@ -287,7 +287,18 @@ def test_a_steps_ops_give_the_functions_values_on_each_layer_of_the_cache() -> N
     shape = (layers, rows + 1, kv_heads, capacity, dim)
     keys, values = torch.randn(shape).half(), torch.randn(shape).half()
     keys_alone, values_alone = keys.clone(), values.clone()
-    ops = decode_ops.StepOps(x, keys, values, positions, sources, shared, (cos, sin), heads, dim**-0.5, inner)
+    ops = decode_ops.StepOps(
+        x,
+        keys,
+        values,
+        positions,
+        sources=sources,
+        shared=shared,
+        rotary=(cos, sin),
+        heads=heads,
+        scale=dim**-0.5,
+        intermediate=inner,
+    )
     weight = torch.randn(width)
     assert torch.equal(ops.rms_norm(weight, 1e-5), decode_ops.rms_norm(x, weight, 1e-5))
     for layer in (0, 2, 3):

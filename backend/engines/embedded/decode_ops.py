@@ -193,6 +193,7 @@ class StepOps:
         keys: torch.Tensor,
         values: torch.Tensor,
         positions: torch.Tensor,
+        *,
         sources: torch.Tensor,
         shared: torch.Tensor,
         rotary: tuple[torch.Tensor, torch.Tensor],

@@ -616,8 +616,9 @@ class Llama:
         x = self.embed[tokens].float().contiguous()
         if decode_ops.usable():
             ops: decode_ops.StepOps | _RowByRowOps = decode_ops.StepOps(
-                x, cache.keys, cache.values, positions, cache.source[:rows], cache.shared[:rows],
-                (self.cos, self.sin), c.heads, self.scale, c.intermediate_size,
+                x, cache.keys, cache.values, positions, sources=cache.source[:rows],
+                shared=cache.shared[:rows], rotary=(self.cos, self.sin), heads=c.heads, scale=self.scale,
+                intermediate=c.intermediate_size,
             )  # fmt: skip
         else:
             ops = _RowByRowOps(x, self._attention_row_by_row(cache, positions))
