@@ -294,7 +294,7 @@ async def assert_stopped_on_server(
 async def settled(read: Callable[[], float], quiet_s: float = TALLY_QUIET_S) -> float:
     """`read()` once it has given the same value for `quiet_s`; fails past METRICS_SETTLE_S."""
     deadline = time.monotonic() + METRICS_SETTLE_S
-    value, since = read(), time.monotonic()
+    value, since = await asyncio.to_thread(read), time.monotonic()
     while time.monotonic() - since < quiet_s:
         assert time.monotonic() < deadline, f"the count still moves {METRICS_SETTLE_S:.0f} s on"
         await asyncio.sleep(0.25)

@@ -99,7 +99,7 @@ def linear(
     if flat is None:
         made = _library(x, weight, any_rows)
         return made if out is None else out.copy_(made)
-    if out is None or out.shape != (flat.shape[0], weight.shape[0]) or not out.is_contiguous():
+    if not _holds(out, flat.shape[0], weight.shape[0]):
         out = torch.empty(flat.shape[0], weight.shape[0], dtype=torch.float32)
     _product(out, flat, weight, blocks, add=False)
     return out.reshape(*x.shape[:-1], weight.shape[0])
@@ -114,24 +114,20 @@ def linear_add(
 ) -> None:
     """y += x @ weight^T in place (a residual connection), y[rows, N] contiguous, x[rows, K]: each
     sum rounded as `y + linear(x, weight)` rounds it, without the intermediate tensor."""
-    if (
-        _int8_in_c(x, weight)
-        and y.dtype == torch.float32
-        and y.is_contiguous()
-        and y.shape == (x.shape[0], weight.shape[0])
-    ):
+    if _int8_in_c(x, weight) and _holds(y, x.shape[0], weight.shape[0]):
         weight.c_product_into(y, x, add=True)
         return
     flat = _kernel_rows(x, weight, any_rows)
-    if (
-        flat is None
-        or y.dtype != torch.float32
-        or not y.is_contiguous()
-        or y.shape != (flat.shape[0], weight.shape[0])
-    ):
+    if flat is None or not _holds(y, flat.shape[0], weight.shape[0]):
         y += _library(x, weight, any_rows)
         return
     _product(y, flat, weight, blocks, add=True)
+
+
+def _holds(y: torch.Tensor | None, rows: int, n: int) -> bool:
+    """Whether the C parts can write a product of `rows` rows by `n` weight rows into `y` (or add
+    it there): float32 [rows, n], contiguous."""
+    return y is not None and y.dtype == torch.float32 and y.is_contiguous() and y.shape == (rows, n)
 
 
 def _library(x: torch.Tensor, weight: Weight, step: bool) -> torch.Tensor:
