@@ -6,7 +6,8 @@ cache in the scheduler's dtype prefilled with one 40-token prompt, then decode s
 `Llama.decode`; per n the median step of --steps
 (after two warm-up steps), the time inside the linear layers (`linear`, `linear_add`) and outside
 them, and tokens/s of decode alone (n / step). The engine line's label says which row counts the
-path settled on.
+path settled on; `auto` (in --paths) runs the start-up probe and prints what it timed, in how long,
+and which path it took, then that path's steps.
 
 Usage: python -m bench.compute_paths [--paths int8-exact,int4-torch,bf16-torch,fp32-blocks] [--ns 1,8,32]
                                      [--steps 10]
@@ -48,10 +49,13 @@ def steps(name: str, ns: list[int], count: int) -> None:
     """Print one path's steps at each of `ns` rows."""
     folder = resolve_model()
     setup = WorkerSetup(str(folder.path), name, 1, max(ns), 512, str(folder.gguf or ""))
+    started = time.perf_counter()
     scheduler = build_scheduler(setup, lambda: None)
+    loaded = time.perf_counter() - started
     llama = scheduler.model
     print(
-        f"{scheduler.compute['label']}: {scheduler.compute['weight_bytes'] / 1e6:.0f} MB of weights",
+        f"{scheduler.compute['label']}: {scheduler.compute['weight_bytes'] / 1e6:.0f} MB of weights"
+        f", loaded in {loaded:.1f} s ({scheduler.compute['why']})",
         flush=True,
     )
     spent = [0.0]
@@ -98,6 +102,9 @@ def main() -> None:
     )
     ns = [int(n) for n in args.ns.split(",")]
     for name in args.paths.split(","):
+        if name == "auto":
+            steps(name, ns, args.steps)
+            continue
         why = unavailable(
             PATHS[name], engine_linear.kernel_status(), True, int4.available(), int8.available()
         )

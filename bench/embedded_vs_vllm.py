@@ -313,7 +313,7 @@ def path_weights(engine: EmbeddedEngine) -> str:
     the float32 matrices for long prefills beside the GGUF's blocks; `int4-torch` holds the layers'
     matrices in 4-bit groups of 32, each group's bf16 scale and zero beside them, and the output
     layer, which is also the embedding, in bf16; `int8-exact` holds every matrix and the output
-    layer in int8 packed for its C part, again for `torch._int_mm` where that is exact here, a
+    layer in int8 packed for its C part, again for `torch._int_mm` where it takes rows here, a
     float32 scale a row, and the embedding in float32)."""
     from backend.engines.embedded import int8
     from backend.engines.embedded.model import LlamaConfig
@@ -323,7 +323,7 @@ def path_weights(engine: EmbeddedEngine) -> str:
     shapes = list(c.fused_matrices().values())
     *per_layer, output = (rows * cols for rows, cols in shapes)
     *layer_rows, output_rows = (rows for rows, _ in shapes)
-    copies = 2 if int8.int_mm_exact() else 1
+    copies = 2 if int8.c_max_rows() < sys.maxsize else 1
     matrices = c.layers * sum(per_layer) + output
     norms = 4 * ((2 * c.layers + 1) * c.hidden_size)
     health = engine.health()

@@ -103,12 +103,23 @@ def test_the_probe_keeps_the_fastest_option_over_its_rows() -> None:
     costs = {"fp32-blocks": 1.0, "bf16-torch/8": 0.1, "bf16-torch/32": 0.02}
     # A token's time at 1, 8 and 32 rows, summed: the kernel 1 + 1 + 1; blocks of 8 (0.8 each):
     # 0.8 + 0.8 / 8 + 3.2 / 32 = 1.0; blocks of 32 (0.64): 0.64 + 0.64 / 8 + 0.64 / 32 = 0.74.
-    found = probe((kernel, small, large), _step(costs), lambda option: [], rows=(1, 8, 32))
+    timed: list[tuple[str, int]] = []
+
+    def step(option: Choice, rows: int) -> float:
+        timed.append((option.label, rows))
+        return _step(costs)(option, rows)
+
+    found = probe((kernel, small, large), step, lambda option: [], rows=(1, 8, 32), repeats=1)
     assert found.choice == large and found.failed == []
     assert found.times["bf16-torch/32"] == pytest.approx(0.74)
-    assert found.times["fp32-blocks"] == pytest.approx(3.0) and "fp32-blocks" not in found.unfinished
-    # Blocks of 8 (1.0 in all) stay under the kernel's 3 at every row count: timed whole.
-    assert "bf16-torch/8" not in found.unfinished and found.times["bf16-torch/8"] == pytest.approx(1.0)
+    # Each timed at 1 row first (the kernel 1, blocks of 8 0.8, of 32 0.64), then the fastest there
+    # whole: past its 0.74 by 10 % the kernel is left at 1 row, blocks of 8 at 8 rows (0.8 + 0.1).
+    assert timed == [("fp32-blocks", 1), ("bf16-torch/8", 8), ("bf16-torch/32", 32)]
+    assert found.unfinished == {"fp32-blocks", "bf16-torch/8"}
+    assert found.times["fp32-blocks"] == pytest.approx(1.0)
+    assert found.times["bf16-torch/8"] == pytest.approx(0.9)
+    # Whichever row count is timed first, the same choice.
+    assert probe((kernel, small, large), _step(costs), lambda option: [], rows=(8, 1, 32)).choice == large
     reason = compute.probe_reason("auto", found, 0.4)
     assert reason.startswith("auto: the fastest batch-invariant path here (bf16-torch/32 740 ms against")
     assert "blocks of 32 rows checked row by row" in reason and "in 0.40 s" in reason

@@ -5,6 +5,7 @@ in test_fixed_rows.py."""
 
 from __future__ import annotations
 
+import sys
 import time
 from typing import Any
 
@@ -53,7 +54,7 @@ def test_the_products_are_the_exact_integer_sums_at_the_largest_steps(
     unit[::64] = 1.0
     weight = torch.randn(10, k, generator=generator)
     weight[0], weight[1] = unit, -unit
-    matrix = Int8Matrix.quantize(weight)
+    matrix = Int8Matrix.quantize(weight, int_mm=int8.int_mm_exact())
     assert matrix.packed.shape == (3, k // 32, 4, 32)
     for rows in (1, 2, 5, 8, 9, 16, 17, 33):
         x = torch.randn(rows, k, generator=generator)
@@ -98,7 +99,9 @@ def test_a_rows_values_are_the_same_at_every_row_count_and_slot(kernel: str, mon
     row alone."""
     monkeypatch.setattr(int8, "c_max_rows", lambda: 16)
     generator = torch.Generator().manual_seed(2)
-    matrix = Int8Matrix.quantize(torch.randn(960, 576, generator=generator) * 0.05)
+    matrix = Int8Matrix.quantize(
+        torch.randn(960, 576, generator=generator) * 0.05, int_mm=int8.int_mm_exact()
+    )
     row = torch.randn(576, generator=generator)
     alone = matrix.product(row[None])[0]
     for rows in range(1, 41):
@@ -141,6 +144,44 @@ def test_a_saturating_int_mm_is_found_and_the_c_part_takes_every_row(monkeypatch
         int8.take_over.cache_clear()
 
 
+def test_int_mm_faster_but_not_exact_at_every_row_count_takes_no_rows(monkeypatch: Any) -> None:
+    """An `_int_mm` exact at GLANCE_ROWS but not at some other row count, and faster: the timings
+    find it faster, the check at every row count then finds it wrong, and the C part takes every
+    row count (the engine line says why); no matrix keeps steps for it."""
+    real = torch._int_mm
+
+    def wrong_at_30(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+        sums = real(a, b)
+        return sums + 1 if a.shape[0] == 30 else sums
+
+    monkeypatch.setattr(torch, "_int_mm", wrong_at_30)
+    monkeypatch.setattr(
+        int8, "_shortest", lambda times, product, x: 0.5 if product.__name__ == "int_mm_product" else 1.0
+    )
+    int8.int_mm_exact.cache_clear()
+    int8.take_over.cache_clear()
+    try:
+        found = int8.take_over()
+        assert (found.c_max_rows, found.timed_rows, found.exact) == (sys.maxsize, 1, False)
+        assert "(torch._int_mm is not exact here)" in int8.describe()
+        assert Int8Matrix.quantize(torch.randn(8, 576)).steps is None
+    finally:
+        monkeypatch.setattr(torch, "_int_mm", real)
+        int8.int_mm_exact.cache_clear()
+        int8.take_over.cache_clear()
+
+
+def test_the_steps_for_int_mm_are_kept_only_where_it_takes_rows(monkeypatch: Any) -> None:
+    """A second copy of the steps (as many bytes as the packed ones) is held for `_int_mm` only where
+    `take_over` gives it some row counts."""
+    weight = torch.randn(64, 576)
+    for limit, kept in ((sys.maxsize, False), (32, True)):
+        monkeypatch.setattr(int8, "take_over", lambda limit=limit: int8.TakeOver(limit, 48, None))
+        matrix = Int8Matrix.quantize(weight)
+        assert (matrix.steps is not None) == kept
+        assert matrix.nbytes == 64 * 576 * (2 if kept else 1) + 64 * 4 + 64 * 4
+
+
 def test_where_int_mm_takes_over_is_timed_and_said(monkeypatch: Any) -> None:
     """Where `_int_mm` is exact, the C part takes the row counts up to the last of TIMED_ROWS before
     `_int_mm` took at most TAKE_OVER of its time over a step's stand-in matrices, and the engine
@@ -171,8 +212,9 @@ def test_where_int_mm_takes_over_is_timed_and_said(monkeypatch: Any) -> None:
 
 
 def test_the_take_over_timings_stop_at_their_budget(monkeypatch: Any) -> None:
-    """Once the timings pass TIMING_BUDGET_S with `_int_mm` never faster, they stop: the C part takes
-    every row count, and the engine line names the row count timed last."""
+    """The timings stop before a row count whose timings, predicted from the last one's, would end
+    past TIMING_BUDGET_S, with `_int_mm` never faster: the C part takes every row count, and the
+    engine line names the row count timed last."""
     if not int8.int_mm_exact():
         pytest.skip("torch._int_mm is not exact here: nothing is timed")
     calls: list[int] = []
@@ -183,13 +225,14 @@ def test_the_take_over_timings_stop_at_their_budget(monkeypatch: Any) -> None:
         return 1.0
 
     monkeypatch.setattr(int8, "_shortest", slow)
-    monkeypatch.setattr(int8, "TIMING_BUDGET_S", 0.15)
+    monkeypatch.setattr(int8, "TIMING_BUDGET_S", 0.35)
     int8.take_over.cache_clear()
     try:
         found = int8.take_over()
         assert found.c_max_rows > 1000
         assert 2 <= found.timed_rows < int8.TIMED_ROWS[-1]
         assert max(calls) == found.timed_rows  # nothing timed past the budget's row count
+        assert len(calls) * 0.01 <= int8.TIMING_BUDGET_S  # 10 timings a row count, 0.1 s
         assert f"torch._int_mm no faster at up to {found.timed_rows} rows" in int8.describe()
     finally:
         int8.take_over.cache_clear()

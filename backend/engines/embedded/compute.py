@@ -274,19 +274,22 @@ def probe(
     step's linear layers at `count` rows and returns its estimate of a whole step's, in seconds
     (the best of `repeats`, measured once per path and row count); an option's time is the sum over
     `rows` of a token's time there, its step over the rows (a PyTorch path's step: its products at
-    the row counts it calls, Choice.step_rows). An option is left unfinished once its sum so far
-    passes the fastest whole one's by more than TIE (its time is then that partial sum, marked
-    slower in `probe_reason`). From the first `_ranked` on, a PyTorch path must pass
+    the row counts it calls, Choice.step_rows). Every option is timed at the first of `rows` (the
+    cheapest), then each in turn over the rest, the fastest there first, so that a fast one is
+    timed whole early and the slower ones are left sooner: an option is left unfinished once its
+    sum so far passes the fastest whole one's by more than TIE (its time is then that partial sum,
+    marked slower in `probe_reason`). The order of timing changes no choice: an option left is
+    slower than the fastest by more than TIE. From the first `_ranked` on, a PyTorch path must pass
     `check(option)` (a list of what differs, empty where nothing does). A ladder that fails gives
     way to its block alone, timed then and ranked among the rest by its time."""
     times: dict[str, float] = {}
     finished: list[Choice] = []
     measured: dict[tuple[str, int], float] = {}
 
-    def timed(option: Choice, limit: float) -> bool:
-        """Time `option` into `times`, up to `limit`; whether it was timed whole."""
+    def timed(option: Choice, limit: float, counts: tuple[int, ...] = rows) -> bool:
+        """Time `option` over `counts` into `times`, up to `limit`; whether it was timed whole."""
         total = 0.0
-        for count in rows:
+        for count in counts:
             for size in option.step_rows(count):
                 if (option.path.name, size) not in measured:
                     measured[option.path.name, size] = min(step(option, size) for _ in range(repeats))
@@ -298,6 +301,8 @@ def probe(
         return True
 
     for option in options:
+        timed(option, float("inf"), rows[:1])
+    for option in sorted(options, key=lambda option: times[option.label]):
         best = min((times[done.label] for done in finished), default=float("inf"))
         if timed(option, best * (1 + TIE)):
             finished.append(option)
@@ -325,7 +330,7 @@ def _ranked(options: tuple[Choice, ...], finished: list[Choice], times: dict[str
     options' order, then the other timed ones fastest first, then those left unfinished (by their
     sums so far): a slower option is checked only where every faster one failed."""
     fastest = min((times[option.label] for option in finished), default=float("inf"))
-    ranked = [option for option in finished if times[option.label] <= fastest * (1 + TIE)]
+    ranked = [o for o in options if o in finished and times[o.label] <= fastest * (1 + TIE)]
     ranked += sorted((o for o in finished if o not in ranked), key=lambda option: times[option.label])
     left = [option for option in options if option not in finished]
     return ranked + sorted(left, key=lambda option: times[option.label])

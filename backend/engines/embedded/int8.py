@@ -12,12 +12,12 @@ The product of the int8 rows and weights is summed in int32, where every order o
 the same integer: by the C part (int8_rows.c, from the weights packed for it; its AVX-512 VNNI
 kernel where the CPU has it, else its AVX2 one: `kernel`) for up to `c_max_rows()` rows, by
 PyTorch's `torch._int_mm` (oneDNN, with AVX-512 VNNI or AMX where the CPU has them; from a second
-copy of the steps in its layout) beyond, where this process found `_int_mm` exact
-(`int_mm_exact`), else by the C part for every row count. Where the one takes over from the other
-is timed at start (`take_over`). Each sum is then scaled to float32 by two rounded products, the
-row's scale and the weight row's, the same in C and in PyTorch: a row's values are the same alone,
-beside any rows and at any row count, with either kernel, on every CPU, with no block size to
-check.
+copy of the steps in its layout, kept only where it is used) beyond, where this process timed
+`_int_mm` faster and found it exact (`int_mm_exact`), else by the C part for every row count. Where
+the one takes over from the other is timed at start (`take_over`). Each sum is then scaled to
+float32 by two rounded products, the row's scale and the weight row's, the same in C and in
+PyTorch: a row's values are the same alone, beside any rows and at any row count, with either
+kernel, on every CPU, with no block size to check.
 """
 
 from __future__ import annotations
@@ -54,10 +54,12 @@ the C part's time: a margin over the timings' noise, so that where the two are l
 Zen 4 host, 24 to 48 rows) the choice does not change from one start to the next."""
 
 TIMING_BUDGET_S = 0.5
-"""Seconds `take_over` times for at most: where `_int_mm` has not taken over by the row count at which
-its timings pass them, the C part takes every row count. Where both are slow, timing every one of
+"""Seconds `take_over` times for at most: it starts no row count whose timings, predicted from the
+last one's in proportion to the rows, would end past them, and where `_int_mm` has not taken over
+by then, the C part takes every row count. Where both are slow, timing every one of
 TIMED_ROWS costs more than it can win (on a 2-core AMD EPYC Zen 1, AVX2 only, where `_int_mm` is
-exact and no faster, timing up to 256 rows took 30 s of the engine's start, to 8 rows 0.7 s)."""
+no faster, timing up to 256 rows took 30 s of the engine's start; the budget stops it at 4 rows,
+0.4 s)."""
 
 WEIGHT_ROWS = 4
 """Weight rows the C part multiplies together (int8_rows.c)."""
@@ -107,18 +109,34 @@ def kernel_number() -> int:
     return kernels().index(kernel())
 
 
+EXACT_ROWS = tuple(range(1, 65))
+"""The row counts at which `int_mm_exact` checks `torch._int_mm`'s sums (oneDNN picks its kernel by
+the row count)."""
+
+GLANCE_ROWS = (1, 64)
+"""The row counts checked before `take_over` times `_int_mm`: a kernel that adds in 16 bits
+saturates at any row count, so one found there is not timed."""
+
+
 @functools.cache
 def int_mm_exact() -> bool:
-    """Whether `torch._int_mm` gives the exact int32 sums here, at every row count up to 64, with the
-    largest steps of both signs (where the CPU lacks VNNI, oneDNN's AVX2 kernel adds products in
-    16 bits and saturates): checked once per process against int64 sums."""
+    """Whether `torch._int_mm` gives the exact int32 sums here, at every row count of EXACT_ROWS,
+    with the largest steps of both signs (where the CPU lacks VNNI, oneDNN's AVX2 kernel adds
+    products in 16 bits and saturates): checked once per process."""
+    return _exact_at(EXACT_ROWS)
+
+
+def _exact_at(row_counts: tuple[int, ...]) -> bool:
+    """Whether `torch._int_mm`'s sums at each of `row_counts` equal the exact ones, made in float64
+    (every product and partial sum an integer below 127 * 127 * 1536 < 2**53: exact in any order)."""
     if not hasattr(torch, "_int_mm"):
         return False
     generator = torch.Generator().manual_seed(0)
     weights = torch.randint(-127, 128, (64, 1536), dtype=torch.int8, generator=generator)
     weights[:8] = 127
     weights[8:16] = -127
-    for rows in range(1, 65):
+    exact_weights = weights.double().t()
+    for rows in row_counts:
         x = torch.randint(-127, 128, (rows, 1536), dtype=torch.int8, generator=generator)
         x[0] = 127
         x[-1] = -127
@@ -126,7 +144,7 @@ def int_mm_exact() -> bool:
             got = torch._int_mm(x, weights.t())
         except RuntimeError:
             return False
-        if not torch.equal(got.long(), x.long() @ weights.long().t()):
+        if not torch.equal(got.double(), x.double() @ exact_weights):
             return False
     return True
 
@@ -139,37 +157,54 @@ class TakeOver:
     """The most rows the C part multiplies (sys.maxsize: every row count)."""
     timed_rows: int
     """The most rows the two were timed at (0 where `_int_mm` is not exact and nothing was timed)."""
+    exact: bool | None
+    """Whether `_int_mm` gave the exact sums: checked at GLANCE_ROWS before the timings, at every row
+    of EXACT_ROWS only where it was faster; None where that was not needed."""
 
 
 @functools.cache
 def take_over() -> TakeOver:
-    """Where `_int_mm` is exact: the C part takes the largest of TIMED_ROWS before the first at which
-    `_int_mm`'s products over a step's TIMED_SHAPES took at most TAKE_OVER of the C part's time (each
-    product timed twice, the shorter kept, times how many a step has; 0.2-0.3 s at start on one
-    thread on the Zen 4 host), none where that happened at one row; every row count where it never
-    happened up to the last of TIMED_ROWS or up to the row count at which the timings passed
-    TIMING_BUDGET_S. Where `_int_mm` is not exact, every row count, untimed."""
+    """The C part takes the largest of TIMED_ROWS before the first at which `_int_mm`'s products over
+    a step's TIMED_SHAPES took at most TAKE_OVER of the C part's time (each product timed twice, the
+    shorter kept, times how many a step has; 0.2-0.3 s at start on one thread on the Zen 4 host),
+    none where that happened at one row, where `_int_mm` is exact (`int_mm_exact`, checked then);
+    every row count where it never happened up to the last of TIMED_ROWS or up to the row count at
+    which the timings passed TIMING_BUDGET_S. Where `_int_mm` is not exact at GLANCE_ROWS, every
+    row count, untimed."""
+    if not _exact_at(GLANCE_ROWS):
+        return TakeOver(sys.maxsize, 0, False)
+    found = _timed()
+    if found.c_max_rows == sys.maxsize:
+        return found
     if not int_mm_exact():
-        return TakeOver(sys.maxsize, 0)
+        return TakeOver(sys.maxsize, found.timed_rows, False)
+    return found
+
+
+def _timed() -> TakeOver:
+    """`take_over`'s timings: where `_int_mm` would take over from the C part by speed alone."""
     generator = torch.Generator().manual_seed(0)
     matrices = [
-        (Int8Matrix.quantize(torch.randn(*shape, generator=generator)), count)
+        (Int8Matrix.quantize(torch.randn(*shape, generator=generator), int_mm=True), count)
         for shape, count in TIMED_SHAPES
     ]
-    started = time.perf_counter()
+    started = last = time.perf_counter()
     fastest = 0
     for rows in TIMED_ROWS:
+        if fastest:  # the next row count's timings, predicted in proportion to the rows from the last's
+            now = time.perf_counter()
+            if now - started + (now - last) * rows / fastest > TIMING_BUDGET_S:
+                break
+            last = now
         c_part = int_mm = 0.0
         for matrix, count in matrices:
             x = torch.randn(rows, matrix.shape[1], generator=generator)
             c_part += count * _shortest(2, matrix.c_product, x)
             int_mm += count * _shortest(2, matrix.int_mm_product, x)
         if int_mm <= TAKE_OVER * c_part:
-            return TakeOver(fastest, rows)
+            return TakeOver(fastest, rows, True)
         fastest = rows
-        if time.perf_counter() - started > TIMING_BUDGET_S:
-            break
-    return TakeOver(sys.maxsize, fastest)
+    return TakeOver(sys.maxsize, fastest, None)
 
 
 def c_max_rows() -> int:
@@ -193,9 +228,9 @@ def describe() -> str:
     """The engine line's words for how the int8 products run here."""
     made = "turned by a Hadamard matrix, summed exactly in int32"
     part = f"the C part's {kernel()} kernel"
-    if not int_mm_exact():
-        return f"int8 rows and weights, {made} by {part} (torch._int_mm is not exact here)"
     found = take_over()
+    if found.exact is False:
+        return f"int8 rows and weights, {made} by {part} (torch._int_mm is not exact here)"
     limit = found.c_max_rows
     if limit == sys.maxsize:
         level = f"torch._int_mm no faster at up to {found.timed_rows} rows"
@@ -240,18 +275,22 @@ class Int8Matrix:
     """int32 [out_features rounded up to 4]: each weight row's sum of steps (the VNNI kernel's
     products are of x + 128, 128 times this too many)."""
     steps: torch.Tensor | None
-    """int8 [out_features, in_features], for `torch._int_mm`; None where it is not exact here."""
+    """int8 [out_features, in_features], for `torch._int_mm`; None where it takes no row count here."""
 
     @classmethod
-    def quantize(cls, weight: torch.Tensor) -> Int8Matrix:
-        """`weight` [N, K] (K whole groups) turned and in int8, row by row."""
+    def quantize(cls, weight: torch.Tensor, int_mm: bool | None = None) -> Int8Matrix:
+        """`weight` [N, K] (K whole groups) turned and in int8, row by row; the steps kept for
+        `torch._int_mm` too with `int_mm`, by default where it takes some row counts here
+        (`take_over`)."""
         steps, scales = rotate_quantize(weight.detach())
         n, k = steps.shape
         padded = torch.zeros(-(-n // WEIGHT_ROWS) * WEIGHT_ROWS, k, dtype=torch.int8)
         padded[:n] = steps
         packed = padded.view(-1, WEIGHT_ROWS, k // CHUNK, CHUNK).permute(0, 2, 1, 3).contiguous()
         sums = padded.sum(1, dtype=torch.int32)
-        return cls(packed, scales, sums, steps if int_mm_exact() else None)
+        if int_mm is None:
+            int_mm = take_over().c_max_rows < sys.maxsize
+        return cls(packed, scales, sums, steps if int_mm else None)
 
     @property
     def shape(self) -> tuple[int, int]:
