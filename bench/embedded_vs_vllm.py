@@ -323,7 +323,7 @@ def path_weights(engine: EmbeddedEngine) -> str:
     shapes = list(c.fused_matrices().values())
     *per_layer, output = (rows * cols for rows, cols in shapes)
     *layer_rows, output_rows = (rows for rows, _ in shapes)
-    copies = 2 if int8.c_max_rows() < sys.maxsize else 1
+    copies = 2 if int8.int_mm_takes_rows() else 1
     matrices = c.layers * sum(per_layer) + output
     norms = 4 * ((2 * c.layers + 1) * c.hidden_size)
     health = engine.health()

@@ -298,9 +298,10 @@ products = [
 if int4.available()[0]:
     products.append(int4.Int4Matrix.quantize(weight).product)
 if int8.available()[0]:
-    products.append(int8.Int8Matrix.quantize(weight, int_mm=False).c_product)
-    if int8.int_mm_exact():
-        products.append(int8.Int8Matrix.quantize(weight, int_mm=True).int_mm_product)
+    matrix = int8.Int8Matrix.quantize(weight, int_mm=int8.int_mm_exact())
+    products.append(matrix.c_product)
+    if matrix.steps is not None:
+        products.append(matrix.int_mm_product)
 digest = hashlib.sha256()
 for product in products:
     for count in range(1, 33):

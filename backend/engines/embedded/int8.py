@@ -168,9 +168,9 @@ def take_over() -> TakeOver:
     a step's TIMED_SHAPES took at most TAKE_OVER of the C part's time (each product timed twice, the
     shorter kept, times how many a step has; 0.2-0.3 s at start on one thread on the Zen 4 host),
     none where that happened at one row, where `_int_mm` is exact (`int_mm_exact`, checked then);
-    every row count where it never happened up to the last of TIMED_ROWS or up to the row count at
-    which the timings passed TIMING_BUDGET_S. Where `_int_mm` is not exact at GLANCE_ROWS, every
-    row count, untimed."""
+    every row count where it never happened up to the last of TIMED_ROWS or up to the last row
+    count the timings started within TIMING_BUDGET_S. Where `_int_mm` is not exact at GLANCE_ROWS,
+    every row count, untimed."""
     if not _exact_at(GLANCE_ROWS):
         return TakeOver(sys.maxsize, 0, False)
     found = _timed()
@@ -205,6 +205,12 @@ def _timed() -> TakeOver:
             return TakeOver(fastest, rows, True)
         fastest = rows
     return TakeOver(sys.maxsize, fastest, None)
+
+
+def int_mm_takes_rows() -> bool:
+    """Whether `torch._int_mm` multiplies some row counts in this process (`take_over`): only then is
+    the second copy of the steps kept for it."""
+    return take_over().c_max_rows < sys.maxsize
 
 
 def c_max_rows() -> int:
@@ -289,7 +295,7 @@ class Int8Matrix:
         packed = padded.view(-1, WEIGHT_ROWS, k // CHUNK, CHUNK).permute(0, 2, 1, 3).contiguous()
         sums = padded.sum(1, dtype=torch.int32)
         if int_mm is None:
-            int_mm = take_over().c_max_rows < sys.maxsize
+            int_mm = int_mm_takes_rows()
         return cls(packed, scales, sums, steps if int_mm else None)
 
     @property
