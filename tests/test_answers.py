@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import time
+import xml.etree.ElementTree as ET
 
 import gradio as gr
 import pytest
 import regex
 
+from tests.support.vote_chart import drawn_bars
 from ui.answers import (
     FEWER,
     MAJORITY,
@@ -24,8 +26,9 @@ from ui.answers import (
     summary_line,
     tally,
 )
-from ui.answers_view import CHART_COLUMNS, VOTE_COLOURS, AnswersPanel, answers_chart
+from ui.answers_view import AnswersPanel, answers_chart, empty_outputs
 from ui.view import RunView
+from ui.vote_chart import EMPTY, VOTE_COLOURS, vote_chart_html
 
 # "A shop takes $1,000 on Monday and $234 on Tuesday. How much does it take in total?"
 SHOP_SAMPLES = [
@@ -384,12 +387,9 @@ def sheep_run(finished: int = len(SHEEP_ANSWERS)) -> RunView:
     return view
 
 
-def records(chart: gr.BarPlot) -> list[dict[str, object]]:
-    """The rows the page's chart is sent (its value after Gradio's postprocessing)."""
-    value = chart.value
-    assert value["datatypes"] == {"answer": "nominal", "votes": "quantitative", "vote": "nominal"}
-    assert list(value["columns"]) == CHART_COLUMNS
-    return [dict(zip(value["columns"], row, strict=True)) for row in value["data"]]
+def records(chart: str) -> list[dict[str, object]]:
+    """Each bar's answer, votes and mark, left to right."""
+    return [{key: bar[key] for key in ("answer", "votes", "vote")} for bar in drawn_bars(chart)]
 
 
 def test_the_chart_gets_every_answer_most_votes_first_with_the_majority_marked() -> None:
@@ -402,7 +402,6 @@ def test_the_chart_gets_every_answer_most_votes_first_with_the_majority_marked()
         {"answer": "12", "votes": 1, "vote": FEWER},
         {"answer": "1", "votes": 1, "vote": FEWER},
     ]
-    assert chart.sort == ["2", "9", "26", "12", "1"]  # the x axis keeps the vote's order
     assert line.startswith("majority: 2 (3 of 8 answers, 38%) · 8 of 8 samples finished")
 
 
@@ -426,10 +425,37 @@ def test_a_tie_marks_every_leader_and_the_chart_grows_as_samples_finish() -> Non
 
 
 def test_the_chart_counts_from_zero_and_colours_the_majority() -> None:
-    """Gradio's bar chart starts its axis at the smallest count unless told: an answer with that
-    count would get no bar. The chart's own settings, as the page is sent them."""
-    config = answers_chart().get_config()
-    assert config["y_lim"] == [0, None]
-    assert config["color"] == "vote" and config["color_map"] == VOTE_COLOURS
+    """Every bar stands on one baseline and is as tall as its votes (an answer with the fewest
+    votes still has a bar); the majority's colour differs from the rest, a tie's from both; the
+    legend names only the marks drawn."""
+    chart, _ = AnswersPanel("").outputs(sheep_run())
+    bars = drawn_bars(chart)
+    assert len({round(float(bar["bottom"]), 1) for bar in bars}) == 1
+    one_vote = float(bars[-1]["bottom"]) - float(bars[-1]["top"])
+    assert one_vote > 10
+    for bar in bars:
+        assert abs(float(bar["bottom"]) - float(bar["top"]) - int(bar["votes"]) * one_vote) < 0.2
+    assert [bar["fill"] for bar in bars] == [VOTE_COLOURS[MAJORITY]] + [VOTE_COLOURS[FEWER]] * 4
     assert len(set(VOTE_COLOURS.values())) == 3  # majority, tie and the rest look different
-    assert config["value"] is None  # Gradio's empty-chart mark until a sample has an answer
+    legend = ET.fromstring(chart).find("div")
+    assert legend is not None and ["".join(span.itertext()) for span in legend] == [MAJORITY, FEWER]
+    tie = vote_chart_html(chart_rows(tally(["9", "2"])))
+    assert [bar["fill"] for bar in drawn_bars(tie)] == [VOTE_COLOURS[TIED]] * 2
+
+
+def test_the_chart_is_empty_until_an_answer_and_keeps_odd_answers_whole() -> None:
+    """No rows: the panel's words, no axes. Answers with markup characters, many votes and long
+    text: the markup stays well-formed, each label reads the answer, the ticks are whole votes."""
+    assert answers_chart().value == EMPTY == empty_outputs()[0] == vote_chart_html([])
+    assert "<svg" not in EMPTY
+    odd = ['<b>&"x"</b>'] * 40 + ["y" * 60] * 3
+    chart = vote_chart_html(chart_rows(tally(odd)))
+    read = [(bar["answer"], bar["votes"]) for bar in drawn_bars(chart)]
+    assert read == [('<b>&"x"</b>', 40), ("y" * 60, 3)]
+    svg = ET.fromstring(chart).find("svg")
+    assert svg is not None
+    ticks = [text.text for text in svg.iter("text") if text.get("class") == "vote-tick"]
+    assert ticks == ["0", "10", "20", "30", "40"]
+    titles = [title.text for title in svg.iter("title")]
+    assert titles[1] == "y" * 60 + ": 3 votes (fewer votes)"  # cut under the bar, whole on hover
+    assert "yyyyyyyyyyyyyyy…" in [text.text for text in svg.iter("text")]

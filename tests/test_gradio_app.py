@@ -18,6 +18,7 @@ from gradio_client import Client
 from backend.engines.synthetic import synthetic_tokens
 from devkit.local import ROOT, free_port, start_app
 from tests.support.backends import RunningApp
+from tests.support.vote_chart import drawn_bars
 from ui.sample_tree import WORD_UNITS
 from ui.sample_tree_view import value_rows
 
@@ -300,7 +301,7 @@ def test_token_confidence_parting_points_and_the_answer_vote(synthetic_app: Runn
     assert f"majority: `{last}`" in same[ANSWERS_LINE] or f"majority: {last}" in same[ANSWERS_LINE]
     assert "(4 of 4 answers, 100%)" in same[ANSWERS_LINE]
     chart = same[ANSWERS_CHART]
-    assert [row[:2] for row in chart["value"]["data"]] == [[last, 4]], chart
+    assert [(bar["answer"], bar["votes"]) for bar in drawn_bars(chart)] == [(last, 4)], chart
     for column in same[SAMPLES]["samples"]:
         assert column["parts_at"] is None
         assert "mean logprob -" in column["header"] and "perplexity" in column["header"]

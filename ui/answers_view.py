@@ -7,11 +7,10 @@ counts once it finished on its own (`stop` or `length`); a stopped or failed one
 not vote. Answers are read once per sample, when it finishes, in the order samples finish, so a tie
 goes to the answer reached first. The panel is redrawn only when a sample finished since.
 
-The chart (`answers_chart`) has one bar per answer, most votes first, its axis from zero so an
-answer with one vote has a bar as tall as one vote; the majority's bar is green and named in the
-legend, answers tied for the most votes amber, the rest grey. Until an answer has a vote the chart
-has no data (None), and Gradio shows its empty-chart mark: Vega-Lite, which draws the plots, cannot
-place the axes of a chart with no rows (it logs errors and leaves an empty box with a stray axis).
+The chart (`answers_chart`, drawn by `ui.vote_chart`) has one bar per answer, most votes first, its
+axis from zero so an answer with one vote has a bar as tall as one vote; the majority's bar is
+green, answers tied for the most votes amber, the rest grey, and a legend names the marks drawn.
+Until an answer has a vote the panel says that answers appear as samples finish.
 """
 
 from __future__ import annotations
@@ -19,14 +18,10 @@ from __future__ import annotations
 from typing import Any
 
 import gradio as gr
-import pandas as pd
 import regex
 
 from ui.answers import (
-    FEWER,
-    MAJORITY,
     PATTERN_BUDGET_S,
-    TIED,
     AnswerPatternError,
     AnswerPatternTimeout,
     PatternClock,
@@ -37,6 +32,7 @@ from ui.answers import (
     tally,
 )
 from ui.view import REASON_LABELS, RunView
+from ui.vote_chart import EMPTY, vote_chart_html
 
 VOTING_REASONS = ("stop", "length")
 """Samples that finished on their own vote; aborted and failed ones do not."""
@@ -44,36 +40,11 @@ VOTING_REASONS = ("stop", "length")
 ANSWER_CHARS = 24
 """A sample's answer is cut to this many characters in the per-sample list."""
 
-CHART_COLUMNS = ["answer", "votes", "vote"]
-"""The chart's data: `ui.answers.chart_rows`' keys."""
 
-VOTE_COLOURS = {MAJORITY: "#16a34a", TIED: "#d97706", FEWER: "#94a3b8"}
-"""Each bar's colour by its `vote` mark: green for the majority, amber for a tie, grey for the rest."""
-
-
-def answers_chart() -> gr.BarPlot:
+def answers_chart() -> gr.HTML:
     """The vote's bar chart, empty until a finished sample has an answer (`AnswersPanel.outputs`
-    fills it).
-
-    The y axis starts at zero (`y_lim`): Gradio asks Vega-Lite, which draws its plots, for an axis
-    that need not include zero, and a chart without colours then starts it at the smallest count,
-    where an answer with that many votes gets a bar of no height. The label is not shown: Gradio
-    sizes the drawing to the whole box, and a label above it pushes the legend out of the box."""
-    return gr.BarPlot(
-        empty_outputs()[0],
-        x="answer",
-        y="votes",
-        color="vote",
-        color_map=VOTE_COLOURS,
-        y_lim=[0, None],
-        x_title="answer",
-        y_title="votes",
-        color_title="",
-        height=280,
-        label="votes per answer",
-        show_label=False,
-        elem_id="answers-chart",
-    )
+    fills it with `ui.vote_chart`'s markup, replaced whole at each redraw)."""
+    return gr.HTML(EMPTY, elem_id="answers-chart")
 
 
 class AnswersPanel:
@@ -106,9 +77,7 @@ class AnswersPanel:
                 self.answers[sample.index] = self._answer(view, sample.index) if voting else None
         voters = [i for i in self.answers if view.samples[i].status in VOTING_REASONS]
         vote = tally([self.answers[i] for i in voters])
-        rows = chart_rows(vote)
-        frame = pd.DataFrame(rows, columns=CHART_COLUMNS) if rows else None
-        chart = gr.BarPlot(value=frame, sort=[row["answer"] for row in rows] or None)
+        chart = vote_chart_html(chart_rows(vote))
         lines = [summary_line(vote, len(finished), view.n)]
         if self.problem:
             lines.append(f"**Answer pattern:** {self.problem}.")
@@ -143,7 +112,7 @@ class AnswersPanel:
 
 def empty_outputs() -> list[Any]:
     """The panel before a run."""
-    return [None, "Answers appear as samples finish."]
+    return [EMPTY, "Answers appear as samples finish."]
 
 
 def _short(answer: str) -> str:

@@ -63,6 +63,12 @@ CSS = """
 .trace-tasks summary { font-size: 0.8em; color: #334155; cursor: pointer; margin-top: 6px; }
 .trace-tasks pre { font-size: 0.7em; line-height: 1.25; max-height: 22em; overflow: auto; margin: 4px 0;
   background: #f8fafc; border: 1px solid #e2e8f0; border-radius: 6px; padding: 6px; }
+.vote-chart svg { display: block; max-width: 560px; }
+.vote-chart text { fill: var(--body-text-color); font-size: 11px; }
+.vote-chart .vote-grid { stroke: var(--border-color-primary); }
+.vote-legend { display: flex; flex-wrap: wrap; gap: 12px; font-size: 0.8em; margin: 2px 0 4px 44px; }
+.vote-legend i { display: inline-block; width: 10px; height: 10px; margin-right: 4px; }
+.vote-chart-empty { color: var(--body-text-color-subdued); font-size: 0.9em; padding: 12px 0; }
 #summary table { display: block; overflow-x: auto; max-width: 100%; }
 #summary th, #summary td { white-space: nowrap; }
 #masthead h2 { margin: 0 0 2px 0; }
@@ -73,7 +79,8 @@ CSS = """
   #masthead p, #engine-info p, #status p { font-size: 0.85em; margin: 2px 0; }
 }
 """
-"""The page's own styles: the trace panel's parts; a run summary that scrolls sideways on a narrow
+"""The page's own styles: the trace panel's parts; the vote chart's text and grid in the theme's
+colours (light or dark); a run summary that scrolls sideways on a narrow
 screen instead of wrapping its headers letter by letter; and, on a phone-wide screen, the controls'
 closed panels (settings, examples, lessons, experiments) moved after the show, so the columns come
 right under the prompt and Generate."""
