@@ -22,7 +22,7 @@ setup: $(VENV)/.dev $(NATIVE) chromium  ## what the tests need: the environment,
 test: setup  ## lint, then every test (the browser ones included)
 	$(PY) -m ruff check .
 	$(PY) -m ruff format --check .
-	$(PY) -m pytest $(TEST_WORKERS) $(PYTEST_ARGS)
+	$(PY) -m pytest $(TEST_WORKERS) --durations=25 $(PYTEST_ARGS)
 
 test-engines: $(VENV)/.dev $(NATIVE)  ## the sglang/openai engines against real SGLang and vLLM servers on this CPU
 	scripts/test-engines.sh $(PY) $(PYTEST_ARGS)

@@ -83,11 +83,15 @@ the page's own max_tokens limit, 2048)."""
 STOPPED_WITHIN_S = 1.0
 """How soon after a Cancel SGLang's own count of the requests it runs or queues must be 0."""
 
-IN_PASS_STOPPED_WITHIN_S = 2.0
-"""The same for a Cancel sent once SGLang counts the request: its scheduler takes the abort after the
-forward pass it is in (a pass is not interrupted), and with the four engine test groups at once on
-this machine's two cores a pass takes several times what it takes alone. Read 0 after 0.20 s alone;
-with the four groups, once still 3 requests at 1.01 s (a CI run)."""
+IN_PASS_STOPPED_WITHIN_S = 5.0
+"""The same for a Cancel sent once SGLang counts the request (on a server and in-process): its
+scheduler takes the abort after the forward pass it is in (a pass is not interrupted), and with the
+four engine test groups at once on this machine's two cores a pass takes many times what it takes
+alone. Read 0 after 0.20 s alone; with the four groups, 1.0 request still running at 1.01 s and at
+2.04 s in two CI runs. This is a bound on the engine's liveness under that load, not its latency:
+the Cancel's effect is checked by events (every sample ends `abort` short of max_tokens, and SGLang
+generates nothing after), and a Cancel SGLang ignored would run its 4 samples to LONG tokens, a
+pass each (400 passes: 80 s alone)."""
 
 ROUTER_STOPPED_WITHIN_S = 2.0
 """The same through the router, whose two workers and the router itself share this machine's two
