@@ -182,6 +182,28 @@ def test_the_steps_for_int_mm_are_kept_only_where_it_takes_rows(monkeypatch: Any
         assert matrix.nbytes == 64 * 576 * (2 if kept else 1) + 64 * 4 + 64 * 4
 
 
+def test_a_timing_stand_in_is_its_repeated_rows_packed_and_multiplies_exactly() -> None:
+    """`take_over`'s stand-ins repeat a packed block of random steps down the rows: field for field
+    the matrix of those rows repeated and packed whole, and the C part (and `_int_mm` where exact)
+    give it the exact integer sums, scaled."""
+    generator = torch.Generator().manual_seed(3)
+    matrix = int8._stand_in((192, 576), generator)
+    generator.manual_seed(3)
+    block = torch.randint(-127, 128, (int8.STAND_IN_ROWS, 576), generator=generator, dtype=torch.int8)
+    whole = Int8Matrix.from_steps(block.repeat(3, 1), torch.ones(192), int_mm=True)
+    assert matrix.steps is not None and whole.steps is not None
+    for got, want in zip(
+        (matrix.packed, matrix.scales, matrix.sums, matrix.steps),
+        (whole.packed, whole.scales, whole.sums, whole.steps),
+        strict=True,
+    ):
+        assert got.dtype == want.dtype and torch.equal(got, want)
+    x = torch.randn(5, 576, generator=generator)
+    assert torch.equal(matrix.c_product(x), _exact(whole, x))
+    if int8.int_mm_exact():
+        assert torch.equal(matrix.int_mm_product(x), _exact(whole, x))
+
+
 def test_where_int_mm_takes_over_is_timed_and_said(monkeypatch: Any) -> None:
     """Where `_int_mm` is exact, the C part takes the row counts up to the last of TIMED_ROWS before
     `_int_mm` took at most TAKE_OVER of its time over a step's stand-in matrices, and the engine

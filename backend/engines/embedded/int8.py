@@ -58,8 +58,8 @@ TIMING_BUDGET_S = 0.5
 last one's in proportion to the rows, would end past them, and where `_int_mm` has not taken over
 by then, the C part takes every row count. Where both are slow, timing every one of
 TIMED_ROWS costs more than it can win (on a 2-core AMD EPYC Zen 1, AVX2 only, where `_int_mm` is
-no faster, timing up to 256 rows took 30 s of the engine's start; the budget stops it at 4 rows,
-0.4 s)."""
+no faster, timing up to 256 rows took 30 s of the engine's start; the budget stops it at 4 rows:
+0.26 s with the stand-ins made, `_stand_in`)."""
 
 WEIGHT_ROWS = 4
 """Weight rows the C part multiplies together (int8_rows.c)."""
@@ -184,10 +184,7 @@ def take_over() -> TakeOver:
 def _timed() -> TakeOver:
     """`take_over`'s timings: where `_int_mm` would take over from the C part by speed alone."""
     generator = torch.Generator().manual_seed(0)
-    matrices = [
-        (Int8Matrix.quantize(torch.randn(*shape, generator=generator), int_mm=True), count)
-        for shape, count in TIMED_SHAPES
-    ]
+    matrices = [(_stand_in(shape, generator), count) for shape, count in TIMED_SHAPES]
     started = last = time.perf_counter()
     fastest = 0
     for rows in TIMED_ROWS:
@@ -205,6 +202,28 @@ def _timed() -> TakeOver:
             return TakeOver(fastest, rows, True)
         fastest = rows
     return TakeOver(sys.maxsize, fastest, None)
+
+
+STAND_IN_ROWS = 64
+"""Rows of random steps a timing stand-in repeats (`_stand_in`); every TIMED_SHAPES' N is a multiple."""
+
+
+def _stand_in(shape: tuple[int, int], generator: torch.Generator) -> Int8Matrix:
+    """A weight matrix of `shape` [N, K] for `_timed`, its steps for `_int_mm` kept: STAND_IN_ROWS
+    rows of random steps packed once and repeated down the rows. An integer product takes the same
+    time whatever its values, and so made the stand-ins cost 0.02 s rather than the 0.17 s of
+    turning and rounding random float32 matrices (a 2-core AMD EPYC Zen 1)."""
+    n, k = shape
+    times = n // STAND_IN_ROWS
+    steps = torch.randint(-127, 128, (STAND_IN_ROWS, k), generator=generator, dtype=torch.int8)
+    block = Int8Matrix.from_steps(steps, torch.ones(STAND_IN_ROWS), int_mm=True)
+    assert block.steps is not None and times * STAND_IN_ROWS == n
+    return Int8Matrix(
+        block.packed.repeat(times, 1, 1, 1),
+        block.scales.repeat(times),
+        block.sums.repeat(times),
+        block.steps.repeat(times, 1),
+    )
 
 
 def int_mm_takes_rows() -> bool:
@@ -288,7 +307,12 @@ class Int8Matrix:
         """`weight` [N, K] (K whole groups) turned and in int8, row by row; the steps kept for
         `torch._int_mm` too with `int_mm`, by default where it takes some row counts here
         (`take_over`)."""
-        steps, scales = rotate_quantize(weight.detach())
+        return cls.from_steps(*rotate_quantize(weight.detach()), int_mm=int_mm)
+
+    @classmethod
+    def from_steps(cls, steps: torch.Tensor, scales: torch.Tensor, int_mm: bool | None = None) -> Int8Matrix:
+        """The matrix of int8 `steps` [N, K] (K whole CHUNKs) with float32 `scales` [N], packed for
+        the C part; the steps kept for `torch._int_mm` as `quantize` keeps them."""
         n, k = steps.shape
         padded = torch.zeros(-(-n // WEIGHT_ROWS) * WEIGHT_ROWS, k, dtype=torch.int8)
         padded[:n] = steps
