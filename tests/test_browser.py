@@ -11,6 +11,7 @@ from devkit.panels import EXAMPLES as EXAMPLES_PANEL
 from devkit.panels import EXPERIMENTS, SETTINGS, WHY_N, open_panel
 from tests.support.backends import RunningApp
 from tests.support.chromium import require_chromium
+from tests.support.vote_chart import bar_label
 from ui.answers import compile_answer_pattern, final_answer, tally
 from ui.examples import EXAMPLES
 
@@ -286,7 +287,7 @@ def test_the_vote_chart_draws_every_answer_from_zero_most_votes_first(page: Page
         })"""
     )
     drawn.sort(key=lambda bar: bar["left"])  # as a person reads the chart, left to right
-    shown = [dict(part.split(": ", 1) for part in bar["label"].split("; ")) for bar in drawn]
+    shown = [bar_label(bar["label"]) for bar in drawn]
     bars_read = [(s["answer"], int(s["votes"])) for s in shown]
     assert sorted(bars_read) == sorted(expected)  # every answer, each with its votes
     assert [votes for _, votes in bars_read] == [3, 2, 1, 1, 1]  # most first (ties: first reached)
@@ -320,7 +321,7 @@ def test_the_vote_chart_draws_every_answer_from_zero_most_votes_first(page: Page
     )
     expect(bars).to_have_count(8)
     labels = [
-        dict(part.split(": ", 1) for part in label.split("; "))
+        bar_label(label)
         for label in bars.evaluate_all("paths => paths.map(p => p.getAttribute('aria-label'))")
     ]
     assert sorted((s["answer"], int(s["votes"])) for s in labels) == sorted(again)

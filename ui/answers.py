@@ -308,8 +308,10 @@ def summary_line(vote: Vote, finished: int, n: int) -> str:
     return " · ".join(parts)
 
 
+def cut_answer(answer: str, chars: int) -> str:
+    """The answer, cut to `chars` characters with an ellipsis when longer."""
+    return answer if len(answer) <= chars else answer[: chars - 1] + "…"
+
+
 def _short(answer: str) -> str:
-    """The answer, cut to `SUMMARY_ANSWER_CHARS` characters with an ellipsis when longer."""
-    if len(answer) <= SUMMARY_ANSWER_CHARS:
-        return answer
-    return answer[: SUMMARY_ANSWER_CHARS - 1] + "…"
+    return cut_answer(answer, SUMMARY_ANSWER_CHARS)

@@ -27,6 +27,7 @@ from ui.answers import (
     PatternClock,
     chart_rows,
     compile_answer_pattern,
+    cut_answer,
     final_answer,
     summary_line,
     tally,
@@ -116,5 +117,4 @@ def empty_outputs() -> list[Any]:
 
 
 def _short(answer: str) -> str:
-    text = answer if len(answer) <= ANSWER_CHARS else answer[: ANSWER_CHARS - 1] + "…"
-    return "`" + text.replace("`", "'") + "`"
+    return "`" + cut_answer(answer, ANSWER_CHARS).replace("`", "'") + "`"

@@ -25,7 +25,7 @@ from html import escape
 from math import ceil
 from typing import Any
 
-from ui.answers import FEWER, MAJORITY, TIED
+from ui.answers import FEWER, MAJORITY, TIED, cut_answer
 
 VOTE_COLOURS = {MAJORITY: "#16a34a", TIED: "#d97706", FEWER: "#94a3b8"}
 """Each bar's colour by its `vote` mark: green for the majority, amber for a tie, grey for the rest."""
@@ -83,7 +83,7 @@ def vote_chart_html(rows: Sequence[Mapping[str, Any]]) -> str:
     """The chart of `rows` (`chart_rows`' keys: answer, votes, vote), or `EMPTY` when there are none."""
     if not rows:
         return EMPTY
-    labels = [_cut(str(row["answer"])) for row in rows]
+    labels = [cut_answer(str(row["answer"]), LABEL_CHARS) for row in rows]
     layout = _layout(labels, max(int(row["votes"]) for row in rows))
     parts = _axes(layout)
     for index, (row, label) in enumerate(zip(rows, labels, strict=True)):
@@ -166,7 +166,3 @@ def _tick_step(top_votes: int) -> int:
             if top_votes <= 5 * factor * magnitude:
                 return factor * magnitude
         magnitude *= 10
-
-
-def _cut(answer: str) -> str:
-    return answer if len(answer) <= LABEL_CHARS else answer[: LABEL_CHARS - 1] + "…"

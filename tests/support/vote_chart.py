@@ -6,6 +6,11 @@ import re
 import xml.etree.ElementTree as ET
 
 
+def bar_label(label: str) -> dict[str, str]:
+    """A bar's `aria-label` ("answer: 42; votes: 3; vote: majority") as its fields."""
+    return dict(part.split(": ", 1) for part in label.split("; "))
+
+
 def drawn_bars(chart: str) -> list[dict[str, object]]:
     """The bars the chart markup draws, left to right, as their labels read them (answer, votes,
     vote), with each bar's fill, left edge, top and bottom."""
@@ -14,7 +19,7 @@ def drawn_bars(chart: str) -> list[dict[str, object]]:
     bars = []
     for path in svg.iter("path"):
         assert path.get("aria-roledescription") == "bar"
-        label = dict(part.split(": ", 1) for part in path.get("aria-label", "").split("; "))
+        label = bar_label(path.get("aria-label", ""))
         x, top, _width, height = (float(n) for n in re.findall(r"-?[\d.]+", path.get("d", ""))[:4])
         bars.append(
             {
