@@ -182,6 +182,29 @@ def test_the_steps_for_int_mm_are_kept_only_where_it_takes_rows(monkeypatch: Any
         assert matrix.nbytes == 64 * 576 * (2 if kept else 1) + 64 * 4 + 64 * 4
 
 
+@pytest.mark.parametrize("n", [1, 10, 64])
+def test_the_steps_are_packed_four_rows_a_group_with_their_sums(n: int) -> None:
+    """`from_steps` (the C part's `pack`) lays the steps out as the docstring of `Int8Matrix.packed`
+    says, rows past N zero, and sums each packed row's steps in int32, the largest of both signs
+    included: the same as PyTorch's copy and sum."""
+    generator = torch.Generator().manual_seed(n)
+    steps = torch.randint(-127, 128, (n, 1536), generator=generator, dtype=torch.int8)
+    steps[0, :] = 127
+    steps[-1, :] = -127
+    matrix = Int8Matrix.from_steps(steps, torch.ones(n), int_mm=False)
+    groups = -(-n // int8.WEIGHT_ROWS)
+    padded = torch.zeros(groups * int8.WEIGHT_ROWS, 1536, dtype=torch.int8)
+    padded[:n] = steps
+    layout = padded.view(groups, int8.WEIGHT_ROWS, 1536 // int8.CHUNK, int8.CHUNK).permute(0, 2, 1, 3)
+    assert torch.equal(matrix.packed, layout)
+    assert torch.equal(matrix.sums, padded.long().sum(1).int())
+    assert matrix.sums[n - 1] == -127 * 1536  # the largest sum of that sign there is
+    with pytest.raises(ValueError, match="int8"):
+        Int8Matrix.from_steps(steps.int(), torch.ones(n))
+    with pytest.raises(ValueError, match="whole chunks of 32"):
+        Int8Matrix.from_steps(steps[:, :40], torch.ones(n))
+
+
 def test_a_timing_stand_in_is_its_repeated_rows_packed_and_multiplies_exactly() -> None:
     """`take_over`'s stand-ins repeat a packed block of random steps down the rows: field for field
     the matrix of those rows repeated and packed whole, and the C part (and `_int_mm` where exact)
@@ -259,6 +282,43 @@ def test_the_take_over_timings_stop_at_their_budget(monkeypatch: Any) -> None:
         assert sorted(set(calls)) == [1, 2, 4, 8] and len(calls) == 40
         assert clock[0] == pytest.approx(0.30)
         assert "torch._int_mm no faster at up to 8 rows" in int8.describe()
+    finally:
+        int8.take_over.cache_clear()
+
+
+def test_the_take_over_timings_stop_where_int_mm_is_far_behind_and_not_gaining(monkeypatch: Any) -> None:
+    """At each row count the step's largest stand-in is timed first; where `_int_mm` takes more than
+    FAR times the C part's time there, the other stand-ins are not timed, and where it is no nearer
+    than at the row count before, the timings stop: the C part takes every row count, and the
+    engine line says how far behind `_int_mm` was. Where it is far behind but nearing, the timings
+    go on, and once it is within FAR the whole step is timed."""
+    if not int8.int_mm_exact():
+        pytest.skip("torch._int_mm is not exact here: nothing is timed")
+    glance = int8.TIMED_SHAPES[int8.glance_shape()][0]
+    assert glance == (3072, 576)  # a layer's gate and up rows: 30 x 3072 x 576 of a step's multiply-adds
+    calls: list[tuple[int, int]] = []
+    behind = {1: 12.0, 2: 10.0, 4: 10.5}
+
+    def timed(times: int, product: Any, x: torch.Tensor) -> float:
+        calls.append((x.shape[0], x.shape[1]))
+        return 1.0 if product.__name__ == "c_product" else behind[x.shape[0]]
+
+    monkeypatch.setattr(int8, "_shortest", timed)
+    int8.take_over.cache_clear()
+    try:
+        found = int8.take_over()
+        assert (found.c_max_rows, found.timed_rows, found.behind) == (sys.maxsize, 4, 10.5)
+        assert calls == [(rows, 576) for rows in (1, 1, 2, 2, 4, 4)]  # the glance alone at each
+        assert "torch._int_mm 10x slower at 4 rows and no nearer than at 2" in int8.describe()
+        behind.clear()
+        behind.update({1: 8.0, 2: 4.0, 4: 2.5, 8: 1.5, 16: 0.8})
+        calls.clear()
+        int8.take_over.cache_clear()
+        found = int8.take_over()
+        assert (found.c_max_rows, found.timed_rows, found.behind) == (8, 16, None)
+        # From 8 rows, within FAR: every stand-in timed (the down rows' at 1536 columns, the rest 576)
+        assert sorted(call for call in calls if call[0] == 8) == [(8, 576)] * 8 + [(8, 1536)] * 2
+        assert max(rows for rows, _ in calls) == 16
     finally:
         int8.take_over.cache_clear()
 

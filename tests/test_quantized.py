@@ -130,6 +130,26 @@ def test_products_from_blocks_are_the_weights_products(models: tuple, rows: int)
         assert torch.allclose(got, F.linear(x, dense), rtol=1e-5, atol=2e-4)
 
 
+def test_the_probe_times_a_quarter_of_the_output_layer_from_its_own_first_rows(models: tuple) -> None:
+    """The start-up probe multiplies the output layer's first rows in whole groups, about a quarter:
+    from the packed blocks' first groups (`first_rows`) the same values as the first outputs of the
+    whole layer's product, and its float32 copy those rows; a block size is checked on the whole
+    layer."""
+    model = models[0]
+    share = model.probe_output_rows()
+    assert share % model.PROBE_OUTPUT_ROWS == 0 and share == model.lm_head.shape[0] // 4  # 49,152 rows
+    head = model.lm_head_blocks.first_rows(share)
+    x = torch.randn(3, model.lm_head.shape[1])
+    whole = engine_linear.linear(x, model.lm_head, model.lm_head_blocks, True)
+    assert torch.equal(engine_linear.linear(x, model.lm_head[:share], head, True), whole[:, :share])
+    *_, output = model.probe_weights(torch.float32)
+    assert torch.equal(output["output"], model.lm_head[:share])
+    checked = model.check_weights(torch.float32)  # a block size is checked on the whole output layer
+    assert checked[-1].shape == model.lm_head.shape and len(checked) == 5
+    with pytest.raises(ValueError, match="whole groups of 24"):
+        model.lm_head_blocks.first_rows(share + 1)
+
+
 def test_a_rows_product_from_blocks_does_not_depend_on_the_rows_beside_it(models: tuple) -> None:
     """One or two rows (multiplied straight from the blocks) and up to 64 (in tiles of four from
     dequantized groups), at every place in a tile: each row's outputs bit for bit the same."""

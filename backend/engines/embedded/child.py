@@ -221,10 +221,8 @@ def _probe(
         return model.probe_step(option.path, rows)
 
     def rows_check(option: compute.Choice) -> list[str]:
-        *layers, output = model.probe_weights(
-            getattr(torch, option.path.dtype), option.path.int4, option.path.int8
-        )
-        return check(option.sizes, [*layers[0].values(), output["output"]])
+        weights = model.check_weights(getattr(torch, option.path.dtype), option.path.int4, option.path.int8)
+        return check(option.sizes, weights)
 
     started = time.perf_counter()
     rows = compute.capped(compute.PROBE_ROWS, setup.max_rows)

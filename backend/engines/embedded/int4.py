@@ -57,8 +57,8 @@ class Int4Matrix:
         zero = (least + 8 * scale.float()).to(torch.bfloat16)
         # Steps against the rounded scale, from the group's least value (step 0).
         safe = torch.where(scale == 0, torch.ones_like(scale), scale).float()
-        steps = torch.round((groups - (zero.float() - 8 * scale.float())[..., None]) / safe[..., None])
-        steps = steps.clamp(0, 15).to(torch.int32).reshape(n, k)
+        steps = groups - (zero.float() - 8 * scale.float())[..., None]  # in place from here on
+        steps = steps.div_(safe[..., None]).round_().clamp_(0, 15).to(torch.int32).reshape(n, k)
         packed = torch.ops.aten._convert_weight_to_int4pack_for_cpu(steps, 1)
         scales_zeros = torch.stack([scale.t(), zero.t()], dim=-1).contiguous()
         return cls(packed, scales_zeros)

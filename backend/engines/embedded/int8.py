@@ -56,10 +56,18 @@ Zen 4 host, 24 to 48 rows) the choice does not change from one start to the next
 TIMING_BUDGET_S = 0.5
 """Seconds `take_over` times for at most: it starts no row count whose timings, predicted from the
 last one's in proportion to the rows, would end past them, and where `_int_mm` has not taken over
-by then, the C part takes every row count. Where both are slow, timing every one of
-TIMED_ROWS costs more than it can win (on a 2-core AMD EPYC Zen 1, AVX2 only, where `_int_mm` is
-no faster, timing up to 256 rows took 30 s of the engine's start; the budget stops it at 4 rows:
-0.26 s with the stand-ins made, `_stand_in`)."""
+by then, the C part takes every row count. Where both are slow and level, timing every one of
+TIMED_ROWS costs more than it can win."""
+
+FAR = 2.0
+"""At each row count `_int_mm` and the C part are first timed on the step's largest stand-in alone
+(`glance_shape`); where `_int_mm` takes more than FAR times the C part's time there, it does not
+take over at that row count and the step's other stand-ins are not timed. Where it is that far
+behind and no nearer than at the row count before, it is not gaining on the C part as rows grow
+(a library product that gains does so by sharing its weight reads among more rows, as the C part's
+already does), and the timings stop there: on a 2-core AMD EPYC Zen 1, AVX2 only, `_int_mm` took
+10-15 times the C part's time at every row count up to 64 (a step at 1 row: 128 ms against 13 ms),
+and timing whole steps within the budget cost 0.49 s of the engine's start, the glances 0.01 s."""
 
 WEIGHT_ROWS = 4
 """Weight rows the C part multiplies together (int8_rows.c)."""
@@ -160,6 +168,9 @@ class TakeOver:
     exact: bool | None
     """Whether `_int_mm` gave the exact sums: checked at GLANCE_ROWS before the timings, at every row
     of EXACT_ROWS only where it was faster; None where that was not needed."""
+    behind: float | None = None
+    """Where the timings stopped for `_int_mm` being FAR behind and no nearer than at the row count
+    before: how many times the C part's time it took at `timed_rows` on `glance_shape`."""
 
 
 @functools.cache
@@ -168,9 +179,10 @@ def take_over() -> TakeOver:
     a step's TIMED_SHAPES took at most TAKE_OVER of the C part's time (each product timed twice, the
     shorter kept, times how many a step has; 0.2-0.3 s at start on one thread on the Zen 4 host),
     none where that happened at one row, where `_int_mm` is exact (`int_mm_exact`, checked then);
-    every row count where it never happened up to the last of TIMED_ROWS or up to the last row
-    count the timings started within TIMING_BUDGET_S. Where `_int_mm` is not exact at GLANCE_ROWS,
-    every row count, untimed."""
+    every row count where it never happened up to the last of TIMED_ROWS, up to the last row count
+    the timings started within TIMING_BUDGET_S, or up to the first at which `_int_mm` was FAR
+    behind on `glance_shape` and no nearer than at the one before. Where `_int_mm` is not exact at
+    GLANCE_ROWS, every row count, untimed."""
     if not _exact_at(GLANCE_ROWS):
         return TakeOver(sys.maxsize, 0, False)
     found = _timed()
@@ -181,25 +193,48 @@ def take_over() -> TakeOver:
     return found
 
 
+def glance_shape() -> int:
+    """The index in TIMED_SHAPES of the stand-in a step spends the most multiply-adds on (a layer's
+    gate and up rows): the one `_timed` glances at first."""
+
+    def work(index: int) -> int:
+        (n, k), count = TIMED_SHAPES[index]
+        return n * k * count
+
+    return max(range(len(TIMED_SHAPES)), key=work)
+
+
 def _timed() -> TakeOver:
     """`take_over`'s timings: where `_int_mm` would take over from the C part by speed alone."""
     generator = torch.Generator().manual_seed(0)
     matrices = [(_stand_in(shape, generator), count) for shape, count in TIMED_SHAPES]
+    glance = glance_shape()
     started = last = time.perf_counter()
     fastest = 0
+    before = float("inf")
     for rows in TIMED_ROWS:
         if fastest:  # the next row count's timings, predicted in proportion to the rows from the last's
             now = time.perf_counter()
             if now - started + (now - last) * rows / fastest > TIMING_BUDGET_S:
                 break
             last = now
-        c_part = int_mm = 0.0
-        for matrix, count in matrices:
+        times = {}
+        for index in (glance, *(i for i in range(len(matrices)) if i != glance)):
+            matrix = matrices[index][0]
             x = torch.randn(rows, matrix.shape[1], generator=generator)
-            c_part += count * _shortest(2, matrix.c_product, x)
-            int_mm += count * _shortest(2, matrix.int_mm_product, x)
-        if int_mm <= TAKE_OVER * c_part:
-            return TakeOver(fastest, rows, True)
+            times[index] = _shortest(2, matrix.c_product, x), _shortest(2, matrix.int_mm_product, x)
+            if index == glance and times[index][1] > FAR * times[index][0]:
+                break
+        behind = times[glance][1] / times[glance][0]
+        if behind > FAR:
+            if behind >= before:
+                return TakeOver(sys.maxsize, rows, None, behind)
+        else:
+            c_part = sum(matrices[i][1] * c for i, (c, _) in times.items())
+            int_mm = sum(matrices[i][1] * m for i, (_, m) in times.items())
+            if int_mm <= TAKE_OVER * c_part:
+                return TakeOver(fastest, rows, True)
+        before = behind
         fastest = rows
     return TakeOver(sys.maxsize, fastest, None)
 
@@ -257,6 +292,11 @@ def describe() -> str:
     if found.exact is False:
         return f"int8 rows and weights, {made} by {part} (torch._int_mm is not exact here)"
     limit = found.c_max_rows
+    if limit == sys.maxsize and found.behind is not None:
+        rows = found.timed_rows
+        before = TIMED_ROWS[TIMED_ROWS.index(rows) - 1]
+        level = f"torch._int_mm {found.behind:.0f}x slower at {rows} rows and no nearer than at {before}"
+        return f"int8 rows and weights, {made} by {part} ({level})"
     if limit == sys.maxsize:
         level = f"torch._int_mm no faster at up to {found.timed_rows} rows"
         return f"int8 rows and weights, {made} by {part} ({level})"
@@ -313,11 +353,15 @@ class Int8Matrix:
     def from_steps(cls, steps: torch.Tensor, scales: torch.Tensor, int_mm: bool | None = None) -> Int8Matrix:
         """The matrix of int8 `steps` [N, K] (K whole CHUNKs) with float32 `scales` [N], packed for
         the C part; the steps kept for `torch._int_mm` as `quantize` keeps them."""
+        assert _int8_rows is not None, available()[1]
+        if steps.dtype != torch.int8 or steps.dim() != 2:
+            raise ValueError(f"steps must be int8 [N, K], not {steps.dtype} {tuple(steps.shape)}")
         n, k = steps.shape
-        padded = torch.zeros(-(-n // WEIGHT_ROWS) * WEIGHT_ROWS, k, dtype=torch.int8)
-        padded[:n] = steps
-        packed = padded.view(-1, WEIGHT_ROWS, k // CHUNK, CHUNK).permute(0, 2, 1, 3).contiguous()
-        sums = padded.sum(1, dtype=torch.int32)
+        steps = steps.contiguous()
+        groups = -(-n // WEIGHT_ROWS)
+        packed = torch.empty(groups, k // CHUNK, WEIGHT_ROWS, CHUNK, dtype=torch.int8)
+        sums = torch.empty(groups * WEIGHT_ROWS, dtype=torch.int32)
+        _int8_rows.pack(packed.data_ptr(), sums.data_ptr(), steps.data_ptr(), n, k)
         if int_mm is None:
             int_mm = int_mm_takes_rows()
         return cls(packed, scales, sums, steps if int_mm else None)

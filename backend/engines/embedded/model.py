@@ -398,38 +398,69 @@ class Llama:
         return sum(map(_nbytes, tensors)) + self.block_bytes()[0]
 
     PROBE_LAYERS = 4
-    """Layers whose products `probe_step` runs (with the output layer, about a third of a step's
-    weights: enough to tell the paths apart)."""
+    """Layers whose products `probe_step` runs (with a share of the output layer, about a fifth of a
+    step's weights: enough to tell the paths apart)."""
+
+    PROBE_OUTPUT_SHARE = 4
+    """`probe_step` multiplies the output layer's first 1/PROBE_OUTPUT_SHARE of its rows (in whole
+    groups of PROBE_OUTPUT_ROWS) and counts the rest at that time per row: the bundled model's output
+    layer (49,152 x 576) outweighs the four layers, and making it whole in each path's form was most
+    of the probe's weights (an int8, a 4-bit and a bfloat16 copy: 0.3 s on a 2-core AMD EPYC Zen 1)."""
+
+    PROBE_OUTPUT_ROWS = 96
+    """The output layer's rows are shared out in whole groups of this many: of the rows kernel's
+    packed blocks (24 rows) and int8's (4)."""
+
+    def probe_output_rows(self) -> int:
+        """How many of the output layer's rows `probe_step` multiplies (all, where it has too few to
+        share out)."""
+        n, group = self.lm_head.shape[0], self.PROBE_OUTPUT_ROWS
+        return max(n // self.PROBE_OUTPUT_SHARE // group * group, min(n, group))
 
     def probe_weights(
         self, dtype: torch.dtype, int4: bool = False, int8: bool = False
     ) -> list[dict[str, Weight]]:
-        """The first PROBE_LAYERS layers' matrices and the output layer ("output") in `dtype` (the
-        layers' in 4-bit groups with `int4`, theirs and the output layer's in int8 with `int8`, as
-        `cast` holds them): the model's own where it holds them in that form, else copies made once."""
+        """The first PROBE_LAYERS layers' matrices and the output layer's first `probe_output_rows()`
+        ("output") in `dtype` (the layers' in 4-bit groups with `int4`, theirs and the output
+        layer's in int8 with `int8`, as `cast` holds them): copies made once."""
         if (dtype, int4, int8) not in self._probe_weights:
             layers: list[dict[str, Weight]] = [
                 {name: self._in_form(getattr(layer, name), dtype, int4, int8) for name in self.MATRICES}
                 for layer in self.layers[: self.PROBE_LAYERS]
             ]
-            output = self._in_form(self.lm_head, dtype, int8=True) if int8 else self.lm_head.to(dtype)
-            layers.append({"output": output})
             self._probe_weights[dtype, int4, int8] = layers
+            layers.append({"output": self._output_in_form(dtype, int8, self.probe_output_rows())})
             if int8:  # where _int_mm takes over, timed now rather than inside the first timed product
                 c_max_rows()
         return self._probe_weights[dtype, int4, int8]
+
+    def _output_in_form(self, dtype: torch.dtype, int8: bool, rows: int | None = None) -> Weight:
+        """The output layer's first `rows` rows (all by default) as `cast` would hold it."""
+        head = self.lm_head[:rows]
+        return self._in_form(head, dtype, int8=True) if int8 else head.to(dtype)
+
+    def check_weights(self, dtype: torch.dtype, int4: bool = False, int8: bool = False) -> list[Weight]:
+        """The matrices a block size is checked on (fixed_rows.check): the first layer's, and the whole
+        output layer, in `dtype` and form as `probe_weights`."""
+        first = self.probe_weights(dtype, int4, int8)[0]
+        return [*first.values(), self._output_in_form(dtype, int8)]
 
     @torch.inference_mode()
     def probe_step(self, path: Any, rows: int) -> float:
         """Seconds a decode step's linear layers take for `rows` rows, estimated from a sample on the
         weights `path` multiplies (compute.ComputePath: the GGUF's blocks, or the weights in its
         dtype), for `compute.probe`: the products of the first PROBE_LAYERS layers (scaled to every
-        layer) and of the output layer, as `linear` runs them now (the caller configures it)."""
+        layer) and of a share of the output layer's rows (scaled to all of them), as `linear` runs
+        them now (the caller configures it)."""
         c = self.config
         hidden = torch.ones(rows, c.hidden_size)
         inner = torch.ones(rows, c.intermediate_size)
         attended = torch.ones(rows, self.q_size)
         *layers, output = self.probe_weights(getattr(torch, path.dtype), path.int4, path.int8)
+        share = output["output"].shape[0]
+        head_blocks = self.lm_head_blocks
+        if path.gguf_blocks and head_blocks is not None and share < head_blocks.out_features:
+            head_blocks = head_blocks.first_rows(share)
         started = time.perf_counter()
         for layer, weights in zip(self.layers, layers, strict=False):
             blocks = layer.blocks if path.gguf_blocks else {}
@@ -438,9 +469,10 @@ class Llama:
             linear(hidden, weights["gate_up"], blocks.get("gate_up"), True)
             linear(inner, weights["down"], blocks.get("down"), True)
         sampled = time.perf_counter()
-        linear(hidden, output["output"], self.lm_head_blocks if path.gguf_blocks else None, True)
+        linear(hidden, output["output"], head_blocks if path.gguf_blocks else None, True)
         done = time.perf_counter()
-        return (sampled - started) * c.layers / len(layers) + (done - sampled)
+        whole = self.lm_head.shape[0] / share
+        return (sampled - started) * c.layers / len(layers) + (done - sampled) * whole
 
     def block_bytes(self) -> tuple[int, int]:
         """(bytes a decode step reads from GGUF blocks, bytes it reads as weights in their own form:

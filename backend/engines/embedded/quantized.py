@@ -155,6 +155,12 @@ class PackedMatrix:
         """Bytes a product reads (the last group's rows past out_features included)."""
         return self.data.numel()
 
+    def first_rows(self, rows: int) -> PackedMatrix:
+        """The matrix of the first `rows` rows (whole groups of PANEL_ROWS), sharing these bytes."""
+        if rows % PANEL_ROWS or not 0 < rows <= self.out_features:
+            raise ValueError(f"{rows} rows are not whole groups of {PANEL_ROWS} of {self.out_features}")
+        return PackedMatrix(self.data[: rows // PANEL_ROWS], self.kind, rows, self.in_features)
+
 
 def concat(parts: list[BlockMatrix | None]) -> BlockMatrix | None:
     """The matrices' rows one after another (a fused projection), or None unless all are blocks of
