@@ -25,7 +25,7 @@ from backend.engines.base import Prompt
 from backend.engines.embedded import compute, int4, int8
 from backend.engines.embedded.engine import EmbeddedEngine
 from backend.engines.embedded.weights import resolve_model
-from backend.protocol import generate_frame
+from backend.protocol import cancel_frame, generate_frame
 from bench.rounding import with_products
 from devkit.frames import recv_frame
 from tests.support.backends import serving
@@ -179,18 +179,19 @@ async def test_a_seeded_sample_is_the_same_alone_and_among_n(engine: EmbeddedEng
 
 async def test_a_seeded_request_is_the_same_while_others_come_and_go(engine: EmbeddedEngine) -> None:
     """Continuous batching: a seeded request gives the same samples alone and while a long request
-    runs beside it, another arrives during it and a third finishes in its middle."""
+    runs beside it, another arrives during it and a third finishes in its middle. The long request
+    is cancelled once the seeded one is done (its rest would only take time)."""
     _invariant(engine)
     seeded = (Prompt("Write a short poem about the sea."), 3, params(max_tokens=32, seed=11))
     alone, _, _ = await collect(engine.generate(*seeded), 3)
-    background = asyncio.ensure_future(
-        collect(engine.generate(Prompt("Tell me a story."), 4, params(max_tokens=60, seed=3)), 4)
-    )
+    long = engine.generate(Prompt("Tell me a story."), 4, params(max_tokens=60, seed=3))
+    background = asyncio.ensure_future(collect(long, 4))
     await asyncio.sleep(0.3)  # the long request decodes
     target = asyncio.ensure_future(collect(engine.generate(*seeded), 3))
     await asyncio.sleep(0.2)
     short = await collect(engine.generate(Prompt("Say hi."), 2, params(max_tokens=5, seed=8)), 2)
     busy, _, _ = await target
+    await long.abort()
     await background
     assert short[1] == ["length", "length"] or "stop" in short[1]
     assert engine.health()["max_batch_rows"] >= 7
@@ -201,7 +202,8 @@ async def test_a_users_seeded_run_shows_the_same_columns_while_another_client_ge
     engine: EmbeddedEngine,
 ) -> None:
     """Through the websocket, as the page sends it: a seeded n = 4 run, then the same run again
-    while a second client streams its own request."""
+    while a second client streams its own request (cancelled once the run is done, as the page's
+    Cancel sends it: its rest would only take time)."""
     _invariant(engine)
     params = {"max_tokens": 40, "temperature": 0.9, "top_p": 0.95, "seed": 21}
     frame = generate_frame("", "Name a famous scientist and say why.", 4, params)
@@ -234,6 +236,8 @@ async def test_a_users_seeded_run_shows_the_same_columns_while_another_client_ge
         busy = asyncio.ensure_future(run(other, "b", noise))
         await asyncio.sleep(0.3)
         again = await run(user, "a2", frame)
+        assert not busy.done()  # the other request ran beside the whole run
+        await other.send(json.dumps(cancel_frame("b")))
         others = await busy
     assert all(len(text.split()) >= 5 for text in first), first
     assert all(len(text.split()) >= 5 for text in others), others

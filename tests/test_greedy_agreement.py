@@ -9,10 +9,14 @@ weights as its 4-bit groups give them back), one prompt at a time. The
 end of turn is ignored on both sides (its logit -inf; `min_new_tokens` for transformers), so every
 answer is exactly that long. The two forwards sum in other orders, so they may part only where the
 reference's two best tokens are within the dtype's rounding of each other: each prompt agrees on
-every token, or parts at such a near-tie.
+every token, or parts at such a near-tie. On `int8-exact` the reference has the weights its int8
+steps give back, and the engine's rows are rounded to int8 at every product besides: its near-tie
+is that rounding's.
 """
 
 from __future__ import annotations
+
+import functools
 
 import pytest
 import torch
@@ -35,9 +39,11 @@ PROMPTS = (
 TOKENS = 32
 """Greedy tokens a prompt: long enough to part where the forwards can, short enough for 2 cores."""
 
-NEAR_TIE = {"float32": 1e-3, "bfloat16": 0.25}
-"""Logits (about 10 to 30) within this of each other are a tie at the dtype's rounding: float32
-keeps 24 bits (a sum in another order moves a logit by about 1e-5), bfloat16 8 (0.125 steps at 16-32)."""
+NEAR_TIE = {"float32": 1e-3, "bfloat16": 0.25, "int8": 0.25}
+"""Logits (about 10 to 30) within this of each other are a tie at the path's rounding: float32
+keeps 24 bits (a sum in another order moves a logit by about 1e-5), bfloat16 8 (0.125 steps at
+16-32); int8-exact rounds each product's rows to 255 steps (against a reference with its weights,
+two of the four prompts parted, at 0.06 and 0.12)."""
 
 
 @torch.inference_mode()
@@ -78,8 +84,10 @@ def reference_greedy(
     return out.sequences[0, len(ids) :].tolist(), [score[0].float() for score in out.scores]
 
 
-def _as_int4_groups(reference: torch.nn.Module, model: Llama) -> None:
-    """Give transformers' layers the weights the engine's 4-bit groups hold (rounded to bfloat16)."""
+def _as_engine_weights(reference: torch.nn.Module, model: Llama) -> None:
+    """Give transformers' layers the weights the engine's 4-bit groups (rounded to bfloat16) or int8
+    steps hold, and with int8 its output layer too (untied from the embedding, which the engine
+    keeps as it was)."""
     q, kv = model.q_size, model.kv_size
     with torch.no_grad():
         for theirs, ours in zip(reference.model.layers, model.layers, strict=True):
@@ -97,6 +105,25 @@ def _as_int4_groups(reference: torch.nn.Module, model: Llama) -> None:
                 weights = getattr(ours, name).dequantize().split([size for _, size in projections])
                 for (projection, _), weight in zip(projections, weights, strict=True):
                     projection.weight.copy_(weight.to(projection.weight.dtype))
+        if model.int8:
+            reference.lm_head.weight = torch.nn.Parameter(model.lm_head.dequantize())
+
+
+@functools.cache
+def _plain_reference(dtype: torch.dtype) -> tuple[tuple[list[int], list[torch.Tensor]], ...]:
+    """transformers' greedy tokens and scores for PROMPTS on the converted weights in `dtype`, made
+    once for the paths that share them (fp32-blocks, fp32-rows and fp32-torch)."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    folder = resolve_model()
+    tokenizer = AutoTokenizer.from_pretrained(folder.path)
+    eos = int(tokenizer.eos_token_id)
+    reference = AutoModelForCausalLM.from_pretrained(folder.path, dtype=dtype)
+    return tuple(reference_greedy(reference, ids, eos) for ids in _prompts(tokenizer))
+
+
+def _prompts(tokenizer: object) -> list[list[int]]:
+    return [template_token_ids(tokenizer, [{"role": "user", "content": text}]) for text in PROMPTS]
 
 
 @pytest.mark.parametrize("name", list(compute.PATHS))
@@ -110,9 +137,11 @@ def test_greedy_tokens_agree_with_transformers_or_part_at_a_near_tie(name: str) 
     threads = torch.get_num_threads()
     torch.set_num_threads(1)  # as the engine's process runs
     dtype = getattr(torch, path.dtype)
-    # A PyTorch path multiplies a decode step's rows in blocks, as the engine does (here one block of
-    # 16 for the 4 rows; tests/test_fixed_rows.py runs the block size the engine checked).
-    engine_linear.configure(allow=path.rows_kernel, sizes=() if path.rows_kernel else (16,))
+    # A PyTorch path multiplies a decode step's rows at the sizes of a ladder, as the engine does by
+    # default (here one product of 4 for the 4 rows; tests/test_fixed_rows.py runs the sizes the
+    # engine checked); int8's sums are exact at any row count.
+    sizes = () if path.rows_kernel or path.int8 else compute.ladder(16)
+    engine_linear.configure(allow=path.rows_kernel, sizes=sizes, exact=path.int8)
     decode_ops.configure()
     try:
         folder = resolve_model()
@@ -120,17 +149,20 @@ def test_greedy_tokens_agree_with_transformers_or_part_at_a_near_tie(name: str) 
         tensors = read_tensors(folder.path)
         blocks = load_blocks(folder.path, folder.gguf, tensors) if path.gguf_blocks and folder.gguf else {}
         model = Llama(config, tensors, torch.float32 if path.int4 else dtype, blocks)
-        if path.int4:
-            model.cast(dtype, int4=True)
+        if path.int4 or path.int8:
+            model.cast(dtype, int4=path.int4, int8=path.int8)
         tokenizer = AutoTokenizer.from_pretrained(folder.path)
         eos = int(tokenizer.eos_token_id)
-        prompts = [template_token_ids(tokenizer, [{"role": "user", "content": text}]) for text in PROMPTS]
-        reference = AutoModelForCausalLM.from_pretrained(folder.path, dtype=dtype)
-        if path.int4:
-            _as_int4_groups(reference, model)
+        prompts = _prompts(tokenizer)
+        if path.int4 or path.int8:
+            reference = AutoModelForCausalLM.from_pretrained(folder.path, dtype=dtype)
+            _as_engine_weights(reference, model)
+            references = [reference_greedy(reference, ids, eos) for ids in prompts]
+        else:
+            references = list(_plain_reference(dtype))
         partings = []
-        for text, ids, ours in zip(PROMPTS, prompts, engine_greedy(model, config, prompts, eos), strict=True):
-            theirs, scores = reference_greedy(reference, ids, eos)
+        engine = engine_greedy(model, config, prompts, eos)
+        for text, ours, (theirs, scores) in zip(PROMPTS, engine, references, strict=True):
             agree = next((i for i, (a, b) in enumerate(zip(ours, theirs, strict=True)) if a != b), TOKENS)
             if agree < TOKENS:
                 margin = float(scores[agree][theirs[agree]] - scores[agree][ours[agree]])
@@ -139,7 +171,8 @@ def test_greedy_tokens_agree_with_transformers_or_part_at_a_near_tie(name: str) 
         engine_linear.configure()
         decode_ops.configure()
         torch.set_num_threads(threads)
-    far = [(text, at, margin) for text, at, margin in partings if margin > NEAR_TIE[path.dtype]]
+    rounding = "int8" if path.int8 else path.dtype
+    far = [(text, at, margin) for text, at, margin in partings if margin > NEAR_TIE[rounding]]
     assert not far, f"{name} parts from transformers where its best token was clear: {far}"
-    if path.dtype == "float32":
+    if rounding == "float32":
         assert len(partings) <= 1, f"{name}: more than one prompt parted at a float32 near-tie: {partings}"
