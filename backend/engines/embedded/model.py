@@ -398,7 +398,7 @@ class Llama:
         return sum(map(_nbytes, tensors)) + self.block_bytes()[0]
 
     PROBE_LAYERS = 4
-    """Layers whose products `probe_step` runs (with a share of the output layer, about a fifth of a
+    """Layers whose products `probe_step` runs (with a share of the output layer, about a sixth of a
     step's weights: enough to tell the paths apart)."""
 
     PROBE_OUTPUT_SHARE = 4
@@ -422,14 +422,15 @@ class Llama:
     ) -> list[dict[str, Weight]]:
         """The first PROBE_LAYERS layers' matrices and the output layer's first `probe_output_rows()`
         ("output") in `dtype` (the layers' in 4-bit groups with `int4`, theirs and the output
-        layer's in int8 with `int8`, as `cast` holds them): copies made once."""
+        layer's in int8 with `int8`, as `cast` holds them): the model's own where it holds them in
+        that form, else copies made once."""
         if (dtype, int4, int8) not in self._probe_weights:
             layers: list[dict[str, Weight]] = [
                 {name: self._in_form(getattr(layer, name), dtype, int4, int8) for name in self.MATRICES}
                 for layer in self.layers[: self.PROBE_LAYERS]
             ]
-            self._probe_weights[dtype, int4, int8] = layers
             layers.append({"output": self._output_in_form(dtype, int8, self.probe_output_rows())})
+            self._probe_weights[dtype, int4, int8] = layers
             if int8:  # where _int_mm takes over, timed now rather than inside the first timed product
                 c_max_rows()
         return self._probe_weights[dtype, int4, int8]
