@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import shutil
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -40,6 +41,32 @@ def hub_folders(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
 def hub(hub_folders: dict[str, Path]) -> Iterator[HubStandIn]:
     with HubStandIn({REPO_ID: hub_folders["tokenizer_config"]}) as stand_in:
         yield stand_in
+
+
+def test_a_tokenizer_is_read_as_autotokenizer_reads_it(hub_folders: dict[str, Path], tmp_path: Path) -> None:
+    """`read_tokenizer` gives what `AutoTokenizer.from_pretrained` gives, class, ids, special tokens
+    and chat template: for the bundled model's folder and the hub layouts (the generic class, read
+    without AutoTokenizer's config lookup), and for a folder naming a class of its own (through
+    AutoTokenizer itself)."""
+    from transformers import AutoTokenizer
+
+    own_class = shutil.copytree(hub_folders["tokenizer_config"], tmp_path / "gpt2-class")
+    config = json.loads((own_class / "tokenizer_config.json").read_text())
+    assert config["tokenizer_class"] == weights.GENERIC_TOKENIZER
+    (own_class / "tokenizer_config.json").write_text(
+        json.dumps({**config, "tokenizer_class": "GPT2Tokenizer"})
+    )
+    text = "Name three colours, then count: 1, 2, 3 <|im_end|>"
+    messages = [{"role": "user", "content": "Why is the sky blue?"}]
+    for folder in (resolve_model().path, *hub_folders.values(), own_class):
+        ours, theirs = weights.read_tokenizer(folder), AutoTokenizer.from_pretrained(folder)
+        assert type(ours) is type(theirs), folder
+        assert ours(text)["input_ids"] == theirs(text)["input_ids"], folder
+        assert (ours.eos_token_id, ours.bos_token_id) == (theirs.eos_token_id, theirs.bos_token_id)
+        assert ours.chat_template == theirs.chat_template, folder
+        if theirs.chat_template:
+            made = ours.apply_chat_template(messages, add_generation_prompt=True)
+            assert made == theirs.apply_chat_template(messages, add_generation_prompt=True), folder
 
 
 async def ask(

@@ -106,15 +106,15 @@ def build_scheduler(setup: WorkerSetup, on_pass_end: Callable[[], None]) -> Any:
     """Load the weights and tokenizer, choose the compute path (compute.py) and make the scheduler
     (in the child)."""
     import torch
-    from transformers import AutoTokenizer
 
     from backend.engines.embedded.scheduler import BatchScheduler, stop_token_ids
+    from backend.engines.embedded.weights import read_tokenizer
 
     torch.set_num_threads(setup.threads)
     model, decision = _load_model(setup)
     choice, reason, linear_path = _set_up_compute(model, decision, setup)
     log.info("compute path %s (%s); linear layers: %s", choice.label, reason, linear_path)
-    tokenizer = AutoTokenizer.from_pretrained(Path(setup.folder))
+    tokenizer = read_tokenizer(Path(setup.folder))
     chosen = {
         "path": choice.path.name,
         "block": choice.block,

@@ -129,7 +129,7 @@ class EmbeddedEngine(Engine):
         import torch
 
         from backend.engines.embedded.model import LlamaConfig
-        from backend.engines.embedded.weights import read_config, resolve_model
+        from backend.engines.embedded.weights import read_config, read_tokenizer, resolve_model
 
         # The bundled model and local folders need no network; never let a library try it.
         local = self.model_source and os.path.isdir(os.path.expanduser(self.model_source))
@@ -152,9 +152,7 @@ class EmbeddedEngine(Engine):
         # The child loads while this process reads its own tokenizer (seconds each, mostly imports).
         worker.spawn()
         try:
-            from transformers import AutoTokenizer
-
-            tokenizer = AutoTokenizer.from_pretrained(folder.path)
+            tokenizer = read_tokenizer(folder.path)
         except BaseException:
             worker.stop(timeout=0)  # still loading: it reads no command until it has loaded
             raise
