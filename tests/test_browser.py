@@ -55,9 +55,20 @@ def test_generate_then_cancel(page: Page) -> None:
     # the request's prefill as its own bar: handed to the engine until the first chunk
     prefill = page.locator("#trace svg g.trace-prefill")
     expect(prefill).to_contain_text("prefill", timeout=10_000)
-    bar = prefill.locator("rect").bounding_box()
-    lane = page.locator("#trace svg").bounding_box()
-    assert bar is not None and lane is not None and bar["width"] > 0
+    # The live trace's markup is replaced whole at each update: the bar and the lane are measured in
+    # one script, so both come from the same drawing (two locator calls can straddle an update and
+    # find the first element gone).
+    bar, lane = page.wait_for_function(
+        """() => {
+            const bar = document.querySelector('#trace svg g.trace-prefill rect');
+            const lane = document.querySelector('#trace svg');
+            if (!bar || !lane) return null;
+            const [b, l] = [bar.getBoundingClientRect(), lane.getBoundingClientRect()];
+            return [{x: b.x, width: b.width}, {x: l.x, width: l.width}];
+        }""",
+        timeout=10_000,
+    ).json_value()
+    assert bar["width"] > 0
     assert lane["x"] <= bar["x"] and bar["x"] + bar["width"] <= lane["x"] + lane["width"]
     # the columns keep growing while streaming
     before = [len(sample_text(page, i)) for i in range(4)]
