@@ -732,11 +732,13 @@ def launch_sglang_app(
     engine: str = "sglang-engine",
     env: dict[str, str] | None = None,
     image_data: Path | None = None,
+    backend_only: bool = False,
 ) -> SGLangApp:
     """Start app.py with the SGLang environment's Python (SGLang plus the dashboard's packages);
     call from the main thread (the child is prepared before exec), then `wait_page`. With
     `image_data`: as the GPU Space's image starts it (its entry command and environment, its /data
-    there), the engine being the image's."""
+    there), the engine being the image's. With `backend_only`: `python -m backend` instead, its
+    /health standing in for the page."""
     python = SGLANG_PYTHON
     port, backend_port = free_port(), free_port()
     env = {
@@ -754,6 +756,10 @@ def launch_sglang_app(
         env |= {"DASHBOARD_MODEL": str(model), "DASHBOARD_HOST": "127.0.0.1"}
         env |= {"DASHBOARD_PORT": str(port), "DASHBOARD_BACKEND_PORT": str(backend_port)}
         assert env["DASHBOARD_ENGINE"] == engine, env["DASHBOARD_ENGINE"]
+    elif backend_only:
+        command = [str(python), "-m", "backend", "--engine", engine]
+        command += ["--model", str(model)] if model is not None else []
+        command += ["--host", "127.0.0.1", "--port", str(backend_port)]
     else:
         command = [str(python), str(ROOT / "app.py"), "--engine", engine]
         command += ["--model", str(model)] if model is not None else []
@@ -768,7 +774,8 @@ def launch_sglang_app(
             start_new_session=True,
             preexec_fn=as_in_a_terminal,  # called from the main thread only
         )
-    return SGLangApp(process, f"http://127.0.0.1:{port}/", f"http://127.0.0.1:{backend_port}/health", log)
+    health = f"http://127.0.0.1:{backend_port}/health"
+    return SGLangApp(process, health if backend_only else f"http://127.0.0.1:{port}/", health, log)
 
 
 def start_sglang_app(
@@ -1032,11 +1039,22 @@ class AutoApp:
                 os.kill(pid, signal.SIGKILL)
 
 
+def launched_server(command: str) -> bool:
+    """Whether `command` is a launched SGLang server's own (not its keeper's, whose line holds it)."""
+    return command.split()[1:3] == ["-m", "sglang.launch_server"]
+
+
 def launch_auto_app(
-    tmp_path: Path, name: str, model: Path = MODEL, as_image: bool = False, **env: str
+    tmp_path: Path,
+    name: str,
+    model: Path = MODEL,
+    as_image: bool = False,
+    backend_only: bool = False,
+    **env: str,
 ) -> AutoApp:
     """app.py with `--engine auto` launching SGLang; `as_image`: started as the GPU Space's image
-    starts it (`launch_sglang_app`'s `image_data`), its caches (the server's log too) in the image's."""
+    starts it (`launch_sglang_app`'s `image_data`), its caches (the server's log too) in the image's;
+    `backend_only`: `python -m backend` instead of app.py."""
     folder = tmp_path / name
     folder.mkdir()
     mark = f"{name}-{os.getpid()}-{time.monotonic_ns()}"
@@ -1049,7 +1067,12 @@ def launch_auto_app(
         **env,
     }
     app = launch_sglang_app(
-        model, folder / "app.log", engine="auto", env=env, image_data=folder / "data" if as_image else None
+        model,
+        folder / "app.log",
+        engine="auto",
+        env=env,
+        image_data=folder / "data" if as_image else None,
+        backend_only=backend_only,
     )
     return AutoApp(app, mark, cache / "parallel-sampling-dashboard" / "sglang-server.log")
 
@@ -1074,7 +1097,7 @@ def test_auto_launches_sglang_serves_and_sigterm_leaves_nothing(tmp_path: Path) 
         auto.app.wait_page()
         health = auto.app.wait_engine()
         assert health["engine_state"] == "ready", health
-        (server,) = [c for c in auto.launched() if "sglang.launch_server" in c]
+        (server,) = [c for c in auto.launched() if launched_server(c)]
         assert "--incremental-streaming-output" in server and SGLANG_CPU_SERVER_ARGS in server, server
         assert "--log-level warning" in server and "--sleep-on-idle" in server, server
         final = Client(auto.app.url, verbose=False).predict(
@@ -1149,6 +1172,67 @@ def test_auto_launch_stopped_during_start_up_too_slow_or_broken_leaves_no_server
             auto.kill()
 
 
+KILLED_GONE_S = 5.0
+"""How soon after app.py or the backend is killed outright every process they started must be gone."""
+
+
+def process_group(pgid: int) -> list[int]:
+    """The live (not zombie) processes of process group `pgid`."""
+    found = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(fields[2]) == pgid and fields[0] != "Z":
+            found.append(int(stat.parent.name))
+    return found
+
+
+@pytest.mark.app_failing
+def test_sglang_killed_outright_with_its_dashboard_leaves_nothing(tmp_path: Path) -> None:
+    """SIGKILL, as the out-of-memory killer sends it, to app.py and to `python -m backend` with
+    `--engine auto` launching the real SGLang server (its scheduler and detokenizer with it), and to
+    app.py with SGLang in process: within KILLED_GONE_S nothing of theirs runs, counted by the mark in
+    their environment, by app.py's session, and by the process groups recorded at the launch."""
+    autos = {
+        "app.py, auto": launch_auto_app(tmp_path, "killed-app"),
+        "python -m backend, auto": launch_auto_app(tmp_path, "killed-backend", backend_only=True),
+    }
+    in_process = launch_sglang_app(MODEL, tmp_path / "in-process.log")
+    try:
+        for auto in autos.values():
+            auto.app.wait_page()
+            assert auto.app.wait_engine()["engine_state"] == "ready"
+        in_process.wait_page()
+        assert in_process.wait_engine()["engine_state"] == "ready"
+        kills: list[tuple[str, subprocess.Popen[bytes], Callable[[], list[Any]]]] = [
+            (name, auto.app.process, auto.processes) for name, auto in autos.items()
+        ]
+        kills.append(("app.py, SGLang in process", in_process.process, in_process.session))
+        for name, process, left_by_mark in kills:
+            folder = {"app.py, auto": "killed-app", "python -m backend, auto": "killed-backend"}.get(name)
+            records = "cache/parallel-sampling-dashboard/launched/*.json"
+            launches = tmp_path.glob(f"{folder}/{records}") if folder else []
+            groups = [process.pid] + [json.loads(path.read_text())["pid"] for path in launches]
+            if "auto" in name:
+                assert len(groups) == 2, (name, groups)
+            before = left_by_mark() + [pid for pgid in groups for pid in process_group(pgid)]
+            assert len(before) >= 3, (name, before)  # the process, and what it started
+            killed = time.monotonic()
+            process.kill()
+            process.wait()
+            while left := left_by_mark() + [pid for pgid in groups for pid in process_group(pgid)]:
+                took = time.monotonic() - killed
+                assert took < KILLED_GONE_S, f"{name}: still running {took:.1f} s after SIGKILL: {left}"
+                time.sleep(0.05)
+            print(f"{name} killed: every process gone {time.monotonic() - killed:.1f} s after SIGKILL")
+    finally:
+        for auto in autos.values():
+            auto.kill()
+        stop_process_group(in_process.process)
+
+
 @pytest.mark.app_failing
 def test_a_launched_servers_scheduler_killed_mid_run_ends_its_samples_with_the_cause(tmp_path: Path) -> None:
     """`--engine auto` with its SGLang server: the server's scheduler killed while two samples
@@ -1167,7 +1251,7 @@ def test_a_launched_servers_scheduler_killed_mid_run_ends_its_samples_with_the_c
             assert time.monotonic() < deadline, "the columns did not start streaming"
             time.sleep(0.2)
         # setproctitle rewrites the scheduler's environment area too: found as the server's child.
-        (server,) = [pid for pid, _, command in auto.processes() if "sglang.launch_server" in command]
+        (server,) = [pid for pid, _, command in auto.processes() if launched_server(command)]
         (scheduler,) = [pid for pid, title in descendants(server) if title.startswith("sglang::scheduler")]
         killed_at = time.monotonic()
         os.kill(scheduler, signal.SIGKILL)

@@ -34,6 +34,10 @@ LAUNCHED_SERVER_LOG = CACHE_ROOT / "sglang-server.log"
 """Where the SGLang server that `--engine auto` starts writes its output (rotated, see
 `sglang_launch`; a failed start quotes its end)."""
 
+LAUNCHED_RECORDS = CACHE_ROOT / "launched"
+"""Where the SGLang servers that `--engine auto` starts are recorded, so that a later start finds
+one left running by a backend that was killed (`backend.engines.http.launched`)."""
+
 
 @dataclass(frozen=True)
 class EngineChoice:
@@ -142,6 +146,7 @@ def launched_sglang(options: EngineOptions, facts: GpuFacts) -> Engine:
         extra_args=launch_flags(more, fp16=needs_fp16(facts)),
         log_path=LAUNCHED_SERVER_LOG,
         start_timeout=options.sglang_start_timeout,
+        records=LAUNCHED_RECORDS,
     )
     return engine_class("sglang")(  # type: ignore[call-arg]
         server.url, launcher=server, api_key=options.sglang_api_key, model_request=options.model

@@ -18,7 +18,10 @@ import contextlib
 import multiprocessing
 import os
 import signal
+import threading
 from multiprocessing.connection import Connection
+
+from backend import lifetime
 
 START_TIMEOUT_S = 60.0
 """How long app.py waits for the backend to listen (the engine then starts while the page runs)."""
@@ -33,14 +36,17 @@ CHILD_FAILED = "one of the engine's processes failed and sent SIGQUIT (the backe
 """What the page says when an engine's child process signals that it failed (SGLang's scheduler
 does, for one that cannot load the model)."""
 
-PARENT_CHECK_S = 1.0
-"""How often the child checks that app.py still runs: a killed parent must not leave it serving."""
 
+def _stop_when_orphaned(parent: int, loop: asyncio.AbstractEventLoop, stop: asyncio.Event) -> None:
+    """Tie the backend to app.py's life (`backend.lifetime`): once app.py is gone, however it died,
+    stop as on SIGTERM (the engine and a launched SGLang server stopped in turn), and exit outright
+    after STOP_TIMEOUT_S if that stop hangs (what it started is tied to this process in turn)."""
 
-async def _stop_when_orphaned(parent: int, stop: asyncio.Event) -> None:
-    while os.getppid() == parent:  # noqa: ASYNC110 - a parent leaving has no event to await
-        await asyncio.sleep(PARENT_CHECK_S)
-    stop.set()
+    def gone() -> None:
+        loop.call_soon_threadsafe(stop.set)
+        threading.Timer(STOP_TIMEOUT_S, os._exit, (1,)).start()
+
+    lifetime.tie_to_parent(parent, gone)
 
 
 def _serve(args: argparse.Namespace, host: str, port: int, ready: Connection, parent: int) -> None:
@@ -57,6 +63,7 @@ def _serve(args: argparse.Namespace, host: str, port: int, ready: Connection, pa
     async def main() -> None:
         loop = asyncio.get_running_loop()
         stop = asyncio.Event()
+        _stop_when_orphaned(parent, loop, stop)
         try:
             servers = servers_from_args(args, host, port)
         except Exception as exc:  # noqa: BLE001 - reported to the parent, which says it plainly
@@ -80,7 +87,6 @@ def _serve(args: argparse.Namespace, host: str, port: int, ready: Connection, pa
             ready.send(("error", str(exc) or type(exc).__name__, None))
             return
         ready.send(("ready", servers.url, servers.experiment_url))
-        watcher = asyncio.create_task(_stop_when_orphaned(parent, stop), name="parent watch")
         settled = asyncio.create_task(servers.main.engine_settled(), name="engine settled")
         # An engine may put its own handlers on the loop as it starts (in-process SGLang does): this
         # process's stop stays this process's.
@@ -88,7 +94,6 @@ def _serve(args: argparse.Namespace, host: str, port: int, ready: Connection, pa
         try:
             await stop.wait()
         finally:
-            watcher.cancel()
             settled.cancel()
             await servers.close()
             closed.append(True)

@@ -1,11 +1,12 @@
 """The embedded engine's child process: the model and its scheduler, fed and read through two pipes.
 
-Started by `worker.WorkerProcess` as `python -m backend.engines.embedded.child COMMAND_FD RESULT_FD`
-(the message formats are in `worker`). The child reads its commands on a thread of its own, so an
+Started by `worker.WorkerProcess` as `python -m backend.engines.embedded.child COMMAND_FD RESULT_FD
+PARENT_PID` (the message formats are in `worker`). The child reads its commands on a thread of its own, so an
 abort is stamped with the step count at the moment it arrives, as on an in-process thread; the
 scheduler steps on the main thread and sends each pass's output of all requests as one message.
-When the parent goes away (its end of the command pipe closes, whatever killed it) the child aborts
-its requests and exits after the step under way. It ignores SIGINT, which a terminal sends to the
+When the parent stops it, the child aborts its requests and exits after the step under way; when the
+parent dies without a word (SIGKILL), the child exits at once, loading or stepping, tied to the
+parent's life (`backend.lifetime`). It ignores SIGINT, which a terminal sends to the
 whole process group, and leaves stopping to its parent.
 """
 
@@ -22,6 +23,7 @@ from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import Any
 
+from backend import lifetime
 from backend.engines.base import Chunk
 from backend.engines.embedded.worker import WorkerSetup
 
@@ -239,10 +241,18 @@ def _probe(
     return compute.Choice(path), words
 
 
+def parent_gone() -> None:
+    """The backend died without stopping this process (SIGKILL): end at once, even mid-load."""
+    log.warning("the backend is gone; the embedded engine's process stops")
+    logging.shutdown()
+    os._exit(0)
+
+
 def main(argv: list[str]) -> int:
-    """Child entry: `python -m backend.engines.embedded.child COMMAND_FD RESULT_FD`."""
+    """Child entry: `python -m backend.engines.embedded.child COMMAND_FD RESULT_FD PARENT_PID`."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    lifetime.tie_to_parent(int(argv[2]), parent_gone)
     os.environ.setdefault("HF_HUB_OFFLINE", "1")  # the folder is local; never let a library try the hub
     commands = Connection(int(argv[0]), writable=False)
     results = Connection(int(argv[1]), readable=False)

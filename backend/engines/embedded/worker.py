@@ -108,6 +108,7 @@ class WorkerProcess:
                     "backend.engines.embedded.child",
                     str(command_read),
                     str(result_write),
+                    str(os.getpid()),
                 ],
                 pass_fds=(command_read, result_write),
                 env=env,

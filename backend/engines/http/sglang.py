@@ -115,6 +115,7 @@ class SGLangEngine(HTTPEngine):
                 self.launcher.model = chosen.path
                 self.notice = "; ".join(said for said in (self.notice, chosen.note) if said)
             await asyncio.to_thread(self.launcher.start)
+            self.notice = "; ".join(said for said in (self.notice, self.launcher.earlier) if said)
             if self.launcher.url != self.url:  # another program took the port first: it moved
                 self.url = self.launcher.url
                 if self._client is not None:

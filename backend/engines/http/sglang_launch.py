@@ -8,6 +8,12 @@ then `log_path.1`), so it stays under LOG_MAX_BYTES * (LOG_BACKUPS + 1) however 
 runs; only that thread holds the file, and closes it when the server's output ends. Stopping it
 fits a container's 10 s grace:
 SIGTERM to its process group, STOP_TIMEOUT_S, then SIGKILL to the group.
+
+The server runs under a keeper (`backend.lifetime`) in a session of its own, so that it ends with
+this process however this process dies: the keeper stops the group the same way when this process
+is gone, and the server dies with the keeper. With `records`, a launch is recorded there and the
+servers of earlier runs are looked for first (`launched`): an orphan is stopped, another running
+dashboard's server named (`earlier`).
 """
 
 from __future__ import annotations
@@ -32,7 +38,9 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import IO
 
+from backend import lifetime
 from backend.config.declared import Setting
+from backend.engines.http import launched
 
 STARTUP_TIMEOUT_S = 600.0
 """How long an SGLang server may take to load weights and warm up before it counts as failed."""
@@ -247,6 +255,7 @@ class SGLangServerProcess:
         env: Mapping[str, str] | None = None,
         log_path: Path | None = None,
         start_timeout: float | None = STARTUP_TIMEOUT_S,
+        records: Path | None = None,
     ) -> None:
         self.model = model
         self.python = python
@@ -266,6 +275,11 @@ class SGLangServerProcess:
         """time.monotonic() at the start, None before it."""
         self.exit_code: int | None = None
         """The server's exit status once it has exited on its own while serving, else None."""
+        self.records = records
+        """The folder where launches are recorded (`launched`); None: none recorded or looked for."""
+        self.earlier = ""
+        """What the start found of earlier runs' servers, in words ("" where nothing)."""
+        self._record: Path | None = None
         self._copier: threading.Thread | None = None
 
     @property
@@ -299,34 +313,46 @@ class SGLangServerProcess:
         timeout = self.start_timeout if timeout is None else timeout
         if self.log_path is not None:
             self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        if self.records is not None:
+            self.earlier = launched.settle(self.records)
+            if self.earlier:
+                self._log_line(f"[dashboard] {self.earlier}")
         atexit.register(self.stop)
         deadline = time.monotonic() + timeout
         taken: list[str] = []
-        for _ in range(PORT_ATTEMPTS):
-            process = self._spawn()
-            holder = self._wait_until_serving(process, deadline, timeout)
-            if holder is None:
-                return
-            taken.append(f"port {self.port}: {holder}")
-            self.stop()
-            self._log_line(f"[dashboard] port {self.port} is held by another program ({holder}); next port")
-            self.port = free_port()
+        try:
+            for _ in range(PORT_ATTEMPTS):
+                process = self._spawn()
+                holder = self._wait_until_serving(process, deadline, timeout)
+                if holder is None:
+                    return
+                taken.append(f"port {self.port}: {holder}")
+                self.stop()
+                self._log_line(f"[dashboard] port {self.port} is held by another program ({holder}); next")
+                self.port = free_port()
+        except (RuntimeError, TimeoutError) as exc:
+            if self.earlier:  # the likely cause of a GPU found full
+                raise type(exc)(f"{exc}\n(found at this start: {self.earlier})") from None
+            raise
         raise RuntimeError(
             "the SGLang server could not keep a port: another program took each one first"
             f" ({'; '.join(taken)})"
         )
 
     def _spawn(self) -> subprocess.Popen[bytes]:
-        """Start the server's process (in its own process group) and the thread that logs its output."""
+        """Start the server's process under its keeper (in a process group of their own), record it,
+        and start the thread that logs its output."""
         env = {**os.environ, **self.env} if self.env is not None else None
         # Its own process group, so stop() ends the scheduler and detokenizer processes it spawns too.
         process = self.process = subprocess.Popen(
-            self.command(),
+            lifetime.keeper_command(self.command(), STOP_TIMEOUT_S),
             stdout=subprocess.PIPE if self.log_path else subprocess.DEVNULL,
             stderr=subprocess.STDOUT,
             env=env,
             start_new_session=True,
         )
+        if self.records is not None:
+            self._record = launched.record(self.records, process.pid, self.port, self.model)
         if self.started_at is None:
             self.started_at = time.monotonic()
         if self.log_path is not None:
@@ -428,4 +454,6 @@ class SGLangServerProcess:
         with contextlib.suppress(ProcessLookupError):
             os.killpg(process.pid, signal.SIGKILL)
         process.wait()
+        launched.forget(self._record)
+        self._record = None
         self._drain_output()
