@@ -90,7 +90,8 @@ def tie_to_parent(parent: int, on_gone: Callable[[], None]) -> threading.Thread:
 def exit_like(code: int) -> None:
     """End this process as a child that returned `code` did: with its status, or killed by its signal."""
     if code < 0:
-        signal.signal(-code, signal.SIG_DFL)
+        with contextlib.suppress(OSError, ValueError):  # SIGKILL's and SIGSTOP's cannot be set
+            signal.signal(-code, signal.SIG_DFL)
         os.kill(os.getpid(), -code)
     os._exit(code if code >= 0 else 128 - code)
 

@@ -235,7 +235,8 @@ async def test_a_launched_server_whose_scheduler_dies_ends_its_requests_with_the
             while (await recv_frame(ws))["type"] != "chunk":
                 pass
             assert launcher.process is not None
-            (scheduler,) = children(launcher.process.pid)
+            (server_pid,) = children(launcher.process.pid)  # under its keeper
+            (scheduler,) = children(int(server_pid))
             killed_at = time.monotonic()
             os.kill(int(scheduler), signal.SIGKILL)
             frames = []

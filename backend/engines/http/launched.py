@@ -89,7 +89,16 @@ def record(folder: Path, pid: int, port: int, model: str) -> Path | None:
     started = start_ticks(pid)
     if started is None:
         return None
-    entry = Launched(pid, started, port, model, os.getpid(), start_ticks(os.getpid()), boot_id(), time.time())
+    entry = Launched(
+        pid,
+        started,
+        port,
+        model,
+        backend=os.getpid(),
+        backend_started=start_ticks(os.getpid()),
+        boot=boot_id(),
+        at=time.time(),
+    )
     folder.mkdir(parents=True, exist_ok=True)
     path = folder / f"sglang-{pid}.json"
     partial = path.with_suffix(".part")
