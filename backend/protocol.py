@@ -725,6 +725,18 @@ def trace_export_frame(request_id: str, trace_events: list[dict[str, Any]]) -> d
     return {"type": "trace_export", "id": request_id, "traceEvents": trace_events}
 
 
+def cancel_ack_frame(
+    request_id: str, index: int | None, aborting: list[int], t_ms: float | None = None
+) -> dict[str, Any]:
+    """The server's loop read a `cancel` (of every sample, or of sample `index`): `aborting` lists the
+    samples it stops, empty where the request or the sample had already finished; `t_ms` is when
+    it was read, on the trace's clock, where the server traces its loop."""
+    frame: dict[str, Any] = {"type": "cancel_ack", "id": request_id, "index": index, "aborting": aborting}
+    if t_ms is not None:
+        frame["t_ms"] = t_ms
+    return frame
+
+
 def queued_frame(request_id: str, position: int) -> dict[str, Any]:
     """The request waits for room in the engine: `position` 1 is next in line; 0 means it started."""
     return {"type": "queued", "id": request_id, "position": position}

@@ -32,6 +32,7 @@ from backend.protocol import (
     replay_frame,
 )
 from backend.saved_run import RunRecorder, SavedRun, saved_run_dict
+from ui.loop_watch import WATCH_EVERY_S, LoopWatch
 from ui.view import RunView
 
 log = logging.getLogger("ui")
@@ -80,11 +81,15 @@ class BackendRun:
         token: str | None = None,
         client_address: str | None = None,
         blocks_loop: bool = False,
+        watch: str | None = None,
     ) -> None:
         """`blocks_loop`: the run blocks the backend's loop on purpose (the blocking-consumer
-        experiment), so its connection goes without keepalive pings."""
+        experiment), so its connection goes without keepalive pings; `watch`: the URL of the
+        backend's watch of that loop (`ui.loop_watch`), read every WATCH_EVERY_S while it streams."""
         self.url = url
         self.blocks_loop = blocks_loop
+        self.watch = watch
+        self._watcher: asyncio.Task[None] | None = None
         self.token = token
         self.client_address = client_address
         self.request_id = request_id or f"r-{uuid.uuid4().hex[:8]}"
@@ -156,7 +161,29 @@ class BackendRun:
             raise BackendError(f"the backend did not accept the request: {exc or 'timed out'}") from None
         self.view.started_at = time.monotonic()
         self._reader = asyncio.create_task(self._read(), name=f"run {self.request_id}")
+        if self.watch is not None:
+            self._watcher = asyncio.create_task(self._watch(self.watch), name=f"watch {self.request_id}")
         return self.view
+
+    async def _watch(self, url: str) -> None:
+        """Read the backend's watch of the blocked loop until the run ends; a failed reading is
+        skipped (the run's own frames still say how it ends)."""
+        import httpx
+
+        headers = {"Authorization": f"Bearer {self.token}"} if self.token else {}
+        async with httpx.AsyncClient(timeout=WATCH_EVERY_S * 4, headers=headers) as client:
+            while not self.view.finished:
+                try:
+                    response = await client.get(url)
+                    reading = LoopWatch.from_json(response.json(), time.monotonic())
+                except (httpx.HTTPError, ValueError):
+                    reading = None
+                if reading is not None and not self.view.finished:
+                    self.view.watched(reading)
+                    self._changed.set()
+                with contextlib.suppress(TimeoutError):
+                    async with asyncio.timeout(WATCH_EVERY_S):
+                        await self._finished.wait()
 
     async def _read(self) -> None:
         assert self._ws is not None and self.recorder is not None
@@ -240,6 +267,9 @@ class BackendRun:
         """Ask the backend to stop every sample, or only sample `index`."""
         if self._ws is None or self.view.finished:
             return
+        if index is None:
+            self.view.cancel_pressed(time.monotonic())
+            self._changed.set()
         with contextlib.suppress(ConnectionClosed):
             await self._ws.send(encode(cancel_frame(self.request_id, index)))
 
@@ -256,6 +286,10 @@ class BackendRun:
 
     async def close(self) -> None:
         """Drop the connection (the backend then aborts whatever still runs)."""
+        if self._watcher is not None and not self._watcher.done():
+            self._watcher.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._watcher
         if self._reader is not None and not self._reader.done():
             self._reader.cancel()
             with contextlib.suppress(asyncio.CancelledError):

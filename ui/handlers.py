@@ -43,6 +43,7 @@ from ui.answers_view import AnswersPanel
 from ui.answers_view import empty_outputs as empty_answers
 from ui.client import CLOSE_TIMEOUT_S, BackendError, BackendRun
 from ui.engine_info import EngineStartTimeout, wait_until_started
+from ui.loop_watch import watch_url
 from ui.run_request import EXPERIMENT_FIELDS, InputProblem, RunRequest, run_request
 from ui.sample_grid import empty_value
 from ui.sample_tree import SampleTree
@@ -55,6 +56,10 @@ from ui.visitor_limits import Ticket, VisitorLedger, VisitorLimitReached, Visito
 UPDATES_PER_S = 15
 """Page updates per second while streaming: browsers keep up with 10-20 (docs/benchmarks.md, "What the
 browser page costs")."""
+
+BLOCKED_CANCEL_WAIT_S = 120.0
+"""How long Cancel waits for a blocking-consumer run to end: its loop reads the Cancel only between
+the steps it blocks in, seconds later (the page says so while it waits)."""
 
 TRACE_EVERY = 8
 """The trace panel and the run summary are redrawn every 8th page update (about 2 a second) and at
@@ -423,8 +428,12 @@ class Handlers:
         ticket = self.visitors.admit(address, wanted)
         # Blocking experiments go to the backend's experiment loop: they block that loop, not the
         # one that serves everyone else's streams.
-        url = self.experiment_url if wanted.blocking and self.experiment_url else self.backend_url
-        run = BackendRun(url, token=self.token, client_address=address, blocks_loop=wanted.blocking)
+        elsewhere = bool(wanted.blocking and self.experiment_url)
+        url = self.experiment_url if elsewhere and self.experiment_url else self.backend_url
+        watch = watch_url(self.backend_url) if elsewhere else None
+        run = BackendRun(
+            url, token=self.token, client_address=address, blocks_loop=wanted.blocking, watch=watch
+        )
         previous = self._runs.get(session)
         self._runs[session] = run
         if previous is not None:
@@ -507,7 +516,9 @@ class Handlers:
             count = 0
             async for view in run.updates(1.0 / UPDATES_PER_S):
                 count += 1
-                with_trace = view.finished or count % TRACE_EVERY == 0
+                # A blocked loop sends nothing: each reading of its watch redraws the panel.
+                blocked = view.trace.live is not None and view.trace.live.blocked
+                with_trace = view.finished or blocked or count % TRACE_EVERY == 0
                 yield outputs_for(view, answers, with_trace, lineage)
         finally:
             streaming.set()
@@ -537,7 +548,9 @@ class Handlers:
         if run is None:
             return [gr.skip()] * OUTPUTS
         await run.cancel()
-        if await run.wait_finished(CLOSE_TIMEOUT_S):
+        # A blocked loop reads the Cancel only when its step ends: the run streams on meanwhile,
+        # saying that the Cancel waits, and this event waits with it (up to BLOCKED_CANCEL_WAIT_S).
+        if await run.wait_finished(BLOCKED_CANCEL_WAIT_S if run.blocks_loop else CLOSE_TIMEOUT_S):
             streaming = self._streaming.get(run)
             if streaming is not None:
                 with contextlib.suppress(TimeoutError):

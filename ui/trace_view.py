@@ -7,6 +7,12 @@ when the backend handed it to the engine until its first chunk, labelled with th
 engine computed and reused from its cache), then one lane per sample with a tick for each
 chunk, aligned with the columns. Red lines mark the cancel chain. Everything is drawn from the
 server's measurements; only the last `WINDOW_MS` is kept and drawn.
+
+A step of STALL_MS or more is outlined to scale in the loop lane (`trace-stall`), the longest
+labelled with its length. While a blocking run holds its loop, nothing comes on the run's
+connection: the panel draws the backend's watch of that loop instead (`ui.loop_watch`), the step
+running now as a growing band (`trace-stall live`) and the heartbeat's lag as it rises (dashed),
+and a Cancel waiting for the loop as a band from its press until the loop read it.
 """
 
 from __future__ import annotations
@@ -17,9 +23,16 @@ from html import escape
 from typing import Any
 
 from backend.serving.stats import percentile
+from ui.loop_watch import CancelTiming, LoopWatch
 
-WINDOW_MS = 20_000.0
-"""Trace kept and drawn: the last 20 s (bounds the page's memory and the SVG's size)."""
+WINDOW_MS = 60_000.0
+"""Trace kept and drawn: the last 60 s (bounds the page's memory; the SVG's size follows its pixel
+columns, not the time it spans)."""
+
+STALL_MS = 100.0
+"""A step this long or longer is outlined in the loop lane, to scale: a stall a person should see."""
+
+STALL_COLOR = "#dc2626"
 
 WIDTH = 440
 LABEL_W = 56
@@ -101,6 +114,32 @@ class TraceView:
     """The loop's task tree from the latest frame that carried one."""
     prefill: tuple[float, float, int | None, int | None, bool] | None = None
     """This run's prefill span: (start ms, end ms, prompt tokens, of them cached, request ended)."""
+    live: LoopWatch | None = None
+    """The latest reading of the blocked loop's watch while the run streams (None: not watched)."""
+    watched_lag: list[tuple[float, float]] = field(default_factory=list)
+    """The heartbeat's lag as the watch read it: (t ms, lag ms)."""
+    cancel_band: tuple[float, float] | None = None
+    """A Cancel that waited for the loop: (pressed, read) in the trace's ms."""
+    cancel_delay_ms: float | None = None
+    """How long the Cancel waited for the loop to read it, as the page measured it."""
+    consume_steps: int = 0
+    consume_ms: float = 0.0
+
+    def watch(self, reading: LoopWatch | None) -> None:
+        """A reading of the blocked loop's watch (None: the run is over, or not watched)."""
+        self.live = reading
+        if reading is not None:
+            self.watched_lag.append((reading.at_ms, reading.lag_ms))
+            if self.first_ms is None and reading.since_ms is not None:
+                self.first_ms = reading.since_ms
+
+    def cancel_read(self, cancel: CancelTiming) -> None:
+        """The run's Cancel was read by the loop: its wait, drawn and counted as the cancel latency."""
+        if cancel.delay_s is None:
+            return
+        self.cancel_delay_ms = cancel.delay_s * 1000
+        if cancel.read_ms is not None:
+            self.cancel_band = (cancel.read_ms - self.cancel_delay_ms, cancel.read_ms)
 
     def apply(self, frame: dict[str, Any]) -> None:
         """Fold one `trace` frame in; drop what fell out of the window."""
@@ -110,6 +149,9 @@ class TraceView:
         for start, end, busy, name, count, longest in frame["slices"]:
             self.slices.append((start, end, busy, names[name], count, longest))
             self.longest_step_ms = max(self.longest_step_ms, longest)
+            if names[name].startswith("consume"):
+                self.consume_steps += count
+                self.consume_ms += busy
         self.idle.extend((start, dur) for start, dur in frame["idle"])
         self.lag.extend((t, ms) for t, ms in frame["lag"])
         for t, request_id, index, _tokens, *count in frame["chunks"]:
@@ -147,6 +189,7 @@ class TraceView:
             self.slices = [s for s in self.slices if s[1] >= cutoff]
             self.idle = [i for i in self.idle if i[0] + i[1] >= cutoff]
             self.lag = [x for x in self.lag if x[0] >= cutoff]
+            self.watched_lag = [x for x in self.watched_lag if x[0] >= cutoff]
             self.chunks = [c for c in self.chunks if c[0] >= cutoff]
             self.reads = [r for r in self.reads if r[0] >= cutoff]
 
@@ -158,8 +201,8 @@ class TraceView:
         measured = self.busy_ms + self.idle_ms
         received = [t for t, _, stage in self.cancels if stage == "received"]
         finished = [t for t, _, stage in self.cancels if stage == "finished"]
-        cancel_ms = None
-        if received and finished and max(finished) >= min(received):
+        cancel_ms = self.cancel_delay_ms
+        if cancel_ms is None and received and finished and max(finished) >= min(received):
             cancel_ms = max(finished) - min(received)
         return {
             "utilisation": self.busy_ms / measured if measured else None,
@@ -171,6 +214,8 @@ class TraceView:
             "chunks_per_s": self.chunk_count / span_s if span_s > 0 else None,
             "frames_per_s": self.frames / span_s if span_s > 0 else None,
             "cancel_latency_ms": cancel_ms,
+            "consume_steps": self.consume_steps or None,
+            "consume_step_ms": self.consume_ms / self.consume_steps if self.consume_steps else None,
             "read_bytes": self.reads[-1][2] if self.reads else None,
             "read_us": self.reads[-1][3] if self.reads else None,
         }
@@ -190,6 +235,10 @@ def figures_html(view: TraceView) -> str:
             " / ".join(_fmt(f[k], "{:.1f}") for k in ("lag_p50_ms", "lag_p99_ms", "lag_max_ms")) + " ms",
         ),
         ("longest stall", _fmt(f["longest_stall_ms"], "{:.1f} ms")),
+        (
+            "consumer steps / mean",
+            f"{_fmt(f['consume_steps'], '{:.0f}')} / {_fmt(f['consume_step_ms'], '{:.2f} ms')}",
+        ),
         ("callbacks/s", _fmt(f["callbacks_per_s"], "{:.0f}")),
         ("chunks/s", _fmt(f["chunks_per_s"], "{:.0f}")),
         ("frames/s", _fmt(f["frames_per_s"], "{:.0f}")),
@@ -198,6 +247,10 @@ def figures_html(view: TraceView) -> str:
         ("read per output (latest)", _fmt(f["read_bytes"], "{:,.0f} B")),
         ("consumer per output (latest)", _fmt(f["read_us"], "{:.1f} µs")),
     ]
+    live = view.live
+    if live is not None and live.blocked:
+        behind = "" if live.waiting is None else f", {live.waiting} chunks waiting"
+        cells.insert(0, ("blocked now", f"{live.stall_ms / 1000:.1f} s{behind}"))
     items = "".join(f"<div><span>{escape(k)}</span><b>{escape(v)}</b></div>" for k, v in cells)
     return f'<div class="trace-figures">{items}</div>'
 
@@ -221,9 +274,11 @@ class _Plot:
 
 def trace_svg(view: TraceView, n: int) -> str:
     """The swimlane timeline: loop work, loop lag, one lane per sample, cancel markers."""
-    if view.first_ms is None or view.last_ms is None:
+    live = view.live
+    if view.first_ms is None or (view.last_ms is None and live is None):
         return '<div class="trace-empty">The loop trace appears here while samples stream.</div>'
-    t1 = view.last_ms
+    ends = [t for t in (view.last_ms, live.at_ms if live is not None else None) if t is not None]
+    t1 = max(ends)
     t0 = max(view.first_ms, t1 - WINDOW_MS)
     plot = _Plot(t0, max(t1 - t0, 1.0))
     parts: list[str] = []
@@ -234,6 +289,7 @@ def trace_svg(view: TraceView, n: int) -> str:
     lanes_top = y
     y = _sample_lanes(view, n, plot, parts, y)
     _cancel_marks(view, plot, parts, lanes_top, y)
+    _cancel_wait(view, plot, parts, y)
     height = y + 14
     axis = f'y="{height - 2}" font-size="9" fill="#64748b"'
     parts.append(
@@ -282,8 +338,58 @@ def _loop_lane(view: TraceView, plot: _Plot, parts: list[str], y: float) -> floa
             f'height="{px:.0f}" fill="{color}"/>'
             for col, count, px, base in _merged(runs)
         )
+    _stalls(view, plot, parts, y)
     parts.append(_lane_rule(y + LOOP_H))
     return y + LOOP_H + 6
+
+
+def _stalls(view: TraceView, plot: _Plot, parts: list[str], y: float) -> None:
+    """Each step of STALL_MS or more outlined to scale over the loop lane (a slice of one step is
+    exactly that step; in a slice of several the longest is drawn at its end), the longest labelled;
+    and the step the watched loop runs now, growing, where it has run BLOCKED_AFTER_MS."""
+    stalls = []
+    for start, end, _busy, name, count, longest in view.slices:
+        if longest >= STALL_MS and end >= plot.t0:
+            stalls.append((start if count == 1 else max(start, end - longest), end, name, False))
+    live = view.live
+    if live is not None and live.blocked and live.since_ms is not None:
+        stalls.append((live.since_ms, live.at_ms, "the step running now", True))
+    if not stalls:
+        return
+    longest_ms = max(end - start for start, end, _, _ in stalls)
+    for start, end, name, running in stalls:
+        x0, x1 = max(LABEL_W, plot.x(start)), plot.x(end)
+        ms = end - start
+        what = f"{name}: {'running for' if running else 'one step of'} {ms / 1000:.2f} s without yielding"
+        live_class = " live" if running else ""
+        parts.append(
+            f'<g class="trace-stall{live_class}" data-ms="{ms:.1f}"><title>{escape(what)}</title>'
+            f'<rect x="{x0:.1f}" y="{y:g}" width="{max(x1 - x0, 1.5):.1f}" height="{LOOP_H}" '
+            f'fill="{STALL_COLOR}" fill-opacity="{0.35 if running else 0.12}" stroke="{STALL_COLOR}"/>'
+        )
+        if ms == longest_ms and x1 - x0 >= 40:
+            label = f"{'blocked ' if running else ''}{ms / 1000:.1f} s step"
+            parts.append(
+                f'<text x="{(x0 + x1) / 2:.1f}" y="{y + 12:g}" font-size="10" fill="{STALL_COLOR}" '
+                f'text-anchor="middle" font-weight="bold">{escape(label)}</text>'
+            )
+        parts.append("</g>")
+
+
+def _cancel_wait(view: TraceView, plot: _Plot, parts: list[str], bottom: float) -> None:
+    """A Cancel that waited for the loop: a band from its press until the loop read it."""
+    if view.cancel_band is None or view.cancel_delay_ms is None:
+        return
+    pressed, read = view.cancel_band
+    if read < plot.t0:
+        return
+    x0, x1 = max(LABEL_W, plot.x(pressed)), plot.x(read)
+    what = f"cancel latency: pressed, then read by the loop {view.cancel_delay_ms / 1000:.2f} s later"
+    parts.append(
+        f'<g class="trace-cancel-wait"><title>{escape(what)}</title>'
+        f'<rect x="{x0:.1f}" y="0" width="{max(x1 - x0, 1.5):.1f}" height="{bottom:g}" fill="{STALL_COLOR}" '
+        'fill-opacity="0.08" stroke="#dc2626" stroke-dasharray="3,2"/></g>'
+    )
 
 
 def _merged(runs: list[tuple[int, int, float]]) -> list[list[float]]:
@@ -301,11 +407,13 @@ def _merged(runs: list[tuple[int, int, float]]) -> list[list[float]]:
 def _lag_lane(view: TraceView, plot: _Plot, parts: list[str], y: float) -> float:
     """How late the loop's heartbeat woke, as a line; the next lane's y."""
     lags = [(t, ms) for t, ms in view.lag if t >= plot.t0]
-    top = max([ms for _, ms in lags] + [1.0])
-    parts.append(_label(f"lag ≤{top:.0f}ms", y + LAG_H / 2))
-    if lags:
-        points = " ".join(f"{plot.x(t):.1f},{y + LAG_H - ms / top * LAG_H:.1f}" for t, ms in lags)
-        parts.append(f'<polyline points="{points}" fill="none" stroke="#dc2626" stroke-width="1"/>')
+    watched = [(t, ms) for t, ms in view.watched_lag if t >= plot.t0] if view.live is not None else []
+    top = max([ms for _, ms in lags + watched] + [1.0])
+    parts.append(_label(f"lag ≤{_duration(top)}", y + LAG_H / 2))
+    for series, dash in ((lags, ""), (watched, ' stroke-dasharray="3,2"')):
+        if series:
+            points = " ".join(f"{plot.x(t):.1f},{y + LAG_H - ms / top * LAG_H:.1f}" for t, ms in series)
+            parts.append(f'<polyline points="{points}" fill="none" stroke="#dc2626" stroke-width="1"{dash}/>')
     parts.append(_lane_rule(y + LAG_H))
     return y + LAG_H + 6
 
@@ -405,6 +513,11 @@ def _runs(pixels: Iterable[int]) -> list[tuple[int, int]]:
         else:
             runs.append((px, px))
     return runs
+
+
+def _duration(ms: float) -> str:
+    """A span in words short enough for a lane's label: ms below 10 s, else s."""
+    return f"{ms / 1000:.0f}s" if ms >= 10_000 else f"{ms:.0f}ms"
 
 
 def _bytes(size: float) -> str:

@@ -13,6 +13,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
+from ui.loop_watch import CancelTiming, LoopWatch, blocked_words, cancel_words
 from ui.sample_tree import SampleTree
 from ui.trace_view import TraceView
 
@@ -101,6 +102,10 @@ class RunView:
     """The samples as a prefix tree of their tokens or words, grown from the same chunks."""
     prefix: str = ""
     """The text the samples continue from, where the run continues a branch of an earlier run."""
+    cancel: CancelTiming | None = None
+    """The run's Cancel, once pressed: when, when the backend read it, what it did."""
+    last_chunk_at: float | None = None
+    """When the run's last chunk arrived (this process's monotonic clock)."""
 
     def __post_init__(self) -> None:
         self.trace = TraceView(self.request_id)
@@ -143,7 +148,7 @@ class RunView:
             sample.tokens += int(frame.get("tokens", 0))
             sample.status = STREAMING
             sample.first_at = now if sample.first_at is None else sample.first_at
-            sample.last_at = now
+            sample.last_at = self.last_chunk_at = now
         elif kind == "finish" and self._has(frame):
             sample = self.samples[frame["index"]]
             sample.status = frame["reason"]
@@ -156,12 +161,27 @@ class RunView:
                 sample.engine = frame["engine"]
             if sample.stats:
                 sample.tokens = sample.stats.get("tokens", sample.tokens)
+        elif kind == "cancel_ack" and frame.get("index") is None:
+            if self.cancel is None:
+                self.cancel = CancelTiming(now)  # sent by another client of the page's session
+            self.cancel.read(frame, now)
+            self.trace.cancel_read(self.cancel)
         elif kind == "done":
+            self.trace.watch(None)
             self.done_stats = frame.get("stats", {})
             for sample in self.samples:
                 if not sample.finished:
                     sample.status = "error"
                 self.tree.finish(sample.index)
+
+    def watched(self, watch: LoopWatch | None) -> None:
+        """A reading of the blocked loop's watch (`ui.loop_watch`), for the status line and the trace."""
+        self.trace.watch(watch if not self.finished else None)
+
+    def cancel_pressed(self, now: float) -> None:
+        """The page's Cancel was pressed at `now` (the first press counts)."""
+        if self.cancel is None and not self.finished:
+            self.cancel = CancelTiming(now)
 
     def close(self, reason: str | None = None) -> None:
         """The connection ended; an unexpected end is recorded as an error on open samples."""
@@ -275,7 +295,10 @@ def status_markdown(view: RunView) -> str:
                 f"Continuing from a branch: the prompt, then {len(view.prefix)} characters "
                 f"({words} words) of text the samples go on from, shown above each column."
             )
-    return "\n\n".join(lines)
+        if not view.finished:
+            lines.append(blocked_words(view.trace.live, view.last_chunk_at))
+        lines.append(cancel_words(view.cancel, view.started_at, view.finished))
+    return "\n\n".join(line for line in lines if line)
 
 
 def summary_markdown(view: RunView) -> str:

@@ -36,6 +36,7 @@ from backend.protocol import (
     ProtocolError,
     accepted_frame,
     batch_messages,
+    cancel_ack_frame,
     error_frame,
     parse_client_frame,
     queued_frame,
@@ -408,7 +409,9 @@ class ClientSession:
                 # The teaching control: what the consumer does between chunks.
                 if consumer.mode == "cooperative":
                     await asyncio.sleep(0)
-                elif consumer.mode == "blocking":
+                elif consumer.mode == "blocking" and chunk.index not in state.abort_requested:
+                    # A cancelled sample's chunks are dropped without the work: once the loop has
+                    # read the cancel, the backlog behind it goes at once.
                     _block(block_s)
         except Exception as exc:
             log.exception("engine failed during request %s", state.request_id)
@@ -449,6 +452,9 @@ class ClientSession:
     def _cancel(self, command: CancelCommand) -> None:
         running = self.requests.get(command.id)
         if running is None:
+            if command.id in self.windows:  # it finished before this loop read the cancel
+                self.send(cancel_ack_frame(command.id, command.index, [], self._trace_ms()))
+                return
             raise ProtocolError(
                 "unknown_id", f"no running request has id {command.id!r}; it may have finished", command.id
             )
@@ -461,8 +467,16 @@ class ClientSession:
             )
         if self.tracer is not None:
             self.tracer.cancel((self.label, command.id), "received", command.index)
-        if running.state.request_abort(command.index):
+        aborting = running.state.request_abort(command.index)
+        self.send(cancel_ack_frame(command.id, command.index, aborting, self._trace_ms()))
+        if aborting:
             self._spawn(self._abort(running, command.index))
+
+    def _trace_ms(self) -> float | None:
+        """Now on the trace's clock (ms since the tracer's origin), where this server traces its loop."""
+        if self.tracer is None:
+            return None
+        return (time.perf_counter_ns() - self.tracer.origin_ns) // 1000 / 1000
 
     def _cancel_sample(self, running: RunningRequest, index: int) -> None:
         """`cancel_after`: the consumer itself cancels sample `index` (once), as a `cancel` would."""

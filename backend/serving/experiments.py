@@ -15,6 +15,12 @@ starts each generation on the main loop (the engine's own) and hands its chunks 
 Both loops are Python threads of one process: while the experiment's loop blocks, the main loop
 gets the interpreter lock back at every switch interval (`sys.getswitchinterval()`, 5 ms), so the
 other clients' streams go on, a few milliseconds slower per step (docs/trace.md, "Other clients").
+
+A blocked loop sends nothing, not even its own trace: `watch` reads it from outside, on the main
+loop's thread (the main server's `/experiment/loop`, which the page asks twice a second while a
+blocking run streams): how long the step running now has run, how late its heartbeat is, the
+chunks it took in that step (their frames wait for it) and the chunks the engine has handed over
+that it has not yet taken (`BridgedEngine.waiting`).
 """
 
 from __future__ import annotations
@@ -22,6 +28,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import threading
+import time
 from collections.abc import Callable, Coroutine
 from concurrent.futures import Future
 from dataclasses import replace
@@ -39,6 +46,7 @@ from backend.engines.base import (
 )
 from backend.saved_run import SavedRun
 from backend.serving.server import BackendServer
+from backend.trace.frames import loop_watch
 
 log = logging.getLogger("backend")
 
@@ -64,6 +72,15 @@ class BridgedEngine(Engine):
         self.engine_loop = engine_loop
         self.engine_problem = engine_problem
         self.name = self.engine.name
+        self.handed = 0
+        """Chunks handed across to this loop (counted on the engine's loop)."""
+        self.taken = 0
+        """Chunks this loop has taken (counted on this loop)."""
+
+    @property
+    def waiting(self) -> int:
+        """Chunks the engine has produced that this loop has not taken yet: a blocked loop's backlog."""
+        return self.handed - self.taken
 
     @property
     def model(self) -> str:
@@ -114,6 +131,7 @@ class BridgedGeneration(Generation):
     """A generation running on the engine's loop, iterated from the experiment loop."""
 
     def __init__(self, bridge: BridgedEngine, start: Callable[[], Generation]) -> None:
+        self._bridge = bridge
         self._engine_loop = bridge.engine_loop
         self._here = asyncio.get_running_loop()
         self._queue: asyncio.Queue[Any] = asyncio.Queue()
@@ -132,6 +150,7 @@ class BridgedGeneration(Generation):
                 listener, here = self._listener, self._here
                 self._inner.watch_queue(lambda position: here.call_soon_threadsafe(listener, position))
             async for chunk in self._inner:
+                self._bridge.handed += 1
                 self._hand_over(chunk)
         except Exception as exc:  # noqa: BLE001 - raised again on the experiment loop
             self._hand_over(exc)
@@ -145,6 +164,7 @@ class BridgedGeneration(Generation):
             raise StopAsyncIteration
         if isinstance(item, Exception):
             raise item
+        self._bridge.taken += 1
         return item
 
     def watch_queue(self, listener: Callable[[int], None]) -> None:
@@ -239,6 +259,24 @@ class ExperimentServer:
         except Exception:  # reported through `_error`, or logged
             if self._ready.is_set() and self._error is None:
                 log.exception("the experiment server failed")
+
+    def watch(self) -> dict[str, Any]:
+        """Its loop now, read from another thread (`trace.frames.loop_watch`): the step running and
+        how long it has run, the heartbeat's lag, the chunks taken in that step and the chunks still
+        waiting in the engine's hand-over. A loop without a tracer says why not."""
+        server = self.server
+        if server is None or server.tracer is None:
+            why = server.trace_off if server is not None else None
+            return {"off": why or "the experiment loop is not up"}
+        tracer = server.tracer
+        now = time.perf_counter_ns()
+        engine = server.engine
+        waiting = engine.waiting if isinstance(engine, BridgedEngine) else None
+        try:
+            running = [rid for session in list(server.sessions) for rid in list(session.requests)]
+        except RuntimeError:  # changed while read: the loop is not blocked then
+            running = []
+        return loop_watch(tracer.stall(now), now, tracer.origin_ns, waiting, running)
 
     async def close(self) -> None:
         """Close its connections (aborting their requests) and end the thread."""

@@ -14,6 +14,7 @@ import hmac
 import itertools
 import logging
 import socket
+from collections.abc import Callable
 from http import HTTPStatus
 from typing import Any
 from urllib.parse import urlsplit
@@ -46,6 +47,8 @@ LOST_CHECK_S = 1.0
 
 WS_PATH = "/ws"
 HEALTH_PATH = "/health"
+EXPERIMENT_LOOP_PATH = "/experiment/loop"
+"""The experiment loop watched from this server's loop (`ExperimentServer.watch`), as JSON."""
 
 
 class BackendServer:
@@ -79,6 +82,9 @@ class BackendServer:
         self.experiment_url: str | None = None
         """Where this server's clients send blocking-consumer runs (they are refused here, with this
         URL), or None: it runs them itself. Set by whoever runs that server, before `start`."""
+        self.experiment_watch: Callable[[], dict[str, Any]] | None = None
+        """That server's loop read from outside (`ExperimentServer.watch`), answered at
+        EXPERIMENT_LOOP_PATH; None where there is none."""
         self._side: ServerSide | None = None
         self._server: Server | None = None
         self._labels = itertools.count(1)
@@ -272,12 +278,16 @@ class BackendServer:
         path = urlsplit(request.path).path
         if path == HEALTH_PATH:
             return _json_response(HTTPStatus.OK, self.health())
-        if path != WS_PATH:
+        if path not in (WS_PATH, EXPERIMENT_LOOP_PATH):
             return connection.respond(HTTPStatus.NOT_FOUND, f"the websocket endpoint is {WS_PATH}\n")
         if self.options.token is not None and not self._authorised(request):
             return connection.respond(
                 HTTPStatus.UNAUTHORIZED, "this backend needs its token: Authorization: Bearer <token>\n"
             )
+        if path == EXPERIMENT_LOOP_PATH:
+            if self.experiment_watch is None:
+                return connection.respond(HTTPStatus.NOT_FOUND, "this backend runs no experiment server\n")
+            return _json_response(HTTPStatus.OK, self.experiment_watch())
         return None
 
     def _authorised(self, request: Request) -> bool:

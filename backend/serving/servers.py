@@ -46,6 +46,7 @@ class Servers:
         if self.experiments is not None:
             await self.experiments.start()
             self.main.experiment_url = self.experiments.url
+            self.main.experiment_watch = self.experiments.watch
         try:
             await self.main.start(engine_in_background=engine_in_background)
         except BaseException:

@@ -26,7 +26,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from backend.trace.recorder import CANCEL, CHUNK, FRAME, IDLE, LAG, STEP, Event
+from backend.trace.recorder import CANCEL, CHUNK, FRAME, IDLE, LAG, STEP, Event, Stall
 
 if TYPE_CHECKING:
     from backend.trace.prefill import PrefillSpan
@@ -151,6 +151,26 @@ def digest_ring(times: Sequence[int], items: list[Any], boundary: int, origin_ns
         _to_ms,
         _classify,
     )
+
+
+def loop_watch(
+    stall: Stall, now_ns: int, origin_ns: int, waiting: int | None, running: list[str]
+) -> dict[str, Any]:
+    """A loop as watched from outside it (`LoopTracer.stall`), in the trace's ms: `at_ms` now,
+    `since_ms` when the step running now began, `stall_ms` how long it has run, `lag_ms` how late
+    the heartbeat is, `taken` the chunks taken in that step, `waiting` the chunks the engine has
+    handed over and the loop not taken (None where the engine hands none over), `running` the
+    request ids on the loop."""
+    known = stall.since_ns >= 0
+    return {
+        "at_ms": _ms(now_ns, origin_ns),
+        "since_ms": _ms(stall.since_ns, origin_ns) if known else None,
+        "stall_ms": _to_ms(stall.stall_ns),
+        "lag_ms": _to_ms(stall.lag_ns),
+        "taken": stall.taken,
+        "waiting": waiting,
+        "running": running,
+    }
 
 
 def connection_frame(digest: TraceDigest, origin_ns: int, connection: str) -> dict[str, Any]:

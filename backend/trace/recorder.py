@@ -33,7 +33,7 @@ import statistics
 import time
 import types
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 try:
     from backend.trace._step_recorder import StepRecorder as _CStepRecorder
@@ -46,7 +46,7 @@ IDLE = 1
 """The loop waited in select(): detail is how many events it returned. A poll with timeout 0 (the
 loop had callbacks ready) is not recorded: its few microseconds go to the step after it."""
 LAG = 2
-"""A heartbeat woke late by duration_ns."""
+"""A heartbeat woke late by duration_ns (recorded when it woke)."""
 CHUNK = 3
 """A chunk arrived from the engine: subject is the request key, detail (index, tokens)."""
 FRAME = 4
@@ -70,6 +70,23 @@ RECENT_SAMPLES = 64
 that took the process's time slice or named a callback for the first time (microseconds)."""
 
 Event = tuple[int, int, int, Any, Any]
+
+STALL_SCAN = 100_000
+"""Ring entries `LoopTracer.stall` reads back at most for the current step's start (a blocked
+step's chunks are recorded inside it: 240 tokens x 32 samples is 7,680 of them)."""
+
+
+class Stall(NamedTuple):
+    """The loop now, as `LoopTracer.stall` reads it: times in perf_counter ns."""
+
+    since_ns: int
+    """When the step running now began (-1: not known)."""
+    stall_ns: int
+    """How long it has run: the loop has run nothing else since."""
+    lag_ns: int
+    """How late the heartbeat is now."""
+    taken: int
+    """Chunks taken from the engine in this step so far (their frames wait for the loop)."""
 
 _names: dict[types.CodeType, str] = {}
 """Names of callbacks that are not task steps, by their function's code (see `_other_name`)."""
@@ -142,6 +159,8 @@ class LoopTracer:
         self.origin_ns = time.perf_counter_ns()
         self.loop: asyncio.AbstractEventLoop | None = None
         self._heartbeat: asyncio.Task[None] | None = None
+        self.beat_ns = 0
+        """When the heartbeat last woke (perf_counter ns; 0 before it has)."""
         self._times = array.array("q", bytes(8 * capacity))
         """When each event happened (ns): an array, so that a step stores no int object."""
         self._items: list[Any] = [None] * capacity
@@ -225,6 +244,7 @@ class LoopTracer:
             await asyncio.sleep(max(0, due - time.perf_counter_ns()) / 1e9)
             now = time.perf_counter_ns()
             self._push(now, (LAG, max(0, now - due), None, None))
+            self.beat_ns = now
             due = now + interval_ns
 
     def frames(self, connection: str, count: int, size: int) -> None:
@@ -234,6 +254,31 @@ class LoopTracer:
     def cancel(self, request_key: Any, stage: str, index: int | None) -> None:
         """A step of the cancel chain: "received", "aborted" (engine told), "finished" (last chunk)."""
         self._push_now((CANCEL, 0, request_key, (stage, index)))
+
+    def stall(self, now_ns: int, scan: int = STALL_SCAN) -> Stall:
+        """What the loop is doing now, read from another thread (the loop itself may be blocked):
+        when its current step began (the end of the last step or idle wait recorded), how late its
+        heartbeat is, and the chunks it took since that step began (recorded inside it, not yet sent
+        on). Reads the ring back from its newest entry, at most `scan` entries."""
+        times, items, capacity = self._times, self._items, self.capacity
+        total = self._recorder.recorded
+        since_ns, taken = -1, 0
+        position = total - 1
+        oldest = max(0, total - capacity, total - scan)
+        while position >= oldest:
+            slot = position % capacity
+            item = items[slot]
+            if item.__class__ is str:
+                since_ns = times[slot]
+                break
+            if item[0] == IDLE:
+                since_ns = times[slot] + item[1]
+                break
+            if item[0] == CHUNK:
+                taken += 1
+            position -= 1
+        due = self.beat_ns + int(self.heartbeat_s * 1e9) if self.beat_ns else now_ns
+        return Stall(since_ns, max(0, now_ns - since_ns) if since_ns >= 0 else 0, max(0, now_ns - due), taken)
 
     def since(self, recorded: int) -> tuple[list[Event], int]:
         """Events recorded after the first `recorded` ones (those still in the ring), and the new count."""

@@ -786,8 +786,10 @@ digest(PyObject *module, PyObject *args)
                 if (first < 0) {
                     first = at;
                 }
-                if (at + duration > end_ns) {
-                    end_ns = at + duration;
+                /* A lag is recorded when the heartbeat woke, its duration how late: it ends at its time. */
+                long long until = kind == LAG ? at : at + duration;
+                if (until > end_ns) {
+                    end_ns = until;
                 }
                 int failed = 0;
                 if (kind == IDLE) {
