@@ -41,9 +41,12 @@ def test_the_lessons_the_page_teaches_each_have_an_example() -> None:
     assert by_label["Diversity"].temperature >= 1
     confidence = by_label["Token confidence"]
     assert confidence.logprobs and confidence.answer_pattern == RAINBOW_COLOURS
-    blocking, cooperative = by_label["Blocking the loop"], by_label["Cooperative"]
-    assert (blocking.consumer, cooperative.consumer) == ("blocking", "cooperative")
-    assert blocking.prompt == cooperative.prompt and blocking.max_tokens == cooperative.max_tokens >= 200
+    blocking, cooperative, taking = by_label["Blocking the loop"], by_label["Cooperative"], by_label["Greedy"]
+    assert (blocking.consumer, cooperative.consumer, taking.consumer) == ("blocking", "cooperative", "greedy")
+    assert blocking.prompt == cooperative.prompt == taking.prompt
+    assert blocking.max_tokens == cooperative.max_tokens == taking.max_tokens >= 100
+    # The blocking lesson ends by itself within 20 s: 30 ms of work per chunk, one chunk a token.
+    assert blocking.n * blocking.max_tokens * blocking.block_ms / 1000 <= 15
 
 
 def test_the_examples_answers_are_read_by_the_vote() -> None:

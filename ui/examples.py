@@ -95,11 +95,14 @@ EXAMPLES = (
     ),
     Example(
         "Blocking the loop: 30 ms a chunk",
-        "Blocking the loop: 30 ms of synchronous work per chunk on the backend's loop; in the trace, "
-        "lag climbs, chunks bunch up, and a Cancel waits behind the backlog.",
+        "Blocking the loop: 30 ms of synchronous work per chunk, on a loop of its own. Within a second "
+        "the loop's step stops yielding: the red band in the trace's loop lane grows, lag climbs with "
+        "it, the columns freeze while the engine's chunks wait in its queue, and the status line "
+        "counts the seconds. Press Cancel: the loop reads it only when that step ends, and the page "
+        "says how long it waited. Compare the Cooperative example.",
         LONG_STORY,
         n=4,
-        max_tokens=240,
+        max_tokens=120,
         temperature=0.8,
         consumer="blocking",
         block_ms=30.0,
@@ -107,11 +110,22 @@ EXAMPLES = (
     Example(
         "Cooperative: await asyncio.sleep(0)",
         "Cooperative: the same long stream with `await asyncio.sleep(0)` after each chunk; the loop "
-        "stays free, lag stays low and each sample's chunks arrive evenly.",
+        "stays free, lag stays low and each sample's chunks arrive evenly: a step per chunk.",
         LONG_STORY,
         n=4,
-        max_tokens=240,
+        max_tokens=120,
         temperature=0.8,
+    ),
+    Example(
+        "Greedy: no await between chunks",
+        "Greedy: the consumer takes every chunk already waiting before it awaits again, so the loop "
+        "runs fewer, longer steps than the Cooperative example's; under the trace's figures, this "
+        "run's consumer steps and longest step stand beside your last run's (run Cooperative first).",
+        LONG_STORY,
+        n=4,
+        max_tokens=120,
+        temperature=0.8,
+        consumer="greedy",
     ),
 )
 """The page's examples, in the order they are listed."""
