@@ -4,6 +4,7 @@ Cancel's wait measured and its outcome said, and the finished trace drawing the 
 
 from __future__ import annotations
 
+import itertools
 import json
 import re
 import time
@@ -97,7 +98,7 @@ def test_the_stall_is_shown_live_and_a_cancel_says_how_long_the_loop_took_to_rea
             said = re.search(r"The loop is blocked: ([\d.]+) s since its last chunk", status.inner_text())
             counts.append(float(said.group(1)) if said else None)
             page.wait_for_timeout(250)
-        assert any(a is not None and b is not None and b > a for a, b in zip(counts, counts[1:])), counts
+        assert any(a is not None and b is not None and b > a for a, b in itertools.pairwise(counts)), counts
         print(f"stall over 1 s drawn {shown_after:.1f} s after Generate; blocked now: {blocked_now}")
 
         page.locator("#cancel").click()
