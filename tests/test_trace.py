@@ -414,8 +414,10 @@ def test_a_prefill_span_runs_from_hand_over_to_first_chunk_and_takes_the_first_r
     origin = 1_000_000_000
     log.handed("r1", origin + 5_000_000)
     assert log.take(origin) == []  # no first chunk yet: nothing to draw
-    log.first_chunk("r1", origin + 84_250_000)
-    log.first_chunk("r1", origin + 90_000_000)  # a later chunk does not move the end
+    assert log.awaiting("r1") == 1
+    assert log.first_chunk("r1", 2, origin + 84_250_000)  # any sample's first chunk ends it
+    assert not log.first_chunk("r1", 0, origin + 90_000_000)  # a later chunk does not move the end
+    assert log.awaiting("r1") == 0
     assert log.take(origin) == [[5.0, 84.25, "r1", None, None, False]]
     assert log.take(origin) == []  # unchanged since the last frame
     log.reported("r1", {"prompt_tokens": 247, "cached_tokens": 246})
@@ -434,6 +436,33 @@ def test_a_prefill_span_runs_from_hand_over_to_first_chunk_and_takes_the_first_r
     assert len(log.spans) <= KEPT_ENDED + 2 and "running" in log.spans and "q99" in log.spans
 
 
+def test_fan_out_has_a_prefill_span_per_request() -> None:
+    """Fan-out sends n requests of one sample: each has its span, from the hand-over to its own
+    sample's first chunk, labelled by its own sample's figures."""
+    log = PrefillLog()
+    origin = 0
+    log.handed("r1", 1_000_000, requests=3)
+    assert log.awaiting("r1") == 3
+    assert log.first_chunk("r1", 1, 20_000_000) and log.first_chunk("r1", 0, 35_000_000)
+    assert not log.first_chunk("r1", 1, 40_000_000)
+    assert log.take(origin) == [
+        [1.0, 35.0, "r1/0", None, None, False],
+        [1.0, 20.0, "r1/1", None, None, False],
+    ]
+    log.reported("r1", {"prompt_tokens": 30, "cached_tokens": 24}, index=1)
+    log.first_chunk("r1", 2, 50_000_000)
+    log.ended("r1")
+    assert log.take(origin) == [
+        [1.0, 35.0, "r1/0", None, None, True],
+        [1.0, 20.0, "r1/1", 30, 24, True],
+        [1.0, 50.0, "r1/2", None, None, True],
+    ]
+    events = chrome_trace([], 0, "c1", "r1", (0, 60_000_000), log.spans["r1"])
+    prefills = [e for e in events if e.get("cat") == "prefill"]
+    lanes = {e["tid"]: e["args"]["name"] for e in events if e["name"] == "thread_name"}
+    assert len({e["tid"] for e in prefills}) == 3 and all("of request" in lanes[e["tid"]] for e in prefills)
+
+
 def test_prefill_counts_read_each_engines_figures_and_never_invent_a_zero() -> None:
     assert prefill_counts({"prompt_tokens": 30, "cached_tokens": 24, "e2e_latency": 0.2}) == (30, 24)
     usage = {"prompt_tokens": 12, "prompt_tokens_details": {"cached_tokens": 8}}
@@ -447,13 +476,13 @@ def test_prefill_counts_read_each_engines_figures_and_never_invent_a_zero() -> N
 
 def test_the_export_puts_the_prefill_on_a_lane_of_its_own() -> None:
     span = PrefillSpan(2_000_000, 9_500_000, (40, 30), True)
-    events = chrome_trace([], 0, "c1", "r1", (0, 10_000_000), span)
+    events = chrome_trace([], 0, "c1", "r1", (0, 10_000_000), [span])
     (prefill,) = [e for e in events if e.get("cat") == "prefill"]
     assert prefill["ph"] == "X" and prefill["ts"] == 2000.0 and prefill["dur"] == 7500.0
     assert prefill["args"] == {"prompt_tokens": 40, "computed": 10, "reused": 30}
     lanes = {e["tid"]: e["args"]["name"] for e in events if e["name"] == "thread_name"}
     assert lanes[prefill["tid"]].startswith("prefill")
-    assert not [e for e in chrome_trace([], 0, "c1", "r1", (0, 1), PrefillSpan(0)) if e.get("cat")]
+    assert not [e for e in chrome_trace([], 0, "c1", "r1", (0, 1), [PrefillSpan(0)]) if e.get("cat")]
 
 
 async def test_a_requests_trace_frames_carry_its_prefill_span(server: BackendServer) -> None:

@@ -60,6 +60,10 @@ CSS = """
 .trace-figures { display: grid; grid-template-columns: repeat(2, 1fr); gap: 2px 12px; font-size: 0.85em; }
 .trace-figures div { display: flex; justify-content: space-between; border-bottom: 1px dotted #e2e8f0; }
 .trace-empty { color: #64748b; font-size: 0.9em; padding: 12px; }
+.trace-compare { font-size: 0.85em; margin-top: 6px; border-collapse: collapse; width: 100%; }
+.trace-compare th, .trace-compare td { text-align: right; padding: 1px 6px; }
+.trace-compare td { border-bottom: 1px dotted #e2e8f0; }
+.trace-compare th:first-child, .trace-compare td:first-child { text-align: left; }
 .trace-tasks summary { font-size: 0.8em; color: #334155; cursor: pointer; margin-top: 6px; }
 .trace-tasks pre { font-size: 0.7em; line-height: 1.25; max-height: 22em; overflow: auto; margin: 4px 0;
   background: #f8fafc; border: 1px solid #e2e8f0; border-radius: 6px; padding: 6px; }

@@ -436,6 +436,10 @@ class Handlers:
         )
         previous = self._runs.get(session)
         self._runs[session] = run
+        run.view.trace.consumer = wanted.options["consumer"]["mode"]
+        if previous is not None and previous.view.finished:
+            # Its figures stand beside this run's where the consumer differs (greedy, cooperative).
+            run.view.trace.compare = (previous.view.trace.consumer, previous.view.trace.figures())
         if previous is not None:
             self._in_background(_cancel_and_close(previous))
         if session in self._waiting:

@@ -114,6 +114,8 @@ class TraceView:
     """The loop's task tree from the latest frame that carried one."""
     prefill: tuple[float, float, int | None, int | None, bool] | None = None
     """This run's prefill span: (start ms, end ms, prompt tokens, of them cached, request ended)."""
+    sub_prefills: dict[int, tuple[float, float, int | None, int | None, bool]] = field(default_factory=dict)
+    """Fan-out's: each sub-request's prefill span, by sample."""
     live: LoopWatch | None = None
     """The latest reading of the blocked loop's watch while the run streams (None: not watched)."""
     watched_lag: list[tuple[float, float]] = field(default_factory=list)
@@ -124,6 +126,11 @@ class TraceView:
     """How long the Cancel waited for the loop to read it, as the page measured it."""
     consume_steps: int = 0
     consume_ms: float = 0.0
+    consumer: str = ""
+    """The run's consumer mode (cooperative, greedy, blocking), as the page asked for it."""
+    compare: tuple[str, dict[str, float | None]] | None = None
+    """The session's previous run's consumer mode and figures, shown beside this run's where the
+    mode differs (greedy beside cooperative)."""
 
     def watch(self, reading: LoopWatch | None) -> None:
         """A reading of the blocked loop's watch (None: the run is over, or not watched)."""
@@ -179,9 +186,16 @@ class TraceView:
         self.first_ms = frame["start_ms"] if self.first_ms is None else min(self.first_ms, frame["start_ms"])
         self.last_ms = frame["end_ms"] if self.last_ms is None else max(self.last_ms, frame["end_ms"])
         for start, end, request_id, prompt, cached, ended in frame.get("prefills", ()):
-            if request_id == self.request_id and end is not None:
-                self.prefill = (start, end, prompt, cached, ended)
-                self.first_ms = min(self.first_ms, start)  # the plot starts where the prefill did
+            if end is None:
+                continue
+            span = (start, end, prompt, cached, ended)
+            if request_id == self.request_id:
+                self.prefill = span
+            elif request_id.startswith(f"{self.request_id}/"):  # fan-out: sub-request i's
+                self.sub_prefills[int(request_id.rpartition("/")[2])] = span
+            else:
+                continue
+            self.first_ms = min(self.first_ms, start)  # the plot starts where the prefill did
         self._forget_before(self.last_ms - WINDOW_MS)
 
     def _forget_before(self, cutoff: float) -> None:
@@ -252,7 +266,31 @@ def figures_html(view: TraceView) -> str:
         behind = "" if live.waiting is None else f", {live.waiting} chunks waiting"
         cells.insert(0, ("blocked now", f"{live.stall_ms / 1000:.1f} s{behind}"))
     items = "".join(f"<div><span>{escape(k)}</span><b>{escape(v)}</b></div>" for k, v in cells)
-    return f'<div class="trace-figures">{items}</div>'
+    return f'<div class="trace-figures">{items}</div>{_compared(view, f)}'
+
+
+COMPARED = (
+    ("consumer steps", "consume_steps", "{:.0f}"),
+    ("mean consumer step", "consume_step_ms", "{:.2f} ms"),
+    ("longest stall", "longest_stall_ms", "{:.1f} ms"),
+    ("lag p99", "lag_p99_ms", "{:.1f} ms"),
+)
+"""The figures set side by side with the previous run's where the consumer differs."""
+
+
+def _compared(view: TraceView, figures: dict[str, float | None]) -> str:
+    """This run's consumer figures beside the session's previous run's, where that run's consumer
+    was another ("" otherwise)."""
+    if view.compare is None or not view.consumer or view.compare[0] in ("", view.consumer):
+        return ""
+    mode, before = view.compare
+    head = f"<tr><th></th><th>this run ({escape(view.consumer)})</th><th>last run ({escape(mode)})</th></tr>"
+    rows = "".join(
+        f"<tr><td>{escape(name)}</td><td>{escape(_fmt(figures.get(key), pattern))}</td>"
+        f"<td>{escape(_fmt(before.get(key), pattern))}</td></tr>"
+        for name, key, pattern in COMPARED
+    )
+    return f'<table class="trace-compare">{head}{rows}</table>'
 
 
 @dataclass(frozen=True)
@@ -449,7 +487,10 @@ def prefill_label(prefill: tuple[float, float, int | None, int | None, bool]) ->
 
 
 def _prefill_lane(view: TraceView, plot: _Plot, parts: list[str], y: float) -> float:
-    """The run's prefill as a bar from hand-over to first chunk, its label beside it; the next lane's y."""
+    """The run's prefill as a bar from hand-over to first chunk, its label beside it (fan-out: a bar
+    per request, `_sub_prefills`); the next lane's y."""
+    if view.sub_prefills:
+        return _sub_prefills(view, plot, parts, y)
     parts.append(_label("prefill", y + PREFILL_H / 2, size=8))
     if view.prefill is not None and view.prefill[1] >= plot.t0:
         start, end = view.prefill[:2]
@@ -465,6 +506,37 @@ def _prefill_lane(view: TraceView, plot: _Plot, parts: list[str], y: float) -> f
         )
     parts.append(_lane_rule(y + PREFILL_H))
     return y + PREFILL_H + 4
+
+
+SUB_PREFILL_H = 3
+"""The height of each fan-out request's prefill bar (one row each, under one another)."""
+
+
+def _sub_prefills(view: TraceView, plot: _Plot, parts: list[str], y: float) -> float:
+    """Fan-out's prefills: one bar per request, each from the hand-over to its own sample's first
+    chunk, one row each, labelled with the first and the last to end; the next lane's y."""
+    spans = sorted(view.sub_prefills.items())
+    height = max(PREFILL_H, len(spans) * SUB_PREFILL_H + 4)
+    parts.append(_label(f"{len(spans)} prefills", y + height / 2, size=8))
+    lengths = [end - start for _, (start, end, *_rest) in spans]
+    for row, (index, span) in enumerate(spans):
+        start, end = span[:2]
+        if end < plot.t0:
+            continue
+        x0, x1 = max(LABEL_W, plot.x(start)), plot.x(end)
+        parts.append(
+            f'<g class="trace-prefill" data-sample="{index}"><title>request {index}: '
+            f"{escape(prefill_label(span))} (handed to the engine → its first chunk)</title>"
+            f'<rect x="{x0:.1f}" y="{y + 2 + row * SUB_PREFILL_H:g}" width="{max(x1 - x0, 1.5):.1f}" '
+            f'height="{SUB_PREFILL_H - 1}" fill="{PREFILL_COLOR}"/></g>'
+        )
+    text = f"{len(spans)} prefills, one per request: {min(lengths):.0f}-{max(lengths):.0f} ms"
+    parts.append(
+        f'<text x="{WIDTH - 2}" y="{y + height - 2:g}" font-size="8" fill="{PREFILL_COLOR}" '
+        f'text-anchor="end">{escape(text)}</text>'
+    )
+    parts.append(_lane_rule(y + height))
+    return y + height + 4
 
 
 def _sample_lanes(view: TraceView, n: int, plot: _Plot, parts: list[str], y: float) -> float:

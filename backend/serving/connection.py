@@ -282,7 +282,7 @@ class ClientSession:
         state = RequestState(command.id, command.n, params, loop.time())
         running = RunningRequest(command, state, generation, handed_ns)
         if self.feed is not None and command.trace:
-            self.prefills.handed(command.id, handed_ns)
+            self.prefills.handed(command.id, handed_ns, command.n if command.fanout == "requests" else 1)
         self.requests[command.id] = running
         self.send(
             accepted_frame(
@@ -377,14 +377,13 @@ class ClientSession:
         counted = [0] * state.n  # tokens of each sample, as this consumer counts them
         generation = running.generation
         prefills = self.prefills if command.trace and self.feed is not None else None
-        awaiting_first = prefills is not None
+        awaiting_first = prefills.awaiting(request_id) if prefills is not None else 0
         try:
             async for chunk in generation:
                 if tracer is not None:
                     tracer.chunk(key, chunk.index, chunk.tokens)
                 if awaiting_first and prefills is not None:
-                    prefills.first_chunk(request_id, clock())
-                    awaiting_first = False
+                    awaiting_first -= prefills.first_chunk(request_id, chunk.index, clock())
                 if cumulative is not None:
                     # The output holds the whole text so far: only what is new goes on.
                     taken = clock()
@@ -427,7 +426,7 @@ class ClientSession:
         and the engine's figures on it label the trace's prefill span."""
         state = running.state
         if chunk.meta and running.command.trace and self.feed is not None:
-            self.prefills.reported(state.request_id, chunk.meta)
+            self.prefills.reported(state.request_id, chunk.meta, chunk.index)
         for frame in state.on_chunk(chunk, now):
             self.send(frame)
             if self.tracer is not None and frame.get("reason") == "abort":
@@ -501,10 +500,9 @@ class ClientSession:
                 f"no running or recently finished request has id {command.id!r} on this connection",
                 command.id,
             )
-        span = self.prefills.spans.get(command.id)
-        prefill = None if span is None or span.end_ns is None else span
+        prefills = [span for span in self.prefills.spans.get(command.id, ()) if span.end_ns is not None]
         events = chrome_trace(
-            self.tracer.events, self.tracer.origin_ns, self.label, command.id, window, prefill
+            self.tracer.events, self.tracer.origin_ns, self.label, command.id, window, prefills
         )
         self.send(trace_export_frame(command.id, events))
 

@@ -261,10 +261,10 @@ def chrome_trace(
     connection: str,
     request_id: str,
     window: tuple[int, int],
-    prefill: PrefillSpan | None = None,
+    prefills: Sequence[PrefillSpan] = (),
 ) -> list[dict[str, Any]]:
     """Chrome trace events for one request: the loop's work in `window` (ns), the request's chunks,
-    and its prefill span where one is given (its first chunk came)."""
+    and its prefill spans whose first chunk came (one, or one per sub-request of fan-out)."""
     low, high = window
     out: list[dict[str, Any]] = [
         {"ph": "M", "name": "process_name", "pid": CHROME_PID, "args": {"name": "backend event loop"}},
@@ -276,8 +276,9 @@ def chrome_trace(
             "args": {"name": "event loop"},
         },
     ]
-    if prefill is not None and prefill.end_ns is not None:
-        out.extend(_prefill_events(prefill, origin_ns))
+    for position, prefill in enumerate(prefills):
+        if prefill.end_ns is not None:
+            out.extend(_prefill_events(prefill, origin_ns, position, len(prefills)))
     sample_lanes: set[int] = set()
     names: dict[str, str] = {}
     mine = (connection, request_id)
@@ -314,20 +315,28 @@ CHROME_PID = 1
 """The one process of a request's Chrome trace: the backend's loop."""
 
 PREFILL_TID = 2
-"""The Chrome trace's lane of the request's prefill span."""
+"""The Chrome trace's lane of the request's prefill span (sub-request i's: PREFILL_TID_BASE + i)."""
+
+PREFILL_TID_BASE = 50
+"""The lanes of fan-out's sub-requests' prefill spans, one each (under the sample lanes' base)."""
 
 
-def _prefill_events(prefill: PrefillSpan, origin_ns: int) -> list[dict[str, Any]]:
-    """The prefill span (`cat` "prefill") on a lane of its own, with the engine's prompt-token counts."""
+def _prefill_events(
+    prefill: PrefillSpan, origin_ns: int, position: int = 0, of: int = 1
+) -> list[dict[str, Any]]:
+    """A prefill span (`cat` "prefill") on a lane of its own, with the engine's prompt-token counts:
+    the request's, or sub-request `position`'s of `of`."""
     assert prefill.end_ns is not None
     args: dict[str, Any] = {"prompt_tokens": None, "computed": None, "reused": None}
     if prefill.counts is not None:
         prompt, cached = prefill.counts
         args = {"prompt_tokens": prompt, "computed": prompt - cached, "reused": cached}
+    tid = PREFILL_TID if of == 1 else PREFILL_TID_BASE + position
     span = _loop_slice("prefill", "prefill", round((prefill.start_ns - origin_ns) / 1e3, 3), 0)
-    span.update(tid=PREFILL_TID, dur=round((prefill.end_ns - prefill.start_ns) / 1e3, 3), args=args)
-    lane = {"name": "prefill (handed to engine → first chunk)"}
-    return [{"ph": "M", "name": "thread_name", "pid": CHROME_PID, "tid": PREFILL_TID, "args": lane}, span]
+    span.update(tid=tid, dur=round((prefill.end_ns - prefill.start_ns) / 1e3, 3), args=args)
+    whose = "" if of == 1 else f" of request {position}"
+    lane = {"name": f"prefill{whose} (handed to engine → first chunk)"}
+    return [{"ph": "M", "name": "thread_name", "pid": CHROME_PID, "tid": tid, "args": lane}, span]
 
 
 def _loop_slice(category: str, name: str, ts: float, duration_ns: int) -> dict[str, Any]:

@@ -56,47 +56,71 @@ class PrefillSpan:
 
 
 class PrefillLog:
-    """One connection's traced requests' prefill spans, and which changed since the last frame."""
+    """One connection's traced requests' prefill spans, and which changed since the last frame.
+
+    A request has one span, or one per sub-request where fan-out sends it as n requests of one
+    sample (`handed` with `requests` n): sub-request i's span ends at sample i's first chunk, is
+    labelled by sample i's figures, and goes in frames as `REQUEST_ID/i`."""
 
     def __init__(self) -> None:
-        self.spans: OrderedDict[str, PrefillSpan] = OrderedDict()
-        self._changed: set[str] = set()
+        self.spans: OrderedDict[str, list[PrefillSpan]] = OrderedDict()
+        """Each request's spans: one, or one per sub-request."""
+        self._changed: set[tuple[str, int]] = set()
 
-    def handed(self, request_id: str, at_ns: int) -> None:
-        """The backend handed `request_id` to the engine at `at_ns`."""
+    def handed(self, request_id: str, at_ns: int, requests: int = 1) -> None:
+        """The backend handed `request_id` to the engine at `at_ns`, as `requests` requests."""
         self.spans.pop(request_id, None)
-        self.spans[request_id] = PrefillSpan(at_ns)
-        ended = [key for key, span in self.spans.items() if span.ended]
+        self.spans[request_id] = [PrefillSpan(at_ns) for _ in range(max(1, requests))]
+        ended = [key for key, spans in self.spans.items() if all(span.ended for span in spans)]
         for key in ended[: max(0, len(ended) - KEPT_ENDED)]:
             del self.spans[key]
 
-    def first_chunk(self, request_id: str, at_ns: int) -> None:
-        """The request's first chunk reached its consumer at `at_ns`: the span ends there."""
-        span = self.spans.get(request_id)
-        if span is not None and span.end_ns is None:
-            span.end_ns = at_ns
-            self._changed.add(request_id)
+    def awaiting(self, request_id: str) -> int:
+        """How many of the request's spans still wait for their first chunk."""
+        return sum(span.end_ns is None for span in self.spans.get(request_id, ()))
 
-    def reported(self, request_id: str, meta: Mapping[str, Any]) -> None:
-        """A sample of the request finished with the engine's figures `meta`; the first counts label it."""
-        span = self.spans.get(request_id)
-        if span is not None and span.counts is None:
-            span.counts = prefill_counts(meta)
-            if span.counts is not None:
-                self._changed.add(request_id)
+    def _span(self, request_id: str, index: int) -> tuple[int, PrefillSpan] | None:
+        """Sample `index`'s span of the request (its sub-request's, or the request's one)."""
+        spans = self.spans.get(request_id)
+        if not spans:
+            return None
+        at = index if len(spans) > 1 else 0
+        return (at, spans[at]) if 0 <= at < len(spans) else None
+
+    def first_chunk(self, request_id: str, index: int, at_ns: int) -> bool:
+        """Sample `index`'s first chunk reached its consumer at `at_ns`: its span (the request's, or
+        its sub-request's) ends there, unless it has ended already; whether it ended here."""
+        found = self._span(request_id, index)
+        if found is None or found[1].end_ns is not None:
+            return False
+        found[1].end_ns = at_ns
+        self._changed.add((request_id, found[0]))
+        return True
+
+    def reported(self, request_id: str, meta: Mapping[str, Any], index: int = 0) -> None:
+        """Sample `index` finished with the engine's figures `meta`; the first counts label its span."""
+        found = self._span(request_id, index)
+        if found is not None and found[1].counts is None:
+            found[1].counts = prefill_counts(meta)
+            if found[1].counts is not None:
+                self._changed.add((request_id, found[0]))
 
     def ended(self, request_id: str) -> None:
         """The request is over: its counts are final (None: the engine reported none)."""
-        span = self.spans.get(request_id)
-        if span is not None and not span.ended:
-            span.ended = True
-            self._changed.add(request_id)
+        for at, span in enumerate(self.spans.get(request_id, ())):
+            if not span.ended:
+                span.ended = True
+                self._changed.add((request_id, at))
 
     def take(self, origin_ns: int) -> list[list[Any]]:
         """The spans that changed since the last take and have ended (a first chunk came), for a frame."""
         changed, self._changed = self._changed, set()
-        return [
-            span.entry(request_id, origin_ns)
-            for request_id in changed
-            if (span := self.spans.get(request_id)) is not None and span.end_ns is not None
-        ]
+        entries = []
+        for request_id, at in sorted(changed):
+            spans = self.spans.get(request_id)
+            if spans is None or at >= len(spans) or spans[at].end_ns is None:
+                continue
+            entries.append(
+                spans[at].entry(request_id if len(spans) == 1 else f"{request_id}/{at}", origin_ns)
+            )
+        return entries

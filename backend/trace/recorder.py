@@ -88,6 +88,7 @@ class Stall(NamedTuple):
     taken: int
     """Chunks taken from the engine in this step so far (their frames wait for the loop)."""
 
+
 _names: dict[types.CodeType, str] = {}
 """Names of callbacks that are not task steps, by their function's code (see `_other_name`)."""
 
