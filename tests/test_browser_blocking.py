@@ -16,7 +16,7 @@ from playwright.sync_api import Browser, Page, expect
 
 from devkit.local import free_port, start_app, stop_process
 from devkit.panels import EXAMPLES as EXAMPLES_PANEL
-from devkit.panels import open_panel
+from devkit.panels import EXPERIMENTS, open_panel
 from tests.support.chromium import require_chromium
 from ui.examples import EXAMPLES
 
@@ -140,5 +140,58 @@ def test_the_example_ends_by_itself_and_its_finished_trace_draws_the_stall(
         assert figure(page, "frames/s") != "-", figure(page, "frames/s")
         assert "lag ≤" in (page.locator("#trace svg").text_content() or "")
         print(f"blocking example finished {took:.1f} s after Generate; longest stall {longest}, lag {lag}")
+    finally:
+        page.close()
+
+
+def test_greedy_stands_beside_cooperative_with_fewer_longer_steps(
+    browser: Browser, embedded_app: str
+) -> None:
+    """The Cooperative example, then the Greedy one: the trace sets the greedy run's consumer figures
+    beside the cooperative run's, measured: fewer consumer steps, each longer."""
+    page = open_ready(browser, embedded_app)
+    try:
+        open_panel(page, EXAMPLES_PANEL)
+        status = page.locator("#status")
+        for label in ("Cooperative", "Greedy"):
+            example = next(e for e in EXAMPLES if e.label.startswith(label))
+            page.locator("#examples").get_by_text(example.label).click()
+            expect(page.locator("#example-lesson textarea")).to_have_value(example.lesson, timeout=20_000)
+            page.locator("#generate").click()
+            expect(status).to_contain_text("streaming", timeout=30_000)
+            expect(status).to_contain_text("finished", timeout=120_000)
+        table = page.locator("#trace table.trace-compare")
+        expect(table).to_contain_text("this run (greedy)")
+        expect(table).to_contain_text("last run (cooperative)")
+        rows = {
+            row[0]: row[1:]
+            for row in table.locator("tr").evaluate_all(
+                "rows => rows.map(r => [...r.children].map(c => c.textContent))"
+            )
+        }
+        greedy_steps, cooperative_steps = (float(cell) for cell in rows["consumer steps"])
+        greedy_mean, cooperative_mean = (float(cell.split()[0]) for cell in rows["mean consumer step"])
+        assert greedy_steps < cooperative_steps and greedy_mean > cooperative_mean, rows
+        print(f"consumer steps greedy {greedy_steps:.0f} / cooperative {cooperative_steps:.0f}; {rows}")
+    finally:
+        page.close()
+
+
+def test_fan_out_as_requests_draws_a_prefill_bar_per_request(browser: Browser, embedded_app: str) -> None:
+    page = open_ready(browser, embedded_app)
+    try:
+        page.locator("#prompt textarea").fill("Name a colour.")
+        box = page.locator("#max-tokens input[type=number]")
+        box.fill("8")
+        box.press("Enter")
+        open_panel(page, EXPERIMENTS)
+        page.locator("#fanout input[value=requests]").check()
+        page.locator("#generate").click()
+        expect(page.locator("#status")).to_contain_text("finished", timeout=120_000)
+        bars = page.locator("#trace g.trace-prefill[data-sample]")
+        expect(bars).to_have_count(4)
+        samples = sorted(int(s) for s in bars.evaluate_all("gs => gs.map(g => g.dataset.sample)"))
+        assert samples == [0, 1, 2, 3], samples
+        expect(page.locator("#trace svg")).to_contain_text("4 prefills, one per request")
     finally:
         page.close()
