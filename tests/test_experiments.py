@@ -42,7 +42,11 @@ def backend() -> Iterator[dict[str, str]]:
     try:
         with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=10) as response:
             health = json.load(response)
-        yield {"main": f"ws://127.0.0.1:{port}/ws", "experiments": health["experiment_url"]}
+        yield {
+            "main": f"ws://127.0.0.1:{port}/ws",
+            "experiments": health["experiment_url"],
+            "watch": f"http://127.0.0.1:{port}/experiment/loop",
+        }
     finally:
         stop_process(process)
 
@@ -140,3 +144,45 @@ def test_the_experiment_loop_serves_the_engines_samples(backend: dict[str, str])
 
     on_main, on_experiments = asyncio.run(both())
     assert on_main == on_experiments and all(on_main.values())
+
+
+def test_the_main_loop_watches_the_blocked_loop_and_every_cancel_is_answered(backend: dict[str, str]) -> None:
+    """While a blocking run holds the experiment loop, the main server's /experiment/loop reads it:
+    the step running, growing, and the chunks waiting behind it. A cancel is answered with
+    `cancel_ack` once the loop reads it; one read after the run ended stops nothing, and says so."""
+
+    def watch() -> dict[str, Any]:
+        with urllib.request.urlopen(backend["watch"], timeout=5) as response:
+            return json.load(response)
+
+    async def blocked() -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+        readings = []
+        async with connect(backend["experiments"], max_size=None, ping_interval=None) as ws:
+            await ws.send(generate("w", 2, 40, "blocking", 100))
+            while (await recv_frame(ws, 30))["type"] != "chunk":
+                pass
+            for _ in range(12):
+                readings.append(await asyncio.to_thread(watch))
+                await asyncio.sleep(0.1)
+            await ws.send(json.dumps({"type": "cancel", "id": "w"}))
+            frames = []
+            while (frame := await recv_frame(ws, 60))["type"] != "done":
+                frames.append(frame)
+            await ws.send(json.dumps({"type": "cancel", "id": "w"}))
+            while (frame := await recv_frame(ws, 30))["type"] == "trace":
+                pass
+            frames.append(frame)
+        return readings, frames
+
+    readings, frames = asyncio.run(blocked())
+    stalls = [r["stall_ms"] for r in readings]
+    assert max(stalls) >= 500, stalls  # 100 ms a chunk, chunks every 20 ms: the steps grow
+    assert any(later > earlier for earlier, later in itertools.pairwise(stalls)), stalls  # live
+    assert any(r["waiting"] > 0 and r["taken"] > 0 for r in readings), readings
+    assert all(r["running"] == ["w"] for r in readings), readings
+    (ack,) = [f for f in frames[:-1] if f["type"] == "cancel_ack"]
+    assert ack["id"] == "w" and ack["index"] is None and isinstance(ack["t_ms"], float)
+    assert ack["aborting"] == [0, 1] or ack["aborting"] == [], ack  # [] where the run ended first
+    late = frames[-1]
+    assert late == {"type": "cancel_ack", "id": "w", "index": None, "aborting": [], "t_ms": late["t_ms"]}
+    assert watch()["running"] == [] and watch()["stall_ms"] < 500

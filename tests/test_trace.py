@@ -514,3 +514,38 @@ def _view_of(traces: list[dict[str, Any]], request_id: str) -> TraceView:
     for frame in traces:
         view.apply(frame)
     return view
+
+
+def test_a_blocked_loop_is_read_from_another_thread() -> None:
+    """`LoopTracer.stall` read from outside while the traced loop blocks in one step: the step's
+    start, how long it has run, the heartbeat's lag, and the chunks it took inside it."""
+    import threading
+
+    blocking = threading.Event()
+    release = threading.Event()
+    tracer = LoopTracer()
+
+    async def main() -> None:
+        tracer.install(asyncio.get_running_loop())
+        await asyncio.sleep(0.1)  # a few heartbeats and idle waits first
+        blocking.set()
+        for index in range(3):
+            tracer.chunk(("c1", "r1"), index, 1)
+        release.wait(10)  # one step that does not yield, as a blocking consumer's
+        await asyncio.sleep(0.05)
+        tracer.uninstall()
+
+    thread = threading.Thread(target=asyncio.run, args=(main(),))
+    thread.start()
+    assert blocking.wait(10)
+    time.sleep(0.3)
+    first = tracer.stall(time.perf_counter_ns())
+    time.sleep(0.2)
+    second = tracer.stall(time.perf_counter_ns())
+    release.set()
+    thread.join(10)
+    assert first.since_ns == second.since_ns > 0 and second.taken == first.taken == 3
+    assert 0.25e9 < first.stall_ns < second.stall_ns and second.stall_ns - first.stall_ns >= 0.15e9
+    assert second.lag_ns > 0.4e9  # the heartbeat (every 20 ms) is as late as the step is long
+    after = tracer.stall(time.perf_counter_ns())
+    assert after.stall_ns < 0.2e9 and after.taken == 0  # the loop ran on: nothing is blocked
