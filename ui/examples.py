@@ -95,11 +95,8 @@ EXAMPLES = (
     ),
     Example(
         "Blocking the loop: 30 ms a chunk",
-        "Blocking the loop: 30 ms of synchronous work per chunk, on a loop of its own. Within a second "
-        "the loop's step stops yielding: the red band in the trace's loop lane grows, lag climbs with "
-        "it, the columns freeze while the engine's chunks wait in its queue, and the status line "
-        "counts the seconds. Press Cancel: the loop reads it only when that step ends, and the page "
-        "says how long it waited. Compare the Cooperative example.",
+        "Blocking the loop: 30 ms of work per chunk. In seconds the red band of one step grows, lag "
+        "climbs, the columns freeze. Press Cancel: the page says how long the loop took to read it.",
         LONG_STORY,
         n=4,
         max_tokens=120,
@@ -118,9 +115,8 @@ EXAMPLES = (
     ),
     Example(
         "Greedy: no await between chunks",
-        "Greedy: the consumer takes every chunk already waiting before it awaits again, so the loop "
-        "runs fewer, longer steps than the Cooperative example's; under the trace's figures, this "
-        "run's consumer steps and longest step stand beside your last run's (run Cooperative first).",
+        "Greedy: no await between the chunks already waiting, so fewer, longer loop steps; run "
+        "Cooperative first, and the trace sets this run's figures beside it.",
         LONG_STORY,
         n=4,
         max_tokens=120,

@@ -409,9 +409,7 @@ class ClientSession:
                 if consumer.mode == "cooperative":
                     await asyncio.sleep(0)
                 elif consumer.mode == "blocking" and chunk.index not in state.abort_requested:
-                    # A cancelled sample's chunks are dropped without the work: once the loop has
-                    # read the cancel, the backlog behind it goes at once.
-                    _block(block_s)
+                    _block(block_s)  # not for a cancelled sample's chunks: its backlog goes at once
         except Exception as exc:
             log.exception("engine failed during request %s", state.request_id)
             self.send(error_frame("engine_error", f"the engine failed: {exc}", state.request_id))
