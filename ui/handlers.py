@@ -323,7 +323,8 @@ class Handlers:
             raise CannotContinue("this run cannot be continued: the page does not know its prompt")
         prompt_format = run.view.prompt_format or known.prompt_format
         system = known.system if prompt_format == "chat" else ""
-        origin = Origin(known.prompt, prompt_format, system, known.prefix + text[:offset])
+        prefix = known.prefix + run.view.tree.branch_text(text[:offset])
+        origin = Origin(known.prompt, prompt_format, system, prefix)
         return origin, (len(lineage.runs) - 1, branch_node(run.view.tree, text[:offset]))
 
     def _current(self, session: str, run_id: Any) -> tuple[BackendRun, Lineage]:
@@ -365,7 +366,8 @@ class Handlers:
         view = target.view
         prompt_format = view.prompt_format or known.prompt_format
         system = known.system if prompt_format == "chat" else ""
-        origin = Origin(known.prompt, prompt_format, system, known.prefix + view.tree.text_to(node))
+        prefix = known.prefix + view.tree.branch_text(view.tree.text_to(node))
+        origin = Origin(known.prompt, prompt_format, system, prefix)
         return origin, (position, node.id)
 
     async def replay(

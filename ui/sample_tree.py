@@ -221,6 +221,14 @@ class SampleTree:
         there (the root: nothing)."""
         return "".join(self.units[node.owner][: node.end]) if node is not self.root else ""
 
+    def branch_text(self, text: str) -> str:
+        """`text` (a node's text, or a column's up to a point) as a continuation's prefix, ending
+        where the model's own tokens can end. A tree of tokens ends at the model's boundaries
+        already; in a tree of words a trailing space or tab belongs to the next word's token
+        (SmolLM2's tokenizer, as BPE ones do, writes " Baker" as one token), so it is left for the
+        model to write (docs/tree.md has what the space handed over does)."""
+        return text if self.unit == TOKENS else text.rstrip(" \t")
+
     def at(self, index: int) -> Node:
         """The node where sample `index`'s units so far end."""
         return self._at[index]
