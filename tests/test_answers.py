@@ -459,3 +459,63 @@ def test_the_chart_is_empty_until_an_answer_and_keeps_odd_answers_whole() -> Non
     titles = [title.text for title in svg.iter("title")]
     assert titles[1] == "y" * 60 + ": 3 votes (fewer votes)"  # cut under the bar, whole on hover
     assert "yyyyyyyyyyyyyyy…" in [text.text for text in svg.iter("text")]
+
+
+def test_the_beta_criterion_is_the_binomial_tail_and_the_sure_rule_never_changes_the_majority() -> None:
+    from ui.early_stop import BETA, SURE, beta_majority, decide
+
+    assert beta_majority(0, 0) == 0.5 and beta_majority(3, 0) == 15 / 16 and beta_majority(4, 0) == 31 / 32
+    assert beta_majority(6, 1) == 247 / 256  # (256 - 8 - 1) / 256
+    # Beta at 95 %: 4 unanimous answers suffice, 3 do not; 5 to 1 does not, 6 to 1 does.
+    assert decide(tally(["9"] * 3), 5, BETA) is None and decide(tally(["9"] * 4), 4, BETA) is not None
+    assert decide(tally(["9"] * 5 + ["2"]), 2, BETA) is None and decide(tally(["9"] * 6 + ["2"]), 1, BETA)
+    # Sure: the leader's votes exceed the runner-up's plus every sample still running.
+    assert decide(tally(["9"] * 5 + ["2"]), 4, SURE) is None  # 2 + 4 = 6 could still beat 5
+    decision = decide(tally(["9"] * 5 + ["2"]), 3, SURE)
+    assert decision is not None and decision.answer == "9" and decision.running == 3
+    assert (
+        decision.words()
+        == "decided on '9' by the leading answer can no longer lose (5 votes against at most 4)"
+    )
+    assert decide(tally(["9", "2"]), 0, SURE) is None  # nothing left to stop
+    assert decide(tally(["9", "2"]), 1, BETA) is None  # a tie decides nothing
+    assert decide(tally([None, None]), 3, BETA) is None  # no answer: nothing to decide on
+    try:
+        decide(tally(["9"]), 1, "nope")
+    except ValueError as exc:
+        assert "unknown rule" in str(exc)
+    else:
+        raise AssertionError("an unknown rule was taken")
+
+
+def test_a_decided_vote_stops_the_running_samples_once_and_says_why() -> None:
+    from ui.early_stop import SURE, saved_words
+
+    view = RunView("r1", started_at=0.0)
+    view.apply({"type": "accepted", "id": "r1", "n": 8, "params": {"max_tokens": 96}}, 0.0)
+    for index in range(5):
+        view.apply({"type": "chunk", "id": "r1", "index": index, "text": "There are 9 sheep."}, 1.0)
+        view.apply({"type": "finish", "id": "r1", "index": index, "reason": "stop"}, 1.0)
+    panel = AnswersPanel("", SURE)
+    panel.outputs(view)
+    assert panel.to_stop(view) == [5, 6, 7] and view.stopped_by_vote == {5, 6, 7}
+    assert panel.to_stop(view) == []  # once a run
+    for index in (5, 6, 7):
+        view.apply({"type": "chunk", "id": "r1", "index": index, "text": "There"}, 2.0)
+        view.apply({"type": "finish", "id": "r1", "index": index, "reason": "abort"}, 2.0)
+    _, line = panel.outputs(view)
+    assert "⏹ **Stopped when decided:** decided on '9' by the leading answer can no longer lose" in line
+    assert "the 3 samples still running stopped in the engine" in line and "#5: (stopped by the vote" in line
+    assert saved_words([(5, 1), (6, 1), (7, 6)], 96, 20.0) == (
+        "Stopped when decided: 3 samples stopped early, saving up to 280 tokens and up to 4.8 s "
+        "against letting every sample finish (their max_tokens budget left)."
+    )
+    # Free text gives no answer: the panel says the vote could not decide, and stops nothing.
+    story = RunView("r2", started_at=0.0)
+    story.apply({"type": "accepted", "id": "r2", "n": 2}, 0.0)
+    for index in range(2):
+        story.apply({"type": "chunk", "id": "r2", "index": index, "text": "Once upon a time."}, 1.0)
+        story.apply({"type": "finish", "id": "r2", "index": index, "reason": "stop"}, 1.0)
+    quiet = AnswersPanel("", SURE)
+    _, said = quiet.outputs(story)
+    assert quiet.to_stop(story) == [] and "these samples gave no final answers" in said

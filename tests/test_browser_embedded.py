@@ -14,7 +14,7 @@ from playwright.sync_api import Browser, expect
 
 from devkit.local import free_port, start_app, stop_process
 from devkit.panels import EXAMPLES as EXAMPLES_PANEL
-from devkit.panels import open_panel
+from devkit.panels import SETTINGS, open_panel
 from tests.support.chromium import require_chromium
 from ui.examples import EXAMPLES, SHEEP
 
@@ -113,5 +113,43 @@ def test_a_branch_continued_on_the_model_reuses_the_branchs_cache_and_says_so(
         prompt, reused, computed = map(int, found.groups())
         assert prompt > int(fresh.group(1)) + 3  # the prompt and the sample's text
         assert reused > int(fresh.group(2)) and computed <= 3, continued  # the sample's text was kept
+    finally:
+        page.close()
+
+
+def test_stop_when_decided_ends_the_run_early_and_says_what_it_saved(
+    browser: Browser, embedded_app: dict[str, str]
+) -> None:
+    """The "Stop when decided" example on the model (seed 33): once the leading answer can no
+    longer lose, the samples still running stop in the engine; the answers panel marks the moment
+    and the rule, those columns read "stopped by the vote", and the summary says what it saved."""
+    decided = next(e for e in EXAMPLES if e.label.startswith("Stop when decided"))
+    page = browser.new_page(viewport={"width": 1440, "height": 900})
+    try:
+        page.goto(embedded_app["url"])
+        expect(page.locator("#generate")).to_be_visible(timeout=60_000)
+        open_panel(page, EXAMPLES_PANEL)
+        page.locator("#examples").get_by_text(decided.label).click()
+        expect(page.locator("#prompt textarea")).to_have_value(decided.prompt, timeout=20_000)
+        open_panel(page, SETTINGS)
+        seed = page.locator("#seed input")
+        seed.fill("33")
+        seed.press("Enter")
+        page.locator("#generate").click()
+        status = page.locator("#status")
+        expect(status).to_contain_text("finished", timeout=300_000)
+        line = page.locator("#answers-line")
+        expect(line).to_contain_text(
+            "Stopped when decided: decided on '7' by the leading answer can no longer lose"
+        )
+        stopped = [
+            i
+            for i in range(decided.n)
+            if "stopped by the vote" in (page.locator(f"#column-{i}").inner_text())
+        ]
+        assert len(stopped) >= 2, stopped
+        expect(page.locator("#summary")).to_contain_text(
+            f"Stopped when decided: {len(stopped)} samples stopped early"
+        )
     finally:
         page.close()

@@ -36,6 +36,8 @@ def test_each_example_runs_within_the_pages_own_limits() -> None:
 def test_the_lessons_the_page_teaches_each_have_an_example() -> None:
     by_label = {e.label.split(":")[0]: e for e in EXAMPLES}
     consistency, greedy = by_label["Self-consistency"], by_label["Temperature 0"]
+    decided = by_label["Stop when decided"]
+    assert decided.stop_when_decided == "sure" and decided.n >= 16
     assert consistency.prompt == greedy.prompt == SHEEP and consistency.n >= 8 and consistency.temperature > 0
     assert greedy.temperature == 0
     assert by_label["Diversity"].temperature >= 1
@@ -69,9 +71,10 @@ def test_rows_follow_the_inputs_order_and_fit_a_smaller_page() -> None:
         "block_ms",
         "logprobs",
         "answer_pattern",
+        "stop_when_decided",
     ]
     rows = example_rows(EXAMPLES, n_max=32, max_tokens_max=2048)
-    assert rows[0] == [EXAMPLES[0].lesson, SHEEP, 8, 96, 0.8, "cooperative", 0.0, False, ""]
+    assert rows[0] == [EXAMPLES[0].lesson, SHEEP, 8, 96, 0.8, "cooperative", 0.0, False, "", "off"]
     small = example_rows(EXAMPLES, n_max=4, max_tokens_max=64)
     assert all(row[2] <= 4 and row[3] <= 64 for row in small)
     assert [row[2] for row in small] == [min(e.n, 4) for e in EXAMPLES]

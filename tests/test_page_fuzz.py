@@ -44,9 +44,11 @@ BASE: list[Any] = [
     0,
     False,
     "",
+    "off",
 ]
 """Generate's inputs in order: prompt, n, max tokens, temperature, top-p, seed, consumer, block ms,
-fan-out, format, system prompt, output kind, cancel after, token confidence, answer pattern."""
+fan-out, format, system prompt, output kind, cancel after, token confidence, answer pattern, stop
+when decided."""
 
 FIELDS = {name: i for i, name in enumerate(RUN_SETTINGS)}
 """Each run setting's place in Generate's inputs (the page's own declaration, `ui.run_request`)."""
@@ -98,13 +100,15 @@ HOSTILE: list[tuple[str, Any]] = [
     ("answer_pattern", r"(\w)\1"),
     ("answer_pattern", "(unclosed"),
     ("answer_pattern", "(?<!" + "a" * 300 + ")"),
+    ("stop_when_decided", "sometimes"),
+    ("stop_when_decided", 1),
 ]
 """(input, value): values a visitor can type or a script can send."""
 
 ACCEPTED: list[tuple[tuple[str, Any], ...]] = [
     (("consumer", "blocking"), ("block_ms", 200), ("max_tokens", 10)),
     (("format", "raw"), ("output_kind", "cumulative"), ("cancel_after", 3)),
-    (("logprobs", True), ("fanout", "requests"), ("n", 4)),
+    (("logprobs", True), ("fanout", "requests"), ("n", 4), ("stop_when_decided", "beta")),
     (("prompt", "Tell a long story."), ("answer_pattern", CATASTROPHIC), ("max_tokens", 120)),
 ]
 """Valid settings at their edges, which must run to the end."""

@@ -25,6 +25,7 @@ from ui.answers import (
     AnswerPatternError,
     AnswerPatternTimeout,
     PatternClock,
+    Vote,
     chart_rows,
     compile_answer_pattern,
     cut_answer,
@@ -32,6 +33,7 @@ from ui.answers import (
     summary_line,
     tally,
 )
+from ui.early_stop import RULES, Decision, decide
 from ui.view import REASON_LABELS, RunView
 from ui.vote_chart import EMPTY, vote_chart_html
 
@@ -51,7 +53,15 @@ def answers_chart() -> gr.HTML:
 class AnswersPanel:
     """Reads the run's finished samples' answers and draws the vote (a bar chart and a line)."""
 
-    def __init__(self, pattern_text: str) -> None:
+    def __init__(self, pattern_text: str, stop_rule: str = "") -> None:
+        """`stop_rule`: the rule that stops the running samples once the vote is decided
+        (`ui.early_stop`), "" for none."""
+        self.stop_rule = stop_rule
+        self.decision: Decision | None = None
+        """The rule's decision, once taken (at most once a run)."""
+        self.stopped: list[int] = []
+        """The samples it stopped."""
+        self.vote: Vote | None = None
         self.problem: str | None = None
         """Why the page's pattern is not used, if it is not."""
         self.pattern: regex.Pattern[str] | None = None
@@ -77,22 +87,62 @@ class AnswersPanel:
                 voting = sample.status in VOTING_REASONS
                 self.answers[sample.index] = self._answer(view, sample.index) if voting else None
         voters = [i for i in self.answers if view.samples[i].status in VOTING_REASONS]
-        vote = tally([self.answers[i] for i in voters])
+        vote = self.vote = tally([self.answers[i] for i in voters])
         chart = vote_chart_html(chart_rows(vote))
         lines = [summary_line(vote, len(finished), view.n)]
         if self.problem:
             lines.append(f"**Answer pattern:** {self.problem}.")
+        said = self._stop_words(vote, len(finished) == view.n)
+        if said:
+            lines.append(said)
         listed = []
         for index, answer in self.answers.items():
             status = view.samples[index].status
             if status in VOTING_REASONS:
                 shown = "—" if answer is None else _short(answer)
+            elif index in self.stopped:
+                shown = "(stopped by the vote, not counted)"
             else:
                 shown = f"({REASON_LABELS.get(status, status)}, not counted)"
             listed.append(f"#{index}: {shown}")
         if listed:
             lines.append(" · ".join(listed))
         return [chart, "\n\n".join(lines)]
+
+    def to_stop(self, view: RunView) -> list[int]:
+        """Where the run stops when decided and the vote (as last drawn) is decided now: the samples
+        still running, to stop; taken once a run, [] otherwise."""
+        if not self.stop_rule or self.decision is not None or self.vote is None or view.finished:
+            return []
+        running = [sample.index for sample in view.samples if not sample.finished]
+        decision = decide(self.vote, len(running), self.stop_rule)
+        if decision is None:
+            return []
+        self.decision, self.stopped = decision, running
+        view.stopped_by_vote = set(running)
+        return running
+
+    def _stop_words(self, vote: Vote, all_finished: bool) -> str:
+        """The line on stopping when decided: the moment and the rule that decided, or why it never
+        did ("" where the run does not stop when decided)."""
+        if not self.stop_rule:
+            return ""
+        if self.decision is not None:
+            count = len(self.stopped)
+            return (
+                f"⏹ **Stopped when decided:** {self.decision.words()}; the {count} sample"
+                f"{'s' if count != 1 else ''} still running stopped in the engine."
+            )
+        if all_finished and vote.majority is None:
+            return (
+                "**Stop when decided:** these samples gave no final answers (the vote counts the last "
+                "number, or what the answer pattern finds), so it never decided; every sample ran to "
+                "its end. Try the sheep question."
+            )
+        if all_finished:
+            rule = RULES[self.stop_rule]
+            return f"**Stop when decided** ({rule}): the vote was not decided before the last sample."
+        return f"Stop when decided ({RULES[self.stop_rule]}): not decided yet."
 
     def _answer(self, view: RunView, index: int) -> str | None:
         """Sample `index`'s answer by the page's pattern; where the pattern runs out of its time,

@@ -36,6 +36,7 @@ from backend.engines.base import PROMPT_FORMATS
 from backend.protocol import CONSUMER_MODES, FANOUTS, OUTPUT_KINDS, REPLAY_SPEED_MAX
 from ui.answers_view import answers_chart as answers_chart_component
 from ui.answers_view import empty_outputs as empty_answers
+from ui.early_stop import RULES as STOP_RULES
 from ui.engine_info import ASKING_LINE, engine_line_now
 from ui.examples import examples_block
 from ui.handlers import Handlers
@@ -407,8 +408,14 @@ def _why_n_controls() -> dict[str, Any]:
                 label="answer pattern (regular expression; empty: the last number)",
                 elem_id="answer-pattern",
             )
+        stop_when_decided = gr.Radio(
+            [("off", "off"), *((words, rule) for rule, words in STOP_RULES.items())],
+            value="off",
+            label="stop when decided: stop the samples still running once the vote cannot change",
+            elem_id="stop-when-decided",
+        )
         gr.Markdown(WHY_N)
-    return {"logprobs": logprobs, "answer_pattern": answer_pattern}
+    return {"logprobs": logprobs, "answer_pattern": answer_pattern, "stop_when_decided": stop_when_decided}
 
 
 def panel_html_empty() -> str:

@@ -17,6 +17,10 @@ import gradio as gr
 
 from ui.run_request import RUN_SETTINGS
 
+WEEK = "How many days are in a week? Answer with a number."
+"""A question SmolLM2-135M answers alike in most samples (7), some at once, some at length: a vote
+decided before the last sample ends."""
+
 SHEEP = "A farmer has 17 sheep. All but 9 run away. How many sheep are left? Answer with a number."
 """A question with one right answer (9) that a small model often gets wrong (8, 17, 26)."""
 
@@ -47,6 +51,7 @@ class Example:
     block_ms: float = 0.0
     logprobs: bool = False
     answer_pattern: str = ""
+    stop_when_decided: str = "off"
 
     @property
     def settings(self) -> dict[str, Any]:
@@ -63,6 +68,16 @@ EXAMPLES = (
         n=8,
         max_tokens=96,
         temperature=0.8,
+    ),
+    Example(
+        "Stop when decided: a week's days, n 16",
+        "Stop when decided: once the leading answer can no longer lose, the samples still running are "
+        "stopped in the engine; the answers panel marks the moment, the summary what it saved.",
+        WEEK,
+        n=16,
+        max_tokens=96,
+        temperature=0.8,
+        stop_when_decided="sure",
     ),
     Example(
         "Temperature 0: every sample the same",

@@ -240,7 +240,8 @@ class Handlers:
         self._origins[run] = Origin(wanted.prompt, options["format"], system, "")
         self._lineages.setdefault(session, Lineage()).add(run, None)
         start = lambda: run.start(wanted.prompt, wanted.n, wanted.params, wanted.options)  # noqa: E731
-        async for outputs in self._stream(session, run, ticket, wanted.answer_pattern, start, True):
+        answers = AnswersPanel(wanted.answer_pattern, wanted.stop_rule)
+        async for outputs in self._stream(session, run, ticket, answers, start, True):
             yield outputs
 
     async def continue_from(
@@ -302,7 +303,8 @@ class Handlers:
                 self._runs[session] = previous
             return status_only(f"**Error:** the branch could not be continued: {message}")
 
-        async for outputs in self._stream(session, run, ticket, wanted.answer_pattern, start, True, refused):
+        answers = AnswersPanel(wanted.answer_pattern, wanted.stop_rule)
+        async for outputs in self._stream(session, run, ticket, answers, start, True, refused):
             yield outputs
 
     def _point(self, session: str, column: Any, offset: Any, run_id: Any) -> tuple[Origin, tuple[int, int]]:
@@ -417,7 +419,8 @@ class Handlers:
                 parent = (where.run, branch_node(lineage.runs[where.run].view.tree, where.text))
             lineage.add(run, parent if position else None)
             start = functools.partial(run.replay, saved, float(speed_value or 1.0), options)
-            async for outputs in self._stream(session, run, ticket, wanted.answer_pattern, start):
+            answers = AnswersPanel(wanted.answer_pattern, wanted.stop_rule)
+            async for outputs in self._stream(session, run, ticket, answers, start):
                 yield outputs
             if not run.view.finished or self._runs.get(session) is not run:
                 return  # cancelled, or refused: the runs after it are not replayed
@@ -453,17 +456,17 @@ class Handlers:
         session: str,
         run: BackendRun,
         ticket: Ticket,
-        answer_pattern: str,
+        answers: AnswersPanel,
         start: Callable[[], Awaitable[RunView]],
         wait_for_engine: bool = False,
         refused: Callable[[str], list[Any]] | None = None,
     ) -> AsyncIterator[list[Any]]:
         """Start `run` (`start`) as this session's run, once the engine has started where
-        `wait_for_engine`, and stream its view until it is done; its visitor's count ends with it.
-        `refused` gives the outputs of a run the backend refused (default: the page cleared, the
-        error in the status line)."""
+        `wait_for_engine`, and stream its view, with `answers` its answers panel, until it is done;
+        its visitor's count ends with it. `refused` gives the outputs of a run the backend refused
+        (default: the page cleared, the error in the status line)."""
         try:
-            answers = self._answers[session] = AnswersPanel(answer_pattern)
+            self._answers[session] = answers
             if wait_for_engine:
                 started = True
                 async for outputs in self._wait_for_engine(session, run):
@@ -526,6 +529,8 @@ class Handlers:
                 blocked = view.trace.live is not None and view.trace.live.blocked
                 with_trace = view.finished or blocked or count % TRACE_EVERY == 0
                 yield outputs_for(view, answers, with_trace, lineage)
+                for index in answers.to_stop(view):  # the vote is decided: the rest stop, as Stop does
+                    await run.cancel(index)
         finally:
             streaming.set()
             self._streaming.pop(run, None)

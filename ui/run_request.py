@@ -16,6 +16,10 @@ from typing import Any
 
 from backend.engines.base import PROMPT_FORMATS
 from backend.protocol import CONSUMER_MODES, FANOUTS, OUTPUT_KINDS
+from ui.early_stop import RULES
+
+STOP_CHOICES = ("off", *RULES)
+"""`stop_when_decided`'s values: never, or a rule of `ui.early_stop`."""
 
 RUN_SETTINGS = (
     "prompt",
@@ -33,6 +37,7 @@ RUN_SETTINGS = (
     "cancel_after",
     "logprobs",
     "answer_pattern",
+    "stop_when_decided",
 )
 """The page's run settings, declared once, in the order its API takes them: each is a control the
 page lays out under this name (`ui.app`), a keyword of the handlers that start runs, read here into
@@ -61,6 +66,8 @@ class RunRequest:
     params: dict[str, Any]
     options: dict[str, Any]
     answer_pattern: str
+    stop_rule: str = ""
+    """The rule that stops the running samples once the vote is decided (`ui.early_stop`); "": none."""
 
     @property
     def blocking(self) -> bool:
@@ -126,8 +133,14 @@ def run_request(settings: Mapping[str, Any]) -> RunRequest:
         "top_p": _number(get("top_p"), "top-p"),
         "seed": _whole(_number(get("seed"), "seed", integer=True, optional=True)),
     }
+    stop = _choice(get("stop_when_decided"), "stop when decided", STOP_CHOICES, "off")
     return RunRequest(
-        prompt, int(n), params, _options(get), answer_pattern=_text(get("answer_pattern"), "answer pattern")
+        prompt,
+        int(n),
+        params,
+        _options(get),
+        answer_pattern=_text(get("answer_pattern"), "answer pattern"),
+        stop_rule="" if stop == "off" else stop,
     )  # type: ignore[arg-type]
 
 

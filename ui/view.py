@@ -13,12 +13,16 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
+from ui.early_stop import saved_words
 from ui.loop_watch import CancelTiming, LoopWatch, blocked_words, cancel_words
 from ui.sample_tree import SampleTree
 from ui.trace_view import TraceView
 
 STREAMING = "streaming"
 WAITING = "waiting"
+
+STOPPED_BY_VOTE = "stopped by the vote"
+"""A column's status where the page stopped it once the vote was decided (`ui.early_stop`)."""
 
 REASON_LABELS = {
     STREAMING: "streaming",
@@ -106,6 +110,8 @@ class RunView:
     """The run's Cancel, once pressed: when, when the backend read it, what it did."""
     last_chunk_at: float | None = None
     """When the run's last chunk arrived (this process's monotonic clock)."""
+    stopped_by_vote: set[int] = field(default_factory=set)
+    """The samples the page stopped once the vote was decided (`ui.early_stop`)."""
 
     def __post_init__(self) -> None:
         self.trace = TraceView(self.request_id)
@@ -242,7 +248,9 @@ def samples_value(view: RunView, now: float) -> dict[str, Any]:
         text = sample.text
         column: dict[str, Any] = {
             "index": sample.index,
-            "status": REASON_LABELS.get(sample.status, sample.status),
+            "status": STOPPED_BY_VOTE
+            if sample.status == "abort" and sample.index in view.stopped_by_vote
+            else REASON_LABELS.get(sample.status, sample.status),
             "header": sample_header(sample, view.started_at, now),
             "text": text,
             "parts_at": parts_at,
@@ -332,7 +340,28 @@ def summary_markdown(view: RunView) -> str:
             f"ITL p50/p99 {_fmt(d.get('itl_p50_ms'), digits=1)}/{_fmt(d.get('itl_p99_ms'), 'ms', 1)}"
         )
     cache = prefix_cache_line(view)
-    return "### Run summary\n\n" + "\n".join(rows) + totals + (f"\n\n{cache}" if cache else "")
+    saved = _saved_line(view)
+    return (
+        "### Run summary\n\n"
+        + "\n".join(rows)
+        + totals
+        + (f"\n\n{cache}" if cache else "")
+        + (f"\n\n{saved}" if saved else "")
+    )
+
+
+def _saved_line(view: RunView) -> str:
+    """What stopping when decided saved, once the run is done ("" where it stopped nothing)."""
+    if not view.stopped_by_vote or view.done_stats is None:
+        return ""
+    stopped = [(s.index, s.tokens) for s in view.samples if s.index in view.stopped_by_vote]
+    rates = [
+        s.stats["tokens_per_s"]
+        for s in view.samples
+        if s.stats and isinstance(s.stats.get("tokens_per_s"), int | float) and s.stats["tokens_per_s"] > 0
+    ]
+    rate = sum(rates) / len(rates) if rates else None
+    return saved_words(stopped, int(view.params.get("max_tokens", 0)), rate)
 
 
 def _count(value: Any) -> int | None:
