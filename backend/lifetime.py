@@ -102,8 +102,12 @@ def keep(command: Sequence[str], parent: int, grace_s: float) -> int:
     # The group's SIGTERM (the starter stopping the program) is the program's to act on: the keeper
     # stays to pass on its status. A handler, not SIG_IGN, which the program would inherit.
     signal.signal(signal.SIGTERM, lambda *_: None)
-    # preexec_fn is safe here: no other thread runs in the keeper yet.
-    program = subprocess.Popen(list(command), preexec_fn=parent_death_signal(signal.SIGKILL))
+    try:
+        # preexec_fn is safe here: no other thread runs in the keeper yet.
+        program = subprocess.Popen(list(command), preexec_fn=parent_death_signal(signal.SIGKILL))
+    except OSError as exc:  # as a shell says it: the program cannot be run
+        print(f"cannot start {command[0]}: {exc}", file=sys.stderr, flush=True)
+        return 127
     gone = threading.Event()
     tie_to_parent(parent, gone.set)
     while program.poll() is None and not gone.wait(0.1):

@@ -128,7 +128,8 @@ def test_the_example_ends_by_itself_and_its_finished_trace_draws_the_stall(
         status = page.locator("#status")
         expect(status).to_contain_text("finished", timeout=60_000)
         took = time.monotonic() - pressed
-        assert took < 20, f"the example took {took:.1f} s"
+        # About 15 s on an idle 2-core machine (4 x 120 chunks of 30 ms each); a bound, not a timing.
+        assert took < 60, f"the example took {took:.1f} s"
         expect(page.locator("#trace .trace-stall.live")).to_have_count(0)
         longest = figure(page, "longest stall")
         longest_ms = float(longest.split()[0])

@@ -78,11 +78,11 @@ def decide(vote: Vote, running: int, rule: str) -> Decision | None:
     runner_up = vote.counts[1][1] if len(vote.counts) > 1 else 0
     if rule == SURE:
         if leader > runner_up + running:
-            return Decision(vote.majority, SURE, leader, runner_up, running, 1.0)
+            return Decision(vote.majority, SURE, leader, runner_up, running=running, confidence=1.0)
         return None
     confidence = beta_majority(leader, runner_up)
     if confidence >= BETA_THRESHOLD:
-        return Decision(vote.majority, BETA, leader, runner_up, running, confidence)
+        return Decision(vote.majority, BETA, leader, runner_up, running=running, confidence=confidence)
     return None
 
 

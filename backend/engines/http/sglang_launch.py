@@ -21,11 +21,13 @@ from __future__ import annotations
 import argparse
 import atexit
 import contextlib
+import errno
 import json
 import logging
 import logging.handlers
 import os
 import random
+import shutil
 import signal
 import socket
 import subprocess
@@ -343,6 +345,8 @@ class SGLangServerProcess:
         """Start the server's process under its keeper (in a process group of their own), record it,
         and start the thread that logs its output."""
         env = {**os.environ, **self.env} if self.env is not None else None
+        if shutil.which(self.python) is None:  # said here, not as the keeper's exit status
+            raise FileNotFoundError(errno.ENOENT, "no Python to run the SGLang server", self.python)
         # Its own process group, so stop() ends the scheduler and detokenizer processes it spawns too.
         process = self.process = subprocess.Popen(
             lifetime.keeper_command(self.command(), STOP_TIMEOUT_S),
