@@ -119,7 +119,8 @@ class AnswersPanel:
         if decision is None:
             return []
         self.decision, self.stopped = decision, running
-        view.stopped_by_vote = set(running)
+        for index in running:
+            view.samples[index].stopped_by_vote = True
         return running
 
     def _stop_words(self, vote: Vote, all_finished: bool) -> str:

@@ -55,6 +55,8 @@ class SampleView:
     engine: dict[str, Any] = field(default_factory=dict)
     """The engine's own figures from the `finish` frame (SGLang's `meta_info`, vLLM's usage, the
     embedded engine's prompt counts), `{}` where it sent none."""
+    stopped_by_vote: bool = False
+    """The page stopped it once the run's vote was decided (`ui.early_stop`)."""
 
     @property
     def text(self) -> str:
@@ -110,11 +112,14 @@ class RunView:
     """The run's Cancel, once pressed: when, when the backend read it, what it did."""
     last_chunk_at: float | None = None
     """When the run's last chunk arrived (this process's monotonic clock)."""
-    stopped_by_vote: set[int] = field(default_factory=set)
-    """The samples the page stopped once the vote was decided (`ui.early_stop`)."""
 
     def __post_init__(self) -> None:
         self.trace = TraceView(self.request_id)
+
+    @property
+    def stopped_by_vote(self) -> set[int]:
+        """The samples the page stopped once the vote was decided (`ui.early_stop`)."""
+        return {sample.index for sample in self.samples if sample.stopped_by_vote}
 
     @property
     def finished(self) -> bool:
@@ -221,7 +226,7 @@ def sample_header(sample: SampleView, started_at: float, now: float) -> str:
         elapsed = (sample.last_at if sample.last_at is not None else now) - started_at
         tokens_per_s = sample.tokens / elapsed if sample.tokens and elapsed > 0 else None
         ttft_ms = None if sample.first_at is None else (sample.first_at - started_at) * 1000
-    label = REASON_LABELS.get(sample.status, sample.status)
+    label = STOPPED_BY_VOTE if sample.stopped_by_vote else REASON_LABELS.get(sample.status, sample.status)
     header = (
         f"#{sample.index} · {label} · {sample.tokens} tok · "
         f"{_fmt(tokens_per_s, 'tok/s', 1)} · TTFT {_fmt(ttft_ms, 'ms')}"
@@ -248,9 +253,7 @@ def samples_value(view: RunView, now: float) -> dict[str, Any]:
         text = sample.text
         column: dict[str, Any] = {
             "index": sample.index,
-            "status": STOPPED_BY_VOTE
-            if sample.status == "abort" and sample.index in view.stopped_by_vote
-            else REASON_LABELS.get(sample.status, sample.status),
+            "status": REASON_LABELS.get(sample.status, sample.status),
             "header": sample_header(sample, view.started_at, now),
             "text": text,
             "parts_at": parts_at,
