@@ -35,8 +35,8 @@ from backend.config.settings import (
     TOP_K_MAX,
     Limits,
 )
-from backend.engines.base import PROMPT_FORMATS, SamplingParams
 from backend.saved_run import SavedRun, SavedRunError, saved_run_from_dict
+from backend.vocabulary import PROMPT_FORMATS, SamplingParams
 
 PROTOCOL_VERSION = 2
 """2: a server message may be a batch of frames (a JSON array); 1 sent one frame per message."""

@@ -26,7 +26,7 @@ from backend.config.settings import (
     TEMPERATURE_MAX,
     TOP_K_MAX,
 )
-from backend.engines.base import FINISH_REASONS, PROMPT_FORMATS, SamplingParams
+from backend.vocabulary import FINISH_REASONS, PROMPT_FORMATS, SamplingParams
 
 SAVED_RUN_KIND = "parallel-sampling-dashboard/run"
 """The `kind` of every saved run: what tells it apart from any other JSON file."""

@@ -17,8 +17,8 @@ import statistics
 import time
 from dataclasses import dataclass
 
-from backend.engines.base import Prompt, SamplingParams
 from backend.engines.embedded.engine import EmbeddedEngine
+from backend.vocabulary import Prompt, SamplingParams
 from ui.answers import compile_answer_pattern, final_answer, tally
 from ui.early_stop import BETA, SURE, decide
 

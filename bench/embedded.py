@@ -23,11 +23,11 @@ from collections.abc import Callable
 import psutil
 import torch
 
-from backend.engines.base import Prompt
 from backend.engines.embedded import COMPUTE, THREADS
 from backend.engines.embedded.engine import EmbeddedEngine
 from backend.engines.embedded.scheduler import DecodeParams
 from backend.engines.embedded.weights import resolve_model
+from backend.vocabulary import Prompt
 
 PROMPT = "Write a short poem about the sea."
 HEARTBEAT_S = 0.005

@@ -71,11 +71,11 @@ from typing import Any
 import httpx
 import psutil
 
-from backend.engines.base import Prompt
 from backend.engines.embedded.compute import COMPUTE_CHOICES, PATHS
 from backend.engines.embedded.engine import EmbeddedEngine
 from backend.engines.embedded.scheduler import DecodeParams
 from backend.engines.embedded.weights import bundled_gguf
+from backend.vocabulary import Prompt
 from bench import llama_cpp
 from bench.embedded import PeakMemory
 from bench.matmul_layouts import matmul_rate

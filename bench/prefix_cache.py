@@ -36,9 +36,9 @@ from dataclasses import replace
 from functools import partial
 from typing import Any
 
-from backend.engines.base import Chunk, Prompt, SamplingParams
 from backend.engines.embedded.engine import EmbeddedEngine
 from backend.engines.http.sglang import SGLangEngine
+from backend.vocabulary import Chunk, Prompt, SamplingParams
 
 PROMPT = "Write a long story about a lighthouse keeper who keeps a diary through a winter storm."
 

@@ -52,7 +52,6 @@ from typing import Any
 from websockets.asyncio.client import connect
 
 from backend.config.settings import ServerOptions
-from backend.engines.base import Chunk, SamplingParams
 from backend.engines.synthetic import SyntheticEngine
 from backend.protocol import encode, generate_frame
 from backend.serving.outbox import Outbox
@@ -60,6 +59,7 @@ from backend.serving.request import RequestState
 from backend.serving.server import BackendServer
 from backend.trace.frames import digest_ring
 from backend.trace.recorder import LoopTracer
+from backend.vocabulary import Chunk, SamplingParams
 from bench.transport import run_websocket, start_backend
 from devkit.frames import recv_frame
 from devkit.local import stop_process

@@ -66,19 +66,11 @@ def module_name(path: Path) -> str:
 
 
 def imported(tree: ast.Module, modules: set[str]) -> set[str]:
-    """The product modules `tree` imports as it runs, at its top or in a function; imports for type
-    checkers only (`if TYPE_CHECKING:`) load nothing and are left out."""
-    typing_only = {
-        id(inner)
-        for node in ast.walk(tree)
-        if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test)
-        for statement in node.body
-        for inner in ast.walk(statement)
-    }
+    """The product modules `tree` imports, at its top, in a function, or for type checkers only
+    (`if TYPE_CHECKING:`): a circle that only the type checker walks is still two modules that
+    cannot be read apart."""
     found: set[str] = set()
     for node in ast.walk(tree):
-        if id(node) in typing_only:
-            continue
         if isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
             found.update(
                 f"{node.module}.{a.name}" if f"{node.module}.{a.name}" in modules else node.module

@@ -21,11 +21,11 @@ import torch
 from websockets.asyncio.client import connect
 
 from backend.config.settings import Limits
-from backend.engines.base import Prompt
 from backend.engines.embedded import compute, int4, int8
 from backend.engines.embedded.engine import EmbeddedEngine
 from backend.engines.embedded.weights import resolve_model
 from backend.protocol import cancel_frame, generate_frame
+from backend.vocabulary import Prompt
 from bench.rounding import with_products
 from devkit.frames import recv_frame
 from tests.support.backends import serving

@@ -25,7 +25,7 @@ import torch
 from websockets.asyncio.client import connect
 
 from backend.config.settings import Limits
-from backend.engines.base import Prompt, RequestRejected, SamplingParams
+from backend.engines.base import RequestRejected
 from backend.engines.embedded.detokenizer import TextStream
 from backend.engines.embedded.engine import EmbeddedEngine
 from backend.engines.embedded.scheduler import DecodeParams
@@ -37,6 +37,7 @@ from backend.engines.embedded.weights import (
     resolve_model,
 )
 from backend.protocol import generate_frame
+from backend.vocabulary import Prompt, SamplingParams
 from devkit.frames import recv_frame
 from devkit.local import ROOT
 from tests.support.backends import serving

@@ -34,7 +34,8 @@ from __future__ import annotations
 import asyncio
 
 from backend.config.declared import Setting
-from backend.engines.base import Chunk, Engine, SampleTasksGeneration
+from backend.engines.base import Engine, SampleTasksGeneration
+from backend.vocabulary import Chunk
 
 WORD = Setting(
     "toy_word", "--toy-word", ("TOY_WORD",), "toy engine: the word each sample repeats", default="ahoy"

@@ -4,9 +4,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from backend.engines.base import Chunk, Generation, Prompt, SamplingParams
+from backend.engines.base import Generation
 from backend.engines.synthetic import SyntheticEngine
 from backend.serving.fanout import FanoutGeneration
+from backend.vocabulary import Chunk, Prompt, SamplingParams
 
 
 class DeadServerGeneration(Generation):

@@ -8,7 +8,7 @@ import math
 import pytest
 
 from backend.config.settings import DEFAULT_MAX_TOKENS, Limits
-from backend.engines.base import Prompt, choose_format
+from backend.engines.base import choose_format
 from backend.protocol import (
     CancelCommand,
     Consumer,
@@ -25,6 +25,7 @@ from backend.protocol import (
     generate_frame,
     parse_client_frame,
 )
+from backend.vocabulary import Prompt
 
 LIMITS = Limits()
 

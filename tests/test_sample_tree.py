@@ -11,10 +11,10 @@ from typing import Any
 
 import pytest
 
-from backend.engines.base import Chunk, SamplingParams
 from backend.engines.http.streams import OpenAIStream, SGLangStream, SSEDecoder
 from backend.protocol import accepted_frame, chunk_frame, done_frame, finish_frame
 from backend.serving.outbox import Outbox
+from backend.vocabulary import Chunk, SamplingParams
 from ui.sample_tree import TOKENS, WORD_UNITS, WORDS, Node, SampleTree, sample_indices
 from ui.sample_tree_view import LABEL_CHARS, tree_value, value_rows
 from ui.view import RunView, samples_value

@@ -9,7 +9,6 @@ from typing import Any
 
 import pytest
 
-from backend.engines.base import FINISH_REASONS, SamplingParams
 from backend.protocol import (
     accepted_frame,
     chunk_frame,
@@ -33,6 +32,7 @@ from backend.saved_run import (
     saved_runs_dict,
     saved_runs_json,
 )
+from backend.vocabulary import FINISH_REASONS, SamplingParams
 from devkit.local import ROOT
 
 RUNS = ROOT / "docs" / "runs"

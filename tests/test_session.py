@@ -6,10 +6,10 @@ import json
 
 import orjson
 
-from backend.engines.base import Chunk, SamplingParams
 from backend.protocol import chunk_frame, done_frame, finish_frame
 from backend.serving.outbox import Outbox
 from backend.serving.request import RequestState
+from backend.vocabulary import Chunk, SamplingParams
 
 PARAMS = SamplingParams(max_tokens=8, temperature=0.8, top_p=0.95, seed=100)
 

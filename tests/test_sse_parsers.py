@@ -9,7 +9,6 @@ from typing import Any
 
 import pytest
 
-from backend.engines.base import Chunk
 from backend.engines.http.streams import (
     DONE,
     OpenAIStream,
@@ -18,6 +17,7 @@ from backend.engines.http.streams import (
     StreamProtocolError,
     sglang_finish_reason,
 )
+from backend.vocabulary import Chunk
 
 FIXTURES = Path(__file__).resolve().parent / "fixtures"
 """Real streams recorded from SGLang and vLLM servers (tests/fixtures/README.md says how)."""
@@ -366,8 +366,8 @@ def test_a_cumulative_server_that_rewrites_its_text_is_said_and_the_deltas_still
 def test_a_continuation_asks_each_server_to_continue_the_assistants_turn() -> None:
     """Chat: the OpenAI-compatible request ends with the assistant's turn begun with the prefix,
     continued (`continue_final_message`), not closed; raw: the prefix is more prompt text."""
-    from backend.engines.base import Prompt, SamplingParams
     from backend.engines.http.openai import completions_request
+    from backend.vocabulary import Prompt, SamplingParams
 
     params = SamplingParams(max_tokens=8, temperature=0.8, top_p=0.95, seed=1)
     path, body = completions_request("m", Prompt("Tell a story.", prefix="Once upon"), 2, params)

@@ -8,8 +8,8 @@ import time
 import pytest
 
 from backend.engines import create_engine
-from backend.engines.base import Chunk, Prompt, SamplingParams
 from backend.engines.synthetic import SyntheticEngine, cut_at_stop, synthetic_tokens, token_intervals
+from backend.vocabulary import Chunk, Prompt, SamplingParams
 
 
 def params(max_tokens: int = 40, seed: int = 33, temperature: float = 0.8) -> SamplingParams:

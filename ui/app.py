@@ -32,8 +32,8 @@ from backend.config.settings import (
     TEMPERATURE_MAX,
     Limits,
 )
-from backend.engines.base import PROMPT_FORMATS
 from backend.protocol import CONSUMER_MODES, FANOUTS, OUTPUT_KINDS, REPLAY_SPEED_MAX
+from backend.vocabulary import PROMPT_FORMATS
 from ui.answers_view import answers_chart as answers_chart_component
 from ui.answers_view import empty_outputs as empty_answers
 from ui.early_stop import RULES as STOP_RULES

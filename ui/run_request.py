@@ -14,8 +14,8 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from backend.engines.base import PROMPT_FORMATS
 from backend.protocol import CONSUMER_MODES, FANOUTS, OUTPUT_KINDS
+from backend.vocabulary import PROMPT_FORMATS
 from ui.early_stop import RULES
 
 STOP_CHOICES = ("off", *RULES)

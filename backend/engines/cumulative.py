@@ -13,7 +13,8 @@ import logging
 from collections.abc import Callable
 from dataclasses import replace
 
-from backend.engines.base import Chunk, Generation
+from backend.engines.base import Generation
+from backend.vocabulary import Chunk
 
 log = logging.getLogger("backend")
 

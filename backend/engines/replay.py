@@ -22,17 +22,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from backend.config.declared import Setting
-from backend.engines.base import (
-    Chunk,
-    Engine,
-    FormatChoice,
-    Generation,
-    Prompt,
-    RequestRejected,
-    SampleTasksGeneration,
-    SamplingParams,
-)
+from backend.engines.base import Engine, FormatChoice, Generation, RequestRejected, SampleTasksGeneration
 from backend.saved_run import SavedRun, SavedRunError, SavedSample, load_saved_run
+from backend.vocabulary import Chunk, Prompt, SamplingParams
 
 if TYPE_CHECKING:
     from backend.engines import EngineOptions

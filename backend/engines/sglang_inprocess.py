@@ -29,21 +29,14 @@ from typing import TYPE_CHECKING, Any
 from backend.config.declared import Setting
 from backend.config.settings import DEFAULT_MODEL_ID
 from backend.engines import MODEL, gpu_probe, sglang_model
-from backend.engines.base import (
-    Chunk,
-    Engine,
-    Generation,
-    Prompt,
-    QueuedGeneration,
-    SamplingParams,
-    template_token_ids,
-)
+from backend.engines.base import Engine, Generation, QueuedGeneration, template_token_ids
 from backend.engines.gpu_preflight import GpuFacts, check, needs_fp16
 from backend.engines.http.sglang import sglang_request
 from backend.engines.http.sglang_launch import exit_words
 from backend.engines.http.streams import SGLangStream
 from backend.engines.sglang_model import ModelNotFound, SGLangModel
 from backend.engines.sglang_settings import engine_kwargs
+from backend.vocabulary import Chunk, Prompt, SamplingParams
 
 if TYPE_CHECKING:
     from backend.engines import EngineOptions

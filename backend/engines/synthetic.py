@@ -17,7 +17,8 @@ import random
 from typing import TYPE_CHECKING, Any
 
 from backend.config.declared import Setting
-from backend.engines.base import Chunk, Engine, Generation, Prompt, SampleTasksGeneration, SamplingParams
+from backend.engines.base import Engine, Generation, SampleTasksGeneration
+from backend.vocabulary import Chunk, Prompt, SamplingParams
 
 if TYPE_CHECKING:
     from backend.engines import EngineOptions

@@ -27,7 +27,7 @@ from backend.config.settings import (
     Limits,
 )
 from backend.engines import replaying
-from backend.engines.base import Chunk, Engine, Generation, Prompt, RequestRejected, SamplingParams
+from backend.engines.base import Engine, Generation, RequestRejected
 from backend.engines.cumulative import CumulativeGeneration, DeltaReader
 from backend.protocol import (
     CancelCommand,
@@ -52,6 +52,7 @@ from backend.trace.frames import chrome_trace
 from backend.trace.prefill import PrefillLog
 from backend.trace.reads import ReadLog
 from backend.trace.recorder import LoopTracer
+from backend.vocabulary import Chunk, Prompt, SamplingParams
 
 log = logging.getLogger("backend")
 

@@ -35,18 +35,11 @@ from dataclasses import replace
 from typing import Any
 
 from backend.config.settings import ServerOptions
-from backend.engines.base import (
-    Chunk,
-    Engine,
-    FormatChoice,
-    Generation,
-    Prompt,
-    RequestRejected,
-    SamplingParams,
-)
+from backend.engines.base import Engine, FormatChoice, Generation, RequestRejected
 from backend.saved_run import SavedRun
 from backend.serving.server import BackendServer
 from backend.trace.frames import loop_watch
+from backend.vocabulary import Chunk, Prompt, SamplingParams
 
 log = logging.getLogger("backend")
 

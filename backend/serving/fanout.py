@@ -11,7 +11,8 @@ from __future__ import annotations
 import asyncio
 from dataclasses import replace
 
-from backend.engines.base import Chunk, Engine, Generation, Prompt, SamplingParams
+from backend.engines.base import Engine, Generation
+from backend.vocabulary import Chunk, Prompt, SamplingParams
 
 
 class FanoutGeneration(Generation):

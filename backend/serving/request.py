@@ -12,9 +12,10 @@ import asyncio
 from dataclasses import dataclass
 from typing import Any
 
-from backend.engines.base import FINISH_REASONS, Chunk, Generation, SamplingParams
+from backend.engines.base import Generation
 from backend.protocol import GenerateCommand, chunk_frame, done_frame, finish_frame
 from backend.serving.stats import SampleTimer, request_stats
+from backend.vocabulary import FINISH_REASONS, Chunk, SamplingParams
 
 
 class RequestState:

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import torch
 
-from backend.engines.base import SamplingParams
 from backend.engines.embedded.engine import EmbeddedGeneration
 from backend.engines.embedded.linear import kernel_status
+from backend.vocabulary import SamplingParams
 
 PROMPT = "Name three colors."
 

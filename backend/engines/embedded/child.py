@@ -24,8 +24,8 @@ from pathlib import Path
 from typing import Any
 
 from backend import lifetime
-from backend.engines.base import Chunk
 from backend.engines.embedded.worker import WorkerSetup
+from backend.vocabulary import Chunk
 
 log = logging.getLogger("backend.embedded")
 

@@ -22,19 +22,12 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from backend.engines import MODEL
-from backend.engines.base import (
-    Chunk,
-    Engine,
-    Generation,
-    Prompt,
-    RequestRejected,
-    SamplingParams,
-    template_token_ids,
-)
+from backend.engines.base import Engine, Generation, RequestRejected, template_token_ids
 from backend.engines.embedded import COMPUTE, CONTEXT, DEFAULT_MODEL, MAX_ROWS, THREADS
 from backend.engines.embedded.compute import PATHS, ComputePath, check_setting
 from backend.engines.embedded.scheduler import DecodeParams
 from backend.engines.embedded.worker import WorkerProcess, WorkerSetup
+from backend.vocabulary import Chunk, Prompt, SamplingParams
 
 if TYPE_CHECKING:
     from backend.engines import EngineOptions

@@ -33,11 +33,12 @@ from typing import Any, Protocol
 
 import torch
 
-from backend.engines.base import Chunk, template_token_ids
+from backend.engines.base import template_token_ids
 from backend.engines.embedded.detokenizer import TextStream
 from backend.engines.embedded.linear import KERNEL_MAX_ROWS, rows_independent
 from backend.engines.embedded.model import Llama, PromptKV, RowCache
 from backend.engines.embedded.sampler import RowSampling, sample
+from backend.vocabulary import Chunk
 
 log = logging.getLogger("backend.embedded")
 

@@ -17,8 +17,9 @@ import logging
 from abc import abstractmethod
 from typing import TYPE_CHECKING, Any
 
-from backend.engines.base import Chunk, Engine, QueuedGeneration
+from backend.engines.base import Engine, QueuedGeneration
 from backend.engines.http.streams import SSEDecoder, StreamProtocolError, StreamState
+from backend.vocabulary import Chunk
 
 # httpx is imported in the functions that use it: `import httpx` loads its command line too (rich,
 # click, pygments: 7 MB and 130 modules), and every backend imports this module for its settings.

@@ -17,9 +17,10 @@ from typing import TYPE_CHECKING, Any
 
 from backend.config.declared import Setting
 from backend.engines import MODEL
-from backend.engines.base import Chunk, Generation, Prompt, SamplingParams
+from backend.engines.base import Generation
 from backend.engines.http.base import HTTPEngine, StreamingGeneration
 from backend.engines.http.streams import OpenAIStream
+from backend.vocabulary import Chunk, Prompt, SamplingParams
 
 if TYPE_CHECKING:
     from backend.engines import EngineOptions

@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING, Any
 
 from backend.config.declared import Setting
 from backend.engines import sglang_model
-from backend.engines.base import Chunk, Generation, Prompt, SamplingParams
+from backend.engines.base import Generation
 from backend.engines.http.base import (
     CONTROL_TIMEOUT_S,
     EngineUnavailable,
@@ -39,6 +39,7 @@ from backend.engines.http.base import (
 from backend.engines.http.sglang_launch import SERVER_ARGS, START_TIMEOUT, SGLangServerProcess, exit_words
 from backend.engines.http.streams import SGLangStream
 from backend.engines.sglang_model import ModelNotFound, SGLangModel
+from backend.vocabulary import Chunk, Prompt, SamplingParams
 
 # httpx is imported in the functions that use it: `import httpx` loads its command line too (rich,
 # click, pygments: 7 MB and 130 modules), and every backend imports this module for its settings.

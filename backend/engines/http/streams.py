@@ -22,8 +22,8 @@ import math
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from backend.engines.base import Chunk
 from backend.engines.cumulative import DeltaReader
+from backend.vocabulary import Chunk
 
 log = logging.getLogger("backend.engines.http.streams")
 
