@@ -15,7 +15,6 @@ and clients read every message with `frames_in`.
 from __future__ import annotations
 
 import json
-import math
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import Any
@@ -35,6 +34,7 @@ from backend.config.settings import (
     TOP_K_MAX,
     Limits,
 )
+from backend.json_values import is_int, is_number, reject_constant
 from backend.saved_run import SavedRun, SavedRunError, saved_run_from_dict
 from backend.vocabulary import PROMPT_FORMATS, SamplingParams
 
@@ -135,10 +135,6 @@ class CancelCommand:
     index: int | None = None
 
 
-def _reject_constant(name: str) -> Any:
-    raise ValueError(f"{name} is not a number JSON allows")
-
-
 ClientCommand = GenerateCommand | CancelCommand | ExportTraceCommand
 
 
@@ -153,7 +149,7 @@ def parse_client_frame(data: str | bytes, limits: Limits) -> ClientCommand:
     ):
         raise ProtocolError("frame_too_large", _too_large(limits, size))
     try:
-        frame = json.loads(data, parse_constant=_reject_constant)
+        frame = json.loads(data, parse_constant=reject_constant)
     except ValueError as exc:
         raise ProtocolError("bad_json", f"frame is not valid JSON: {exc}") from None
     except RecursionError:
@@ -194,14 +190,6 @@ def _parse_id(frame: dict[str, Any], limits: Limits) -> str:
     if len(request_id) > limits.max_id_chars:
         raise ProtocolError("bad_field", f'"id" must be at most {limits.max_id_chars} characters')
     return request_id
-
-
-def _is_int(value: Any) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
-
-
-def _is_number(value: Any) -> bool:
-    return (_is_int(value) or isinstance(value, float)) and math.isfinite(value)
 
 
 Fail = Callable[[str, str], ProtocolError]
@@ -253,7 +241,7 @@ def _parse_replay(frame: dict[str, Any], limits: Limits) -> GenerateCommand:
         raise fail("bad_run", f"the saved run cannot be replayed: {exc}") from None
     check_replayable(run, limits, request_id)
     speed = frame.get("speed", 1.0)
-    if not _is_number(speed) or not 0 < speed <= REPLAY_SPEED_MAX:
+    if not is_number(speed) or not 0 < speed <= REPLAY_SPEED_MAX:
         raise fail(
             "bad_field", f'"speed" must be a number above 0, at most {REPLAY_SPEED_MAX:g}, got {speed!r}'
         )
@@ -329,7 +317,7 @@ def _with_options(command: GenerateCommand, frame: dict[str, Any], fail: Fail) -
             "bad_field", f'"output_kind" must be one of {", ".join(OUTPUT_KINDS)}, got {output_kind!r}'
         )
     cancel_after = frame.get("cancel_after")
-    if cancel_after is not None and (not _is_int(cancel_after) or not 1 <= cancel_after < params.max_tokens):
+    if cancel_after is not None and (not is_int(cancel_after) or not 1 <= cancel_after < params.max_tokens):
         raise fail(
             "bad_field",
             f'"cancel_after" must be a whole number of tokens from 1 to {params.max_tokens - 1} (under '
@@ -403,7 +391,7 @@ def _parse_prefix(frame: dict[str, Any], limits: Limits, used: int, fail: Fail) 
 
 def _parse_n(frame: dict[str, Any], limits: Limits, fail: Fail) -> int:
     n = frame.get("n", 1)
-    if not _is_int(n):
+    if not is_int(n):
         raise fail("bad_field", '"n" must be an integer')
     if not 1 <= n <= limits.n_max:
         raise fail("n_out_of_range", f"n must be between 1 and {limits.n_max}, got {n}")
@@ -426,7 +414,7 @@ def _parse_params(frame: dict[str, Any], limits: Limits, fail: Fail) -> Sampling
         )
 
     max_tokens = raw_params.get("max_tokens", DEFAULT_MAX_TOKENS)
-    if not _is_int(max_tokens):
+    if not is_int(max_tokens):
         raise fail("bad_field", '"max_tokens" must be an integer')
     if not 1 <= max_tokens <= limits.max_tokens_max:
         raise fail(
@@ -435,7 +423,7 @@ def _parse_params(frame: dict[str, Any], limits: Limits, fail: Fail) -> Sampling
         )
 
     temperature = raw_params.get("temperature", DEFAULT_TEMPERATURE)
-    if not _is_number(temperature):
+    if not is_number(temperature):
         raise fail("bad_field", '"temperature" must be a number')
     if not 0 <= temperature <= TEMPERATURE_MAX:
         raise fail(
@@ -444,7 +432,7 @@ def _parse_params(frame: dict[str, Any], limits: Limits, fail: Fail) -> Sampling
         )
 
     top_p = raw_params.get("top_p", DEFAULT_TOP_P)
-    if not _is_number(top_p):
+    if not is_number(top_p):
         raise fail("bad_field", '"top_p" must be a number')
     if not 0 < top_p <= 1:
         raise fail("top_p_out_of_range", f"top_p must be in (0, 1], got {top_p}")
@@ -466,7 +454,7 @@ def _parse_seed_top_k_stop(
     """The seed (None: the server picks one), top-k (0: no limit) and stop strings, each checked."""
     seed = raw_params.get("seed")
     if seed is not None:
-        if not _is_int(seed):
+        if not is_int(seed):
             raise fail("bad_field", '"seed" must be an integer or null')
         if not 0 <= seed <= SEED_MAX - limits.n_max:
             raise fail(
@@ -474,7 +462,7 @@ def _parse_seed_top_k_stop(
             )
 
     top_k = raw_params.get("top_k", 0)
-    if not _is_int(top_k) or not 0 <= top_k <= TOP_K_MAX:
+    if not is_int(top_k) or not 0 <= top_k <= TOP_K_MAX:
         raise fail("top_k_out_of_range", f"top_k must be an integer from 0 (no limit) to {TOP_K_MAX}")
     stop = raw_params.get("stop", [])
     if isinstance(stop, str):
@@ -501,7 +489,7 @@ def _parse_consumer(raw: Any, fail: Fail) -> Consumer:
     if mode not in CONSUMER_MODES:
         raise fail("bad_field", f'"consumer.mode" must be one of {", ".join(CONSUMER_MODES)}, got {mode!r}')
     block_ms = raw.get("block_ms", Consumer.block_ms)
-    if not _is_number(block_ms) or not 0 <= block_ms <= BLOCK_MS_MAX:
+    if not is_number(block_ms) or not 0 <= block_ms <= BLOCK_MS_MAX:
         raise fail("bad_field", f'"consumer.block_ms" must be a number from 0 to {BLOCK_MS_MAX:g}')
     return Consumer(mode=mode, block_ms=float(block_ms))
 
@@ -509,7 +497,7 @@ def _parse_consumer(raw: Any, fail: Fail) -> Consumer:
 def _parse_cancel(frame: dict[str, Any], limits: Limits) -> CancelCommand:
     request_id = _parse_id(frame, limits)
     index = frame.get("index")
-    if index is not None and not _is_int(index):
+    if index is not None and not is_int(index):
         raise ProtocolError("bad_field", '"index" must be an integer or left out', request_id)
     return CancelCommand(id=request_id, index=index)
 

@@ -13,7 +13,6 @@ a run the backend could have sent; `saved_run_json` writes it. The format is in 
 from __future__ import annotations
 
 import json
-import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -26,6 +25,7 @@ from backend.config.settings import (
     TEMPERATURE_MAX,
     TOP_K_MAX,
 )
+from backend.json_values import is_int, is_number, reject_constant
 from backend.vocabulary import FINISH_REASONS, PROMPT_FORMATS, SamplingParams
 
 SAVED_RUN_KIND = "parallel-sampling-dashboard/run"
@@ -293,16 +293,12 @@ def parse_saved_runs(data: str | bytes) -> tuple[SavedRun, ...]:
     except UnicodeDecodeError:
         raise SavedRunError("the file is not UTF-8 text, so not a saved run (a JSON file)") from None
     try:
-        value = json.loads(text, parse_constant=_reject_constant)
+        value = json.loads(text, parse_constant=reject_constant)
     except ValueError as exc:
         raise SavedRunError(f"the file is not JSON: {exc}") from None
     except RecursionError:
         raise SavedRunError("the file is nested too deeply to be a saved run") from None
     return saved_runs_from_dict(value)
-
-
-def _reject_constant(name: str) -> Any:
-    raise ValueError(f"{name} is not a number JSON allows")
 
 
 def saved_run_from_dict(value: Any) -> SavedRun:
@@ -322,7 +318,7 @@ def saved_runs_from_dict(value: Any) -> tuple[SavedRun, ...]:
             f'"kind" is {value.get("kind")!r}, so the file is not a saved run ("kind": "{SAVED_RUN_KIND}")'
         )
     version = value.get("version")
-    if version not in READ_VERSIONS or not _is_int(version):
+    if version not in READ_VERSIONS or not is_int(version):
         raise SavedRunError(
             f'"version" is {version!r}; this dashboard reads saved runs of version '
             f"{' or '.join(map(str, READ_VERSIONS))}"
@@ -432,14 +428,6 @@ def _continues(
     return Continues(position, branch)
 
 
-def _is_int(value: Any) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
-
-
-def _is_number(value: Any) -> bool:
-    return (_is_int(value) or isinstance(value, float)) and math.isfinite(value)
-
-
 def _object(value: Any, name: str, known: tuple[str, ...], required: tuple[str, ...]) -> dict[str, Any]:
     """`value` as an object holding every `required` field and no field not `known`."""
     if not isinstance(value, dict):
@@ -464,13 +452,13 @@ def _string(value: Any, name: str, limit: int, blank: bool = True) -> str:
 
 
 def _integer(value: Any, name: str, low: int, high: int) -> int:
-    if not _is_int(value) or not low <= value <= high:
+    if not is_int(value) or not low <= value <= high:
         raise SavedRunError(f"{name} must be a whole number from {low} to {high}, got {value!r}")
     return int(value)
 
 
 def _number(value: Any, name: str, low: float, high: float, low_open: bool = False) -> float:
-    if not _is_number(value) or value > high or value < low or (low_open and value == low):
+    if not is_number(value) or value > high or value < low or (low_open and value == low):
         interval = f"({low:g}, {high:g}]" if low_open else f"[{low:g}, {high:g}]"
         raise SavedRunError(f"{name} must be a number in {interval}, got {value!r}")
     return float(value)
@@ -525,10 +513,10 @@ def _settings(value: Any) -> tuple[int, SamplingParams]:
 def _sample(value: Any, position: int, params: SamplingParams) -> SavedSample:
     name = f'"samples[{position}]"'
     sample = _object(value, name, SAMPLE_FIELDS, required=SAMPLE_FIELDS)
-    if sample["index"] != position or not _is_int(sample["index"]):
+    if sample["index"] != position or not is_int(sample["index"]):
         raise SavedRunError(f'{name} has "index" {sample["index"]!r}; samples are in order, from 0')
     seed = sample["seed"]
-    if seed != params.sample_seed(position) or not _is_int(seed):
+    if seed != params.sample_seed(position) or not is_int(seed):
         raise SavedRunError(
             f'{name} has "seed" {seed!r}; sample {position} of a run with seed {params.seed} has seed '
             f"{params.sample_seed(position)}"
@@ -581,136 +569,12 @@ def _chunk(value: Any, name: str, params: SamplingParams) -> SavedChunk:
         if not params.logprobs:
             raise SavedRunError(f'{name} has logprobs, but the run\'s "settings.logprobs" is false')
         raw = value[3]
-        if not isinstance(raw, list) or not all(_is_number(x) and x <= 0 for x in raw):
+        if not isinstance(raw, list) or not all(is_number(x) and x <= 0 for x in raw):
             raise SavedRunError(f"{name}'s logprobs must be a list of numbers, each at most 0")
         if len(raw) > tokens:
             raise SavedRunError(f"{name} has {len(raw)} logprobs for {tokens} tokens")
         logprobs = tuple(float(x) for x in raw)
     return SavedChunk(at, text, tokens, logprobs)
-
-
-# Recording.
-
-
-class RunRecorder:
-    """Builds the saved run of one request from the frames its client gets.
-
-    `request` is the client's `generate` frame (the prompt and settings the server does not echo:
-    system prompt, top_k, stop, logprobs); feed every server frame to `apply`, in order; once the
-    request's `done` came, `saved_run` is the run. Cheap per frame: a chunk is one tuple appended.
-    """
-
-    def __init__(self, request: Mapping[str, Any]) -> None:
-        self.request_id = request.get("id")
-        replayed = request.get("run") if request.get("type") == "replay" else None
-        if isinstance(replayed, Mapping) and isinstance(replayed.get("runs"), list) and replayed["runs"]:
-            replayed = replayed["runs"][0]  # a file of the current version: its one run
-        if isinstance(replayed, Mapping):  # a replay runs the saved run's own prompt and settings
-            prompt = replayed.get("prompt") or {}
-            settings = replayed.get("settings") or {}
-            request = {"prompt": prompt.get("text"), "system": prompt.get("system"), "params": settings}
-            request["logprobs"] = settings.get("logprobs", False)
-            request["prefix"] = prompt.get("prefix") or ""
-        self.prompt = str(request.get("prompt", ""))
-        self.system = str(request.get("system") or "")
-        self.prefix = str(request.get("prefix") or "")
-        self._request_params = dict(request.get("params") or {})
-        self._logprobs = bool(request.get("logprobs", False))
-        self._accepted: dict[str, Any] | None = None
-        self._chunks: list[list[tuple[float, str, int, tuple[float, ...] | None]]] = []
-        self._finishes: dict[int, dict[str, Any]] = {}
-        self._done: dict[str, Any] | None = None
-
-    @property
-    def finished(self) -> bool:
-        """The request's `done` came: the run is complete."""
-        return self._done is not None
-
-    def apply(self, frame: Mapping[str, Any]) -> None:
-        """Take one server frame; frames of other requests, and trace frames, are ignored."""
-        if frame.get("id") != self.request_id:
-            return
-        kind = frame.get("type")
-        if kind == "chunk" and self._accepted is not None:
-            index = frame.get("index")
-            if isinstance(index, int) and 0 <= index < len(self._chunks):
-                pieces = frame.get("logprobs")
-                logprobs = None
-                if pieces:
-                    logprobs = tuple(round(value, LOGPROB_DIGITS) for _, values in pieces for value in values)
-                at = round(max(float(frame.get("at", 0.0)) - self._accepted.get("at", 0.0), 0.0), AT_DIGITS)
-                self._chunks[index].append((at, frame["text"], int(frame["tokens"]), logprobs))
-        elif kind == "finish":
-            self._finishes[int(frame["index"])] = dict(frame)
-        elif kind == "accepted":
-            self._accepted = dict(frame)
-            self._chunks = [[] for _ in range(int(frame["n"]))]
-        elif kind == "done":
-            self._done = dict(frame.get("stats") or {})
-
-    def _sample(self, index: int, chunks: list[Any]) -> dict[str, Any]:
-        """Sample `index` as the saved run's JSON has it, from its chunks and its `finish` frame."""
-        finish = self._finishes.get(index, {})
-        entries = [
-            [at, text, tokens] + ([list(lp)] if lp is not None else []) for at, text, tokens, lp in chunks
-        ]
-        return {
-            "index": index,
-            "seed": (finish.get("stats") or {}).get("seed", index),
-            "finish_reason": finish.get("reason", "error"),
-            "text": "".join(text for _, text, _, _ in chunks),
-            "tokens": sum(tokens for _, _, tokens, _ in chunks),
-            "chunks": entries,
-            "stats": finish.get("stats") or {},
-            "engine": finish.get("engine") or {},
-        }
-
-    def saved_run(self, source: Mapping[str, str] | None = None) -> SavedRun:
-        """The run (a run of its own: a continuation's `continues` is the caller's to set), with
-        `source` saying where it was recorded; SavedRunError while it is not done (or if the frames
-        do not make a valid run)."""
-        accepted = self._accepted
-        if accepted is None or self._done is None:
-            raise SavedRunError("the run has not finished yet; download it once every sample has ended")
-        if "at" not in accepted:
-            raise SavedRunError(
-                "the backend did not send the request's start time, so chunk times are unknown"
-            )
-        echoed = accepted.get("params") or {}
-        stop = self._request_params.get("stop") or []
-        settings = {
-            "n": accepted["n"],
-            "max_tokens": echoed.get("max_tokens"),
-            "temperature": echoed.get("temperature"),
-            "top_p": echoed.get("top_p"),
-            "top_k": self._request_params.get("top_k", 0),
-            "seed": echoed.get("seed"),
-            "stop": [stop] if isinstance(stop, str) else list(stop),
-            "logprobs": self._logprobs,
-        }
-        samples = [self._sample(index, chunks) for index, chunks in enumerate(self._chunks)]
-        run = {
-            "engine": accepted.get("engine", ""),
-            "model": accepted.get("model", ""),
-            "prompt": {
-                "text": self.prompt,
-                "format": accepted.get("format", "chat"),
-                "system": self.system if accepted.get("format") == "chat" else "",
-                "format_reason": accepted.get("format_reason", ""),
-                "prefix": self.prefix,
-            },
-            "continues": None,
-            "settings": settings,
-            "samples": samples,
-            "stats": self._done,
-        }
-        data = {
-            "kind": SAVED_RUN_KIND,
-            "version": SAVED_RUN_VERSION,
-            "source": dict(source or {}),
-            "runs": [run],
-        }
-        return saved_run_from_dict(data)
 
 
 def load_saved_run(path: str | Path) -> SavedRun:

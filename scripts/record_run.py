@@ -2,7 +2,7 @@
 
 The backend (`python -m backend --engine sglang`) runs in front of the server, and the page's own
 websocket client (`ui.client.BackendRun`) sends the request and builds the saved run from the
-frames it gets (`backend.saved_run.RunRecorder`), as the page's Download run does. With
+frames it gets (`ui.run_recorder.RunRecorder`), as the page's Download run does. With
 `--sglang-url` it records from a server already running (a GPU machine's); without, it starts
 SGLang on this CPU from the environment scripts/prepare-engine-envs.sh prepares (SmolLM2-135M-
 Instruct converted from the bundled GGUF), bounded by `--start-timeout`, and stops it after.

@@ -22,7 +22,6 @@ from backend.saved_run import (
     SAVED_RUN_KIND,
     SAVED_RUN_VERSION,
     Continues,
-    RunRecorder,
     SavedRun,
     SavedRunError,
     parse_saved_run,
@@ -34,6 +33,7 @@ from backend.saved_run import (
 )
 from backend.vocabulary import FINISH_REASONS, SamplingParams
 from devkit.local import ROOT
+from ui.run_recorder import RunRecorder
 
 RUNS = ROOT / "docs" / "runs"
 SHIPPED = sorted(RUNS.glob("*.json"))

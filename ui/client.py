@@ -31,8 +31,9 @@ from backend.protocol import (
     generate_frame,
     replay_frame,
 )
-from backend.saved_run import RunRecorder, SavedRun, saved_run_dict
+from backend.saved_run import SavedRun, saved_run_dict
 from ui.loop_watch import WATCH_EVERY_S, LoopWatch
+from ui.run_recorder import RunRecorder
 from ui.view import RunView
 
 log = logging.getLogger("ui")
