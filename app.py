@@ -17,15 +17,15 @@ import sys
 from typing import Any
 
 from backend.config.declared import Setting, add_settings
-from backend.config.engine_flags import add_engine_arguments, all_engine_settings
-from backend.config.server_flags import (
+from backend.config.settings import Limits
+from backend.engines.flags import add_engine_arguments, all_engine_settings
+from backend.serving.flags import (
     BACKEND_PORT,
     HOST,
     SERVER_SETTINGS,
     add_server_arguments,
     limits_from_args,
 )
-from backend.config.settings import Limits
 from backend.serving.process import BackendProcess
 from backend.trace import native_build
 from ui.engine_info import running_backend

@@ -14,8 +14,8 @@ import logging
 import signal
 import sys
 
-from backend.config.engine_flags import add_engine_arguments
-from backend.config.server_flags import BACKEND_PORT, HOST, add_server_arguments, servers_from_args
+from backend.engines.flags import add_engine_arguments
+from backend.serving.flags import BACKEND_PORT, HOST, add_server_arguments, servers_from_args
 from backend.serving.servers import Servers
 
 

@@ -107,3 +107,16 @@ def test_every_function_is_a_screen_long() -> None:
         and node.end_lineno - node.lineno + 1 > FUNCTION_LINES_MAX
     ]
     assert not long, "split these into named steps: " + "; ".join(long)
+
+
+def test_the_settings_import_nothing_outside_them() -> None:
+    """`backend/config/` is the ground floor of settings: what assembles a command line from them
+    (engines, servers) lives upstairs, beside what it builds."""
+    parsed = {module_name(path): tree for path, tree in trees() if path.name != "app.py"}
+    modules = set(parsed)
+    outside = {
+        name: sorted(m for m in imported(tree, modules) if not m.startswith("backend.config"))
+        for name, tree in parsed.items()
+        if name.startswith("backend.config")
+    }
+    assert not any(outside.values()), outside

@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from backend.config.engine_flags import add_engine_arguments, engine_from_args
 from backend.engines import ENGINES
 from backend.engines.auto import choose_engine
+from backend.engines.flags import add_engine_arguments, engine_from_args
 from backend.engines.http.openai import OpenAIEngine
 from backend.engines.http.sglang import SGLangEngine
 from backend.engines.http.sglang_launch import SGLangServerProcess

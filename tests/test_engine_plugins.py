@@ -19,9 +19,9 @@ from typing import Any
 import pytest
 from websockets.asyncio.client import connect
 
-from backend.config.server_flags import servers_from_args
 from backend.engines import ENGINES
 from backend.protocol import encode, generate_frame
+from backend.serving.flags import servers_from_args
 from devkit.frames import recv_frame
 from ui.trace_view import category
 from ui.view import RunView

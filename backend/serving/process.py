@@ -53,7 +53,7 @@ def _serve(args: argparse.Namespace, host: str, port: int, ready: Connection, pa
     """Child process: build, start, report the URL, serve until SIGTERM or until app.py is gone."""
     import logging
 
-    from backend.config.server_flags import servers_from_args
+    from backend.serving.flags import servers_from_args
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
 

@@ -1,4 +1,4 @@
-"""Command-line settings of the websocket server itself (the engines': `backend.config.engine_flags`).
+"""Command-line settings of the websocket server itself (the engines': `backend.engines.flags`).
 
 `HOST` and `BACKEND_PORT` are read by both `python -m backend` (the address and port it binds) and
 app.py (the page's address; the port of the backend it starts).
@@ -10,8 +10,8 @@ import argparse
 from dataclasses import replace
 
 from backend.config.declared import Setting, add_settings, in_a_space
-from backend.config.engine_flags import engine_from_args
 from backend.config.settings import Limits, ServerOptions
+from backend.engines.flags import engine_from_args
 from backend.serving.servers import Servers
 
 HOST = Setting(
