@@ -51,6 +51,7 @@ from tests.support.backends import serving
 from tests.support.gpu_space import entry_command, image_env
 from tests.support.stop_one import MAX_TOKENS, MAX_TOKENS_ON_GPU, StopOneSample
 from ui.engine_info import engine_line_now
+from ui.examples import WEEK
 
 pytestmark = pytest.mark.skipif(
     os.environ.get("DASHBOARD_REAL_ENGINES") != "1",
@@ -927,6 +928,35 @@ def test_app_py_serves_in_process_sglang(tmp_path: Path) -> None:
         asyncio.run(cancel_at_once(app.ws_url, "c1", app, headers=app.ws_headers))
         asyncio.run(cancel_at_once(app.ws_url, "c2", app, reached=True, headers=app.ws_headers))
         asyncio.run(stop_one_at_once(app.ws_url, "c3", headers=app.ws_headers))
+
+        # Stop when decided (Adaptive-Consistency's Beta rule): the samples still running once the
+        # vote is decided stop in SGLang, whose own count of running requests goes to 0.
+        decided = client.predict(
+            WEEK,
+            8,
+            96,
+            0.8,
+            0.95,
+            33,
+            *experiments,
+            "chat",
+            "",
+            "delta",
+            0,
+            False,
+            "",
+            "beta",
+            api_name="/generate",
+        )
+        if "Stopped when decided" in decided[5]:
+            stopped = [i for i, status in enumerate(column_statuses(decided)) if status == "aborted"]
+            assert stopped and all(
+                "stopped by the vote" in decided[0]["samples"][i]["header"] for i in stopped
+            )
+            assert app.running() == 0, "SGLang still runs the samples the vote stopped"
+        else:  # every sample ended before the vote was decided: nothing was left to stop
+            assert "not decided" in decided[5] or "no final answers" in decided[5], decided[5]
+        print(f"stop when decided on SGLang: {decided[5].splitlines()[-1]}")
 
         # SIGTERM while a request streams: app.py and every process of its session gone within 10 s.
         stream_then(client, lambda: assert_gone_within_grace(app.process, app.session))
