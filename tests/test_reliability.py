@@ -20,7 +20,15 @@ from websockets.exceptions import ConnectionClosed, InvalidStatus
 
 from backend.config.settings import Limits
 from backend.engines.synthetic import SyntheticEngine
-from backend.protocol import ProtocolError, cancel_frame, generate_frame, parse_client_frame
+from backend.protocol import (
+    CancelCommand,
+    ExportTraceCommand,
+    GenerateCommand,
+    ProtocolError,
+    cancel_frame,
+    generate_frame,
+    parse_client_frame,
+)
 from backend.serving.admission import Admission, client_address
 from backend.serving.server import BackendServer
 from devkit.frames import recv_frame
@@ -229,9 +237,12 @@ def test_a_killed_client_process_aborts_its_work() -> None:
 )
 def test_any_frame_parses_or_is_refused_with_a_code(data: str | bytes) -> None:
     try:
-        parse_client_frame(data, LIMITS)
+        command = parse_client_frame(data, LIMITS)
     except ProtocolError as exc:
         assert exc.code and exc.message
+    else:  # what parses is a command of the protocol, with the id its answers will carry
+        assert isinstance(command, GenerateCommand | CancelCommand | ExportTraceCommand), command
+        assert isinstance(command.id, str) and command.id, command
 
 
 def test_deep_nesting_and_huge_numbers_are_refused() -> None:
