@@ -14,50 +14,15 @@ Usage: python -m bench.rounding [--forms int8,int4,bf16] [--tokens 1024]
 from __future__ import annotations
 
 import argparse
-from collections.abc import Callable
 from pathlib import Path
 
 import torch
 
 from backend.engines.embedded import int4, int8
 from backend.engines.embedded.weights import resolve_model
+from devkit.weight_forms import with_products
 
 FORMS = ("int8", "int4", "bf16")
-
-
-def _product(form: str, weight: torch.Tensor) -> Callable[[torch.Tensor], torch.Tensor]:
-    """x[rows, K] -> float32 [rows, N] as the form multiplies by `weight` [N, K]."""
-    if form == "int8":
-        return int8.Int8Matrix.quantize(weight).product
-    if form == "int4":
-        matrix = int4.Int4Matrix.quantize(weight)
-        return lambda x: matrix.product(x).float()
-    bf16 = weight.bfloat16()
-    return lambda x: torch.nn.functional.linear(x.bfloat16(), bf16).float()
-
-
-def with_products(model: torch.nn.Module, form: str) -> torch.nn.Module:
-    """`model` (transformers' Llama) with each decoder layer's linear layers, and for int8 its output
-    layer, multiplying as `form` does."""
-
-    def replace(linear: torch.nn.Linear) -> None:
-        product = _product(form, linear.weight.detach().float())
-        out_features = linear.weight.shape[0]
-
-        def forward(x: torch.Tensor) -> torch.Tensor:
-            flat = product(x.reshape(-1, x.shape[-1]).float())
-            return flat.reshape(*x.shape[:-1], out_features).to(x.dtype)
-
-        linear.forward = forward  # type: ignore[method-assign]
-
-    for layer in model.model.layers:
-        for module in (layer.self_attn, layer.mlp):
-            for linear in module.modules():
-                if isinstance(linear, torch.nn.Linear):
-                    replace(linear)
-    if form == "int8":
-        replace(model.lm_head)
-    return model
 
 
 def main() -> None:

@@ -120,3 +120,21 @@ def test_the_settings_import_nothing_outside_them() -> None:
         if name.startswith("backend.config")
     }
     assert not any(outside.values()), outside
+
+
+def test_tests_import_nothing_from_the_benchmarks() -> None:
+    """What tests and benchmarks share lives in `devkit/`: a benchmark stays free to change."""
+    found = [
+        f"{path.relative_to(ROOT)}: {module}"
+        for path in sorted((ROOT / "tests").rglob("*.py"))
+        for node in ast.walk(ast.parse(path.read_text()))
+        for module in (
+            [node.module]
+            if isinstance(node, ast.ImportFrom) and node.module
+            else [a.name for a in node.names]
+            if isinstance(node, ast.Import)
+            else []
+        )
+        if module == "bench" or module.startswith("bench.")
+    ]
+    assert not found, found

@@ -26,8 +26,8 @@ from backend.engines.embedded.engine import EmbeddedEngine
 from backend.engines.embedded.weights import resolve_model
 from backend.protocol import cancel_frame, generate_frame
 from backend.vocabulary import Prompt
-from bench.rounding import with_products
 from devkit.frames import recv_frame
+from devkit.weight_forms import with_products
 from tests.support.backends import serving
 from tests.support.embedded import PROMPT, collect, kernel_status_on_one_thread, params
 
