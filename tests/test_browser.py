@@ -77,7 +77,7 @@ def test_generate_then_cancel(page: Page) -> None:
 
     page.locator("#cancel").click()
     for index in range(4):
-        expect(page.locator(f"#header-{index}")).to_contain_text("aborted", timeout=10_000)
+        expect(page.locator(f"#header-{index}")).to_contain_text("stopped", timeout=10_000)
     stopped = [sample_text(page, i) for i in range(4)]
     page.wait_for_timeout(1000)
     assert [sample_text(page, i) for i in range(4)] == stopped
@@ -100,7 +100,7 @@ def test_stop_one_column_only(page: Page) -> None:
         expect(page.locator(f"#sample-{index}")).not_to_have_text("", timeout=15_000)
     expect(page.locator("#column-3")).to_be_hidden()
     page.locator("#stop-1").click()
-    expect(page.locator("#header-1")).to_contain_text("aborted", timeout=10_000)
+    expect(page.locator("#header-1")).to_contain_text("stopped", timeout=10_000)
     stopped = sample_text(page, 1)
     others = [len(sample_text(page, i)) for i in (0, 2)]
     time.sleep(1.0)
@@ -109,7 +109,7 @@ def test_stop_one_column_only(page: Page) -> None:
     assert "streaming" in header(page, 0) and "streaming" in header(page, 2)
     page.locator("#cancel").click()
     for index in (0, 2):
-        expect(page.locator(f"#header-{index}")).to_contain_text("aborted", timeout=10_000)
+        expect(page.locator(f"#header-{index}")).to_contain_text("stopped", timeout=10_000)
 
 
 def test_backend_error_is_shown_in_the_page(page: Page) -> None:
@@ -253,7 +253,7 @@ def test_the_token_tree_grows_counts_its_branches_and_marks_the_columns_of_a_nod
     three.locator(".tree-count").click()
     expect(page.locator("#column-1")).not_to_have_attribute("data-picked", "")
     page.locator("#cancel").click()
-    expect(page.locator("#header-1")).to_contain_text("aborted", timeout=15_000)
+    expect(page.locator("#header-1")).to_contain_text("stopped", timeout=15_000)
 
 
 def test_cumulative_outputs_show_in_the_read_lane_and_the_task_tree_is_drawn(page: Page) -> None:

@@ -108,7 +108,7 @@ engine output. Under the figures, the loop's tasks and what each one awaits, onc
   sample the bytes read grow with the square of its length. The columns look the same.
 - **cancel after k tokens**: the consumer itself cancels each sample once it has k tokens, as a
   client that has read enough would; red lines in the sample lanes show each cancel reaching the
-  engine, and every sample ends `aborted` a token or so past k.
+  engine, and every sample ends `stopped` a token or so past k.
 """
 """The explanation beside the event-loop experiments."""
 

@@ -32,7 +32,8 @@ CSS = """
 .sample-header { font-size: 0.8em; font-variant-numeric: tabular-nums;
   color: var(--body-text-color-subdued); }
 .sample-column.status-streaming .sample-header { color: #2563eb; }
-.sample-column.status-aborted .sample-header, .sample-column.status-error .sample-header { color: #dc2626; }
+.sample-column.status-error .sample-header { color: #dc2626; }
+.sample-column.status-stopped .sample-header { color: #b45309; }
 .sample-scroll { height: 14em; overflow-y: auto; display: flex; flex-direction: column-reverse;
   contain: strict; }
 .sample-text { white-space: pre-wrap; overflow-wrap: anywhere; font-size: 0.9em; line-height: 1.35;
@@ -66,7 +67,7 @@ text, 15 ms a frame at the start of an n = 32 run and 78 ms at its end."""
 
 JS_ON_LOAD = r"""
 const grid = element.querySelector('.sample-grid');
-const done = new Set(['stop', 'length', 'aborted', 'error']);
+const done = new Set(['stop', 'length', 'stopped', 'error']);
 const columns = [];
 const BLOCK = 256;  // characters a text block holds before it may end, at a line's end (see append)
 const MAX_BLOCK = 2048;  // characters after which a block ends at any whitespace

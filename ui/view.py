@@ -24,7 +24,7 @@ REASON_LABELS = {
     WAITING: "waiting",
     "stop": "stop",
     "length": "length",
-    "abort": "aborted",
+    "abort": "stopped",
     "error": "error",
 }
 
@@ -264,9 +264,8 @@ def status_markdown(view: RunView) -> str:
             state = "stopped"
         else:
             state = f"streaming {streaming} of {view.n} samples"
-        lines.append(
-            f"Request `{view.request_id}` · engine **{view.engine}** ({view.model}) · seed {seed} · {state}."
-        )
+        replayed = " · a replay of a saved run" if view.engine == "replay" else ""
+        lines.append(f"Request `{view.request_id}` · seed **{seed}** · {state}{replayed}.")
         if view.format_reason:
             lines.append(f"Prompt format **{view.prompt_format}**: {view.format_reason}.")
         if view.prefix:
