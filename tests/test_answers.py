@@ -482,7 +482,7 @@ LIGHTHOUSE = [
 
 def test_free_text_gets_no_vote_and_no_chart_but_says_what_the_vote_counts() -> None:
     chart, line = AnswersPanel("").outputs(story_run(LIGHTHOUSE))
-    assert chart == EMPTY and "<svg" not in chart
+    assert chart == "" and "No answers" not in line
     assert "majority" not in line and "2021" not in line
     assert "Free text: 1 of 4 finished samples give a final answer, so there is no vote" in line
     assert "the last number" in line and "sheep question" in line

@@ -84,7 +84,7 @@ class AnswersPanel:
         vote = tally([self.answers[i] for i in voters])
         prose = free_text(vote)
         if prose:
-            chart, lines = EMPTY, [free_text_line(vote, self.pattern is not None)]
+            chart, lines = "", [free_text_line(vote, self.pattern is not None)]
         else:
             chart, lines = vote_chart_html(chart_rows(vote)), [summary_line(vote, len(finished), view.n)]
         if self.problem:

@@ -116,6 +116,9 @@ EXAMPLES = (
 )
 """The page's examples, in the order they are listed."""
 
+EXAMPLE_WITH_ANSWERS = EXAMPLES[0]
+"""The example the answers panel offers beside free text: a question whose samples give answers."""
+
 
 def example_rows(examples: tuple[Example, ...], n_max: int, max_tokens_max: int) -> list[list[Any]]:
     """Each example's values for `examples_block`'s inputs, n and max tokens capped at the page's

@@ -30,6 +30,7 @@ from typing import Any
 
 import gradio as gr
 
+from backend.config.settings import Limits
 from backend.saved_run import (
     RUNS_MAX,
     SAVED_RUN_BYTES_MAX,
@@ -42,14 +43,15 @@ from backend.saved_run import (
 from ui.answers_view import AnswersPanel
 from ui.answers_view import empty_outputs as empty_answers
 from ui.client import CLOSE_TIMEOUT_S, BackendError, BackendRun
-from ui.engine_info import EngineStartTimeout, wait_until_started
+from ui.engine_info import EngineStartTimeout, fetch_health, wait_until_started
+from ui.run_link import LINK_FIELDS, link_query, page_defaults, read_link
 from ui.run_request import EXPERIMENT_FIELDS, InputProblem, RunRequest, run_request
 from ui.sample_grid import empty_value
 from ui.sample_tree import SampleTree
 from ui.sample_tree_view import empty_value as empty_tree
 from ui.sample_tree_view import lineage_value, split_id, tree_value
 from ui.trace_view import panel_html
-from ui.view import RunView, samples_value, status_markdown, summary_markdown
+from ui.view import RunView, replay_note, samples_value, status_markdown, summary_markdown
 from ui.visitor_limits import Ticket, VisitorLedger, VisitorLimitReached, VisitorLimits, visitor_address
 
 UPDATES_PER_S = 15
@@ -163,6 +165,9 @@ class Origin:
     prefix: str
 
 
+NOTHING_TO_CANCEL = "Nothing is running: Cancel stops a run while it streams."
+"""The status line's addition when Cancel is pressed with no run streaming."""
+
 CANCELLED_WAIT = "Cancelled while waiting for the engine to start; press Generate to try again."
 """The status line of a Generate whose wait for the engine was cancelled."""
 
@@ -173,6 +178,22 @@ def waiting_outputs(line: str, first: bool) -> list[Any]:
     if not first:
         return status_only(line)
     return [empty_value(), line, "", gr.skip(), *empty_answers(), empty_tree()]
+
+
+def link_note(health: dict[str, Any]) -> str:
+    """The status line's words for a run opened from a link on the engine of `health`."""
+    engine = health.get("engine", "this")
+    if health.get("batch_invariant"):
+        return (
+            f"**Opened from a link:** its prompt, settings and seed. The **{engine}** engine is "
+            "batch-invariant, so these are the same samples as the run the link was copied from "
+            "(on the same engine and model)."
+        )
+    return (
+        f"**Opened from a link:** its prompt, settings and seed. The **{engine}** engine is not "
+        "batch-invariant: with the same seed, the samples may differ from the run the link was "
+        "copied from."
+    )
 
 
 BEHIND_PROXY = bool(os.environ.get("SPACE_ID"))
@@ -201,8 +222,12 @@ class Handlers:
         token: str | None = None,
         experiment_url: str | None = None,
         visitor_limits: VisitorLimits | None = None,
+        *,
+        limits: Limits | None = None,
     ) -> None:
         self.backend_url = backend_url
+        self.limits = limits or Limits()
+        """The backend's limits, which a link's values are held to (`ui.run_link.read_link`)."""
         self.token = token
         self.experiment_url = experiment_url
         """The backend's experiment server, where blocking-consumer runs go (None: the main loop)."""
@@ -223,20 +248,107 @@ class Handlers:
         """Each browser session's tree of runs: its current run and the earlier runs it continues."""
 
     async def generate(self, request: gr.Request, **settings: Any) -> AsyncIterator[list[Any]]:
-        """Start a run and stream its view to the page until it is done."""
+        """Start a run and stream its view to the page until it is done. An input the page cannot
+        send, or a limit the run would pass, is said in the status line; the last run stays."""
+        async for outputs in self._generate(request, settings):
+            yield outputs
+
+    async def _generate(
+        self, request: gr.Request, settings: dict[str, Any], note: str = ""
+    ) -> AsyncIterator[list[Any]]:
+        """`generate`, the run's status line saying `note` too (a run opened from a link). A run
+        the backend refuses (an empty prompt, n past its limit) leaves the last run on the page."""
+        previous = self._runs.get(_session(request))
         try:
             wanted = run_request(settings)
             session, run, ticket = self._new_run(request, wanted)
         except (InputProblem, VisitorLimitReached) as exc:
-            yield error_outputs(str(exc))
+            yield status_only(f"**Error:** {exc}")
             return
+        run.view.note = note
         options = wanted.options
         system = options.get("system", "")
         self._origins[run] = Origin(wanted.prompt, options["format"], system, "")
-        self._lineages.setdefault(session, Lineage()).add(run, None)
+        lineage = self._lineages.setdefault(session, Lineage())
+        kept = (list(lineage.runs), list(lineage.parents))
+        lineage.add(run, None)
+
+        def refused(message: str) -> list[Any]:
+            # The earlier run and its tree stay the session's: they are still on the page.
+            if previous is not None and self._runs.get(session) is None:
+                self._runs[session] = previous
+                lineage.runs[:], lineage.parents[:] = kept
+            return status_only(f"**Error:** {message}")
+
         start = lambda: run.start(wanted.prompt, wanted.n, wanted.params, wanted.options)  # noqa: E731
-        async for outputs in self._stream(session, run, ticket, wanted.answer_pattern, start, True):
+        async for outputs in self._stream(session, run, ticket, wanted.answer_pattern, start, True, refused):
             yield outputs
+
+    async def open_link(self, request: gr.Request) -> AsyncIterator[list[Any]]:
+        """The page opened from a link (`ui.run_link`): the settings it carries set in the controls
+        (LINK_FIELDS, in order), then the run's outputs. A link whose values are all good and whose
+        prompt is short enough runs at once, its status line saying whether the samples are the
+        link's own (a batch-invariant engine) or may differ; otherwise the status line names what
+        was ignored, or why it waits for Generate. A page opened without a link changes nothing."""
+        query = dict(request.query_params) if request is not None else {}
+        opened = read_link(query, self.limits)
+        if opened is None:
+            # Yielded, not returned: an event that yields nothing would empty its outputs.
+            yield [gr.skip()] * (len(LINK_FIELDS) + OUTPUTS)
+            return
+        controls = [opened.values.get(name, gr.skip()) for name in LINK_FIELDS]
+        if not opened.runs:
+            yield [*controls, *status_only(opened.message())]
+            return
+        yield [*controls, *status_only("Opened from a link: starting its run …")]
+        settings = {**page_defaults(self.limits), **opened.values}
+        note = await self._link_note()
+        async for outputs in self._generate(request, settings, note):
+            yield [*[gr.skip()] * len(LINK_FIELDS), *outputs]
+
+    async def _link_note(self) -> str:
+        """What the status line of a run opened from a link says of its samples: the link's own on a
+        batch-invariant engine, or that they may differ."""
+        try:
+            health = await asyncio.to_thread(fetch_health, self.backend_url)
+        except (OSError, ValueError):
+            health = {}
+        return link_note(health)
+
+    def link(self, request: gr.Request) -> str:
+        """The query string of a link to this session's run (the first run of its tree, where it
+        continues a branch): its prompt, format, system prompt, n, max tokens, temperature, top-p
+        and the seed it ran with. The page puts its own address before it (`ui.app`)."""
+        session = _session(request)
+        run = self._runs.get(session)
+        lineage = self._lineages.get(session)
+        if lineage is not None and lineage.runs and lineage.runs[-1] is run:
+            run = lineage.runs[0]
+        origin = self._origins.get(run) if run is not None else None
+        if run is None or origin is None or not run.view.accepted:
+            raise gr.Error("No run to link to yet: press Generate first.")
+        params = run.view.params
+        settings = {
+            "prompt": origin.prompt,
+            "system": origin.system,
+            "format": run.view.prompt_format or origin.prompt_format,
+            "n": run.view.n,
+            **{key: params.get(key) for key in ("max_tokens", "temperature", "top_p", "seed")},
+        }
+        return "?" + link_query(settings)
+
+    def last_seed(self, request: gr.Request) -> Any:
+        """The seed this session's run ran with, for the seed box (Keep this seed): Generate then
+        repeats the run's samples; a page without a run keeps the box as it is."""
+        run = self._runs.get(_session(request))
+        seed = run.view.params.get("seed") if run is not None else None
+        if seed is None:
+            gr.Warning("No run yet: press Generate first, then keep its seed.")
+            return gr.skip()
+        gr.Info(
+            f"Seed {seed} kept: Generate repeats this run's samples; clear the seed box for a random one."
+        )
+        return seed
 
     async def continue_from(
         self, event: gr.SelectData, request: gr.Request, **settings: Any
@@ -399,6 +511,7 @@ class Handlers:
             except (InputProblem, VisitorLimitReached) as exc:
                 yield status_only(f"**Error:** {exc}")
                 return
+            run.view.note = replay_note(saved.prompt, saved.prompt_format, saved.n, wanted.params)
             options = {key: wanted.options[key] for key in EXPERIMENT_FIELDS if key in wanted.options}
             # A branch of a replayed run continues on this server's engine, from the recorded prompt.
             self._origins[run] = Origin(saved.prompt, saved.prompt_format, saved.system, saved.prefix)
@@ -534,8 +647,9 @@ class Handlers:
             waiting.set()
             return status_only(CANCELLED_WAIT)
         run = self._runs.get(session)
-        if run is None:
-            return [gr.skip()] * OUTPUTS
+        if run is None or (run.view.finished and run not in self._streaming):
+            shown = status_markdown(run.view) + "\n\n" if run is not None else ""
+            return status_only(shown + NOTHING_TO_CANCEL)
         await run.cancel()
         if await run.wait_finished(CLOSE_TIMEOUT_S):
             streaming = self._streaming.get(run)
