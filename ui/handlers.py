@@ -315,7 +315,12 @@ class Handlers:
             health = {}
         return link_note(health)
 
-    def link(self, request: gr.Request) -> str:
+    def link(self, request: gr.Request) -> Any:
+        """The link box, shown, holding `link_query` of this session's run (the page puts its own
+        address before it, `ui.app.COPY_LINK_JS`)."""
+        return gr.Textbox(value=self.link_query(request), visible=True)
+
+    def link_query(self, request: gr.Request) -> str:
         """The query string of a link to this session's run (the first run of its tree, where it
         continues a branch): its prompt, format, system prompt, n, max tokens, temperature, top-p
         and the seed it ran with. The page puts its own address before it (`ui.app`)."""
