@@ -517,8 +517,8 @@ PAGE_JS = """
   const titles = {
     '#generate': `Sample n answers to the prompt (${mac ? '\u2318' : 'Ctrl'}+Enter in the prompt)`,
     '#cancel': 'Stop every sample of the running request (Escape)',
-    '#copy-link': 'A link that opens this page with this run’s prompt, settings and seed, and runs it',
-    '#keep-seed': 'Put this run’s seed in the seed box: Generate then repeats it',
+    '#copy-link': "A link that opens this page with this run's prompt, settings and seed, and runs it",
+    '#keep-seed': "Put this run's seed in the seed box: Generate then repeats it",
   };
   const label = () => {
     let missing = 0;
