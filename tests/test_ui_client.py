@@ -53,9 +53,9 @@ async def test_the_status_line_says_a_cancelled_run_was_cancelled(backend_url: s
             pass
         said = status_markdown(view).splitlines()[0]
         if stop_all:
-            assert said.endswith("· seed 4 · cancelled."), said
+            assert said.endswith("· seed **4** · cancelled."), said
         else:
-            assert said.endswith("· seed 4 · finished, 1 of 3 samples stopped."), said
+            assert said.endswith("· seed **4** · finished, 1 of 3 samples stopped."), said
 
 
 async def test_the_final_state_is_yielded_even_if_the_run_ends_while_the_consumer_is_busy(

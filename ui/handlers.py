@@ -77,18 +77,38 @@ def outputs_for(
     token tree) for `view`; the summary and the trace panel only `with_trace`, the answers when a
     sample finished; the tree with the earlier runs of its `lineage` where `view` is its last run's."""
     shown = view.n if view.accepted else 0
-    if lineage is not None and lineage.runs and lineage.runs[-1].view is view:
-        tree = lineage_value([run.view.tree for run in lineage.runs], lineage.parents, view.request_id)
+    whole = lineage is not None and bool(lineage.runs) and lineage.runs[-1].view is view
+    why_not = cannot_continue(view, len(lineage.runs) if lineage is not None and whole else 1)
+    if lineage is not None and whole:
+        trees = [run.view.tree for run in lineage.runs]
+        tree = lineage_value(trees, lineage.parents, view.request_id, lineage.joins(), why_not)
     else:
-        tree = tree_value(view.tree, view.request_id)
+        tree = tree_value(view.tree, view.request_id, why_not)
+    columns = samples_value(view, time.monotonic())
+    if view.accepted:
+        columns["why_not"] = why_not
     return [
-        samples_value(view, time.monotonic()),
+        columns,
         status_markdown(view),
         summary_markdown(view) if with_trace else gr.skip(),
         panel_html(view.trace, shown) if with_trace else gr.skip(),
         *(answers.outputs(view) if answers is not None else [gr.skip(), gr.skip()]),
         tree,
     ]
+
+
+STILL_STREAMING = "the run is still streaming: continue from it once it has finished, or Cancel it"
+"""Why no branch of a streaming run can be continued, as the page says it."""
+
+
+def cannot_continue(view: RunView, runs: int) -> str:
+    """Why the branches of `view`, the last of a tree of `runs` runs, cannot be continued now ("":
+    they can), as Continue from here says it on the page."""
+    if not view.finished:
+        return STILL_STREAMING
+    if runs >= RUNS_MAX:
+        return f"this tree has {RUNS_MAX} runs, the most one keeps: press Generate to start a new one"
+    return ""
 
 
 def error_outputs(message: str) -> list[Any]:
@@ -124,6 +144,21 @@ class Lineage:
             self.parents.clear()
         self.runs.append(run)
         self.parents.append(parent)
+
+    def joins(self) -> list[str]:
+        """For each run, the text it goes on from past the node it continued ("" for a run that
+        continued a node's whole text, and for the first): the words of a column's point."""
+        joins = []
+        for run, parent in zip(self.runs, self.parents, strict=True):
+            join = ""
+            if parent is not None:
+                before = self.runs[parent[0]].view
+                node = before.tree.find(parent[1])
+                reached = before.prefix + (before.tree.text_to(node) if node is not None else "")
+                if run.view.prefix.startswith(reached):
+                    join = run.view.prefix[len(reached) :]
+            joins.append(join)
+        return joins
 
     def saved_runs(self, source: dict[str, str]) -> list[SavedRun]:
         """Every run of the tree as a saved run, each continuation saying which branch it continued
@@ -454,7 +489,7 @@ class Handlers:
                 "continue from a branch of the tree shown now"
             )
         if not run.view.finished:
-            raise CannotContinue("the run is still streaming: let it finish, or Cancel it, then continue")
+            raise CannotContinue(STILL_STREAMING)
         if len(lineage.runs) >= RUNS_MAX:
             raise CannotContinue(
                 f"this tree has {RUNS_MAX} runs, the most one keeps: press Generate to start a new one"
