@@ -44,13 +44,16 @@ from ui.run_request import REPLAY_SETTINGS, RUN_SETTINGS, RUN_SETTINGS_OF_A_RUN
 from ui.sample_grid import sample_grid
 from ui.sample_tree_view import sample_tree
 from ui.view import summary_css
-from ui.visitor_limits import VisitorLimits
+from ui.visitor_limits import RUNS_PER_ADDRESS, VisitorLimits
 
 ENGINE_POLL_S = 2.0
 """How often the engine line is read again while the engine starts (a download, a conversion)."""
 
-CONCURRENCY_LIMIT = 32
-"""Generate events that run at once (Gradio's default is 1: one user at a time)."""
+CONCURRENCY_LIMIT = 2 * RUNS_PER_ADDRESS
+"""Run events (Generate, a replay, a continuation, a link) that stream at once, all visitors
+together (Gradio's default is 1: one user at a time): twice one address's share, so that a class
+behind one address never fills the page for everyone else. Past it, Gradio's queue holds events in
+the order they came."""
 
 
 CSS = """

@@ -89,7 +89,7 @@ def outputs_for(
         columns["why_not"] = why_not
     return [
         columns,
-        status_markdown(view),
+        status_markdown(view, time.monotonic()),
         summary_markdown(view) if with_trace else gr.skip(),
         panel_html(view.trace, shown) if with_trace else gr.skip(),
         *(answers.outputs(view) if answers is not None else [gr.skip(), gr.skip()]),
@@ -573,7 +573,7 @@ class Handlers:
         which limit it passes); the session's previous run is cancelled and closed."""
         session = _session(request)
         address = _address(request)
-        ticket = self.visitors.admit(address, wanted)
+        ticket = self.visitors.admit(session, wanted, address)
         # Blocking experiments go to the backend's experiment loop: they block that loop, not the
         # one that serves everyone else's streams.
         url = self.experiment_url if wanted.blocking and self.experiment_url else self.backend_url

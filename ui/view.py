@@ -278,8 +278,21 @@ def replay_note(prompt: str, prompt_format: str, n: int, params: dict[str, Any])
     )
 
 
-def status_markdown(view: RunView) -> str:
-    """The line above the columns: what runs where, and any error, said plainly."""
+WAITING_HINT_S = 1.5
+"""After this long without a first token, the status line says the run waits its turn: a prompt's
+prefill takes a fraction of that on every engine here, a full engine (the embedded engine's
+`--max-rows`, a server's batch) as long as the runs before it take."""
+
+WAITING_TURN = (
+    "waiting for its turn: when the engine is full it runs the samples that came before, other "
+    "visitors' too, then this run's"
+)
+"""The state of a run waiting for its first token past WAITING_HINT_S."""
+
+
+def status_markdown(view: RunView, now: float | None = None) -> str:
+    """The line above the columns: the request, its seed and state (at `now`, where given: a run
+    waiting for its first token past WAITING_HINT_S says it waits its turn), and any error."""
     lines = [f"**Error:** {message}" for message in view.errors]
     if view.accepted:
         seed = view.params.get("seed")
@@ -293,6 +306,12 @@ def status_markdown(view: RunView) -> str:
             state = "finished"
         elif view.closed:
             state = "stopped"
+        elif (
+            now is not None
+            and now - view.started_at >= WAITING_HINT_S
+            and all(s.status == WAITING for s in view.samples)
+        ):
+            state = WAITING_TURN
         else:
             state = f"streaming {streaming} of {view.n} samples"
         replayed = " · a replay of a saved run" if view.engine == "replay" else ""
