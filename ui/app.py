@@ -91,7 +91,11 @@ CSS = """
 @media (max-width: 640px) {
   #stage { flex-direction: column; flex-wrap: nowrap; align-items: stretch; }
   #controls { display: contents; }
-  #masthead p, #engine-info p, #status p { font-size: 0.85em; margin: 2px 0; }
+  #settings-stack { display: grid; grid-template-columns: 1fr 1fr; gap: 6px; }
+  #settings-stack > .block:has(> button.label-wrap.open) { grid-column: 1 / -1; }
+  #settings-stack > .block > button.label-wrap { font-size: 0.85em; text-align: left; }
+  #masthead p { display: none; }
+  #engine-info p, #status p { font-size: 0.85em; margin: 2px 0; }
   .trace-panel, .vote-chart { overflow-x: auto; }
   .trace-panel svg.trace-svg { min-width: 560px; }
   .vote-chart svg { min-width: 440px; }
@@ -106,7 +110,8 @@ CSS = """
 colours (light or dark); a run summary as wide as its panel, its headers wrapping at their words
 so that every column shows at a laptop's width; the engine line's "how it runs" inline until
 opened; the answers' example shown only beside the free-text line; and, on a phone-wide screen,
-the blocks in one column (the controls' closed panels right under Generate, one tap each), the
+the blocks in one column (the controls' closed panels right under Generate, two a row, one tap
+each; the title without its line of instructions, which Generate's place makes plain), the
 trace and the vote chart drawn no smaller than their text needs (at least 10 px; they scroll
 sideways instead) and the trace's figures one a line."""
 
