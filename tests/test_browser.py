@@ -404,7 +404,8 @@ def test_an_example_sets_the_prompt_and_settings_says_its_lesson_and_runs(page: 
     for elem_id, value in (("n", confidence.n), ("max-tokens", confidence.max_tokens)):
         expect(page.locator(f"#{elem_id} input[type=number]")).to_have_value(str(value))
     open_panel(page, SETTINGS)
-    expect(page.locator("#temperature input[type=number]")).to_have_value("1")
+    expect(page.locator("#temperature input[type=number]")).to_have_value(f"{confidence.temperature:g}")
+    expect(page.locator(f"#format input[value={confidence.format}]")).to_be_checked()
     open_panel(page, WHY_N)
     expect(page.locator("#logprobs input[type=checkbox]")).to_be_checked()
     expect(page.locator("#answer-pattern textarea")).to_have_value(confidence.answer_pattern)
@@ -415,7 +416,9 @@ def test_an_example_sets_the_prompt_and_settings_says_its_lesson_and_runs(page: 
         assert page.locator(f"#sample-{index} .tok").count() > 1  # coloured tokens: logprobs were asked
         assert len(sample_text(page, index).split()) > 1
     expect(page.locator("#column-8")).to_be_hidden()
-    expect(page.locator("#answers-line")).to_contain_text(f"of {confidence.n} samples finished")
+    # The synthetic engine's words name no colour: free text, said so with what the vote counts.
+    expect(page.locator("#answers-line")).to_contain_text(f"Free text: 0 of {confidence.n} finished samples")
+    expect(page.locator("#answers-line")).to_contain_text("what the answer pattern matches")
 
 
 def test_a_branch_of_the_tree_is_continued_as_a_new_run_of_n_samples(page: Page) -> None:

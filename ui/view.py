@@ -314,7 +314,7 @@ def status_markdown(view: RunView, now: float | None = None) -> str:
             state = WAITING_TURN
         else:
             state = f"streaming {streaming} of {view.n} samples"
-        replayed = " · a replay of a saved run" if view.engine == "replay" else ""
+        replayed = f" · a replay of a saved run ({view.model})" if view.engine == "replay" else ""
         lines.append(f"Request `{view.request_id}` · seed **{seed}** · {state}{replayed}.")
         if view.note:
             lines.append(view.note)
