@@ -14,7 +14,9 @@ in the queue); a column's Stop cancels that sample only. The columns are one out
 (`ui.sample_grid`), so an update costs the same few outputs whatever n is. The trace panel draws
 the backend loop's measured trace; Export saves it for Perfetto. Download run saves the run as a
 file (docs/protocol.md, "Saved runs"), and a saved run uploaded to the page is replayed by the
-backend into the columns, at its recorded pace or faster.
+backend into the columns, at its recorded pace or faster. Copy link gives a URL of the run
+(`ui.run_link`); a page opened from one sets its controls and runs it as it loads. Ctrl/Cmd+Enter in
+the prompt generates and Escape cancels (`PAGE_JS`, run as the page loads).
 """
 
 from __future__ import annotations
