@@ -4,7 +4,8 @@ runs one click away; no vote on the page's own free-text prompt; the run summary
 viewport; a copied link that, opened, runs the same samples and says so; a malformed link's
 message; Ctrl+Enter and Escape; and the rough edges: an input error keeps the run, a random seed
 that Keep this seed fixes, Continue said while the run streams, Cancel with nothing running, the
-panels and the trace's text on a phone, the sliders' labels at 1366 px."""
+panels and the trace's text on a phone, the sliders' labels at 1366 px, a column continuation's
+words and the tree's units after it."""
 
 from __future__ import annotations
 
@@ -278,5 +279,47 @@ def test_at_1366_no_slider_label_is_cut_and_at_390_no_trace_or_chart_text_is_und
             " r.children[1].getBoundingClientRect().left])"
         )
         assert all(label <= value for label, value in figures), figures  # no label runs into its value
+    finally:
+        page.close()
+
+
+def test_a_column_continuation_shows_its_words_and_earlier_sizes_keep_their_unit(
+    context: BrowserContext, synthetic_app: RunningApp
+) -> None:
+    """A run with token confidence (sizes in tokens), then a column continued from its third token
+    without it (a tree of words): one prompt row, a row of the words the new run goes on from, and
+    the earlier run's rows still in tokens."""
+    page = opened(context, synthetic_app.url, (1440, 900))
+    try:
+        open_panel(page, "why-n")
+        page.locator("#logprobs input[type=checkbox]").check()
+        page.locator("#prompt textarea").fill("Tell me about rivers.")
+        for elem_id, value in (("n", 2), ("max-tokens", 12)):
+            box = page.locator(f"#{elem_id} input[type=number]")
+            box.fill(str(value))
+            box.press("Enter")
+        page.locator("#generate").click()
+        finished(page)
+        earlier_sizes = page.locator("#sample-tree .tree-size:visible").all_inner_texts()
+        assert earlier_sizes and all(size.endswith(" tok") for size in earlier_sizes), earlier_sizes
+        page.locator("#logprobs input[type=checkbox]").uncheck()
+        third = page.locator("#sample-0 .tok").nth(2)
+        words = page.locator("#sample-0 .tok").evaluate_all(
+            "spans => spans.slice(0, 3).map(s => s.textContent).join('')"
+        )
+        third.click()
+        page.locator("#column-continue").click()
+        expect(page.locator("#status")).to_contain_text("Continuing from a branch", timeout=15_000)
+        finished(page)
+        nodes = page.locator("#sample-tree button.tree-node")
+        texts_shown = nodes.locator(".tree-text").all_inner_texts()
+        assert texts_shown.count("prompt") == 1, texts_shown
+        assert f"+ {words}" in texts_shown, (words, texts_shown)
+        dimmed = page.locator("#sample-tree button.tree-node.earlier .tree-size:visible").all_inner_texts()
+        assert dimmed and all(size.endswith(" tok") for size in dimmed), dimmed
+        mine = page.locator(
+            "#sample-tree button.tree-node:not(.earlier) .tree-size:visible"
+        ).all_inner_texts()
+        assert mine and all(size.endswith(" ch") for size in mine), mine
     finally:
         page.close()
