@@ -1,5 +1,5 @@
 """The page's event handlers: Generate, Cancel, Stop one column, Export, Download run, a replayed
-upload, a closed tab.
+upload, a page opened from a link, Copy link, Keep this seed, a closed tab.
 
 A Generate pressed while the engine starts first waits for it (`ui.engine_info.wait_until_started`),
 showing the wait in the status line; Cancel, or a new Generate, ends that wait.
@@ -680,7 +680,8 @@ class Handlers:
         its way cannot land after the final view and leave a column "streaming". The page then
         cancels the Generate event (`.then(cancels=...)` in `ui.app`): a no-op for an event that
         ended, and it drops a Generate still waiting in the queue. A Generate still waiting for the
-        engine to start stops waiting, and the status line says so."""
+        engine to start stops waiting, and the status line says so; with nothing running, the status
+        line says that (NOTHING_TO_CANCEL) and the last run stays on the page."""
         session = _session(request)
         waiting = self._waiting.get(session)
         if waiting is not None:
