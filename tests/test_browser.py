@@ -32,7 +32,11 @@ def header(page: Page, index: int) -> str:
     return page.locator(f"#header-{index}").inner_text()
 
 
-def start(page: Page, prompt: str, n: int, max_tokens: int) -> None:
+def start(page: Page, prompt: str, n: int, max_tokens: int, seed: int | None = None) -> None:
+    """Generate `prompt` at n x max tokens (and `seed`, where given; the page's default is random)."""
+    if seed is not None:
+        open_panel(page, SETTINGS)
+        page.locator("#seed input").fill(str(seed))
     page.locator("#prompt textarea").fill(prompt)
     for elem_id, value in (("n", n), ("max-tokens", max_tokens)):
         box = page.locator(f"#{elem_id} input[type=number]")
@@ -424,7 +428,7 @@ def test_an_example_sets_the_prompt_and_settings_says_its_lesson_and_runs(page: 
 def test_a_branch_of_the_tree_is_continued_as_a_new_run_of_n_samples(page: Page) -> None:
     """Generate, click a branch of the finished run's tree, Continue from here: n new columns start
     from that branch's text (shown above each), a new run with its own tree."""
-    start(page, "Tell me about lighthouses.", 3, 12)
+    start(page, "Tell me about lighthouses.", 3, 12, seed=33)
     expect(page.locator("#status")).to_contain_text("finished", timeout=30_000)
     first_run = page.locator("#status code").first.inner_text()
     # Seeds 33-35 part at once: each branch of the root is one sample's whole text.
