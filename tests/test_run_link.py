@@ -10,8 +10,7 @@ import pytest
 
 from backend.config.settings import Limits
 from ui.engine_info import engine_line, short_model
-from ui.handlers import link_note
-from ui.run_link import AUTO_RUN_PROMPT_CHARS, LINK_FIELDS, link_query, page_defaults, read_link
+from ui.run_link import AUTO_RUN_PROMPT_CHARS, LINK_FIELDS, link_note, link_query, page_defaults, read_link
 
 RUN = {
     "prompt": "What is 12 + 7?\nSay only the number & why.",

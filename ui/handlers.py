@@ -44,7 +44,7 @@ from ui.answers_view import AnswersPanel
 from ui.answers_view import empty_outputs as empty_answers
 from ui.client import CLOSE_TIMEOUT_S, BackendError, BackendRun
 from ui.engine_info import EngineStartTimeout, fetch_health, wait_until_started
-from ui.run_link import LINK_FIELDS, link_query, page_defaults, read_link
+from ui.run_link import LINK_FIELDS, link_note, link_query, page_defaults, read_link
 from ui.run_request import EXPERIMENT_FIELDS, InputProblem, RunRequest, run_request
 from ui.sample_grid import empty_value
 from ui.sample_tree import SampleTree
@@ -213,22 +213,6 @@ def waiting_outputs(line: str, first: bool) -> list[Any]:
     if not first:
         return status_only(line)
     return [empty_value(), line, "", gr.skip(), *empty_answers(), empty_tree()]
-
-
-def link_note(health: dict[str, Any]) -> str:
-    """The status line's words for a run opened from a link on the engine of `health`."""
-    engine = health.get("engine", "this")
-    if health.get("batch_invariant"):
-        return (
-            f"**Opened from a link:** its prompt, settings and seed. The **{engine}** engine is "
-            "batch-invariant, so these are the same samples as the run the link was copied from "
-            "(on the same engine and model)."
-        )
-    return (
-        f"**Opened from a link:** its prompt, settings and seed. The **{engine}** engine is not "
-        "batch-invariant: with the same seed, the samples may differ from the run the link was "
-        "copied from."
-    )
 
 
 BEHIND_PROXY = bool(os.environ.get("SPACE_ID"))

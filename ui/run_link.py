@@ -7,7 +7,8 @@ value is checked against the page's own limits (the same a Generate is held to),
 malformed or out of range is left out (the page keeps its default for it) and named in the message,
 and the link runs on opening only when what it sets is whole and its prompt is at most
 AUTO_RUN_PROMPT_CHARS long; a longer prompt is shown, and runs when the visitor presses Generate.
-Plain logic: the page's handler (`ui.handlers.Handlers.open_link`) does the I/O.
+`link_note` is what a linked run's status line says of its samples, by the engine's /health. Plain
+logic: the page's handler (`ui.handlers.Handlers.open_link`) does the I/O.
 """
 
 from __future__ import annotations
@@ -181,3 +182,19 @@ def _whole(raw: str, low: int, high: int) -> int:
     if not (text.isascii() and text.isdigit() and len(text) <= 12) or not low <= int(text) <= high:
         raise ValueError(f"not a whole number from {low:,} to {high:,}")
     return int(text)
+
+
+def link_note(health: dict[str, Any]) -> str:
+    """The status line's words for a run opened from a link on the engine of `health`."""
+    engine = health.get("engine", "this")
+    if health.get("batch_invariant"):
+        return (
+            f"**Opened from a link:** its prompt, settings and seed. The **{engine}** engine is "
+            "batch-invariant, so these are the same samples as the run the link was copied from "
+            "(on the same engine and model)."
+        )
+    return (
+        f"**Opened from a link:** its prompt, settings and seed. The **{engine}** engine is not "
+        "batch-invariant: with the same seed, the samples may differ from the run the link was "
+        "copied from."
+    )
