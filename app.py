@@ -174,7 +174,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     # No usage reporting to a third party unless the operator asks for it.
     os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")
-    from ui.app import CSS, build_demo  # imported late: Gradio takes seconds to import
+    from ui.app import CSS, PAGE_JS, build_demo  # imported late: Gradio takes seconds to import
 
     demo = build_demo(backend_url, limits, token=args.token, experiment_url=experiment_url)
     print(f"backend: {backend_url}", flush=True)
@@ -188,7 +188,13 @@ def main(argv: list[str] | None = None) -> int:
         # time on it than on drawing (docs/benchmarks.md, "What the browser page costs"). Prompts stay
         # out of the browser's storage too.
         launch_page(
-            demo, server_name=args.host, server_port=args.port, show_error=True, css=CSS, run_history=False
+            demo,
+            server_name=args.host,
+            server_port=args.port,
+            show_error=True,
+            css=CSS,
+            js=PAGE_JS,
+            run_history=False,
         )
     except OSError as exc:  # the port was taken after the check above
         print(f"app: the page could not start: {exc}", file=sys.stderr)

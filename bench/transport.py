@@ -58,10 +58,9 @@ from backend.protocol import generate_frame
 
 ROOT = Path(__file__).resolve().parent.parent
 
-from backend.engines.base import SamplingParams  # noqa: E402
 from backend.engines.synthetic import SyntheticEngine, synthetic_tokens  # noqa: E402
 from backend.serving.stats import percentile  # noqa: E402
-from backend.vocabulary import Prompt  # noqa: E402
+from backend.vocabulary import Prompt, SamplingParams  # noqa: E402
 from bench.done_relay import DoneRelay  # noqa: E402
 from devkit.frames import recv_frame  # noqa: E402
 from devkit.local import LOCAL_LOAD_FLAGS, free_port, start_logged, stop_process_group  # noqa: E402

@@ -26,7 +26,7 @@ from ui.answers import (
     summary_line,
     tally,
 )
-from ui.answers_view import AnswersPanel, answers_chart, empty_outputs
+from ui.answers_view import AnswersPanel, answers_chart, empty_outputs, free_text
 from ui.view import RunView
 from ui.vote_chart import EMPTY, VOTE_COLOURS, vote_chart_html
 
@@ -519,3 +519,40 @@ def test_a_decided_vote_stops_the_running_samples_once_and_says_why() -> None:
     quiet = AnswersPanel("", SURE)
     _, said = quiet.outputs(story)
     assert quiet.to_stop(story) == [] and "these samples gave no final answers" in said
+
+
+def story_run(texts: list[str]) -> RunView:
+    """A run whose samples said `texts` and stopped."""
+    view = RunView("r2", started_at=0.0)
+    view.apply({"type": "accepted", "id": "r2", "n": len(texts)}, 0.0)
+    for index, text in enumerate(texts):
+        view.apply({"type": "chunk", "id": "r2", "index": index, "text": text}, 1.0)
+        view.apply({"type": "finish", "id": "r2", "index": index, "reason": "stop"}, 1.0)
+    return view
+
+
+LIGHTHOUSE = [
+    "The lighthouse keeper tossed three shells in the air and caught them all.",
+    "In 2021 the old keeper finally kept five balls aloft beside the lamp.",
+    "Every night the keeper practised juggling between the beams.",
+    "He dropped the oranges twice, then laughed and tried again.",
+]
+"""Four stories, one of which mentions a year: free text, whatever number one of them holds."""
+
+
+def test_free_text_gets_no_vote_and_no_chart_but_says_what_the_vote_counts() -> None:
+    chart, line = AnswersPanel("").outputs(story_run(LIGHTHOUSE))
+    assert chart == "" and "No answers" not in line
+    assert "majority" not in line and "2021" not in line
+    assert "Free text: 1 of 4 finished samples give a final answer, so there is no vote" in line
+    assert "the last number" in line and "sheep question" in line
+    assert 'class="free-text"' in line
+    _, patterned = AnswersPanel(r"keeper (\w+)").outputs(story_run(LIGHTHOUSE[2:] + ["no"] * 3))
+    assert "Free text: 1 of 5" in patterned and "what the answer pattern matches" in patterned
+
+
+def test_half_the_samples_with_an_answer_still_vote() -> None:
+    chart, line = AnswersPanel("").outputs(story_run(["9 sheep", "8 sheep", "none", "no idea"]))
+    assert "<svg" in chart and line.startswith("tie between")
+    assert free_text(tally(["9", None, None])) and not free_text(tally(["9", None]))
+    assert not free_text(tally([]))

@@ -32,7 +32,11 @@ def header(page: Page, index: int) -> str:
     return page.locator(f"#header-{index}").inner_text()
 
 
-def start(page: Page, prompt: str, n: int, max_tokens: int) -> None:
+def start(page: Page, prompt: str, n: int, max_tokens: int, seed: int | None = None) -> None:
+    """Generate `prompt` at n x max tokens (and `seed`, where given; the page's default is random)."""
+    if seed is not None:
+        open_panel(page, SETTINGS)
+        page.locator("#seed input").fill(str(seed))
     page.locator("#prompt textarea").fill(prompt)
     for elem_id, value in (("n", n), ("max-tokens", max_tokens)):
         box = page.locator(f"#{elem_id} input[type=number]")
@@ -77,7 +81,7 @@ def test_generate_then_cancel(page: Page) -> None:
 
     page.locator("#cancel").click()
     for index in range(4):
-        expect(page.locator(f"#header-{index}")).to_contain_text("aborted", timeout=10_000)
+        expect(page.locator(f"#header-{index}")).to_contain_text("stopped", timeout=10_000)
     stopped = [sample_text(page, i) for i in range(4)]
     page.wait_for_timeout(1000)
     assert [sample_text(page, i) for i in range(4)] == stopped
@@ -89,9 +93,10 @@ def test_generate_then_cancel(page: Page) -> None:
     # the synthetic engine reports no prompt-token counts: the span says so rather than showing 0
     expect(prefill).to_contain_text("tokens not reported", timeout=10_000)
 
-    # the trace of the run downloads as Perfetto JSON
-    page.locator("#export-trace").click()
-    expect(page.locator("#trace-file")).to_contain_text(".json", timeout=15_000)
+    # the trace of the run downloads as Perfetto JSON, in one click
+    with page.expect_download(timeout=15_000) as download:
+        page.locator("#export-trace").click()
+    assert download.value.suggested_filename.endswith(".json")
 
 
 def test_stop_one_column_only(page: Page) -> None:
@@ -100,7 +105,7 @@ def test_stop_one_column_only(page: Page) -> None:
         expect(page.locator(f"#sample-{index}")).not_to_have_text("", timeout=15_000)
     expect(page.locator("#column-3")).to_be_hidden()
     page.locator("#stop-1").click()
-    expect(page.locator("#header-1")).to_contain_text("aborted", timeout=10_000)
+    expect(page.locator("#header-1")).to_contain_text("stopped", timeout=10_000)
     stopped = sample_text(page, 1)
     others = [len(sample_text(page, i)) for i in (0, 2)]
     time.sleep(1.0)
@@ -109,7 +114,7 @@ def test_stop_one_column_only(page: Page) -> None:
     assert "streaming" in header(page, 0) and "streaming" in header(page, 2)
     page.locator("#cancel").click()
     for index in (0, 2):
-        expect(page.locator(f"#header-{index}")).to_contain_text("aborted", timeout=10_000)
+        expect(page.locator(f"#header-{index}")).to_contain_text("stopped", timeout=10_000)
 
 
 def test_backend_error_is_shown_in_the_page(page: Page) -> None:
@@ -132,11 +137,11 @@ def test_the_prompt_format_and_system_prompt_reach_the_backend(page: Page) -> No
     )
 
 
-def test_on_a_phone_wide_screen_the_summary_scrolls_sideways(
+def test_on_a_phone_wide_screen_each_sample_of_the_summary_is_a_labelled_line(
     browser: Browser, synthetic_app: RunningApp
 ) -> None:
-    """390 px wide: the run summary's headers stay on one line each and the table scrolls sideways,
-    instead of its columns squeezing the headers letter by letter."""
+    """390 px wide: the run summary's headers give way to labels on each figure, and every figure of
+    every sample is inside the screen's width, none scrolled out of sight."""
     page = browser.new_page(viewport={"width": 390, "height": 844})
     try:
         page.goto(synthetic_app.url)
@@ -144,14 +149,26 @@ def test_on_a_phone_wide_screen_the_summary_scrolls_sideways(
         start(page, "Tell me about lighthouses.", 4, 24)
         expect(page.locator("#status")).to_contain_text("finished", timeout=30_000)
         table = page.locator("#summary table")
-        expect(table.locator("th").first).to_be_visible()
-        line = page.evaluate(
-            "() => parseFloat(getComputedStyle(document.querySelector('#summary th')).lineHeight) || 24"
+        expect(table.locator("td").first).to_be_visible()
+        expect(table.locator("th").first).to_be_hidden()
+        cells = table.locator("td").evaluate_all(
+            "tds => tds.map(td => [td.getBoundingClientRect().left, td.getBoundingClientRect().right,"
+            " getComputedStyle(td, '::before').content])"
         )
-        heights = table.locator("th").evaluate_all("ths => ths.map(th => th.getBoundingClientRect().height)")
-        assert max(heights) < 2 * line + 8, (heights, line)  # one line each, with the cell's padding
-        widths = table.evaluate("t => [t.scrollWidth, t.clientWidth]")
-        assert widths[0] > widths[1] and widths[1] <= 390, widths
+        assert len(cells) == 4 * 9
+        assert all(0 <= left and right <= 390 for left, right, _ in cells), cells
+        assert [label for _, _, label in cells[:9]] == [
+            '"#"',
+            "none",
+            '"tok "',
+            '"TTFT "',
+            '"TPOT "',
+            '"ITL p50 "',
+            '"p99 "',
+            '"tok/s "',
+            '"seed "',
+        ]
+        assert table.evaluate("t => t.scrollWidth <= t.clientWidth")
     finally:
         page.close()
 
@@ -253,7 +270,7 @@ def test_the_token_tree_grows_counts_its_branches_and_marks_the_columns_of_a_nod
     three.locator(".tree-count").click()
     expect(page.locator("#column-1")).not_to_have_attribute("data-picked", "")
     page.locator("#cancel").click()
-    expect(page.locator("#header-1")).to_contain_text("aborted", timeout=15_000)
+    expect(page.locator("#header-1")).to_contain_text("stopped", timeout=15_000)
 
 
 def test_cumulative_outputs_show_in_the_read_lane_and_the_task_tree_is_drawn(page: Page) -> None:
@@ -391,7 +408,8 @@ def test_an_example_sets_the_prompt_and_settings_says_its_lesson_and_runs(page: 
     for elem_id, value in (("n", confidence.n), ("max-tokens", confidence.max_tokens)):
         expect(page.locator(f"#{elem_id} input[type=number]")).to_have_value(str(value))
     open_panel(page, SETTINGS)
-    expect(page.locator("#temperature input[type=number]")).to_have_value("1")
+    expect(page.locator("#temperature input[type=number]")).to_have_value(f"{confidence.temperature:g}")
+    expect(page.locator(f"#format input[value={confidence.format}]")).to_be_checked()
     open_panel(page, WHY_N)
     expect(page.locator("#logprobs input[type=checkbox]")).to_be_checked()
     expect(page.locator("#answer-pattern textarea")).to_have_value(confidence.answer_pattern)
@@ -402,13 +420,15 @@ def test_an_example_sets_the_prompt_and_settings_says_its_lesson_and_runs(page: 
         assert page.locator(f"#sample-{index} .tok").count() > 1  # coloured tokens: logprobs were asked
         assert len(sample_text(page, index).split()) > 1
     expect(page.locator("#column-8")).to_be_hidden()
-    expect(page.locator("#answers-line")).to_contain_text(f"of {confidence.n} samples finished")
+    # The synthetic engine's words name no colour: free text, said so with what the vote counts.
+    expect(page.locator("#answers-line")).to_contain_text(f"Free text: 0 of {confidence.n} finished samples")
+    expect(page.locator("#answers-line")).to_contain_text("what the answer pattern matches")
 
 
 def test_a_branch_of_the_tree_is_continued_as_a_new_run_of_n_samples(page: Page) -> None:
     """Generate, click a branch of the finished run's tree, Continue from here: n new columns start
     from that branch's text (shown above each), a new run with its own tree."""
-    start(page, "Tell me about lighthouses.", 3, 12)
+    start(page, "Tell me about lighthouses.", 3, 12, seed=33)
     expect(page.locator("#status")).to_contain_text("finished", timeout=30_000)
     first_run = page.locator("#status code").first.inner_text()
     # Seeds 33-35 part at once: each branch of the root is one sample's whole text.

@@ -153,3 +153,65 @@ def test_stop_when_decided_ends_the_run_early_and_says_what_it_saved(
         )
     finally:
         page.close()
+
+
+def test_the_first_run_on_the_model_has_no_vote_and_its_link_gives_the_same_samples(
+    browser: Browser, embedded_app: dict[str, str]
+) -> None:
+    """The page's own prompt on the model at 1366 x 768: the engine line one line, what auto chose
+    one click away; the stories get no vote; Copy link, opened in a new page, runs the same four
+    texts and says the engine is batch-invariant."""
+    context = browser.new_context(viewport={"width": 1366, "height": 768})
+    context.grant_permissions(["clipboard-read", "clipboard-write"], origin=embedded_app["url"].rstrip("/"))
+    page = context.new_page()
+    try:
+        page.goto(embedded_app["url"])
+        engine = page.locator("#engine-info")
+        expect(engine).to_contain_text("Engine embedded", timeout=300_000)
+        expect(engine).to_contain_text("SmolLM2-135M-Instruct")
+        height = engine.bounding_box()["height"]  # type: ignore[index]
+        assert height < 1.6 * engine.evaluate(
+            "e => parseFloat(getComputedStyle(e.querySelector('p')).lineHeight)"
+        )
+        page.locator("#engine-why summary").click()
+        expect(page.locator("#engine-why")).to_contain_text("timed")
+        page.locator("#generate").click()
+        status = page.locator("#status")
+        expect(status).to_contain_text("finished", timeout=300_000)
+        assert "embedded" not in status.inner_text()  # the request line does not repeat the engine
+        expect(page.locator("#answers-line")).to_contain_text("Free text")
+        expect(page.locator("#answers-chart svg")).to_have_count(0)
+        shown = [page.locator(f"#sample-{i}").text_content() for i in range(4)]
+        page.locator("#copy-link").click()
+        link_box = page.locator("#run-link textarea, #run-link input").first
+        expect(link_box).to_have_value(re.compile(r"^http://127\.0\.0\.1:\d+/\?prompt="), timeout=10_000)
+        again = context.new_page()
+        again.goto(link_box.input_value())
+        expect(again.locator("#status")).to_contain_text("finished", timeout=300_000)
+        expect(again.locator("#status")).to_contain_text("is batch-invariant, so these are the same samples")
+        assert [again.locator(f"#sample-{i}").text_content() for i in range(4)] == shown
+    finally:
+        context.close()
+
+
+def test_the_token_confidence_example_gets_colours_from_most_samples(
+    browser: Browser, embedded_app: dict[str, str]
+) -> None:
+    """The token-confidence example on the model: most samples name a colour, so the panel votes,
+    and each column's first word, the colour, is a coloured token with its probability."""
+    example = next(e for e in EXAMPLES if e.label.startswith("Token confidence"))
+    page = browser.new_page(viewport={"width": 1440, "height": 900})
+    try:
+        page.goto(embedded_app["url"])
+        expect(page.locator("#engine-info")).to_contain_text("Engine embedded", timeout=300_000)
+        open_panel(page, EXAMPLES_PANEL)
+        page.locator("#examples").get_by_text(example.label).click()
+        expect(page.locator("#prompt textarea")).to_have_value(example.prompt)
+        page.locator("#generate").click()
+        expect(page.locator("#status")).to_contain_text("finished", timeout=300_000)
+        line = page.locator("#answers-line")
+        expect(line).to_contain_text(f"of {example.n} samples finished")
+        assert "majority" in line.inner_text() or "tie between" in line.inner_text()
+        expect(page.locator("#sample-0 .tok").first).to_have_attribute("title", re.compile(r"^p = "))
+    finally:
+        page.close()

@@ -109,32 +109,37 @@ def test_on_a_laptop_the_columns_and_the_trace_are_in_view_as_the_run_streams(
         page.close()
 
 
-def test_on_a_phone_the_columns_come_right_under_the_prompt(
+def test_on_a_phone_the_panels_are_one_tap_away_and_the_columns_follow(
     browser: Browser, synthetic_app: RunningApp
 ) -> None:
-    """390 px wide everything is one column: the prompt, n, Generate and Cancel, then the status line
-    and the sample columns, and only after them the trace and the closed panels."""
+    """390 px wide everything is one column: the prompt, n, Generate and Cancel, the closed panels
+    two a row (each one tap, in the first screen), then the status line and the sample columns, the
+    first column's header in view; the trace after the columns."""
     page = open_at(browser, synthetic_app, 390, 844)
     try:
         for selector in CONTROLS:
             assert in_view(page, selector), (selector, box(page, selector))
+        for panel in PANELS:
+            assert in_view(page, f"#{panel}"), (panel, box(page, f"#{panel}"))
         press_generate_where_the_page_opens(page)
         buttons = max(box(page, s)["y"] + box(page, s)["height"] for s in ("#generate", "#cancel"))
+        panels = max(box(page, f"#{panel}")["y"] + box(page, f"#{panel}")["height"] for panel in PANELS)
         column = box(page, "#column-0")
-        assert column["y"] >= buttons, (column, buttons)
-        # The first column starts in view: its header and its first lines.
-        assert column["y"] + 80 <= 844, column
+        assert column["y"] >= panels >= buttons, (column, panels, buttons)
+        # The first column starts in view: its header and its first line.
+        assert column["y"] + 40 <= 844, column
         expect(page.locator("#header-0")).to_be_in_viewport()
-        # Nothing between the buttons and the columns but the status line.
+        # Between the panels and the columns: the status line and the run's tools.
         status = box(page, "#status")
-        assert buttons <= status["y"] and status["y"] + status["height"] <= column["y"], (status, column)
+        assert panels <= status["y"] and status["y"] + status["height"] <= column["y"], (status, column)
         last_column = box(page, "#column-3")
-        for selector in ("#trace", *(f"#{panel}" for panel in PANELS)):
-            assert box(page, selector)["y"] >= last_column["y"] + last_column["height"], selector
-        # Each panel still opens with one click (once scrolled to).
+        assert box(page, "#trace")["y"] >= last_column["y"] + last_column["height"]
+        # Each panel opens with one tap, across the page's width.
         for panel, control in PANELS.items():
             page.locator(f"#{panel} > button.label-wrap").click()
             expect(page.locator(control)).to_be_visible()
+            assert box(page, f"#{panel}")["width"] > 300, panel
+            page.locator(f"#{panel} > button.label-wrap").click()
         page.locator("#cancel").click()
         expect(page.locator("#status")).to_contain_text("cancelled", timeout=15_000)
     finally:

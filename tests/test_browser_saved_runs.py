@@ -50,12 +50,9 @@ def generate(page: Page, prompt: str, n: int, max_tokens: int, seed: int) -> Non
 
 
 def download_run(page: Page, path: Path) -> Path:
-    """Press Download run, follow the link the page shows and save the file at `path`."""
-    page.locator("#download-run").click()
-    link = page.locator("#run-file a[href*='.json']").first
-    expect(link).to_be_visible(timeout=15_000)
-    with page.expect_download() as download:
-        link.click()
+    """Press Download run: one click saves the file (kept at `path`)."""
+    with page.expect_download(timeout=15_000) as download:
+        page.locator("#download-run").click()
     download.value.save_as(path)
     return path
 
@@ -85,8 +82,11 @@ def test_download_a_run_then_upload_it_to_see_it_replayed(page: Page, tmp_path: 
     page.locator("#replay-speed input[type=number]").fill("4")
     page.locator("#replay-speed input[type=number]").press("Enter")
     upload(page, saved_path)
-    expect(page.locator("#status")).to_contain_text("engine replay", timeout=15_000)
-    expect(page.locator("#status")).to_contain_text("finished", timeout=30_000)
+    # The replay says it is one, with its own prompt and settings (the controls keep rivers, n 2).
+    status = page.locator("#status")
+    expect(status).to_contain_text("Replay of a saved run", timeout=15_000)
+    expect(status).to_contain_text("“Tell me about lighthouses.” · format chat · n 3 · max tokens 16")
+    expect(status).to_contain_text("finished", timeout=30_000)
     expect(page.locator("#column-2")).to_be_visible()
     assert column_texts(page, 3) == generated
     expect(page.locator("#status")).to_contain_text("seed 5")
@@ -250,7 +250,7 @@ def test_a_tree_of_runs_keeps_its_lineage_downloads_whole_and_replays_in_order(
     upload(page, saved_path)
     # The third run last: its prefix above the columns, each continuation under its branch.
     expect(page.locator("#prefix-0")).to_have_text(first[1], timeout=60_000)
-    expect(page.locator("#status")).to_contain_text("engine replay")
+    expect(page.locator("#status")).to_contain_text("Replay of a saved run")
     expect(page.locator("#status")).to_contain_text("finished", timeout=30_000)
     expect(page.locator(f"{TREE}.earlier")).to_have_count(5)
     expect_hanging(page, first[0][:20], 2, current=False)  # the second run's, dimmed now

@@ -162,3 +162,63 @@ async def test_a_continuation_the_backend_refuses_leaves_the_earlier_run_on_the_
             gone = await continue_from(handlers, request, own, second, max_tokens=8)
             assert "could not be continued" in gone[-1][1] and "unreachable" in gone[-1][1], gone[-1][1]
             assert handlers._runs["one-page"].request_id == second
+
+
+async def continue_at_point(
+    handlers: Handlers, request: Any, column: int, offset: int, run: str, **change: Any
+) -> list[list[Any]]:
+    """The outputs of a continuation of column `column` from character `offset`, to its end."""
+    event = SimpleNamespace(index=column, value={"continue_at": offset, "run": run})
+    settings = {**SETTINGS, **change}
+    return [outputs async for outputs in handlers.continue_from_point(event, request, **settings)]
+
+
+async def test_a_column_continuation_shows_the_words_it_goes_on_from_under_one_prompt() -> None:
+    """Continued from a point inside the first branch's words (the deepest node there is the
+    root), the tree has one prompt row, then a row of the words the new run goes on from, its
+    size in characters, and the new run's branches under it."""
+    async with serving(SyntheticEngine(rate=500, jitter=0.1), Limits()) as backend:
+        handlers = Handlers(backend.url)
+        request = page()
+        first = await generate(handlers, request, max_tokens=12)
+        run_id = first[6]["run"]
+        text = first[0]["samples"][0]["text"]
+        offset = text.index(" ", 2)  # the end of the first word: inside the first branch
+        outputs = await continue_at_point(handlers, request, 0, offset, run_id)
+        rows = value_rows(outputs[-1][6])
+        assert sum(row["level"] == 0 for row in rows) == 1  # one prompt row
+        join = next(row for row in rows if row["text"].startswith("+ "))
+        assert join["text"] == "+ " + text[:offset] and join["unit"] == "char"
+        assert join["size"] == offset and not join["earlier"] and join["samples"] == [0, 1]
+        under = rows[rows.index(join) + 1 :]
+        assert under and all(row["level"] > join["level"] for row in under if not row["earlier"])
+
+
+async def test_earlier_rows_keep_their_units_after_a_continuation_in_words() -> None:
+    """A first run with token confidence (its sizes in tokens), continued without: the earlier
+    run's rows still count tokens, the new run's characters."""
+    async with serving(SyntheticEngine(rate=500, jitter=0.1), Limits()) as backend:
+        handlers = Handlers(backend.url)
+        request = page()
+        first = await generate(handlers, request, logprobs=True)
+        run_id = first[6]["run"]
+        assert {row["unit"] for row in value_rows(first[6])} == {"token"}
+        outputs = await continue_from(handlers, request, leaf(first[6], 0)["id"], run_id, logprobs=False)
+        rows = value_rows(outputs[-1][6])
+        assert {row["unit"] for row in rows if row["earlier"]} == {"token"}
+        assert {row["unit"] for row in rows if not row["earlier"]} == {"word"}
+        assert outputs[-1][6]["unit"] == "word"
+
+
+async def test_continue_is_offered_only_once_the_run_has_finished() -> None:
+    """While the run streams, the tree and the columns say why Continue cannot run; once it has
+    finished they offer it."""
+    async with serving(SyntheticEngine(rate=100, jitter=0.1), Limits()) as backend:
+        handlers = Handlers(backend.url)
+        request = page()
+        settings = {**SETTINGS, "prompt": "Tell a story.", "format": "chat", "system": "", "max_tokens": 30}
+        seen = [outputs async for outputs in handlers.generate(request, **settings)]
+        streaming = [o for o in seen if o[0]["samples"] and "streaming" in o[1]]
+        assert streaming and all("still streaming" in o[6]["why_not"] for o in streaming)
+        assert all("still streaming" in o[0]["why_not"] for o in streaming)
+        assert seen[-1][6]["why_not"] == "" and seen[-1][0]["why_not"] == ""

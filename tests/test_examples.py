@@ -43,6 +43,7 @@ def test_the_lessons_the_page_teaches_each_have_an_example() -> None:
     assert by_label["Diversity"].temperature >= 1
     confidence = by_label["Token confidence"]
     assert confidence.logprobs and confidence.answer_pattern == RAINBOW_COLOURS
+    assert confidence.format == "raw" and confidence.prompt.endswith("My favourite of them is")
     blocking, cooperative, taking = by_label["Blocking the loop"], by_label["Cooperative"], by_label["Greedy"]
     assert (blocking.consumer, cooperative.consumer, taking.consumer) == ("blocking", "cooperative", "greedy")
     assert blocking.prompt == cooperative.prompt == taking.prompt
@@ -56,6 +57,7 @@ def test_the_examples_answers_are_read_by_the_vote() -> None:
     assert final_answer("All but 9 run away, so 9 sheep are left.") == "9"
     pattern = compile_answer_pattern(RAINBOW_COLOURS)
     assert final_answer("Blue.", pattern) == "Blue"
+    assert final_answer(" indigo. This can", pattern) == "indigo"
     assert final_answer("A rainbow has red, and my answer is green", pattern) == "green"
 
 
@@ -71,10 +73,11 @@ def test_rows_follow_the_inputs_order_and_fit_a_smaller_page() -> None:
         "block_ms",
         "logprobs",
         "answer_pattern",
+        "format",
         "stop_when_decided",
     ]
     rows = example_rows(EXAMPLES, n_max=32, max_tokens_max=2048)
-    assert rows[0] == [EXAMPLES[0].lesson, SHEEP, 8, 96, 0.8, "cooperative", 0.0, False, "", "off"]
+    assert rows[0] == [EXAMPLES[0].lesson, SHEEP, 8, 96, 0.8, "cooperative", 0.0, False, "", "chat", "off"]
     small = example_rows(EXAMPLES, n_max=4, max_tokens_max=64)
     assert all(row[2] <= 4 and row[3] <= 64 for row in small)
     assert [row[2] for row in small] == [min(e.n, 4) for e in EXAMPLES]

@@ -31,7 +31,7 @@ def texts(output: Any) -> list[str]:
 
 
 def statuses(output: Any) -> list[str]:
-    """Each column's status (streaming, stop, length, aborted, error) in one output."""
+    """Each column's status (streaming, stop, length, stopped, error) in one output."""
     return [sample["status"] for sample in output[SAMPLES]["samples"]]
 
 
@@ -81,7 +81,7 @@ def test_cancel_stops_every_sample_in_the_engine(synthetic_app: RunningApp) -> N
     assert running_samples(synthetic_app) == 4
     final = client.predict(api_name="/cancel")
     for index in range(4):
-        assert statuses(final)[index] == "aborted"
+        assert statuses(final)[index] == "stopped"
         assert 0 < len(texts(final)[index]) < 1000 * 4
     assert running_samples(synthetic_app) == 0
     assert statuses(job.result(timeout=15)) == statuses(final)  # Generate ends with the run drawn
@@ -93,7 +93,7 @@ def test_stop_one_column(synthetic_app: RunningApp) -> None:
     wait_for(lambda: len(job.outputs()) >= 2)
     client.predict(1, api_name="/stop_sample")
     final = job.result(timeout=30)
-    assert statuses(final) == ["length", "aborted", "length"]
+    assert statuses(final) == ["length", "stopped", "length"]
 
 
 def test_a_cancelled_event_aborts_the_backend_request(synthetic_app: RunningApp) -> None:
@@ -355,7 +355,7 @@ def test_cancel_after_and_cumulative_outputs_through_the_page(synthetic_app: Run
     cut = client.predict(
         "Tell a story.", 3, 200, 0.8, 0.95, 5, *EXPERIMENTS, "delta", 4, api_name="/generate"
     )
-    assert statuses(cut) == ["aborted"] * 3 and "· cancelled." in cut[STATUS]
+    assert statuses(cut) == ["stopped"] * 3 and "· cancelled." in cut[STATUS]
     for column in cut[SAMPLES]["samples"]:
         count = int(column["header"].split(" tok")[0].rsplit(" ", 1)[1])
         assert 4 <= count <= 6, column["header"]
@@ -403,7 +403,7 @@ async def test_cancel_answers_once_generate_has_drawn_the_end_of_the_run() -> No
         assert generating.done(), "Cancel answered while Generate could still draw"
         await generating
         for outputs in (final, drawn[-1]):
-            assert [s["status"] for s in outputs[0]["samples"]] == ["aborted"] * 3
+            assert [s["status"] for s in outputs[0]["samples"]] == ["stopped"] * 3
             assert "· cancelled." in outputs[1]
             # what each column shows: the text it streamed before the Cancel, words of it
             assert all(len(s["text"].split()) >= 2 for s in outputs[0]["samples"]), outputs[0]

@@ -96,7 +96,7 @@ def test_a_visitor_is_held_to_runs_tokens_and_one_blocking_experiment() -> None:
     )
     first = ledger.admit("a", request(n=2, max_tokens=100))
     second = ledger.admit("a", request(n=4, max_tokens=100))
-    with pytest.raises(VisitorLimitReached, match="you already have 2 runs streaming"):
+    with pytest.raises(VisitorLimitReached, match="you already have 2 runs streaming in this browser"):
         ledger.admit("a", request(n=1, max_tokens=1))
     ledger.admit("b", request(n=8, max_tokens=100))  # another visitor is counted apart
     ledger.release(second)
@@ -116,6 +116,29 @@ def test_a_visitor_is_held_to_runs_tokens_and_one_blocking_experiment() -> None:
     ):
         ledger.admit("a", request(consumer="blocking", block_ms=200, n=4, max_tokens=80))
     assert "a" not in ledger.runs  # every run of a ended: nothing kept for it
+
+
+def test_an_address_is_held_to_a_class_share_and_the_message_names_only_the_sessions_own_runs() -> None:
+    """Sessions of one address each get their runs up to the address's share; past it, the message
+    counts the address's runs and says which are the session's own; another address is apart."""
+    ledger = VisitorLedger(VisitorLimits(runs=3, address_runs=4, address_tokens=9_000))
+    tickets = [ledger.admit(f"student-{i}", request(n=4, max_tokens=100), "203.0.113.9") for i in range(3)]
+    mine = ledger.admit("student-0", request(n=4, max_tokens=100), "203.0.113.9")
+    with pytest.raises(VisitorLimitReached) as caught:
+        ledger.admit("student-5", request(n=1, max_tokens=10), "203.0.113.9")
+    said = str(caught.value)
+    assert "4 runs are streaming from your network's address (none is this session's)" in said
+    assert "you already have" not in said
+    with pytest.raises(VisitorLimitReached, match=r"\(2 of them are this session's\)"):
+        ledger.admit("student-0", request(n=1, max_tokens=10), "203.0.113.9")
+    ledger.admit("student-5", request(n=1, max_tokens=10), "198.51.100.7")  # another address
+    ledger.release(mine)
+    with pytest.raises(VisitorLimitReached, match=r"up to 8,000 tokens .* hold 1,200 of the 9,000"):
+        ledger.admit("student-5", request(n=8, max_tokens=1000), "203.0.113.9")
+    ledger.admit("student-5", request(n=4, max_tokens=100), "203.0.113.9")
+    for ticket in tickets:
+        ledger.release(ticket)
+    assert ledger.address_runs == {"203.0.113.9": 1, "198.51.100.7": 1}
 
 
 def test_a_visitor_is_the_address_the_spaces_proxy_saw() -> None:

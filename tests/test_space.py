@@ -111,8 +111,9 @@ def test_a_space_works_as_pushed(
             )
             hub.release()
             expect(engine_line).to_contain_text(
-                f"model {REPO_ID} (hub)", timeout=120_000
+                f"Engine embedded · {REPO_ID}", timeout=120_000
             )  # updates by itself
+            expect(page.locator("#engine-why")).to_contain_text(f"model: {REPO_ID} (hub)")
 
             page.locator("#prompt textarea").fill(COLOUR_PROMPT)
             fill_number(page, "n", 4)

@@ -112,6 +112,7 @@ async def test_aclose_stops_every_sample_task() -> None:
         "model": engine.model,
         "running_requests": 0,
         "running_samples": 0,
+        "batch_invariant": True,  # a sample's text depends on its seed alone
     }
     await asyncio.sleep(0.05)
     assert not [t for t in asyncio.all_tasks() if t.get_name().startswith("synthetic-sample")]

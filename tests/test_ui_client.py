@@ -15,7 +15,15 @@ from backend.vocabulary import SamplingParams
 from devkit.local import free_port
 from tests.support.backends import serving
 from ui.client import BackendError, BackendRun
-from ui.view import RunView, sample_header, samples_value, status_markdown, summary_markdown
+from ui.view import (
+    WAITING_HINT_S,
+    WAITING_TURN,
+    RunView,
+    sample_header,
+    samples_value,
+    status_markdown,
+    summary_markdown,
+)
 
 
 @pytest.fixture
@@ -53,9 +61,9 @@ async def test_the_status_line_says_a_cancelled_run_was_cancelled(backend_url: s
             pass
         said = status_markdown(view).splitlines()[0]
         if stop_all:
-            assert said.endswith("· seed 4 · cancelled."), said
+            assert said.endswith("· seed **4** · cancelled."), said
         else:
-            assert said.endswith("· seed 4 · finished, 1 of 3 samples stopped."), said
+            assert said.endswith("· seed **4** · finished, 1 of 3 samples stopped."), said
 
 
 async def test_the_final_state_is_yielded_even_if_the_run_ends_while_the_consumer_is_busy(
@@ -156,3 +164,15 @@ async def test_a_frame_that_is_not_json_ends_the_run_with_a_clear_error() -> Non
     assert any(
         "the backend sent a message that is not a protocol frame" in error for error in run.view.errors
     )
+
+
+def test_a_run_without_a_first_token_past_the_hint_says_it_waits_its_turn() -> None:
+    """Accepted, no sample has a token after WAITING_HINT_S: the engine is full, and the status line
+    says the run waits its turn (other visitors' runs not named); once a token comes, it streams."""
+    view = RunView("r-wait", started_at=100.0)
+    view.apply({"type": "accepted", "id": "r-wait", "n": 2, "params": {"seed": 3}}, 100.0)
+    assert "streaming 2 of 2 samples" in status_markdown(view, 100.0 + WAITING_HINT_S / 2)
+    waiting = status_markdown(view, 100.0 + WAITING_HINT_S)
+    assert WAITING_TURN in waiting and "waiting for its turn" in waiting
+    view.apply({"type": "chunk", "id": "r-wait", "index": 0, "text": "Once", "tokens": 1}, 102.0)
+    assert "streaming 2 of 2 samples" in status_markdown(view, 110.0)

@@ -10,7 +10,10 @@ goes to the answer reached first. The panel is redrawn only when a sample finish
 The chart (`answers_chart`, drawn by `ui.vote_chart`) has one bar per answer, most votes first, its
 axis from zero so an answer with one vote has a bar as tall as one vote; the majority's bar is
 green, answers tied for the most votes amber, the rest grey, and a legend names the marks drawn.
-Until an answer has a vote the panel says that answers appear as samples finish.
+Until an answer has a vote the panel says that answers appear as samples finish. Where fewer than
+half of the finished samples give a final answer (a story, a poem) the samples are free text: the
+panel says so in one line, with what the vote counts, and draws no majority and no chart
+(`free_text`); the page shows an example with answers beside that line.
 """
 
 from __future__ import annotations
@@ -88,8 +91,11 @@ class AnswersPanel:
                 self.answers[sample.index] = self._answer(view, sample.index) if voting else None
         voters = [i for i in self.answers if view.samples[i].status in VOTING_REASONS]
         vote = self.vote = tally([self.answers[i] for i in voters])
-        chart = vote_chart_html(chart_rows(vote))
-        lines = [summary_line(vote, len(finished), view.n)]
+        prose = free_text(vote)
+        if prose:
+            chart, lines = "", [free_text_line(vote, self.pattern is not None)]
+        else:
+            chart, lines = vote_chart_html(chart_rows(vote)), [summary_line(vote, len(finished), view.n)]
         if self.problem:
             lines.append(f"**Answer pattern:** {self.problem}.")
         said = self._stop_words(vote, len(finished) == view.n)
@@ -105,7 +111,7 @@ class AnswersPanel:
             else:
                 shown = f"({REASON_LABELS.get(status, status)}, not counted)"
             listed.append(f"#{index}: {shown}")
-        if listed:
+        if listed and not prose:
             lines.append(" · ".join(listed))
         return [chart, "\n\n".join(lines)]
 
@@ -160,6 +166,30 @@ class AnswersPanel:
                 if view.samples[i].status in VOTING_REASONS:
                     self.answers[i] = final_answer(view.samples[i].text)
             return final_answer(view.samples[index].text)
+
+
+FREE_TEXT_CLASS = "free-text"
+"""The class of the free-text line's mark: the page shows the example with answers beside it
+(`ui.app`'s CSS, `#answers:has(.free-text)`)."""
+
+
+def free_text(vote: Vote) -> bool:
+    """Whether the finished samples are free text: fewer than half of those that finished on their
+    own give a final answer, so a vote over them would mean nothing."""
+    counted = vote.voters + vote.no_answer
+    return counted > 0 and 2 * vote.voters < counted
+
+
+def free_text_line(vote: Vote, pattern: bool) -> str:
+    """The panel's one line for free text: what the vote counts, that there is none here, and where
+    to find one (the example button the page shows beside it)."""
+    counted = vote.voters + vote.no_answer
+    rule = "what the answer pattern matches" if pattern else "the last number"
+    return (
+        f'<span class="{FREE_TEXT_CLASS}">Free text: {vote.voters} of {counted} finished samples give '
+        f"a final answer, so there is no vote. The vote counts each sample's final answer ({rule}); "
+        "for a prompt with one, try the sheep question.</span>"
+    )
 
 
 def empty_outputs() -> list[Any]:

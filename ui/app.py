@@ -14,7 +14,9 @@ in the queue); a column's Stop cancels that sample only. The columns are one out
 (`ui.sample_grid`), so an update costs the same few outputs whatever n is. The trace panel draws
 the backend loop's measured trace; Export saves it for Perfetto. Download run saves the run as a
 file (docs/protocol.md, "Saved runs"), and a saved run uploaded to the page is replayed by the
-backend into the columns, at its recorded pace or faster.
+backend into the columns, at its recorded pace or faster. Copy link gives a URL of the run
+(`ui.run_link`); a page opened from one sets its controls and runs it as it loads. Ctrl/Cmd+Enter in
+the prompt generates and Escape cancels (`PAGE_JS`, run as the page loads).
 """
 
 from __future__ import annotations
@@ -38,21 +40,24 @@ from ui.answers_view import answers_chart as answers_chart_component
 from ui.answers_view import empty_outputs as empty_answers
 from ui.early_stop import RULES as STOP_RULES
 from ui.engine_info import ASKING_LINE, engine_line_now
-from ui.examples import examples_block
+from ui.examples import EXAMPLE_WITH_ANSWERS, examples_block
 from ui.handlers import Handlers
+from ui.run_link import DEFAULT_N, DEFAULT_PROMPT, LINK_FIELDS
 from ui.run_request import REPLAY_SETTINGS, RUN_SETTINGS, RUN_SETTINGS_OF_A_RUN
 from ui.sample_grid import sample_grid
 from ui.sample_tree_view import sample_tree
-from ui.visitor_limits import VisitorLimits
+from ui.view import summary_css
+from ui.visitor_limits import RUNS_PER_ADDRESS, VisitorLimits
 
 ENGINE_POLL_S = 2.0
 """How often the engine line is read again while the engine starts (a download, a conversion)."""
 
-CONCURRENCY_LIMIT = 32
-"""Generate events that run at once (Gradio's default is 1: one user at a time)."""
+CONCURRENCY_LIMIT = 2 * RUNS_PER_ADDRESS
+"""Run events (Generate, a replay, a continuation, a link) that stream at once, all visitors
+together (Gradio's default is 1: one user at a time): twice one address's share, so that a class
+behind one address never fills the page for everyone else. Past it, Gradio's queue holds events in
+the order they came."""
 
-DEFAULT_PROMPT = "Write one sentence about a lighthouse keeper who learns to juggle."
-DEFAULT_N = 4
 
 CSS = """
 .trace-svg { display: block; background: #f8fafc; border: 1px solid #e2e8f0; border-radius: 6px; }
@@ -74,21 +79,48 @@ CSS = """
 .vote-legend { display: flex; flex-wrap: wrap; gap: 12px; font-size: 0.8em; margin: 2px 0 4px 44px; }
 .vote-legend i { display: inline-block; width: 10px; height: 10px; margin-right: 4px; }
 .vote-chart-empty { color: var(--body-text-color-subdued); font-size: 0.9em; padding: 12px 0; }
-#summary table { display: block; overflow-x: auto; max-width: 100%; }
-#summary th, #summary td { white-space: nowrap; }
+#summary table { width: 100%; table-layout: auto; font-size: 0.85em; font-variant-numeric: tabular-nums; }
+#summary th, #summary td { padding: 3px 5px; }
+#summary th { white-space: normal; line-height: 1.2; }
+#summary td { white-space: nowrap; }
 #masthead h2 { margin: 0 0 2px 0; }
+#engine-info p { display: inline; }
+#engine-info details { display: inline; margin-left: 4px; }
+#engine-info summary { display: inline; cursor: pointer; color: var(--body-text-color-subdued);
+  text-decoration: underline dotted; }
+#engine-info details[open] { display: block; font-size: 0.85em; color: var(--body-text-color-subdued); }
+#answers-example { display: none; }
+#answers:has(.free-text) #answers-example { display: inline-flex; width: auto; align-self: flex-start; }
+#run-tools { align-items: center; gap: 8px; }
+#run-tools > button { flex: 0 0 auto; width: auto; }
+#n .head, #max-tokens .head { flex-wrap: wrap; }
+#n input[type=number], #max-tokens input[type=number] { min-width: 4.5em; }
 @media (max-width: 640px) {
   #stage { flex-direction: column; flex-wrap: nowrap; align-items: stretch; }
   #controls { display: contents; }
-  #settings-stack { order: 2; }
-  #masthead p, #engine-info p, #status p { font-size: 0.85em; margin: 2px 0; }
+  #settings-stack { display: grid; grid-template-columns: 1fr 1fr; gap: 6px; }
+  #settings-stack > .block:has(> button.label-wrap.open) { grid-column: 1 / -1; }
+  #settings-stack > .block > button.label-wrap { font-size: 0.85em; text-align: left; }
+  #masthead p { display: none; }
+  #engine-info p, #status p { font-size: 0.85em; margin: 2px 0; }
+  .trace-panel, .vote-chart { overflow-x: auto; }
+  .trace-panel svg.trace-svg { min-width: 560px; }
+  .vote-chart svg { min-width: 440px; }
+  .trace-legend { font-size: 12px; }
+  .trace-figures { grid-template-columns: 1fr; font-size: 13px; }
+  .trace-tasks pre { font-size: 11px; }
 }
-"""
+.trace-figures div { gap: 8px; }
+.trace-figures b { white-space: nowrap; }
+""" + summary_css()
 """The page's own styles: the trace panel's parts; the vote chart's text and grid in the theme's
-colours (light or dark); a run summary that scrolls sideways on a narrow
-screen instead of wrapping its headers letter by letter; and, on a phone-wide screen, the controls'
-closed panels (settings, examples, lessons, experiments) moved after the show, so the columns come
-right under the prompt and Generate."""
+colours (light or dark); a run summary as wide as its panel, its headers wrapping at their words
+so that every column shows at a laptop's width; the engine line's "how it runs" inline until
+opened; the answers' example shown only beside the free-text line; and, on a phone-wide screen,
+the blocks in one column (the controls' closed panels right under Generate, two a row, one tap
+each; the title without its line of instructions, which Generate's place makes plain), the
+trace and the vote chart drawn no smaller than their text needs (at least 10 px; they scroll
+sideways instead) and the trace's figures one a line."""
 
 EXPLANATION = """
 **What the trace shows.** One thread, one asyncio loop, serving every sample. The loop lane is how
@@ -113,7 +145,7 @@ engine output. Under the figures, the loop's tasks and what each one awaits, onc
   sample the bytes read grow with the square of its length. The columns look the same.
 - **cancel after k tokens**: the consumer itself cancels each sample once it has k tokens, as a
   client that has read enough would; red lines in the sample lanes show each cancel reaching the
-  engine, and every sample ends `aborted` a token or so past k.
+  engine, and every sample ends `stopped` a token or so past k.
 """
 """The explanation beside the event-loop experiments."""
 
@@ -155,7 +187,7 @@ def build_demo(
     to that backend's `limits` (its n and max tokens, its per-visitor share), and sending
     blocking-consumer runs to its experiment server at `experiment_url` where it has one."""
     limits = limits or Limits()
-    handlers = Handlers(backend_url, token, experiment_url, VisitorLimits.for_backend(limits))
+    handlers = Handlers(backend_url, token, experiment_url, VisitorLimits.for_backend(limits), limits=limits)
     with gr.Blocks(title="Parallel sampling, live", fill_width=True) as demo:
         gr.Markdown(MASTHEAD, elem_id="masthead")
         engine_info = gr.Markdown(ASKING_LINE, elem_id="engine-info")
@@ -167,7 +199,7 @@ def build_demo(
             # The show: the status line, the columns and the loop trace beside them.
             with gr.Column(scale=9, elem_id="show"):
                 show = _show(handlers)
-        _wire_runs(handlers, controls, generate_btn, cancel_btn, show)
+        _wire_runs(demo, handlers, controls, (generate_btn, cancel_btn), show)
         demo.unload(handlers.close_session_run)
     demo.queue(default_concurrency_limit=CONCURRENCY_LIMIT)
     return demo
@@ -215,6 +247,17 @@ def _show(handlers: Handlers) -> dict[str, Any]:
     them the loop trace with its export and the saved-run controls; by name. A column's Stop, Export
     trace and Download run are wired here, beside their components."""
     show: dict[str, Any] = {"status": gr.Markdown(elem_id="status")}
+    with gr.Row(elem_id="run-tools"):
+        show["copy_link"] = gr.Button("Copy link", size="sm", min_width=90, elem_id="copy-link")
+        show["keep_seed"] = gr.Button("Keep this seed", size="sm", min_width=90, elem_id="keep-seed")
+        show["link"] = gr.Textbox(
+            label="link to this run: opened, it runs the same prompt, settings and seed",
+            visible=False,
+            interactive=False,
+            buttons=["copy"],
+            elem_id="run-link",
+            scale=4,
+        )
     with gr.Row(equal_height=False):
         with gr.Column(scale=6):
             show["samples"] = sample_grid()
@@ -230,6 +273,11 @@ def _show(handlers: Handlers) -> dict[str, Any]:
                 show["tree"] = sample_tree()
             with gr.Accordion("Answers (self-consistency)", open=True, elem_id="answers"):
                 show["answers_line"] = gr.Markdown(empty_answers()[1], elem_id="answers-line")
+                show["answers_example"] = gr.Button(
+                    f"Example with answers: {EXAMPLE_WITH_ANSWERS.label}",
+                    size="sm",
+                    elem_id="answers-example",
+                )
                 show["answers_chart"] = answers_chart_component()
             show["summary"] = gr.Markdown(elem_id="summary")
         with gr.Column(scale=4, min_width=340):
@@ -238,7 +286,7 @@ def _show(handlers: Handlers) -> dict[str, Any]:
             trace_file = gr.File(label="trace export", visible=False, elem_id="trace-file")
             export_btn.click(
                 handlers.export, outputs=trace_file, concurrency_limit=None, api_name="export_trace"
-            )
+            ).success(None, js=save_file_js("trace-file"), api_visibility="private")
             show.update(_saved_run_controls(handlers))
     return show
 
@@ -248,14 +296,16 @@ RUN_OUTPUTS = ("samples", "status", "summary", "trace", "answers_chart", "answer
 
 
 def _wire_runs(
+    demo: gr.Blocks,
     handlers: Handlers,
     controls: dict[str, Any],
-    generate_btn: gr.Button,
-    cancel_btn: gr.Button,
+    buttons: tuple[gr.Button, gr.Button],
     show: dict[str, Any],
 ) -> None:
-    """Generate, a replayed saved run and a continued branch, each streaming into the show from the
-    controls, and Cancel, which stops whichever runs: the wiring that joins the two sides of the page."""
+    """Generate, a page opened from a link, a replayed saved run and a continued branch, each
+    streaming into the show from the controls, and Cancel, which stops whichever runs; Copy link,
+    Keep this seed and the answers' example: the wiring that joins the two sides of the page."""
+    generate_btn, cancel_btn = buttons
     outputs = [show[name] for name in RUN_OUTPUTS]
     settings = {name: controls[name] for name in RUN_SETTINGS}
     run = {"outputs": outputs, "concurrency_limit": CONCURRENCY_LIMIT, "show_progress": "hidden"}
@@ -276,10 +326,29 @@ def _wire_runs(
     point_event = show["samples"].select(
         handlers.continue_from_point, inputs_kwargs=continued, **run, api_visibility="private"
     )
+    # A page opened from a link: its settings in the controls, then (where it may) its run.
+    link_event = demo.load(
+        handlers.open_link,
+        outputs=[*(controls[name] for name in LINK_FIELDS), *outputs],
+        concurrency_limit=CONCURRENCY_LIMIT,
+        show_progress="hidden",
+        api_visibility="private",
+    )
+    events = [generate_event, replay_event, continue_event, point_event, link_event]
     cancel_btn.click(
         handlers.cancel, outputs=outputs, concurrency_limit=None, show_progress="hidden", api_name="cancel"
-    ).then(
-        None, cancels=[generate_event, replay_event, continue_event, point_event], api_visibility="private"
+    ).then(None, cancels=events, api_visibility="private")
+    show["copy_link"].click(
+        handlers.link, outputs=show["link"], concurrency_limit=None, api_visibility="private"
+    ).success(None, inputs=show["link"], outputs=show["link"], js=COPY_LINK_JS, api_visibility="private")
+    show["keep_seed"].click(
+        handlers.last_seed, outputs=controls["seed"], concurrency_limit=None, api_visibility="private"
+    )
+    example = EXAMPLE_WITH_ANSWERS.settings
+    show["answers_example"].click(
+        lambda: [example[name] for name in example],
+        outputs=[controls[name] for name in example],
+        api_visibility="private",
     )
 
 
@@ -297,7 +366,7 @@ def _saved_run_controls(handlers: Handlers) -> dict[str, Any]:
     run_file = gr.File(label="saved run", visible=False, elem_id="run-file")
     download_btn.click(
         handlers.download_run, outputs=run_file, concurrency_limit=None, api_name="download_run"
-    )
+    ).success(None, js=save_file_js("run-file"), api_visibility="private")
     return {
         "replay_upload": replay_upload,
         "replay_speed": replay_speed,
@@ -307,7 +376,7 @@ def _saved_run_controls(handlers: Handlers) -> dict[str, Any]:
 def _size_controls(n_max: int, max_tokens_max: int) -> dict[str, Any]:
     """n and max tokens: the run's size, in view beside Generate."""
     n = gr.Slider(
-        1, n_max, value=min(DEFAULT_N, n_max), step=1, label="n (samples)", min_width=140, elem_id="n"
+        1, n_max, value=min(DEFAULT_N, n_max), step=1, label="n (samples)", min_width=180, elem_id="n"
     )
     max_tokens = gr.Slider(
         1,
@@ -315,7 +384,7 @@ def _size_controls(n_max: int, max_tokens_max: int) -> dict[str, Any]:
         value=min(DEFAULT_MAX_TOKENS, max_tokens_max),
         step=1,
         label="max tokens",
-        min_width=140,
+        min_width=180,
         elem_id="max-tokens",
     )
     return {"n": n, "max_tokens": max_tokens}
@@ -348,7 +417,14 @@ def _settings_controls() -> dict[str, Any]:
             top_p = gr.Slider(
                 0.05, 1, value=DEFAULT_TOP_P, step=0.05, label="top-p", min_width=140, elem_id="top-p"
             )
-        seed = gr.Number(value=33, precision=0, label="seed (empty: random)", minimum=0, elem_id="seed")
+        seed = gr.Number(
+            value=None,
+            precision=0,
+            label="seed (empty: a random seed each run)",
+            info="The status line gives each run's seed; Keep this seed puts it here: Generate repeats it.",
+            minimum=0,
+            elem_id="seed",
+        )
     prompt_format.change(
         lambda chosen: gr.Textbox(interactive=chosen == "chat"),
         inputs=prompt_format,
@@ -416,6 +492,68 @@ def _why_n_controls() -> dict[str, Any]:
         )
         gr.Markdown(WHY_N)
     return {"logprobs": logprobs, "answer_pattern": answer_pattern, "stop_when_decided": stop_when_decided}
+
+
+COPY_LINK_JS = """
+async (query) => {
+  if (!query || !query.startsWith('?')) return query;
+  const url = window.location.origin + window.location.pathname + query;
+  try { await navigator.clipboard.writeText(url); } catch (error) { /* shown in the box to copy */ }
+  return url;
+}
+"""
+"""Copy link's second step in the browser: the page's own address before the run's query
+(`Handlers.link`), copied to the clipboard where the browser allows it, and shown in the link box."""
+
+
+def save_file_js(elem_id: str) -> str:
+    """The browser's step after a file output `elem_id` got its file: save it (one click saves)."""
+    return f"""
+() => {{
+  const started = Date.now();
+  const save = () => {{
+    const link = document.querySelector('#{elem_id} a[download]');
+    if (link) {{ link.click(); return; }}
+    if (Date.now() - started < 5000) setTimeout(save, 100);
+  }};
+  save();
+}}
+"""
+
+
+PAGE_JS = """
+() => {
+  const running = () => Boolean(document.querySelector(
+    '#samples .status-streaming, #samples .status-waiting') || /\u23f3/.test(
+    (document.querySelector('#status') || {}).textContent || ''));
+  document.addEventListener('keydown', (event) => {
+    if (event.key === 'Enter' && (event.ctrlKey || event.metaKey) && event.target.closest('#prompt')) {
+      event.preventDefault();
+      document.querySelector('#generate')?.click();
+    } else if (event.key === 'Escape' && running()) {
+      document.querySelector('#cancel')?.click();
+    }
+  }, true);
+  const mac = /Mac|iPhone|iPad/.test(navigator.platform);
+  const titles = {
+    '#generate': `Sample n answers to the prompt (${mac ? '\u2318' : 'Ctrl'}+Enter in the prompt)`,
+    '#cancel': 'Stop every sample of the running request (Escape)',
+    '#copy-link': "A link that opens this page with this run's prompt, settings and seed, and runs it",
+    '#keep-seed': "Put this run's seed in the seed box: Generate then repeats it",
+  };
+  const label = () => {
+    let missing = 0;
+    for (const [selector, title] of Object.entries(titles)) {
+      const button = document.querySelector(selector);
+      if (button) button.title = title; else missing += 1;
+    }
+    if (missing) setTimeout(label, 200);
+  };
+  label();
+}
+"""
+"""The page's keys and its buttons' tooltips, run once as it loads: Ctrl+Enter (Cmd+Enter on a Mac)
+in the prompt presses Generate, Escape presses Cancel while a request streams or waits."""
 
 
 def panel_html_empty() -> str:

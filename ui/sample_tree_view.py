@@ -34,27 +34,42 @@ LABEL_HEAD = 40
 LABEL_TAIL = 18
 
 
-ROW_FIELDS = ("id", "level", "count", "samples", "p", "size", "ends", "text", "earlier")
+ROW_FIELDS = ("id", "level", "count", "samples", "p", "size", "ends", "text", "earlier", "unit")
 """A row's fields, in the order of its JSON array (`earlier`: 1 for a node of an earlier run of the
-tree, drawn dimmed, its samples not in the columns)."""
+tree, drawn dimmed, its samples not in the columns; `unit`: what its size counts, its own run's
+tree's unit, or CHARACTERS for the words a column's continuation goes on from)."""
+
+CHARACTERS = "char"
+"""The unit of a row whose size counts characters whatever its tree's unit (a continuation's words)."""
 
 RUN_STRIDE = 1 << 20
 """A node's id in a tree of several runs: its run's position times RUN_STRIDE, plus its id in that
 run's tree (`lineage_value`, `split_id`)."""
 
 
-def tree_value(tree: SampleTree, run: str) -> dict[str, Any]:
+def tree_value(tree: SampleTree, run: str, why_not: str = "") -> dict[str, Any]:
     """The panel's value for `tree`, the tree of run `run` (a new run clears the page's pick): one
-    JSON string per node (`ROW_FIELDS`), depth first."""
-    return lineage_value([tree], [None], run)
+    JSON string per node (`ROW_FIELDS`), depth first; `why_not` says why its branches cannot be
+    continued now ("" where they can)."""
+    return lineage_value([tree], [None], run, why_not=why_not)
 
 
-def lineage_value(trees: list[SampleTree], parents: list[tuple[int, int] | None], run: str) -> dict[str, Any]:
+def lineage_value(
+    trees: list[SampleTree],
+    parents: list[tuple[int, int] | None],
+    run: str,
+    joins: list[str] | None = None,
+    why_not: str = "",
+) -> dict[str, Any]:
     """The panel's value for a run and the runs it continues: `trees[i]` is run i's tree and
     `parents[i]` the (run position, node id) whose branch it continued (None for the first). The last
     run is the one on the page (`run`); the earlier runs' nodes are drawn dimmed, and each run's
-    branches grow from the node it continued (its root is that node). Node ids are
-    `position * RUN_STRIDE + id`."""
+    branches grow from the node it continued (its root is that node). Where a run continued from a
+    point inside that node's children (a column's word), `joins[i]` is the text past the node it
+    goes on from, drawn as a row of its own (its root) between that node and its branches. Node
+    ids are `position * RUN_STRIDE + id`; `why_not` says why no branch can be continued now ("":
+    they can)."""
+    joins = joins or [""] * len(trees)
     attached: dict[tuple[int, int], list[int]] = {}
     for position, parent in enumerate(parents):
         if parent is not None:
@@ -64,16 +79,41 @@ def lineage_value(trees: list[SampleTree], parents: list[tuple[int, int] | None]
 
     def emit(position: int, offset: int) -> None:
         tree = trees[position]
+        earlier = position != current
+        if position and joins[position]:
+            rows.append(_join_row(tree, joins[position], offset + 1, position, earlier))
+            offset += 1
         for node, level in tree.walk():
-            if offset and node is tree.root:
-                continue  # a continuation's root is the node it continued, drawn already
-            rows.append(_row(tree, node, level + offset, position, position != current))
+            if position and node is tree.root:
+                continue  # a continuation's root is the node it continued (or its join), drawn already
+            rows.append(_row(tree, node, level + offset, position, earlier))
             for child in attached.get((position, node.id), []):
                 emit(child, level + offset)
 
     emit(0, 0)
     tree = trees[current]
-    return {"run": run, "n": tree.n, "unit": tree.unit, "nodes": rows if tree.n else []}
+    value = {"run": run, "n": tree.n, "unit": tree.unit, "nodes": rows if tree.n else []}
+    value["why_not"] = why_not
+    return value
+
+
+def _join_row(tree: SampleTree, text: str, level: int, position: int, earlier: bool) -> str:
+    """The row of a continuation's root where it goes on from words past the node it continued:
+    those words (their end, where long), their size in characters, all its samples."""
+    shown = text if len(text) <= LABEL_CHARS else "… " + text[-LABEL_CHARS:]
+    row = [
+        position * RUN_STRIDE + tree.root.id,
+        level,
+        tree.root.count,
+        [] if earlier else sample_indices(tree.root.samples),
+        None,
+        len(text),
+        0,
+        "+ " + shown.replace("\r\n", "↵").replace("\n", "↵"),
+        1 if earlier else 0,
+        CHARACTERS,
+    ]
+    return json.dumps(row, ensure_ascii=False, separators=(",", ":"))
 
 
 def split_id(node_id: int) -> tuple[int, int]:
@@ -93,6 +133,7 @@ def _row(tree: SampleTree, node: Node, level: int, position: int, earlier: bool)
         (node.ends & tree.finished).bit_count(),
         _label(tree, node),
         1 if earlier else 0,
+        tree.unit,
     ]
     return json.dumps(row, ensure_ascii=False, separators=(",", ":"))
 
@@ -126,7 +167,7 @@ def _label(tree: SampleTree, node: Node) -> str:
 
 def empty_value() -> dict[str, Any]:
     """No run yet."""
-    return {"run": None, "n": 0, "unit": None, "nodes": []}
+    return {"run": None, "n": 0, "unit": None, "nodes": [], "why_not": ""}
 
 
 TEMPLATE = '<div class="sample-tree"></div>'
@@ -170,13 +211,17 @@ const cont = document.createElement('button');
 cont.className = 'tree-continue';
 cont.id = 'tree-continue';
 cont.textContent = 'Continue from here \u25b8';
-cont.title = 'n new samples from the prompt plus the text up to the end of this branch, as a new run';
+const TITLE = 'n new samples from the prompt plus the text up to the end of this branch, as a new run';
+cont.title = TITLE;
 
 function colour(p) {
   return `hsla(${Math.round(120 * p)}, 85%, 55%, 0.35)`;
 }
 
-const FIELDS = ['id', 'level', 'count', 'samples', 'p', 'size', 'ends', 'text', 'earlier'];
+const FIELDS = ['id', 'level', 'count', 'samples', 'p', 'size', 'ends', 'text', 'earlier', 'unit'];
+let whyNot = '';  // why no branch can be continued now ('' where one can)
+const CAN = 'Continue from here \u25b8';
+const CANNOT = 'Continue: once the run has finished';
 
 function parse(row) {
   const fields = JSON.parse(row);
@@ -202,11 +247,18 @@ function highlight() {
     it.button.classList.toggle('picked', on);
     it.button.setAttribute('aria-pressed', on ? 'true' : 'false');
     if (on && cont.previousSibling !== it.button) {
-      cont.disabled = false;
+      offer();
       it.li.insertBefore(cont, it.button.nextSibling);
     }
   }
   if (picked === null || !items.has(picked.id)) cont.remove();
+}
+
+// The button as the run allows it: offered, or disabled with why not (a run still streaming).
+function offer() {
+  cont.disabled = Boolean(whyNot);
+  cont.textContent = whyNot ? CANNOT : CAN;
+  cont.title = whyNot || TITLE;
 }
 
 function part(button, name) {
@@ -250,7 +302,7 @@ function show(it, node, unit, n) {
   }
   it.text.textContent = node.level === 0 ? 'prompt' : node.text;
   it.size.hidden = node.level === 0 || node.size < 2;
-  it.size.textContent = unit === 'token' ? `${node.size} tok` : `${node.size} ch`;
+  it.size.textContent = (node.unit || unit) === 'token' ? `${node.size} tok` : `${node.size} ch`;
   it.ends.hidden = !node.ends;
   it.ends.textContent = `\u25a0 ${node.ends} ended`;
 }
@@ -260,6 +312,11 @@ function show(it, node, unit, n) {
 function render(value) {
   const nodes = ((value && value.nodes) || []).map(parse);
   const thisRun = value ? value.run : null;
+  const reason = (value && value.why_not) || '';
+  if (reason !== whyNot) {
+    whyNot = reason;
+    if (cont.isConnected) offer();
+  }
   if (thisRun !== run || !nodes.length) {
     run = thisRun;
     picked = null;
@@ -311,7 +368,7 @@ render(props.value);
 watch('value', () => render(props.value));
 element.addEventListener('click', (event) => {
   if (event.target === cont) {
-    if (picked !== null && run) {
+    if (picked !== null && run && !whyNot) {
       cont.disabled = true;  // one continuation per click; a new run's tree brings it back
       trigger('select', {index: picked.id, value: run});
     }

@@ -29,7 +29,7 @@ REASON_LABELS = {
     WAITING: "waiting",
     "stop": "stop",
     "length": "length",
-    "abort": "aborted",
+    "abort": "stopped",
     "error": "error",
 }
 
@@ -112,6 +112,9 @@ class RunView:
     """The run's Cancel, once pressed: when, when the backend read it, what it did."""
     last_chunk_at: float | None = None
     """When the run's last chunk arrived (this process's monotonic clock)."""
+    note: str = ""
+    """What the status line says of the run besides its state (a run opened from a link, a replay's
+    prompt and settings); Markdown."""
 
     def __post_init__(self) -> None:
         self.trace = TraceView(self.request_id)
@@ -278,8 +281,49 @@ def prefix_tail(prefix: str) -> str:
     return prefix if len(prefix) <= PREFIX_TAIL_CHARS else "…" + prefix[-PREFIX_TAIL_CHARS:]
 
 
-def status_markdown(view: RunView) -> str:
-    """The line above the columns: what runs where, and any error, said plainly."""
+NOTE_PROMPT_CHARS = 120
+"""A replay's prompt is quoted in its status line up to this many characters."""
+
+
+def plain(text: str) -> str:
+    """`text` for a Markdown line, read as it is: line breaks as spaces, markup characters escaped."""
+    flat = " ".join(text.split())
+    return "".join("\\" + char if char in "\\`*_[]<>#|~" else char for char in flat)
+
+
+def replay_note(prompt: str, prompt_format: str, n: int, params: dict[str, Any]) -> str:
+    """The status line's words for a replayed saved run: that it is a replay, and the prompt, format
+    and settings it ran with (the controls keep the page's own)."""
+    shown = prompt if len(prompt) <= NOTE_PROMPT_CHARS else prompt[:NOTE_PROMPT_CHARS] + "…"
+    settings = [
+        f"format {prompt_format}",
+        f"n {n}",
+        f"max tokens {params.get('max_tokens')}",
+        f"temperature {params.get('temperature'):g}" if params.get("temperature") is not None else "",
+        f"top-p {params.get('top_p'):g}" if params.get("top_p") is not None else "",
+        f"seed {params.get('seed')}",
+    ]
+    return (
+        f"**Replay of a saved run**, with its own prompt and settings (not the controls'): "
+        f"“{plain(shown)}” · " + " · ".join(part for part in settings if part)
+    )
+
+
+WAITING_HINT_S = 1.5
+"""After this long without a first token, the status line says the run waits its turn: a prompt's
+prefill takes a fraction of that on every engine here, a full engine (the embedded engine's
+`--max-rows`, a server's batch) as long as the runs before it take."""
+
+WAITING_TURN = (
+    "waiting for its turn: when the engine is full it runs the samples that came before, other "
+    "visitors' too, then this run's"
+)
+"""The state of a run waiting for its first token past WAITING_HINT_S."""
+
+
+def status_markdown(view: RunView, now: float | None = None) -> str:
+    """The line above the columns: the request, its seed and state (at `now`, where given: a run
+    waiting for its first token past WAITING_HINT_S says it waits its turn), and any error."""
     lines = [f"**Error:** {message}" for message in view.errors]
     if view.accepted:
         seed = view.params.get("seed")
@@ -293,11 +337,18 @@ def status_markdown(view: RunView) -> str:
             state = "finished"
         elif view.closed:
             state = "stopped"
+        elif (
+            now is not None
+            and now - view.started_at >= WAITING_HINT_S
+            and all(s.status == WAITING for s in view.samples)
+        ):
+            state = WAITING_TURN
         else:
             state = f"streaming {streaming} of {view.n} samples"
-        lines.append(
-            f"Request `{view.request_id}` · engine **{view.engine}** ({view.model}) · seed {seed} · {state}."
-        )
+        replayed = f" · a replay of a saved run ({view.model})" if view.engine == "replay" else ""
+        lines.append(f"Request `{view.request_id}` · seed **{seed}** · {state}{replayed}.")
+        if view.note:
+            lines.append(view.note)
         if view.format_reason:
             lines.append(f"Prompt format **{view.prompt_format}**: {view.format_reason}.")
         if view.prefix:
@@ -312,13 +363,49 @@ def status_markdown(view: RunView) -> str:
     return "\n\n".join(line for line in lines if line)
 
 
+SUMMARY_COLUMNS = (
+    ("#", "#"),
+    ("reason", ""),
+    ("tokens", "tok "),
+    ("TTFT ms", "TTFT "),
+    ("TPOT ms", "TPOT "),
+    ("ITL p50", "ITL p50 "),
+    ("ITL p99", "p99 "),
+    ("tok/s", "tok/s "),
+    ("seed", "seed "),
+)
+"""The run summary's columns: each one's header, and the label its cells carry on a phone-wide
+screen, where each sample's figures are one line of labelled values instead of a table's row
+(`summary_css`)."""
+
+
+def summary_css() -> str:
+    """The run summary on a phone-wide screen: each sample's row a wrapped line of labelled figures
+    (the headers hidden, each cell labelled from `SUMMARY_COLUMNS`), so no column is cut or
+    scrolled out of sight."""
+    labels = "".join(
+        f'#summary td:nth-child({i})::before {{ content: "{label}"; color: var(--body-text-color-subdued); }}'
+        "\n"
+        for i, (_, label) in enumerate(SUMMARY_COLUMNS, start=1)
+        if label
+    )
+    return (
+        "@media (max-width: 640px) {\n"
+        "#summary thead { display: none; }\n"
+        "#summary table, #summary tbody { display: block; border: none; }\n"
+        "#summary tr { display: flex; flex-wrap: wrap; gap: 2px 12px; padding: 4px 0;\n"
+        "  border-bottom: 1px solid var(--border-color-primary); }\n"
+        "#summary td { border: none; padding: 0; white-space: nowrap; }\n" + labels + "}\n"
+    )
+
+
 def summary_markdown(view: RunView) -> str:
     """Per-sample server stats (TTFT, TPOT, ITL p50/p99, tokens/s, seed) and the request's totals."""
     if not view.accepted:
         return ""
     rows = [
-        "| # | reason | tokens | TTFT ms | TPOT ms | ITL p50 | ITL p99 | tok/s | seed |",
-        "|---:|:---|---:|---:|---:|---:|---:|---:|---:|",
+        "| " + " | ".join(header for header, _ in SUMMARY_COLUMNS) + " |",
+        "|---:|:---|" + "---:|" * (len(SUMMARY_COLUMNS) - 2),
     ]
     for sample in view.samples:
         stats = sample.stats or {}

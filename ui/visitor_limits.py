@@ -3,8 +3,14 @@
 A public page is open to anyone, and its API to scripts: without a bound of its own, one visitor
 with many tabs or a loop of API calls could fill the engine and the backend's loops, and everyone
 else would wait. The backend has its own limits per address (docs/limits.md); these are the page's,
-checked before a run opens a connection, each said to the visitor in plain words when reached. A
-visitor is their address (`visitor_address`), which the page also forwards to the backend.
+checked before a run opens a connection, each said to the visitor in plain words when reached.
+
+A visitor is a browser session (Gradio's session: a tab), held to RUNS_PER_VISITOR runs and
+TOKENS_PER_VISITOR tokens at once. An address (`visitor_address`, which the page also forwards to
+the backend) is held to a class's share, RUNS_PER_ADDRESS runs and TOKENS_PER_ADDRESS tokens: the
+students of a school reach a Space through one NAT address, and each gets their run, while a script
+opening many sessions from one address is still bounded. A refusal names the session's own runs and
+the address's count, never another session's runs.
 """
 
 from __future__ import annotations
@@ -23,6 +29,17 @@ TOKENS_PER_VISITOR = Limits.n_max * Limits.max_tokens_max
 """Samples x max tokens over one visitor's running runs: one run of the largest size the backend
 takes (`Limits`: n = 32 x 2,048 tokens by default), so nobody holds more than that share of the
 engine; a backend with other limits gives its own (`VisitorLimits.for_backend`)."""
+
+RUNS_PER_ADDRESS = 32
+"""Runs streaming at once from one address, all its sessions together: a class of 30 behind one NAT
+address each gets a run, and a script opening many sessions from one address holds at most this
+many of the engine's runs; the backend's connections per address (`Limits.max_connections_per_address`,
+64) leave room for each of these runs and the connection its session's previous run keeps."""
+
+TOKENS_PER_ADDRESS = 4 * TOKENS_PER_VISITOR
+"""Samples x max tokens over one address's running runs: four of the largest runs (32 x 2,048 tokens
+each by default), or the class's 32 runs at n = 8 x 1,024 tokens: enough for a class of ordinary runs,
+while one address cannot hold the engine's work that other addresses need."""
 
 BLOCKING_RUNS_PER_VISITOR = 1
 """Blocking-consumer experiments one visitor may run at once: the experiment loop runs one at a time
@@ -63,11 +80,15 @@ class VisitorLimits:
     blocking_runs: int = BLOCKING_RUNS_PER_VISITOR
     blocking_at_once: int = BLOCKING_RUNS_AT_ONCE
     blocking_budget_s: float = BLOCKING_BUDGET_S
+    address_runs: int = RUNS_PER_ADDRESS
+    address_tokens: int = TOKENS_PER_ADDRESS
 
     @classmethod
     def for_backend(cls, limits: Limits) -> VisitorLimits:
-        """The page-side limits for a backend with `limits`: a visitor's share is one of its largest runs."""
-        return cls(tokens=limits.n_max * limits.max_tokens_max)
+        """The page-side limits for a backend with `limits`: a visitor's share is one of its largest
+        runs, an address's four of them."""
+        largest = limits.n_max * limits.max_tokens_max
+        return cls(tokens=largest, address_tokens=4 * largest)
 
 
 @dataclass
@@ -77,27 +98,34 @@ class Ticket:
     visitor: str
     tokens: int
     blocking: bool
+    address: str = ""
+    """The address the run came from ("": counted as the visitor's own)."""
     released: bool = False
 
 
 @dataclass
 class VisitorLedger:
-    """Counts each visitor's running runs, their tokens and their blocking experiments."""
+    """Counts each visitor's (browser session's) running runs, their tokens and their blocking
+    experiments, and each address's runs and tokens."""
 
     limits: VisitorLimits = field(default_factory=VisitorLimits)
     runs: dict[str, int] = field(default_factory=lambda: defaultdict(int))
     tokens: dict[str, int] = field(default_factory=lambda: defaultdict(int))
     blocking: dict[str, int] = field(default_factory=lambda: defaultdict(int))
+    address_runs: dict[str, int] = field(default_factory=lambda: defaultdict(int))
+    address_tokens: dict[str, int] = field(default_factory=lambda: defaultdict(int))
 
-    def admit(self, visitor: str, request: RunRequest) -> Ticket:
-        """Count `request` for `visitor`, or raise VisitorLimitReached saying which limit it passes."""
+    def admit(self, visitor: str, request: RunRequest, address: str = "") -> Ticket:
+        """Count `request` for `visitor` (a browser session) from `address` (""): the visitor's
+        own), or raise VisitorLimitReached saying which limit it passes."""
         limits = self.limits
         runs, tokens = self.runs.get(visitor, 0), self.tokens.get(visitor, 0)
         if runs >= limits.runs:
             raise VisitorLimitReached(
-                f"you already have {runs} runs streaming (the page runs at most "
-                f"{limits.runs} per visitor at once); cancel one or wait for it to finish"
+                f"you already have {runs} runs streaming in this browser session (the page runs at "
+                f"most {limits.runs} per visitor at once); cancel one or wait for it to finish"
             )
+        self._check_address(address or visitor, runs, request)
         if tokens + request.tokens > limits.tokens:
             raise VisitorLimitReached(
                 f"this run asks for up to {request.tokens:,} tokens (n x max tokens) while your other "
@@ -126,17 +154,47 @@ class VisitorLedger:
         self.runs[visitor] += 1
         self.tokens[visitor] += request.tokens
         self.blocking[visitor] += request.blocking
-        return Ticket(visitor, request.tokens, request.blocking)
+        self.address_runs[address or visitor] += 1
+        self.address_tokens[address or visitor] += request.tokens
+        return Ticket(visitor, request.tokens, request.blocking, address or visitor)
+
+    def _check_address(self, address: str, own: int, request: RunRequest) -> None:
+        """VisitorLimitReached where `request` would pass its address's share; `own`: the
+        session's own runs, which the message names (the others are other people's)."""
+        limits = self.limits
+        runs, tokens = self.address_runs.get(address, 0), self.address_tokens.get(address, 0)
+        yours = (
+            f"{own} of them {'is' if own == 1 else 'are'} this session's" if own else "none is this session's"
+        )
+        if runs >= limits.address_runs:
+            raise VisitorLimitReached(
+                f"{runs} runs are streaming from your network's address ({yours}), the most the page "
+                f"runs at once for one address ({limits.address_runs}: a class behind one address "
+                "shares them, and other visitors keep their turn); wait a few seconds for some to "
+                "finish, then press Generate again"
+            )
+        if tokens + request.tokens > limits.address_tokens:
+            raise VisitorLimitReached(
+                f"this run asks for up to {request.tokens:,} tokens (n x max tokens), and the runs "
+                f"streaming from your network's address ({yours}) hold {tokens:,} of the "
+                f"{limits.address_tokens:,} the page allows one address at once: lower n or max "
+                "tokens, or wait for some to finish"
+            )
 
     def release(self, ticket: Ticket) -> None:
         """The run of `ticket` has ended (once; a second call does nothing)."""
         if ticket.released:
             return
         ticket.released = True
-        visitor = ticket.visitor
+        visitor, address = ticket.visitor, ticket.address or ticket.visitor
         self.runs[visitor] -= 1
         self.tokens[visitor] -= ticket.tokens
         self.blocking[visitor] -= ticket.blocking
         if self.runs[visitor] <= 0:
             for counts in (self.runs, self.tokens, self.blocking):
                 counts.pop(visitor, None)
+        self.address_runs[address] -= 1
+        self.address_tokens[address] -= ticket.tokens
+        if self.address_runs[address] <= 0:
+            self.address_runs.pop(address, None)
+            self.address_tokens.pop(address, None)

@@ -80,8 +80,11 @@ class Limits:
     max_total_samples: int = 256
     """Samples running at once over all connections: bounds the engine's total work."""
 
-    max_connections_per_address: int = 16
-    """Open connections from one address: one client cannot exhaust sockets and tasks."""
+    max_connections_per_address: int = 64
+    """Open connections from one address: one client cannot exhaust sockets and tasks. The page is
+    one connection per run, counted by its visitor's address, and lets one address stream 32 runs
+    at once (a class behind one NAT address, `ui.visitor_limits.RUNS_PER_ADDRESS`), each session's
+    finished run keeping its connection for Export: twice that."""
 
     requests_per_minute: int = 120
     """Requests one address may start in a minute: bounds a flood of short requests."""

@@ -177,7 +177,13 @@ class SyntheticEngine(Engine):
 
     def health(self) -> dict[str, Any]:
         running = sum(g.running_samples for g in self._generations)
-        return {**super().health(), "running_requests": len(self._generations), "running_samples": running}
+        # Each sample's text depends on its seed alone, whatever else runs with it: batch-invariant.
+        return {
+            **super().health(),
+            "running_requests": len(self._generations),
+            "running_samples": running,
+            "batch_invariant": True,
+        }
 
 
 class SyntheticGeneration(SampleTasksGeneration):
