@@ -292,7 +292,7 @@ def _show(handlers: Handlers) -> dict[str, Any]:
 
 
 RUN_OUTPUTS = ("samples", "status", "summary", "trace", "answers_chart", "answers_line", "tree")
-"""What a run's handlers fill, in their order (`ui.handlers.outputs_for`)."""
+"""What a run's handlers fill, in their order (`ui.page_outputs.outputs_for`)."""
 
 
 def _wire_runs(

@@ -22,37 +22,36 @@ import functools
 import json
 import os
 import tempfile
-import time
 import weakref
 from collections.abc import AsyncIterator, Awaitable, Callable
-from dataclasses import dataclass, field
 from typing import Any
 
 import gradio as gr
 
 from backend.config.settings import Limits
 from backend.saved_run import (
-    RUNS_MAX,
     SAVED_RUN_BYTES_MAX,
-    Continues,
-    SavedRun,
     SavedRunError,
     load_saved_runs,
     saved_runs_json,
 )
 from ui.answers_view import AnswersPanel
-from ui.answers_view import empty_outputs as empty_answers
 from ui.client import CLOSE_TIMEOUT_S, BackendError, BackendRun
 from ui.engine_info import EngineStartTimeout, fetch_health, wait_until_started
+from ui.lineage import (
+    CannotContinue,
+    Lineage,
+    Origin,
+    branch_node,
+    continuable_from,
+    node_origin,
+    point_origin,
+)
 from ui.loop_watch import watch_url
+from ui.page_outputs import OUTPUTS, error_outputs, outputs_for, status_only, waiting_outputs
 from ui.run_link import LINK_FIELDS, link_note, link_query, page_defaults, read_link
 from ui.run_request import EXPERIMENT_FIELDS, InputProblem, RunRequest, run_request
-from ui.sample_grid import empty_value
-from ui.sample_tree import SampleTree
-from ui.sample_tree_view import empty_value as empty_tree
-from ui.sample_tree_view import lineage_value, split_id, tree_value
-from ui.trace_view import panel_html
-from ui.view import RunView, replay_note, samples_value, status_markdown, summary_markdown
+from ui.view import RunView, replay_note, status_markdown
 from ui.visitor_limits import Ticket, VisitorLedger, VisitorLimitReached, VisitorLimits, visitor_address
 
 UPDATES_PER_S = 15
@@ -72,152 +71,11 @@ tenth of the page's main thread at n=32 x 500 tok/s when drawn every update (doc
 "What the browser page costs")."""
 
 
-def outputs_for(
-    view: RunView,
-    answers: AnswersPanel | None = None,
-    with_trace: bool = True,
-    lineage: Lineage | None = None,
-) -> list[Any]:
-    """The page's outputs (columns, status line, summary, trace panel, answers chart and line,
-    token tree) for `view`; the summary and the trace panel only `with_trace`, the answers when a
-    sample finished; the tree with the earlier runs of its `lineage` where `view` is its last run's."""
-    shown = view.n if view.accepted else 0
-    whole = lineage is not None and bool(lineage.runs) and lineage.runs[-1].view is view
-    why_not = cannot_continue(view, len(lineage.runs) if lineage is not None and whole else 1)
-    if lineage is not None and whole:
-        trees = [run.view.tree for run in lineage.runs]
-        tree = lineage_value(trees, lineage.parents, view.request_id, lineage.joins(), why_not)
-    else:
-        tree = tree_value(view.tree, view.request_id, why_not)
-    columns = samples_value(view, time.monotonic())
-    if view.accepted:
-        columns["why_not"] = why_not
-    return [
-        columns,
-        status_markdown(view, time.monotonic()),
-        summary_markdown(view) if with_trace else gr.skip(),
-        panel_html(view.trace, shown) if with_trace else gr.skip(),
-        *(answers.outputs(view) if answers is not None else [gr.skip(), gr.skip()]),
-        tree,
-    ]
-
-
-STILL_STREAMING = "the run is still streaming: continue from it once it has finished, or Cancel it"
-"""Why no branch of a streaming run can be continued, as the page says it."""
-
-
-def cannot_continue(view: RunView, runs: int) -> str:
-    """Why the branches of `view`, the last of a tree of `runs` runs, cannot be continued now ("":
-    they can), as Continue from here says it on the page."""
-    if not view.finished:
-        return STILL_STREAMING
-    if runs >= RUNS_MAX:
-        return f"this tree has {RUNS_MAX} runs, the most one keeps: press Generate to start a new one"
-    return ""
-
-
-def error_outputs(message: str) -> list[Any]:
-    """The page's outputs for a run that could not start."""
-    return [empty_value(), f"**Error:** {message}", "", gr.skip(), *empty_answers(), empty_tree()]
-
-
-OUTPUTS = 7
-"""How many outputs `outputs_for` fills."""
-
-
-def status_only(line: str) -> list[Any]:
-    """The page's outputs that change the status line only: the columns, tree and the rest stay."""
-    return [gr.skip(), line, *[gr.skip()] * (OUTPUTS - 2)]
-
-
-class CannotContinue(Exception):
-    """A branch of the token tree that cannot be continued; the message says why, for the page."""
-
-
-@dataclass
-class Lineage:
-    """A session's tree of runs: its first run, then each run that continued a branch of an earlier
-    one, in the order they ran, with the (run position, node id) each continued."""
-
-    runs: list[BackendRun] = field(default_factory=list)
-    parents: list[tuple[int, int] | None] = field(default_factory=list)
-
-    def add(self, run: BackendRun, parent: tuple[int, int] | None) -> None:
-        """`run`, continuing node `parent` (None: a run of its own, which starts a new tree)."""
-        if parent is None:
-            self.runs.clear()
-            self.parents.clear()
-        self.runs.append(run)
-        self.parents.append(parent)
-
-    def joins(self) -> list[str]:
-        """For each run, the text it goes on from past the node it continued ("" for a run that
-        continued a node's whole text, and for the first): the words of a column's point."""
-        joins = []
-        for run, parent in zip(self.runs, self.parents, strict=True):
-            join = ""
-            if parent is not None:
-                before = self.runs[parent[0]].view
-                node = before.tree.find(parent[1])
-                reached = before.prefix + (before.tree.text_to(node) if node is not None else "")
-                if run.view.prefix.startswith(reached):
-                    join = run.view.prefix[len(reached) :]
-            joins.append(join)
-        return joins
-
-    def saved_runs(self, source: dict[str, str]) -> list[SavedRun]:
-        """Every run of the tree as a saved run, each continuation saying which branch it continued
-        (SavedRunError while a run has not finished)."""
-        saved = []
-        for run, parent in zip(self.runs, self.parents, strict=True):
-            if run.recorder is None:
-                raise SavedRunError("a run of this tree never started")
-            one = run.recorder.saved_run(source)
-            if parent is not None:
-                position, node_id = parent
-                tree = self.runs[position].view.tree
-                node = tree.find(node_id)
-                text = tree.text_to(node) if node is not None else ""
-                one = dataclasses.replace(one, continues=Continues(position, text))
-            saved.append(one)
-        return saved
-
-
-def branch_node(tree: SampleTree, text: str) -> int:
-    """The id of the node of `tree` whose text (from the root) is `text`, or else of the deepest node
-    whose text begins it: where a replayed continuation's branches are drawn."""
-    best, best_length = tree.root, 0
-    for node, _ in tree.walk():
-        reached = tree.text_to(node)
-        if len(reached) > best_length and text.startswith(reached):
-            best, best_length = node, len(reached)
-    return best.id
-
-
-@dataclass(frozen=True)
-class Origin:
-    """What a run's samples were sampled from, as a continuation of one of its branches needs it:
-    the prompt, the format it ran in, the system prompt, and the text it continued from."""
-
-    prompt: str
-    prompt_format: str
-    system: str
-    prefix: str
-
-
 NOTHING_TO_CANCEL = "Nothing is running: Cancel stops a run while it streams."
 """The status line's addition when Cancel is pressed with no run streaming."""
 
 CANCELLED_WAIT = "Cancelled while waiting for the engine to start; press Generate to try again."
 """The status line of a Generate whose wait for the engine was cancelled."""
-
-
-def waiting_outputs(line: str, first: bool) -> list[Any]:
-    """The page's outputs while Generate waits for the engine: the waiting `line` in the status; on
-    the `first` of them, the previous run's columns, summary and answers cleared."""
-    if not first:
-        return status_only(line)
-    return [empty_value(), line, "", gr.skip(), *empty_answers(), empty_tree()]
 
 
 BEHIND_PROXY = bool(os.environ.get("SPACE_ID"))
@@ -445,68 +303,21 @@ class Handlers:
 
     def _point(self, session: str, column: Any, offset: Any, run_id: Any) -> tuple[Origin, tuple[int, int]]:
         """What continuing column `column` of run `run_id` from character `offset` of its text asks
-        for, and the node of the tree at or before that point; CannotContinue says why it cannot be."""
+        for (`ui.lineage.point_origin`); CannotContinue says why it cannot be."""
         run, lineage = self._current(session, run_id)
-        samples = run.view.samples
-        if not (isinstance(column, int) and 0 <= column < len(samples)):
-            raise CannotContinue(f"the run has no column {str(column)[:20]!r}")
-        text = samples[column].text
-        if not (isinstance(offset, int) and not isinstance(offset, bool) and 0 < offset <= len(text)):
-            raise CannotContinue(
-                f"column #{column} has no point {str(offset)[:20]!r} to continue from (its text has "
-                f"{len(text)} characters)"
-            )
-        known = self._origins.get(run)
-        if known is None:
-            raise CannotContinue("this run cannot be continued: the page does not know its prompt")
-        prompt_format = run.view.prompt_format or known.prompt_format
-        system = known.system if prompt_format == "chat" else ""
-        prefix = known.prefix + run.view.tree.branch_text(text[:offset])
-        origin = Origin(known.prompt, prompt_format, system, prefix)
-        return origin, (len(lineage.runs) - 1, branch_node(run.view.tree, text[:offset]))
+        return point_origin(run, lineage, self._origins.get(run), column, offset)
 
     def _current(self, session: str, run_id: Any) -> tuple[BackendRun, Lineage]:
-        """The session's run, finished, and its tree of runs, where `run_id` is that run (the page
-        shows it); CannotContinue says why a continuation cannot be made from the page."""
-        run = self._runs.get(session)
-        lineage = self._lineages.get(session)
-        if run is None or lineage is None or not lineage.runs or lineage.runs[-1] is not run:
-            raise CannotContinue(
-                "this page has no run to continue (the server restarted, or the run was closed): "
-                "press Generate"
-            )
-        if run_id != run.request_id:
-            raise CannotContinue(
-                f"this tree is of run {str(run_id)[:40]!r}, but the page's run is now {run.request_id}: "
-                "continue from a branch of the tree shown now"
-            )
-        if not run.view.finished:
-            raise CannotContinue(STILL_STREAMING)
-        if len(lineage.runs) >= RUNS_MAX:
-            raise CannotContinue(
-                f"this tree has {RUNS_MAX} runs, the most one keeps: press Generate to start a new one"
-            )
-        return run, lineage
+        """The session's run and its tree of runs, where a branch of them can be continued from the
+        page showing run `run_id` (`ui.lineage.continuable_from`)."""
+        run, lineage = self._runs.get(session), self._lineages.get(session)
+        return continuable_from(run, lineage, run_id)
 
     def _continuable(self, session: str, node_id: Any, run_id: Any) -> tuple[Origin, tuple[int, int]]:
-        """What continuing node `node_id` of the tree of run `run_id` (the page's run, and the runs
-        it continues) asks for, and the (run position, node id) it continues; CannotContinue says
-        why it cannot be."""
+        """What continuing node `node_id` of the tree of run `run_id` asks for (`ui.lineage.node_origin`);
+        CannotContinue says why it cannot be."""
         _, lineage = self._current(session, run_id)
-        position, local = split_id(node_id) if isinstance(node_id, int) and node_id >= 0 else (-1, -1)
-        target = lineage.runs[position] if 0 <= position < len(lineage.runs) else None
-        node = target.view.tree.find(local) if target is not None else None
-        if target is None or node is None:
-            raise CannotContinue(f"the tree on the page has no branch {str(node_id)[:20]!r} (any more)")
-        known = self._origins.get(target)
-        if known is None:
-            raise CannotContinue("this run cannot be continued: the page does not know its prompt")
-        view = target.view
-        prompt_format = view.prompt_format or known.prompt_format
-        system = known.system if prompt_format == "chat" else ""
-        prefix = known.prefix + view.tree.branch_text(view.tree.text_to(node))
-        origin = Origin(known.prompt, prompt_format, system, prefix)
-        return origin, (position, node.id)
+        return node_origin(lineage, self._origins, node_id)
 
     async def replay(
         self, path: str | None, speed_value: float, request: gr.Request, **settings: Any

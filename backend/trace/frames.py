@@ -45,7 +45,7 @@ engine sample's step is its own slice, and building and encoding them is a tenth
 CHUNK_BIN_NS = 20_000_000
 """A sample's chunks less than this after the first of a run of them go in one live entry, with
 their count: at hundreds of tokens a second per sample, one entry per chunk made trace frames most
-of the bytes sent. The page keeps one tick per sample per 20 ms (`ui.trace_view.TICK_MS`) and
+of the bytes sent. The page keeps one tick per sample per 20 ms (`ui.trace_state.TICK_MS`) and
 draws a pixel per 50 ms or more, so finer entries show nothing more (at 10 ms, building and
 encoding them is a third of the live trace's cost at n = 32); the export keeps every chunk."""
 
