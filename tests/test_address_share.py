@@ -1,19 +1,24 @@
 """A class behind one address, through gradio_client against `python app.py` (synthetic engine):
 30 sessions from one address, n = 4 each, at once, all get their samples; with 32 runs streaming
 from the address, a 33rd session's run gets the address's message, which names that session's own
-runs (none) and not the others'; a session is still held to its own 3 runs."""
+runs (none) and not the others'; a run the full engine queues says it waits its turn."""
 
 from __future__ import annotations
 
 import concurrent.futures
 import time
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
 from gradio_client import Client
 
+from backend.config.settings import Limits
+from backend.engines.embedded.engine import EmbeddedEngine
 from backend.engines.synthetic import synthetic_tokens
-from tests.support.backends import RunningApp
+from tests.support.backends import RunningApp, serving
+from ui.handlers import Handlers
+from ui.view import WAITING_TURN
 from ui.visitor_limits import RUNS_PER_ADDRESS
 
 APP_RATE = 20.0
@@ -73,3 +78,26 @@ def test_a_run_past_the_address_share_gets_the_address_message(clients: list[Cli
         job.result(timeout=60)
     final = generate(late, 999, 12).result(timeout=60)
     assert "finished" in final[STATUS], final[STATUS]
+
+
+async def test_a_run_the_full_engine_queues_says_it_waits_its_turn() -> None:
+    """The embedded engine decoding two rows at most: a second session's run waits behind the
+    first's two samples, and its status line says it waits its turn (no other run named); it then
+    streams and finishes."""
+    engine = EmbeddedEngine(max_rows=2, context=1024)
+    async with serving(engine, Limits()) as backend:
+        handlers = Handlers(backend.url)
+        first_session = SimpleNamespace(session_hash="student-1", client=None, headers={})
+        second_session = SimpleNamespace(session_hash="student-2", client=None, headers={})
+        settings = {"prompt": "Write a long story about a lighthouse.", "n": 2, "temperature": 0.8}
+        settings |= {"top_p": 0.95, "seed": 7, "format": "chat", "system": ""}
+        first = handlers.generate(first_session, **settings, max_tokens=600)
+        while "streaming 2 of 2" not in (await anext(first))[STATUS]:
+            pass
+        said = [
+            outputs[STATUS] async for outputs in handlers.generate(second_session, **settings, max_tokens=8)
+        ]
+        await first.aclose()
+    waiting = [line for line in said if WAITING_TURN in line]
+    assert waiting, said
+    assert "student-1" not in waiting[0] and "finished" in said[-1], said[-1]
