@@ -52,7 +52,14 @@ from ui.page_outputs import OUTPUTS, error_outputs, outputs_for, status_only, wa
 from ui.run_link import LINK_FIELDS, link_note, link_query, page_defaults, read_link
 from ui.run_request import EXPERIMENT_FIELDS, InputProblem, RunRequest, run_request
 from ui.view import RunView, replay_note, status_markdown
-from ui.visitor_limits import Ticket, VisitorLedger, VisitorLimitReached, VisitorLimits, visitor_address
+from ui.visitor_limits import (
+    Ticket,
+    VisitorLedger,
+    VisitorLimitReached,
+    VisitorLimits,
+    request_address,
+    session_of,
+)
 
 UPDATES_PER_S = 15
 """Page updates per second while streaming: browsers keep up with 10-20 (docs/benchmarks.md, "What the
@@ -76,23 +83,6 @@ NOTHING_TO_CANCEL = "Nothing is running: Cancel stops a run while it streams."
 
 CANCELLED_WAIT = "Cancelled while waiting for the engine to start; press Generate to try again."
 """The status line of a Generate whose wait for the engine was cancelled."""
-
-
-BEHIND_PROXY = bool(os.environ.get("SPACE_ID"))
-"""In a Space every request comes through the platform's proxy, which says who sent it in
-X-Forwarded-For (`ui.visitor_limits.visitor_address`)."""
-
-
-def _address(request: gr.Request | None) -> str:
-    """The visitor's address, for the page's limits and the backend's."""
-    if request is None:
-        return "unknown"
-    peer = request.client.host if request.client else None
-    return visitor_address(peer, request.headers.get("x-forwarded-for"), BEHIND_PROXY)
-
-
-def _session(request: gr.Request | None) -> str:
-    return (request.session_hash if request is not None else None) or "anonymous"
 
 
 class Handlers:
@@ -140,7 +130,7 @@ class Handlers:
     ) -> AsyncIterator[list[Any]]:
         """`generate`, the run's status line saying `note` too (a run opened from a link). A run
         the backend refuses (an empty prompt, n past its limit) leaves the last run on the page."""
-        previous = self._runs.get(_session(request))
+        previous = self._runs.get(session_of(request))
         try:
             wanted = run_request(settings)
             session, run, ticket = self._new_run(request, wanted)
@@ -207,7 +197,7 @@ class Handlers:
         """The query string of a link to this session's run (the first run of its tree, where it
         continues a branch): its prompt, format, system prompt, n, max tokens, temperature, top-p
         and the seed it ran with. The page puts its own address before it (`ui.app`)."""
-        session = _session(request)
+        session = session_of(request)
         run = self._runs.get(session)
         lineage = self._lineages.get(session)
         if lineage is not None and lineage.runs and lineage.runs[-1] is run:
@@ -228,7 +218,7 @@ class Handlers:
     def last_seed(self, request: gr.Request) -> Any:
         """The seed this session's run ran with, for the seed box (Keep this seed): Generate then
         repeats the run's samples; a page without a run keeps the box as it is."""
-        run = self._runs.get(_session(request))
+        run = self._runs.get(session_of(request))
         seed = run.view.params.get("seed") if run is not None else None
         if seed is None:
             gr.Warning("No run yet: press Generate first, then keep its seed.")
@@ -275,7 +265,7 @@ class Handlers:
     ) -> AsyncIterator[list[Any]]:
         """A continuation of what `continuable` says (its origin and the node its branches grow
         from, or CannotContinue) as a new run of the session, streamed to the page."""
-        session = _session(request)
+        session = session_of(request)
         try:
             origin, parent = continuable(session)
             of_the_run = {"prompt": origin.prompt, "format": origin.prompt_format, "system": origin.system}
@@ -376,8 +366,8 @@ class Handlers:
     def _new_run(self, request: gr.Request, wanted: RunRequest) -> tuple[str, BackendRun, Ticket]:
         """A new run of `wanted` for this session, counted for its visitor (VisitorLimitReached says
         which limit it passes); the session's previous run is cancelled and closed."""
-        session = _session(request)
-        address = _address(request)
+        session = session_of(request)
+        address = request_address(request)
         ticket = self.visitors.admit(session, wanted, address)
         # Blocking experiments go to the backend's experiment loop: they block that loop, not the
         # one that serves everyone else's streams.
@@ -499,7 +489,7 @@ class Handlers:
         ended, and it drops a Generate still waiting in the queue. A Generate still waiting for the
         engine to start stops waiting, and the status line says so; with nothing running, the status
         line says that (NOTHING_TO_CANCEL) and the last run stays on the page."""
-        session = _session(request)
+        session = session_of(request)
         waiting = self._waiting.get(session)
         if waiting is not None:
             waiting.set()
@@ -521,7 +511,7 @@ class Handlers:
 
     async def export(self, request: gr.Request) -> Any:
         """This session's run's trace as a Perfetto JSON file to download."""
-        run = self._runs.get(_session(request))
+        run = self._runs.get(session_of(request))
         if run is None:
             raise gr.Error("Nothing to export yet: press Generate first.")
         try:
@@ -537,7 +527,7 @@ class Handlers:
     async def download_run(self, request: gr.Request) -> Any:
         """This session's finished run, with the earlier runs of its tree that it continues, as a
         saved run file to download (docs/protocol.md, "Saved runs")."""
-        session = _session(request)
+        session = session_of(request)
         run = self._runs.get(session)
         lineage = self._lineages.get(session)
         if run is None or run.recorder is None:
@@ -568,7 +558,7 @@ class Handlers:
 
     async def close_session_run(self, request: gr.Request) -> None:
         """A closed tab: cancel and close its run."""
-        session = _session(request)
+        session = session_of(request)
         run = self._runs.get(session)
         self._lineages.pop(session, None)
         if run is not None:
@@ -577,7 +567,7 @@ class Handlers:
 
     async def stop_sample(self, index: int, request: gr.Request) -> None:
         """Stop one sample of this session's run (the column's Stop button)."""
-        run = self._runs.get(_session(request))
+        run = self._runs.get(session_of(request))
         if run is not None and 0 <= int(index) < run.view.n:
             await run.cancel(int(index))
 

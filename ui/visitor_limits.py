@@ -15,8 +15,10 @@ the address's count, never another session's runs.
 
 from __future__ import annotations
 
+import os
 from collections import defaultdict
 from dataclasses import dataclass, field
+from typing import Any
 
 from backend.config.settings import Limits
 from ui.run_request import RunRequest
@@ -198,3 +200,21 @@ class VisitorLedger:
         if self.address_runs[address] <= 0:
             self.address_runs.pop(address, None)
             self.address_tokens.pop(address, None)
+
+
+BEHIND_PROXY = bool(os.environ.get("SPACE_ID"))
+"""In a Space every request comes through the platform's proxy, which says who sent it in
+X-Forwarded-For (`visitor_address`)."""
+
+
+def request_address(request: Any) -> str:
+    """The address of the visitor who sent a Gradio request, for the page's limits and the backend's."""
+    if request is None:
+        return "unknown"
+    peer = request.client.host if request.client else None
+    return visitor_address(peer, request.headers.get("x-forwarded-for"), BEHIND_PROXY)
+
+
+def session_of(request: Any) -> str:
+    """The browser session a Gradio request comes from (its `session_hash`): a visitor."""
+    return (request.session_hash if request is not None else None) or "anonymous"
