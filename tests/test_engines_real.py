@@ -916,13 +916,13 @@ def test_app_py_serves_in_process_sglang(tmp_path: Path) -> None:
             assert time.monotonic() < deadline, "the columns did not start streaming"
             time.sleep(0.2)
         client.predict(1, api_name="/stop_sample")
-        # Sample 1 shows `aborted` while 0 and 2 still stream (their text grows after it).
-        stopped = wait_for_output(job, lambda o: column_statuses(o)[1] == "aborted")
+        # Sample 1 shows `stopped` while 0 and 2 still stream (their text grows after it).
+        stopped = wait_for_output(job, lambda o: column_statuses(o)[1] == "stopped")
         wait_for_output(
             job, lambda o: all(len(column_texts(o)[i]) > len(column_texts(stopped)[i]) for i in (0, 2))
         )
         cancelled = client.predict(api_name="/cancel")
-        assert column_statuses(cancelled) == ["aborted"] * 3, column_statuses(cancelled)
+        assert column_statuses(cancelled) == ["stopped"] * 3, column_statuses(cancelled)
         assert app.health()["running_samples"] == 0
         # Cancel and Stop before the first chunk, through the backend's websocket: SGLang's own count.
         asyncio.run(cancel_at_once(app.ws_url, "c1", app, headers=app.ws_headers))
@@ -953,7 +953,7 @@ def test_app_py_serves_in_process_sglang(tmp_path: Path) -> None:
         said = next((line for line in lines if "Stopped when decided" in line), lines[-1])
         # 16 samples of a question the model answers alike: the vote is decided with samples running.
         assert "Stopped when decided" in said, said
-        stopped = [i for i, status in enumerate(column_statuses(decided)) if status == "aborted"]
+        stopped = [i for i, status in enumerate(column_statuses(decided)) if status == "stopped"]
         assert stopped and all(
             "stopped by the vote" in decided[0]["samples"][i]["header"] for i in stopped
         ), decided[0]["samples"]
