@@ -82,9 +82,9 @@ def test_a_branch_continued_on_the_model_reuses_the_branchs_cache_and_says_so(
         box = page.locator("#max-tokens input[type=number]")
         box.fill("24")
         box.press("Enter")
-        # The page's seed is random; the figures below were read with this one. With a random seed a
-        # run reused 39 of 60 prompt tokens: where the branch's text, tokenized again, parts from the
-        # tokens drawn, the cache is left there.
+        # The page's seed is random; the figures below were read with this one (with a random seed a
+        # run once reused 39 of 60 prompt tokens: the cache is kept only as far as the branch's text,
+        # tokenized again, matches the tokens drawn).
         open_panel(page, SETTINGS)
         seed = page.locator("#seed input")
         seed.fill("33")
