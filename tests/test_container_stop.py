@@ -73,12 +73,18 @@ def start_app(tmp_path: Path, engine: str, mark: str, **env: str) -> tuple[subpr
         )
     url = f"http://127.0.0.1:{port}/"
     wait_for_http(url, process, 240)
+    wait_engine_ready(process, backend_port)
+    return process, url
+
+
+def wait_engine_ready(process: subprocess.Popen[bytes], backend_port: int) -> None:
+    """Wait until the backend at `backend_port` (started by `process`) has started its engine; fail
+    if it failed to, or the process exited first."""
     deadline = time.monotonic() + 240
     while (state := backend_health(backend_port)["engine_state"]) == "starting":
         assert time.monotonic() < deadline and process.poll() is None, "the engine did not start"
         time.sleep(0.5)
     assert state == "ready", backend_health(backend_port)
-    return process, url
 
 
 def sigterm_and_wait_gone(process: subprocess.Popen[bytes], mark: str) -> float:
@@ -222,11 +228,7 @@ def start_backend(tmp_path: Path, engine: str, mark: str, **env: str) -> tuple[s
             command, cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True
         )
     wait_for_http(f"http://127.0.0.1:{port}/health", process, 240)
-    deadline = time.monotonic() + 240
-    while (state := backend_health(port)["engine_state"]) == "starting":
-        assert time.monotonic() < deadline and process.poll() is None, "the engine did not start"
-        time.sleep(0.5)
-    assert state == "ready", backend_health(port)
+    wait_engine_ready(process, port)
     return process, port
 
 
