@@ -10,7 +10,7 @@ import urllib.request
 from collections.abc import Iterator
 
 import pytest
-from playwright.sync_api import Browser, expect
+from playwright.sync_api import Browser, Page, expect
 
 from devkit.local import free_port, start_app, stop_process
 from devkit.panels import EXAMPLES as EXAMPLES_PANEL
@@ -33,6 +33,14 @@ def embedded_app() -> Iterator[dict[str, str]]:
         yield {"url": f"http://127.0.0.1:{port}/", "health": f"http://127.0.0.1:{backend_port}/health"}
     finally:
         stop_process(process)
+
+
+def set_seed(page: Page, seed: int) -> None:
+    """Type `seed` in the settings' seed box (the page's own is random), as a person would."""
+    open_panel(page, SETTINGS)
+    box = page.locator("#seed input")
+    box.fill(str(seed))
+    box.press("Enter")
 
 
 def test_the_sheep_example_pressed_while_the_model_loads_waits_then_answers_and_votes(
@@ -87,10 +95,7 @@ def test_a_branch_continued_on_the_model_reuses_the_branchs_cache_and_says_so(
         # The page's seed is random; the figures below were read with this one (with a random seed a
         # run once reused 39 of 60 prompt tokens: the cache is kept only as far as the branch's text,
         # tokenized again, matches the tokens drawn).
-        open_panel(page, SETTINGS)
-        seed = page.locator("#seed input")
-        seed.fill("33")
-        seed.press("Enter")
+        set_seed(page, 33)
         page.locator("#generate").click()
         status = page.locator("#status")
         expect(status).to_contain_text("finished", timeout=300_000)
@@ -140,10 +145,7 @@ def test_stop_when_decided_ends_the_run_early_and_says_what_it_saved(
         open_panel(page, EXAMPLES_PANEL)
         page.locator("#examples").get_by_text(decided.label).click()
         expect(page.locator("#prompt textarea")).to_have_value(decided.prompt, timeout=20_000)
-        open_panel(page, SETTINGS)
-        seed = page.locator("#seed input")
-        seed.fill("33")
-        seed.press("Enter")
+        set_seed(page, 33)
         page.locator("#generate").click()
         status = page.locator("#status")
         expect(status).to_contain_text("finished", timeout=300_000)
