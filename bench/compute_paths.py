@@ -4,12 +4,12 @@ For each path (compute.py), set up as the engine's process sets it up (`child.bu
 `--compute PATH`: its row counts timed and checked, its weights in their form), n rows of a row
 cache in the scheduler's dtype prefilled with one 40-token prompt, then decode steps of
 `Llama.decode`; per n the median step of --steps
-(after two warm-up steps), the time inside the linear layers (`linear`, `linear_add`) and outside
+(after two warm-up steps), the time inside the linear layers (the matrices' `product`) and outside
 them, and tokens/s of decode alone (n / step). The engine line's label says which row counts the
 path settled on; `auto` (in --paths) runs the start-up probe and prints what it timed, in how long,
 and which path it took, then that path's steps.
 
-Usage: python -m bench.compute_paths [--paths int8-exact,int4-torch,bf16-torch,fp32-blocks] [--ns 1,8,32]
+Usage: python -m bench.compute_paths [--paths int8-exact,bf16-torch,fp32-blocks] [--ns 1,8,32]
                                      [--steps 10]
 """
 
@@ -18,31 +18,42 @@ from __future__ import annotations
 import argparse
 import statistics
 import time
-from collections.abc import Callable
 from typing import Any
 
 import torch
 
-from backend.engines.embedded import decode_ops, int4, int8, model
-from backend.engines.embedded import linear as engine_linear
+from backend.engines.embedded import int8
 from backend.engines.embedded.child import build_scheduler
 from backend.engines.embedded.compute import PATHS, unavailable
-from backend.engines.embedded.model import RowCache
+from backend.engines.embedded.formats import MATRICES
+from backend.engines.embedded.linear import kernel_status
+from backend.engines.embedded.row_cache import RowCache
 from backend.engines.embedded.scheduler import CACHE_DTYPE
 from backend.engines.embedded.weights import resolve_model
 from backend.engines.embedded.worker import WorkerSetup
 from bench.embedded_vs_vllm import cpu_words
 
 
-def _timed(op: Callable[..., Any], spent: list[float]) -> Callable[..., Any]:
-    def timed(*args: Any, **kwargs: Any) -> Any:
+class _Timed:
+    """A weight matrix whose products add their seconds to `spent[0]`."""
+
+    def __init__(self, weight: Any, spent: list[float]) -> None:
+        self.weight, self.spent = weight, spent
+
+    def product(self, *args: Any, **kwargs: Any) -> Any:
         started = time.perf_counter()
         try:
-            return op(*args, **kwargs)
+            return self.weight.product(*args, **kwargs)
         finally:
-            spent[0] += time.perf_counter() - started
+            self.spent[0] += time.perf_counter() - started
 
-    return timed
+
+def _time_products(llama: Any, spent: list[float]) -> None:
+    """Make every matrix of `llama` count its products' time in `spent` (the model is the bench's)."""
+    for layer in llama.layers:
+        for name in MATRICES:
+            setattr(layer, name, _Timed(getattr(layer, name), spent))
+    llama.lm_head = _Timed(llama.lm_head, spent)
 
 
 def steps(name: str, ns: list[int], count: int) -> None:
@@ -59,39 +70,33 @@ def steps(name: str, ns: list[int], count: int) -> None:
         flush=True,
     )
     spent = [0.0]
-    plain = model.linear, model.linear_add
-    model.linear, model.linear_add = _timed(plain[0], spent), _timed(plain[1], spent)
-    try:
-        for n in ns:
-            cache = RowCache(llama.config, n, 512, CACHE_DTYPE)
-            llama.prefill(list(range(100, 140)), cache, cache.add_rows(n))
-            tokens = torch.full((n,), 5, dtype=torch.long)
-            whole, inside = [], []
-            with torch.inference_mode():
-                for step in range(count + 2):
-                    spent[0] = 0.0
-                    started = time.perf_counter()
-                    llama.decode(tokens, cache)
-                    if step >= 2:
-                        whole.append(time.perf_counter() - started)
-                        inside.append(spent[0])
-            step_s, linear_s = statistics.median(whole), statistics.median(inside)
-            print(
-                f"  n = {n:2d}: step {step_s * 1e3:6.1f} ms, linear layers {linear_s * 1e3:6.1f} ms, "
-                f"outside them {(step_s - linear_s) * 1e3:5.1f} ms, {n / step_s:6.1f} tok/s",
-                flush=True,
-            )
-    finally:
-        model.linear, model.linear_add = plain
-        engine_linear.configure()
-        decode_ops.configure()
+    _time_products(llama, spent)
+    for n in ns:
+        cache = RowCache(llama.config, n, 512, CACHE_DTYPE)
+        llama.prefill(list(range(100, 140)), cache, cache.add_rows(n))
+        tokens = torch.full((n,), 5, dtype=torch.long)
+        whole, inside = [], []
+        with torch.inference_mode():
+            for step in range(count + 2):
+                spent[0] = 0.0
+                started = time.perf_counter()
+                llama.decode(tokens, cache)
+                if step >= 2:
+                    whole.append(time.perf_counter() - started)
+                    inside.append(spent[0])
+        step_s, linear_s = statistics.median(whole), statistics.median(inside)
+        print(
+            f"  n = {n:2d}: step {step_s * 1e3:6.1f} ms, linear layers {linear_s * 1e3:6.1f} ms, "
+            f"outside them {(step_s - linear_s) * 1e3:5.1f} ms, {n / step_s:6.1f} tok/s",
+            flush=True,
+        )
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    parser.add_argument("--paths", default="int8-exact,int4-torch,bf16-torch,fp32-blocks")
+    parser.add_argument("--paths", default="int8-exact,bf16-torch,fp32-blocks")
     parser.add_argument("--ns", default="1,8,32")
     parser.add_argument("--steps", type=int, default=10)
     args = parser.parse_args()
@@ -105,9 +110,7 @@ def main() -> None:
         if name == "auto":
             steps(name, ns, args.steps)
             continue
-        why = unavailable(
-            PATHS[name], engine_linear.kernel_status(), True, int4.available(), int8.available()
-        )
+        why = unavailable(PATHS[name], kernel_status(), True, int8.available())
         if why is not None:
             print(f"{name}: does not run here ({why})", flush=True)
             continue

@@ -28,8 +28,11 @@ import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import ClassVar
 
 import torch
+
+from backend.engines.embedded.linear import deliver, holds
 
 try:
     from backend.engines.embedded import _int8_rows
@@ -341,6 +344,7 @@ class Int8Matrix:
     products are of x + 128, 128 times this too many)."""
     steps: torch.Tensor | None
     """int8 [out_features, in_features], for `torch._int_mm`; None where it takes no row count here."""
+    rows_independent: ClassVar[bool] = True
 
     @classmethod
     def quantize(cls, weight: torch.Tensor, int_mm: bool | None = None) -> Int8Matrix:
@@ -387,13 +391,25 @@ class Int8Matrix:
         """Bytes a product reads: one copy of the steps (packed or for `_int_mm`) and the scales."""
         return self.packed.numel() + self.scales.numel() * 4
 
-    def product(self, x: torch.Tensor) -> torch.Tensor:
-        """x[rows, K] @ weight^T as float32 [rows, N]: x turned and rounded row by row, the int32 sums
-        times the row's scale, rounded, times the weight row's, rounded (by the C part, or by
-        `torch._int_mm` beyond `c_max_rows()` rows: the same values)."""
-        if not self.in_c(x.shape[0]):
-            return self.int_mm_product(x)
-        return self.c_product(x)
+    def product(
+        self, x: torch.Tensor, out: torch.Tensor | None = None, add: bool = False, step: bool = False
+    ) -> torch.Tensor:
+        """x[rows, K] @ weight^T as float32 [rows, N], into `out` (added to it with `add`) or new: x
+        turned and rounded row by row, the int32 sums times the row's scale, rounded, times the
+        weight row's, rounded (by the C part, or by `torch._int_mm` beyond `c_max_rows()` rows: the
+        same values, at any row count, so `step` changes nothing)."""
+        flat = x if x.dim() == 2 else x.reshape(-1, x.shape[-1])
+        rows = flat.shape[0]
+        if not self.in_c(rows):
+            made = self.int_mm_product(flat)
+        elif holds(out, rows, self.shape[0]) and flat.dtype == torch.float32 and flat.is_contiguous():
+            assert out is not None
+            self.c_product_into(out, flat, add)
+            return out
+        else:
+            made = self.c_product(flat)
+        made = deliver(made, out, add)
+        return made if x.dim() == 2 else made.reshape(*x.shape[:-1], made.shape[-1])
 
     def in_c(self, rows: int) -> bool:
         """Whether `product` multiplies `rows` rows in the C part (else in `torch._int_mm`)."""

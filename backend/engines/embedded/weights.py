@@ -280,3 +280,53 @@ def read_tensors(folder: Path) -> dict[str, torch.Tensor]:
         except (SafetensorError, OSError) as exc:
             raise ModelFileError(f"{file} is corrupt ({exc}); delete it to rebuild, or reinstall") from None
     return tensors
+
+
+@dataclass(frozen=True)
+class LlamaConfig:
+    """The dimensions a Llama forward pass needs, read from an HF config.json."""
+
+    vocab_size: int
+    hidden_size: int
+    intermediate_size: int
+    layers: int
+    heads: int
+    kv_heads: int
+    head_dim: int
+    rms_eps: float
+    rope_theta: float
+    max_positions: int
+    tie_embeddings: bool
+
+    @classmethod
+    def from_hf(cls, config: dict[str, Any]) -> LlamaConfig:
+        """Read the fields of a transformers LlamaConfig dict; unsupported RoPE scaling is refused."""
+        rope = config.get("rope_parameters") or config.get("rope_scaling") or {}
+        if rope.get("rope_type", rope.get("type", "default")) != "default":
+            raise ValueError(f"RoPE scaling {rope!r} is not supported by the embedded engine")
+        heads = config["num_attention_heads"]
+        return cls(
+            vocab_size=config["vocab_size"],
+            hidden_size=config["hidden_size"],
+            intermediate_size=config["intermediate_size"],
+            layers=config["num_hidden_layers"],
+            heads=heads,
+            kv_heads=config.get("num_key_value_heads", heads),
+            head_dim=config.get("head_dim") or config["hidden_size"] // heads,
+            rms_eps=config.get("rms_norm_eps", 1e-6),
+            rope_theta=rope.get("rope_theta", config.get("rope_theta", 10000.0)),
+            max_positions=config.get("max_position_embeddings", 2048),
+            tie_embeddings=config.get("tie_word_embeddings", False),
+        )
+
+    def fused_matrices(self) -> dict[str, tuple[int, int]]:
+        """(out, in) of each weight matrix a forward pass multiplies by, fused as `Llama` fuses them:
+        each layer's q, k and v in one, its gate and up in one; then the output layer."""
+        q, kv = self.heads * self.head_dim, self.kv_heads * self.head_dim
+        return {
+            "q, k, v": (q + 2 * kv, self.hidden_size),
+            "out": (self.hidden_size, q),
+            "gate, up": (2 * self.intermediate_size, self.hidden_size),
+            "down": (self.hidden_size, self.intermediate_size),
+            "output": (self.vocab_size, self.hidden_size),
+        }
