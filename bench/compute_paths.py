@@ -35,25 +35,38 @@ from bench.embedded_vs_vllm import cpu_words
 
 
 class _Timed:
-    """A weight matrix whose products add their seconds to `spent[0]`."""
+    """A weight matrix whose products add their seconds to `clock.seconds`."""
 
-    def __init__(self, weight: Any, spent: list[float]) -> None:
-        self.weight, self.spent = weight, spent
+    def __init__(self, weight: Any, clock: ProductClock) -> None:
+        self.weight, self.clock = weight, clock
 
     def product(self, *args: Any, **kwargs: Any) -> Any:
         started = time.perf_counter()
         try:
             return self.weight.product(*args, **kwargs)
         finally:
-            self.spent[0] += time.perf_counter() - started
+            self.clock.seconds += time.perf_counter() - started
 
 
-def _time_products(llama: Any, spent: list[float]) -> None:
-    """Make every matrix of `llama` count its products' time in `spent` (the model is the bench's)."""
-    for layer in llama.layers:
-        for name in MATRICES:
-            setattr(layer, name, _Timed(getattr(layer, name), spent))
-    llama.lm_head = _Timed(llama.lm_head, spent)
+class ProductClock:
+    """Time a model's linear layers take: while entered, every matrix of `llama` adds its products'
+    wall time to `seconds` (the matrices are put back on exit)."""
+
+    def __init__(self, llama: Any) -> None:
+        self.llama, self.seconds = llama, 0.0
+
+    def __enter__(self) -> ProductClock:
+        for layer in self.llama.layers:
+            for name in MATRICES:
+                setattr(layer, name, _Timed(getattr(layer, name), self))
+        self.llama.lm_head = _Timed(self.llama.lm_head, self)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        for layer in self.llama.layers:
+            for name in MATRICES:
+                setattr(layer, name, getattr(layer, name).weight)
+        self.llama.lm_head = self.llama.lm_head.weight
 
 
 def steps(name: str, ns: list[int], count: int) -> None:
@@ -69,21 +82,19 @@ def steps(name: str, ns: list[int], count: int) -> None:
         f", loaded in {loaded:.1f} s ({scheduler.compute['why']})",
         flush=True,
     )
-    spent = [0.0]
-    _time_products(llama, spent)
     for n in ns:
         cache = RowCache(llama.config, n, 512, CACHE_DTYPE)
         llama.prefill(list(range(100, 140)), cache, cache.add_rows(n))
         tokens = torch.full((n,), 5, dtype=torch.long)
         whole, inside = [], []
-        with torch.inference_mode():
+        with torch.inference_mode(), ProductClock(llama) as clock:
             for step in range(count + 2):
-                spent[0] = 0.0
+                clock.seconds = 0.0
                 started = time.perf_counter()
                 llama.decode(tokens, cache)
                 if step >= 2:
                     whole.append(time.perf_counter() - started)
-                    inside.append(spent[0])
+                    inside.append(clock.seconds)
         step_s, linear_s = statistics.median(whole), statistics.median(inside)
         print(
             f"  n = {n:2d}: step {step_s * 1e3:6.1f} ms, linear layers {linear_s * 1e3:6.1f} ms, "

@@ -8,7 +8,7 @@ lag the backend's loop would see). Both sides run one after the other, so a load
 both alike: read the ratios.
 
 Usage: python -m bench.embedded [--ns 1,8,32] [--tokens 64] [--threads 1] [--compute PATH]
-(`--compute` as the engine's: the table in docs/benchmarks.md is `--compute fp32-torch`)
+(`--compute` as the engine's, `auto` by default)
 """
 
 from __future__ import annotations

@@ -3,9 +3,10 @@
 transformers' SmolLM2 in float32 (the bundled GGUF's weights) reads the first 1024 tokens of the
 README once as it is, then once with its decoder layers' linear layers (and, for int8, its output
 layer) multiplying as a compute path does: int8 rows and weights turned by the Hadamard matrix
-(`int8-exact`, int8.Int8Matrix) or bf16 weights and rows (`bf16-torch`). Per form it prints the mean KL divergence from float32's
-next-token distribution (nats a token) and how often the two pick the same top token. The rest of
-the model (norms, attention) is transformers' own in float32, as the engine keeps it.
+(`int8-exact`, int8.Int8Matrix) or bf16 weights and rows (`bf16-torch`). Per form it prints the
+mean KL divergence from float32's next-token distribution (nats a token) and how often the two pick
+the same top token. The rest of the model (norms, attention) is transformers' own in float32, as
+the engine keeps it.
 
 Usage: python -m bench.rounding [--forms int8,bf16] [--tokens 1024]
 """

@@ -113,15 +113,20 @@ def matrix(tensor: torch.Tensor, form: Form, blocks: PackedMatrix | None = None)
     return LibraryWeight(tensor.to(form.dtype).contiguous(), FixedRows(form.sizes) if form.sizes else None)
 
 
-def layer_blocks(blocks: dict[str, BlockMatrix], layer: int) -> dict[str, PackedMatrix]:
-    """Layer `layer`'s GGUF blocks fused as its matrices are and packed for the rows kernel; those it
-    lacks (or whose parts differ in kind) are left out."""
+def fused_blocks(blocks: dict[str, BlockMatrix], layer: int) -> dict[str, BlockMatrix]:
+    """Layer `layer`'s GGUF blocks fused as its matrices are; those it lacks (or whose parts differ in
+    kind) are left out."""
     prefix = f"model.layers.{layer}."
     fused = {
         name: concat([blocks.get(f"{prefix}{part}.weight") for part in parts])
         for name, parts in PARTS.items()
     }
-    return {name: block.packed() for name, block in fused.items() if block is not None}
+    return {name: block for name, block in fused.items() if block is not None}
+
+
+def layer_blocks(blocks: dict[str, BlockMatrix], layer: int) -> dict[str, PackedMatrix]:
+    """`fused_blocks`, packed for the rows kernel."""
+    return {name: block.packed() for name, block in fused_blocks(blocks, layer).items()}
 
 
 def fused(tensors: dict[str, torch.Tensor], layer: int, name: str) -> torch.Tensor:
