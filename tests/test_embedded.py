@@ -131,7 +131,7 @@ def test_the_engines_process_says_which_path_runs_and_why(engine: EmbeddedEngine
         checked = "/".join(map(str, health["compute_sizes"]))
         how = f"products of {checked} rows" if len(health["compute_sizes"]) > 1 else f"blocks of {block} rows"
         assert f"{how} checked row by row" in health["compute_why"], health
-    if path.gguf_blocks:  # the bundled model: every matrix from the GGUF's blocks
+    if path.form == "blocks":  # the bundled model: every matrix from the GGUF's blocks
         assert "from the GGUF's blocks (96 MB a step)" in said, said
     else:
         assert "GGUF" not in said, said

@@ -325,7 +325,7 @@ def test_the_library_paths_are_batch_invariant_with_the_libraries_held_to_avx2()
         pytest.skip(f"PyTorch cannot run its AVX2 kernels here ({held.split()[0]})")
     if held == _kernels_run(dict(os.environ)):
         pytest.skip(f"held to AVX2 the libraries give every product the bits they give unheld ({held})")
-    library = [name for name, path in compute.PATHS.items() if not path.rows_kernel]
+    library = [name for name, path in compute.PATHS.items() if path.form != "blocks"]
     names = " or ".join(library)
     run = subprocess.run(
         [

@@ -177,4 +177,4 @@ def model_weights(
             )
         )
     final_norm = _tensor(tensors, "model.norm.weight").float()
-    return ModelWeights(embed, lm_head, final_norm, made, form)
+    return ModelWeights(embed, lm_head, final_norm, made, form=form)
