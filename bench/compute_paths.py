@@ -9,8 +9,13 @@ them, and tokens/s of decode alone (n / step). The engine line's label says whic
 path settled on; `auto` (in --paths) runs the start-up probe and prints what it timed, in how long,
 and which path it took, then that path's steps.
 
+With `--take-over ROWS`, `int8-exact`'s two ways of summing (its C part and `torch._int_mm`, the
+same values) over a decode step's matrices at each row count instead (int8.TIMED_SHAPES, best of
+three each), and where `int8.take_over` hands rows to `_int_mm` in this process: what the take-over
+gains, where it takes over.
+
 Usage: python -m bench.compute_paths [--paths int8-exact,bf16-torch,fp32-blocks] [--ns 1,8,32]
-                                     [--steps 10]
+                                     [--steps 10] [--take-over 32,48,64,128,256,512]
 """
 
 from __future__ import annotations
@@ -103,6 +108,29 @@ def steps(name: str, ns: list[int], count: int) -> None:
         )
 
 
+def take_over(rows_list: list[int]) -> None:
+    """Print `int8-exact`'s C part against `torch._int_mm` over a step's matrices at each row count."""
+    found = int8.take_over()
+    print(f"int8 products: {int8.describe()}", flush=True)
+    if found.exact is False:
+        print("torch._int_mm is not exact here: the C part takes every row count", flush=True)
+        return
+    generator = torch.Generator().manual_seed(0)
+    matrices = [(int8.stand_in(shape, generator), count) for shape, count in int8.TIMED_SHAPES]
+    for rows in rows_list:
+        c_part = int_mm = 0.0
+        for matrix, count in matrices:
+            x = torch.randn(rows, matrix.shape[1], generator=generator)
+            c_part += count * int8.shortest(3, matrix.c_product, x)
+            int_mm += count * int8.shortest(3, matrix.int_mm_product, x)
+        taker = "C part" if rows <= found.c_max_rows else "torch._int_mm"
+        print(
+            f"  {rows:4d} rows: C part {c_part * 1e3:7.1f} ms, torch._int_mm {int_mm * 1e3:7.1f} ms "
+            f"({c_part / int_mm:.2f}x), taken by the {taker}",
+            flush=True,
+        )
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -110,12 +138,16 @@ def main() -> None:
     parser.add_argument("--paths", default="int8-exact,bf16-torch,fp32-blocks")
     parser.add_argument("--ns", default="1,8,32")
     parser.add_argument("--steps", type=int, default=10)
+    parser.add_argument("--take-over", default="", help="row counts to time int8's two sums at")
     args = parser.parse_args()
     torch.set_num_threads(1)
     print(
         f"CPU: {cpu_words()}; torch {torch.__version__}, {torch.backends.cpu.get_cpu_capability()}",
         flush=True,
     )
+    if args.take_over:
+        take_over([int(rows) for rows in args.take_over.split(",")])
+        return
     ns = [int(n) for n in args.ns.split(",")]
     for name in args.paths.split(","):
         if name == "auto":

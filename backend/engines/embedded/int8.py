@@ -210,7 +210,7 @@ def glance_shape() -> int:
 def _timed() -> TakeOver:
     """`take_over`'s timings: where `_int_mm` would take over from the C part by speed alone."""
     generator = torch.Generator().manual_seed(0)
-    matrices = [(_stand_in(shape, generator), count) for shape, count in TIMED_SHAPES]
+    matrices = [(stand_in(shape, generator), count) for shape, count in TIMED_SHAPES]
     glance = glance_shape()
     started = last = time.perf_counter()
     fastest = 0
@@ -225,7 +225,7 @@ def _timed() -> TakeOver:
         for index in (glance, *(i for i in range(len(matrices)) if i != glance)):
             matrix = matrices[index][0]
             x = torch.randn(rows, matrix.shape[1], generator=generator)
-            times[index] = _shortest(2, matrix.c_product, x), _shortest(2, matrix.int_mm_product, x)
+            times[index] = shortest(2, matrix.c_product, x), shortest(2, matrix.int_mm_product, x)
             if index == glance and times[index][1] > FAR * times[index][0]:
                 break
         behind = times[glance][1] / times[glance][0]
@@ -243,10 +243,10 @@ def _timed() -> TakeOver:
 
 
 STAND_IN_ROWS = 64
-"""Rows of random steps a timing stand-in repeats (`_stand_in`); every TIMED_SHAPES' N is a multiple."""
+"""Rows of random steps a timing stand-in repeats (`stand_in`); every TIMED_SHAPES' N is a multiple."""
 
 
-def _stand_in(shape: tuple[int, int], generator: torch.Generator) -> Int8Matrix:
+def stand_in(shape: tuple[int, int], generator: torch.Generator) -> Int8Matrix:
     """A weight matrix of `shape` [N, K] for `_timed`, its steps for `_int_mm` kept: STAND_IN_ROWS
     rows of random steps packed once and repeated down the rows. An integer product takes the same
     time whatever its values, and so made the stand-ins cost 0.02 s rather than the 0.17 s of
@@ -275,7 +275,7 @@ def c_max_rows() -> int:
     return take_over().c_max_rows
 
 
-def _shortest(times: int, product: Callable[[torch.Tensor], torch.Tensor], x: torch.Tensor) -> float:
+def shortest(times: int, product: Callable[[torch.Tensor], torch.Tensor], x: torch.Tensor) -> float:
     """The shortest of `times` timings of `product(x)`, in seconds (after one call that is not
     timed: a library's first call at a shape prepares its kernel)."""
     product(x)
