@@ -206,20 +206,20 @@ def test_the_engine_line_names_the_path_and_warns_where_samples_vary_with_load()
 def test_options_within_the_tie_margin_are_taken_in_order_and_the_engine_line_says_so() -> None:
     """Times within TIE of the fastest are a tie, settled by the options' order (the same path at
     every start on a busy machine); outside it the fastest wins."""
-    kernel, int4 = Choice(PATHS["fp32-blocks"]), Choice(PATHS["bf16-torch"], 32, laddered=True)
+    kernel, library = Choice(PATHS["fp32-blocks"]), Choice(PATHS["bf16-torch"], 32, laddered=True)
 
     def steps(costs: dict[str, float]) -> Callable[[Choice, int], float]:
         return lambda option, rows: costs[option.label]
 
     near = steps({"fp32-blocks": 1.05, "bf16-torch/1-32": 1.0})
-    found = probe((kernel, int4), near, lambda option: [], rows=(32,))
+    found = probe((kernel, library), near, lambda option: [], rows=(32,))
     assert found.choice == kernel and found.unfinished == set()
     assert "first in order of those within 10% of the fastest" in compute.probe_reason("auto", found, 0.1)
     far = steps({"fp32-blocks": 1.2, "bf16-torch/1-32": 1.0})
-    found = probe((kernel, int4), far, lambda option: [], rows=(32,))
-    assert found.choice == int4 and "first in order" not in compute.probe_reason("auto", found, 0.1)
+    found = probe((kernel, library), far, lambda option: [], rows=(32,))
+    assert found.choice == library and "first in order" not in compute.probe_reason("auto", found, 0.1)
     # A faster tie that fails its check gives way to the next, and the line does not call it a tie.
-    found = probe((int4, kernel), near, lambda option: ["differs"], rows=(32,))
+    found = probe((library, kernel), near, lambda option: ["differs"], rows=(32,))
     assert found.choice == kernel and "first in order" not in compute.probe_reason("auto", found, 0.1)
 
 
