@@ -246,12 +246,13 @@ def _int8_rows_rounded_by_the_batch_differ(started: Any, monkeypatch: Any) -> No
         add: bool = False,
         step: bool = False,
     ) -> torch.Tensor:
-        steps, scales = int8.rotate_quantize(x)
+        steps, scales = int8.rotate_quantize(x.reshape(-1, x.shape[-1]))
         shared = scales.max()
         coarser = torch.round(steps.float() * (scales / shared)[:, None]).long()
         n, k = self.shape
         weights = self.packed.permute(0, 2, 1, 3).reshape(-1, k)[:n].long()
-        return deliver((coarser @ weights.t()).float() * shared * self.scales, out, add)
+        made = ((coarser @ weights.t()).float() * shared * self.scales).reshape(*x.shape[:-1], n)
+        return deliver(made, out, add)
 
     monkeypatch.setattr(int8.Int8Matrix, "product", one_scale_a_batch)
     assert not _same(_decode_beside(started, 4, 3, ("Once upon a time", "Hi")), alone)
