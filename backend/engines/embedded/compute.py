@@ -32,9 +32,10 @@ count), so a prompt gives the same first-token logits whoever else is running.
 `auto` times every path this process can run, `bf16-torch` at each of BLOCK_ROWS as a ladder
 (a block alone where the ladder fails its check), on the model's own matrices at start (`probe`, with
 startup_probe.py's timings and checks: a decode step's linear layers at PROBE_ROWS rows, a PyTorch
-path at the row counts it would call, a token's time at each summed), and keeps the fastest that is batch-invariant (its row counts
-checked, the slower ones only where a faster one fails its check; times within TIE of the fastest
-taken in order); a forced PyTorch path picks its sizes the same way. No CPU flag decides.
+path at the row counts it would call, a token's time at each summed), and keeps the fastest that is
+batch-invariant (its row counts checked, the slower ones only where a faster one fails its check;
+times within TIE of the fastest taken in order); a forced PyTorch path picks its sizes the same way.
+No CPU flag decides.
 
 This module imports no torch: the command line reads its choices.
 """
