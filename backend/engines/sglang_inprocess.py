@@ -252,9 +252,18 @@ class SGLangInProcessGeneration(QueuedGeneration):
 
     def __init__(self, engine: SGLangInProcessEngine, prompt: Prompt, n: int, params: SamplingParams) -> None:
         self.engine = engine
-        self.state = SGLangStream(n, incremental=engine.incremental, logprobs=params.logprobs)
+        tokenizer = engine.tokenizer
+        self.state = SGLangStream(
+            n,
+            incremental=engine.incremental,
+            logprobs=params.logprobs,
+            alternatives=params.alternatives,
+            token_text=None if tokenizer is None else lambda token: tokenizer.decode([token]),
+        )
         self._sampling = sglang_request(prompt.text, n, params)["sampling_params"]
-        self._logprob = {"return_logprob": True} if params.logprobs else {}
+        self._logprob: dict[str, Any] = {"return_logprob": True} if params.logprobs else {}
+        if params.logprobs and params.alternatives:
+            self._logprob["top_logprobs_num"] = params.alternatives
         self._source: dict[str, Any] = (
             {"input_ids": engine.chat_token_ids(prompt)} if prompt.chat else {"prompt": prompt.raw_text}
         )

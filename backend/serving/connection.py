@@ -38,6 +38,7 @@ from backend.protocol import (
     batch_messages,
     cancel_ack_frame,
     error_frame,
+    logprob_pieces,
     parse_client_frame,
     queued_frame,
     replayed_command,
@@ -52,7 +53,7 @@ from backend.trace.frames import chrome_trace
 from backend.trace.prefill import PrefillLog
 from backend.trace.reads import ReadLog
 from backend.trace.recorder import LoopTracer
-from backend.vocabulary import Chunk, Prompt, SamplingParams
+from backend.vocabulary import Alternatives, Chunk, Prompt, SamplingParams
 
 log = logging.getLogger("backend")
 
@@ -220,11 +221,12 @@ class ClientSession:
         tokens: int,
         at: float,
         logprobs: tuple[float, ...] | None = None,
+        alternatives: tuple[Alternatives, ...] | None = None,
     ) -> None:
         """Queue `chunk_frame(request_id, index, text, tokens, at, ...)` without building it; never
         blocks."""
         # `_queued` written out: this runs for every token.
-        pieces = None if logprobs is None else [[text, list(logprobs)]]
+        pieces = None if logprobs is None else logprob_pieces(text, logprobs, alternatives)
         queued = self.outbox.push_chunk(request_id, index, text, tokens, at, pieces)
         self._wake.set()
         if queued > OUTBOX_MAX_FRAMES:
@@ -394,7 +396,15 @@ class ClientSession:
                     # Nearly every chunk: its text goes straight to the outbox, no frame dict.
                     now = loop.time()
                     if on_text(chunk.index, chunk.text, chunk.tokens, now):
-                        send_chunk(request_id, chunk.index, chunk.text, chunk.tokens, now, chunk.logprobs)
+                        send_chunk(
+                            request_id,
+                            chunk.index,
+                            chunk.text,
+                            chunk.tokens,
+                            now,
+                            chunk.logprobs,
+                            chunk.alternatives,
+                        )
                     if cancel_after is not None and 0 <= chunk.index < state.n:
                         counted[chunk.index] += chunk.tokens
                         if counted[chunk.index] >= cancel_after:
