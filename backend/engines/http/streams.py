@@ -196,12 +196,20 @@ class SGLangStream(StreamState):
     """
 
     def __init__(
-        self, n: int, incremental: bool = False, logprobs: bool = False, alternatives: int = 0
+        self,
+        n: int,
+        incremental: bool = False,
+        logprobs: bool = False,
+        alternatives: int = 0,
+        token_text: Callable[[int], str] | None = None,
     ) -> None:
         super().__init__(n)
         self.incremental = incremental
         self.logprobs = logprobs
         self.alternatives = alternatives if logprobs else 0
+        self.token_text = token_text
+        """An alternative's text from its token id, where the server gave none (in-process SGLang,
+        whose `async_generate` has no `return_text_in_logprobs`)."""
         self._deltas = DeltaReader(check_prefix=True)
         """What is new in each cumulative event (not used with `incremental`)."""
 

@@ -1,0 +1,288 @@
+"""Alternatives at any token (issue 49): the `alternatives` field checked, each engine's top k read
+from its own figures (the embedded engine's logits, SGLang's `output_top_logprobs`, vLLM's
+`top_logprobs` on completions and chat, in the recorded shapes), nothing added to a run that does not
+ask, and saved runs and replays that keep them."""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from backend.config.settings import Limits
+from backend.engines.cumulative import CumulativeGeneration, DeltaReader
+from backend.engines.embedded.engine import EmbeddedEngine
+from backend.engines.http.openai import completions_request
+from backend.engines.http.sglang import sglang_request
+from backend.engines.http.streams import OpenAIStream, SGLangStream
+from backend.protocol import ProtocolError, chunk_frame, encode_bytes, generate_frame, parse_client_frame
+from backend.saved_run import parse_saved_runs, saved_runs_json
+from backend.vocabulary import Chunk, Prompt, SamplingParams
+from tests.support.embedded import collect, params
+from ui.run_recorder import RunRecorder
+
+
+def parse(**options: Any) -> Any:
+    return parse_client_frame(json.dumps(generate_frame("r1", "Hi", 2, **options)), Limits())
+
+
+def test_alternatives_are_asked_with_logprobs_and_checked() -> None:
+    assert parse(logprobs=True, alternatives=5).params.alternatives == 5
+    assert parse(logprobs=True, alternatives=20).params.alternatives == 20
+    assert parse(logprobs=True).params.alternatives == 0
+    for k in (0, 21, -1):
+        with pytest.raises(ProtocolError) as caught:
+            parse(logprobs=True, alternatives=k)
+        assert caught.value.code == "alternatives_out_of_range"
+        assert "between 1 and 20" in caught.value.message
+    for bad in ("5", 2.5, True, [5]):
+        with pytest.raises(ProtocolError) as caught:
+            parse(logprobs=True, alternatives=bad)
+        assert caught.value.code == "bad_field" and '"alternatives"' in caught.value.message
+    with pytest.raises(ProtocolError) as caught:
+        parse(alternatives=5)
+    assert caught.value.code == "bad_field" and '"logprobs": true' in caught.value.message
+
+
+def test_a_run_without_alternatives_sends_the_same_bytes_as_before() -> None:
+    plain = encode_bytes(chunk_frame("r1", 0, " the", 1, 1.5, (-0.25,)))
+    assert (
+        plain
+        == b'{"type":"chunk","id":"r1","index":0,"text":" the","tokens":1,"at":1.5,"logprobs":[[" the",[-0.25]]]}'
+    )
+    listed = chunk_frame("r1", 0, " the", 1, 1.5, (-0.25,), ((0, ((" the", -0.251234567), (" a", -1.5))),))
+    assert listed["logprobs"] == [[" the", [-0.25], [[0, [[" the", -0.2512], [" a", -1.5]]]]]]
+
+
+@pytest.fixture(scope="module")
+def engine() -> Iterator[EmbeddedEngine]:
+    engine = EmbeddedEngine(max_rows=8, context=512)
+    engine.load()
+    yield engine
+    engine.shutdown()
+
+
+async def chunks_of(engine: EmbeddedEngine, n: int, **extra: Any) -> list[Chunk]:
+    generation = engine.generate(Prompt("Name three colors."), n, params(max_tokens=10, **extra))
+    return [chunk async for chunk in generation]
+
+
+async def test_the_embedded_engine_lists_k_alternatives_from_its_own_logits(engine: EmbeddedEngine) -> None:
+    """Each token: the k most likely of the step's log-softmax, most likely first, the top one at
+    least as likely as the drawn one, the drawn one marked where it is among them (its text and
+    logprob the token's own); a run that does not ask gets none."""
+    got = await chunks_of(engine, 3, logprobs=True, alternatives=5)
+    counted = 0
+    for chunk in got:
+        if not chunk.tokens:
+            continue
+        assert chunk.logprobs is not None and chunk.alternatives is not None
+        assert len(chunk.alternatives) == len(chunk.logprobs) == 1
+        drawn, top = chunk.alternatives[0]
+        assert len(top) == 5
+        values = [value for _, value in top]
+        assert values == sorted(values, reverse=True) and all(v <= 0 for v in values)
+        assert sum(math.exp(v) for v in values) <= 1 + 1e-5
+        assert values[0] >= chunk.logprobs[0] - 1e-5
+        if drawn >= 0:
+            assert top[drawn][1] == pytest.approx(chunk.logprobs[0], abs=1e-5)
+            counted += 1
+        else:
+            assert chunk.logprobs[0] <= values[-1] + 1e-5
+    assert counted >= len(got) // 2  # at temperature 0.8 most drawn tokens are among the top 5
+    plain = await chunks_of(engine, 2, logprobs=True)
+    assert all(chunk.alternatives is None for chunk in plain)
+    assert all(chunk.alternatives is None and chunk.logprobs is None for chunk in await chunks_of(engine, 2))
+
+
+async def test_the_embedded_engine_gives_the_same_samples_with_alternatives_on(
+    engine: EmbeddedEngine,
+) -> None:
+    """Listing the alternatives changes nothing that is drawn: the texts are the same as without."""
+    texts, _, _ = await collect(engine.generate(Prompt("Say hi."), 2, params(max_tokens=8, logprobs=True)), 2)
+    listed, _, _ = await collect(
+        engine.generate(Prompt("Say hi."), 2, params(max_tokens=8, logprobs=True, alternatives=20)), 2
+    )
+    assert texts == listed
+
+
+def sglang_event(
+    index: int, text: str, completion: int, new: list[tuple[float, int, str]], tops: list
+) -> str:
+    """A `/generate` event of an incremental SGLang stream with `return_logprob`, `top_logprobs_num`
+    and `return_text_in_logprobs` (tests/fixtures/sglang-generate-n2-logprobs-incremental.sse's
+    shape, `output_top_logprobs` per token a list of `[logprob, token id, text]`)."""
+    meta = {
+        "id": f"rid{index}",
+        "finish_reason": None,
+        "prompt_tokens": 5,
+        "completion_tokens": completion,
+        "output_token_logprobs": [list(entry) for entry in new],
+        "output_top_logprobs": tops,
+    }
+    return json.dumps(
+        {"text": text, "output_ids": [entry[1] for entry in new], "meta_info": meta, "index": index}
+    )
+
+
+PARIS = [[-0.0914, 7042, " Paris"], [-2.9, 253, " a"], [-3.4, 260, " the"]]
+DOT = [[-0.9, 198, "\n"], [-1.2, 30, "."]]
+
+
+def test_sglang_alternatives_come_from_output_top_logprobs() -> None:
+    body = sglang_request(
+        "The capital of France is", 2, SamplingParams(8, 0.8, 0.95, 1, logprobs=True, alternatives=3)
+    )
+    assert body["top_logprobs_num"] == 3 and body["return_logprob"] and body["return_text_in_logprobs"]
+    assert "top_logprobs_num" not in sglang_request("x", 1, SamplingParams(8, 0.8, 0.95, 1, logprobs=True))
+    stream = SGLangStream(2, incremental=True, logprobs=True, alternatives=3)
+    [first] = stream.feed(sglang_event(0, " Paris", 1, [(-0.0914, 7042, " Paris")], [PARIS]))
+    assert first.alternatives == ((0, ((" Paris", -0.0914), (" a", -2.9), (" the", -3.4))),)
+    # The drawn token outside the list: marked -1, the list still most likely first.
+    [second] = stream.feed(sglang_event(0, ".", 2, [(-1.2, 30, ".")], [DOT]))
+    assert second.alternatives == ((1, (("\n", -0.9), (".", -1.2))),)
+    [other] = stream.feed(sglang_event(1, " Rome", 1, [(-5.0, 999, " Rome")], [PARIS]))
+    assert other.alternatives is not None and other.alternatives[0][0] == -1
+    # Without alternatives asked, none are read even where the server sends them.
+    plain = SGLangStream(1, incremental=True, logprobs=True)
+    assert (
+        plain.feed(sglang_event(0, " Paris", 1, [(-0.0914, 7042, " Paris")], [PARIS]))[0].alternatives is None
+    )
+
+
+def test_a_cumulative_sglang_stream_gives_each_tokens_alternatives_once() -> None:
+    stream = SGLangStream(1, incremental=False, logprobs=True, alternatives=2)
+    one = [(-0.0914, 7042, " Paris")]
+    two = [*one, (-1.2, 30, ".")]
+    [a] = stream.feed(sglang_event(0, " Paris", 1, one, [PARIS]))
+    [b] = stream.feed(sglang_event(0, " Paris.", 2, two, [PARIS, DOT]))
+    assert a.alternatives == ((0, ((" Paris", -0.0914), (" a", -2.9))),)
+    assert b.text == "." and b.alternatives == ((1, (("\n", -0.9), (".", -1.2))),)
+
+
+def test_in_process_sglang_names_an_alternative_from_its_token_id() -> None:
+    stream = SGLangStream(1, incremental=True, logprobs=True, alternatives=2, token_text=lambda t: f"<{t}>")
+    tops = [[[-0.1, 7042, None], [-2.9, 253, None]]]
+    [chunk] = stream.feed(sglang_event(0, " Paris", 1, [(-0.1, 7042, " Paris")], tops))
+    assert chunk.alternatives == ((0, (("<7042>", -0.1), ("<253>", -2.9))),)
+
+
+def test_vllm_completions_alternatives_come_from_top_logprobs() -> None:
+    """`logprobs: k` on /v1/completions: `top_logprobs` per token a dict of text to logprob (vLLM
+    adds the drawn token where it is not among the k: tests/fixtures/vllm-v1-completions-n2-logprobs.sse)."""
+    prompt = Prompt("The capital of France is", format="raw")
+    _, body = completions_request(
+        "m", prompt, 2, SamplingParams(8, 0.8, 0.95, 1, logprobs=True, alternatives=2)
+    )
+    assert body["logprobs"] == 2
+    assert (
+        completions_request("m", prompt, 2, SamplingParams(8, 0.8, 0.95, 1, logprobs=True))[1]["logprobs"]
+        == 0
+    )
+    choice = {
+        "index": 0,
+        "text": " Paris",
+        "logprobs": {
+            "text_offset": [0],
+            "token_logprobs": [-0.2399],
+            "tokens": [" Paris"],
+            "top_logprobs": [{" the": -2.5, " Paris": -0.2399, " a": -3.1}],
+        },
+        "finish_reason": None,
+    }
+    stream = OpenAIStream(2, logprobs=True, alternatives=2)
+    [chunk] = stream.feed(json.dumps({"choices": [choice]}))
+    assert chunk.alternatives == ((0, ((" Paris", -0.2399), (" the", -2.5))),)
+    choice["logprobs"]["tokens"] = [" Rome"]  # type: ignore[index]
+    choice["index"] = 1
+    assert stream.feed(json.dumps({"choices": [choice]}))[0].alternatives[0][0] == -1  # type: ignore[index]
+
+
+def test_vllm_chat_alternatives_come_from_each_contents_top_logprobs() -> None:
+    """`logprobs: true, top_logprobs: k` on chat: `content[].top_logprobs` as `{token, logprob,
+    bytes}` (tests/fixtures/vllm-v1-chat-completions-n2-logprobs.sse, there with k = 0)."""
+    _, body = completions_request(
+        "m", Prompt("Hi"), 2, SamplingParams(8, 0.8, 0.95, 1, logprobs=True, alternatives=3)
+    )
+    assert body["logprobs"] is True and body["top_logprobs"] == 3
+    entry = {
+        "token": "1",
+        "logprob": -1.75,
+        "bytes": [49],
+        "top_logprobs": [
+            {"token": "Here", "logprob": -0.9, "bytes": [72]},
+            {"token": "1", "logprob": -1.75, "bytes": [49]},
+            {"token": "Sure", "logprob": -2.0, "bytes": [83]},
+        ],
+    }
+    event = {
+        "choices": [
+            {"index": 0, "delta": {"content": "1"}, "logprobs": {"content": [entry]}, "finish_reason": None}
+        ]
+    }
+    stream = OpenAIStream(1, chat=True, logprobs=True, alternatives=3)
+    [chunk] = stream.feed(json.dumps(event))
+    assert chunk.alternatives == ((1, (("Here", -0.9), ("1", -1.75), ("Sure", -2.0))),)
+
+
+async def test_cumulative_outputs_carry_alternatives_and_the_reader_takes_the_new_ones() -> None:
+    class Two:
+        def __init__(self) -> None:
+            self.chunks = [
+                Chunk(0, "a", 1, logprobs=(-0.1,), alternatives=((0, (("a", -0.1),)),)),
+                Chunk(0, "b", 1, logprobs=(-0.2,), alternatives=((-1, (("c", -0.05),)),)),
+            ]
+
+        async def __anext__(self) -> Chunk:
+            return self.chunks.pop(0)
+
+    cumulative = CumulativeGeneration(Two())  # type: ignore[arg-type]
+    reader = DeltaReader()
+    first = reader.delta(await cumulative.__anext__())
+    second_whole = await cumulative.__anext__()
+    assert second_whole.alternatives is not None and len(second_whole.alternatives) == 2
+    second = reader.delta(second_whole)
+    assert first.alternatives == ((0, (("a", -0.1),)),) and second.alternatives == ((-1, (("c", -0.05),)),)
+
+
+def recorded(alternatives: int) -> RunRecorder:
+    """A run of one sample of two chunks as its client got them, with logprobs, and alternatives
+    where `alternatives`."""
+    request = generate_frame(
+        "r1", "Hi", 1, {"max_tokens": 4, "seed": 3}, logprobs=True, alternatives=alternatives or None
+    )
+    recorder = RunRecorder(request)
+    recorder.apply(
+        {
+            "type": "accepted",
+            "id": "r1",
+            "n": 1,
+            "engine": "embedded",
+            "model": "m",
+            "at": 1.0,
+            "format": "chat",
+            "params": {"max_tokens": 4, "temperature": 0.8, "top_p": 0.95, "seed": 3},
+        }
+    )
+    listed = ((0, ((" Hi", -0.1), (" Hello", -2.5))),) if alternatives else None
+    for at, text in ((1.1, " Hi"), (1.2, "!")):
+        recorder.apply(chunk_frame("r1", 0, text, 1, at, (-0.1,), listed))
+    recorder.apply({"type": "finish", "id": "r1", "index": 0, "reason": "length", "stats": {"seed": 3}})
+    recorder.apply({"type": "done", "id": "r1", "stats": {}})
+    return recorder
+
+
+def test_a_saved_run_keeps_its_alternatives_and_one_without_has_none() -> None:
+    with_them = recorded(2).saved_run()
+    assert with_them.params.alternatives == 2
+    assert with_them.samples[0].chunks[0].alternatives == ((0, ((" Hi", -0.1), (" Hello", -2.5))),)
+    text = saved_runs_json([with_them], {})
+    [back] = parse_saved_runs(text)
+    assert back.samples[0].chunks[1].alternatives == with_them.samples[0].chunks[1].alternatives
+    without = recorded(0).saved_run()
+    plain = saved_runs_json([without], {})
+    assert "alternatives" not in plain and without.samples[0].chunks[0].alternatives is None
+    assert parse_saved_runs(plain)[0].params.alternatives == 0
