@@ -611,7 +611,7 @@ def _chunk(value: Any, name: str, params: SamplingParams) -> SavedChunk:
             raise SavedRunError(f"{name} has {len(raw)} logprobs for {tokens} tokens")
         logprobs = tuple(float(x) for x in raw)
     alternatives = _chunk_alternatives(value[4], name, params, tokens) if len(value) == 5 else None
-    return SavedChunk(at, text, tokens, logprobs, alternatives)
+    return SavedChunk(at, text, tokens, logprobs, alternatives=alternatives)
 
 
 def _chunk_alternatives(raw: Any, name: str, params: SamplingParams, tokens: int) -> tuple[Alternatives, ...]:

@@ -53,7 +53,7 @@ from backend.trace.frames import chrome_trace
 from backend.trace.prefill import PrefillLog
 from backend.trace.reads import ReadLog
 from backend.trace.recorder import LoopTracer
-from backend.vocabulary import Alternatives, Chunk, Prompt, SamplingParams
+from backend.vocabulary import Chunk, Prompt, SamplingParams
 
 log = logging.getLogger("backend")
 
@@ -213,21 +213,13 @@ class ClientSession:
         """Queue a frame already encoded (a live trace frame); never blocks."""
         self._queued(self.outbox.push_encoded(data))
 
-    def send_chunk(
-        self,
-        request_id: str,
-        index: int,
-        text: str,
-        tokens: int,
-        at: float,
-        logprobs: tuple[float, ...] | None = None,
-        alternatives: tuple[Alternatives, ...] | None = None,
-    ) -> None:
-        """Queue `chunk_frame(request_id, index, text, tokens, at, ...)` without building it; never
-        blocks."""
+    def send_chunk(self, request_id: str, chunk: Chunk, at: float) -> None:
+        """Queue `chunk_frame(request_id, chunk.index, chunk.text, chunk.tokens, at, ...)` (its
+        logprobs and alternatives where it has them) without building it; never blocks."""
         # `_queued` written out: this runs for every token.
-        pieces = None if logprobs is None else logprob_pieces(text, logprobs, alternatives)
-        queued = self.outbox.push_chunk(request_id, index, text, tokens, at, pieces)
+        logprobs = chunk.logprobs
+        pieces = None if logprobs is None else logprob_pieces(chunk.text, logprobs, chunk.alternatives)
+        queued = self.outbox.push_chunk(request_id, chunk.index, chunk.text, chunk.tokens, at, pieces)
         self._wake.set()
         if queued > OUTBOX_MAX_FRAMES:
             self._close_stalled()
@@ -396,15 +388,7 @@ class ClientSession:
                     # Nearly every chunk: its text goes straight to the outbox, no frame dict.
                     now = loop.time()
                     if on_text(chunk.index, chunk.text, chunk.tokens, now):
-                        send_chunk(
-                            request_id,
-                            chunk.index,
-                            chunk.text,
-                            chunk.tokens,
-                            now,
-                            chunk.logprobs,
-                            chunk.alternatives,
-                        )
+                        send_chunk(request_id, chunk, now)
                     if cancel_after is not None and 0 <= chunk.index < state.n:
                         counted[chunk.index] += chunk.tokens
                         if counted[chunk.index] >= cancel_after:
