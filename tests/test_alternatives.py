@@ -49,10 +49,9 @@ def test_alternatives_are_asked_with_logprobs_and_checked() -> None:
 
 def test_a_run_without_alternatives_sends_the_same_bytes_as_before() -> None:
     plain = encode_bytes(chunk_frame("r1", 0, " the", 1, 1.5, (-0.25,)))
-    assert (
-        plain
-        == b'{"type":"chunk","id":"r1","index":0,"text":" the","tokens":1,"at":1.5,"logprobs":[[" the",[-0.25]]]}'
-    )
+    before = b'{"type":"chunk","id":"r1","index":0,"text":" the","tokens":1,"at":1.5,'
+    assert plain == before + b'"logprobs":[[" the",[-0.25]]]}'
+
     listed = chunk_frame("r1", 0, " the", 1, 1.5, (-0.25,), ((0, ((" the", -0.251234567), (" a", -1.5))),))
     assert listed["logprobs"] == [[" the", [-0.25], [[0, [[" the", -0.2512], [" a", -1.5]]]]]]
 
