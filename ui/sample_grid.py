@@ -306,7 +306,7 @@ function offerContinue(c, index, event) {
 // branches on that token (the grid's select event with {continue_at: the token's start, chosen}).
 let altNote = '';
 let altHeld = null;  // the span whose alternatives stay shown (clicked)
-const alternatives = alternativesPopup('alternatives', (token) => {
+const alternatives = alternativesPopup('token-alternatives', (token) => {
   const span = altHeld || alternatives.span;
   const index = columns.findIndex((c) => c.text.contains(span));
   if (index < 0) return;
@@ -389,7 +389,7 @@ point where a sample parts from every other sample gets a marker; a Stop click b
 offers Continue from here at that point (the end of the token or word clicked), whose click is the
 `select` event with the column's index and `{continue_at, run}`; while the run cannot be continued
 (the value's `why_not`: still streaming) the button says so, disabled, instead. With token
-confidence, hovering a token shows its alternatives (`ui.alternatives_view`'s popup, `alternatives`),
+confidence, hovering a token shows its alternatives (`ui.alternatives_view`'s popup, `token-alternatives`),
 a click holds them under the Continue button; picking one is the `select` event with
 `{continue_at: the token's start, chosen: the token, run}`; a run without any says why (`alt_note`)."""
 
