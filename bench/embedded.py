@@ -180,7 +180,7 @@ async def main() -> None:
     engine.load()
     if args.alternatives:
         ids = engine.prompt_ids(Prompt(PROMPT))
-        print(f"{engine.model}, compute path {engine.health().get('compute', {}).get('path', '?')}")
+        print(f"{engine.model}, compute path {engine.health().get('compute_path', '?')}")
         await run_engine(engine, ids, 2, 4)  # warm-up
         ns = [int(x) for x in args.ns.split(",")]
         await alternatives_table(engine, ids, ns, args.tokens, args.alternatives)
