@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import math
 from collections.abc import Iterator
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -18,11 +19,17 @@ from backend.engines.embedded.engine import EmbeddedEngine
 from backend.engines.http.openai import completions_request
 from backend.engines.http.sglang import sglang_request
 from backend.engines.http.streams import OpenAIStream, SGLangStream
+from backend.engines.synthetic import SyntheticEngine
 from backend.protocol import ProtocolError, chunk_frame, encode_bytes, generate_frame, parse_client_frame
 from backend.saved_run import parse_saved_runs, saved_runs_json
 from backend.vocabulary import Chunk, Prompt, SamplingParams
+from bench.transport import ListingEngine
+from tests.support.backends import serving
 from tests.support.embedded import collect, params
+from ui.alternatives_view import why_none
+from ui.handlers import Handlers
 from ui.run_recorder import RunRecorder
+from ui.sample_tree_view import value_rows
 
 
 def parse(**options: Any) -> Any:
@@ -285,3 +292,103 @@ def test_a_saved_run_keeps_its_alternatives_and_one_without_has_none() -> None:
     plain = saved_runs_json([without], {})
     assert "alternatives" not in plain and without.samples[0].chunks[0].alternatives is None
     assert parse_saved_runs(plain)[0].params.alternatives == 0
+
+
+SETTINGS: dict[str, Any] = {
+    "n": 2,
+    "max_tokens": 8,
+    "temperature": 0.8,
+    "top_p": 0.95,
+    "seed": 5,
+    "consumer": "cooperative",
+    "block_ms": 0,
+    "fanout": "n",
+    "output_kind": "delta",
+    "cancel_after": None,
+    "logprobs": True,
+    "alternatives": 3,
+    "answer_pattern": "",
+}
+
+
+def page(session: str = "alternatives-page") -> Any:
+    return SimpleNamespace(session_hash=session, client=None, headers={})
+
+
+async def generate(handlers: Handlers, request: Any, **change: Any) -> list[Any]:
+    last: list[Any] = []
+    settings = {**SETTINGS, "prompt": "Tell a story.", "format": "chat", "system": "", **change}
+    async for outputs in handlers.generate(request, **settings):
+        last = outputs
+    return last
+
+
+async def branch(handlers: Handlers, request: Any, column: int, value: dict[str, Any]) -> list[list[Any]]:
+    event = SimpleNamespace(index=column, value=value)
+    return [outputs async for outputs in handlers.continue_from_point(event, request, **SETTINGS)]
+
+
+async def test_an_alternative_picked_in_a_column_starts_a_run_from_it_marked_chosen_by_hand() -> None:
+    async with serving(ListingEngine(rate=400, jitter=0.0), Limits()) as backend:
+        handlers = Handlers(backend.url)
+        request = page()
+        first = await generate(handlers, request)
+        run_id = first[0]["run"]
+        marks = first[0]["samples"][0]["marks"]
+        start, (drawn, listed) = marks[0][0], marks[1][2]
+        text = first[0]["samples"][0]["text"]
+        chosen = next(token for place, (token, _) in enumerate(listed) if place != drawn)
+        assert all(0 < p <= 1 for _, p in listed)
+        outputs = await branch(handlers, request, 0, {"continue_at": start, "chosen": chosen, "run": run_id})
+        assert any("Continuing from a branch" in out[1] for out in outputs if isinstance(out[1], str))
+        last = outputs[-1]
+        assert last[0]["prefix"] == text[:start] + chosen
+        rows = value_rows(last[6])
+        assert any("chosen by hand" in row["text"] and chosen.strip() in row["text"] for row in rows)
+        lineage = handlers._lineages[request.session_hash]
+        saved = lineage.saved_runs({})
+        assert saved[1].continues is not None and saved[1].continues.chosen == chosen
+        [_, again] = parse_saved_runs(saved_runs_json(saved, {}))
+        assert again.continues is not None and again.continues.text.endswith(chosen)
+        assert again.prefix == text[:start] + chosen
+
+        # What cannot be branched on is said, and the page keeps its run.
+        now = last[0]["run"]
+        cases = [
+            (
+                {"continue_at": start, "chosen": "not a listed token", "run": now},
+                "is not one of the alternatives",
+            ),
+            ({"continue_at": start + 1, "chosen": chosen, "run": now}, "has no token starting at character"),
+            ({"continue_at": start, "chosen": chosen, "run": run_id}, f"this tree is of run {run_id!r}"),
+            ({"continue_at": start, "chosen": 5, "run": now}, "is not a token"),
+        ]
+        for value, words in cases:
+            refused = await branch(handlers, request, 0, value)
+            assert len(refused) == 1 and words in refused[0][1], refused[0][1]
+        assert handlers._runs[request.session_hash].request_id == now
+        streaming = handlers.generate(
+            request, **{**SETTINGS, "prompt": "x", "format": "chat", "system": "", "max_tokens": 2000}
+        )
+        shown = await anext(streaming)
+        refused = await branch(
+            handlers, request, 0, {"continue_at": 0, "chosen": chosen, "run": shown[0]["run"]}
+        )
+        assert "still streaming" in refused[0][1]
+        await streaming.aclose()
+
+
+async def test_a_run_without_alternatives_says_why_and_cannot_branch_on_one() -> None:
+    async with serving(SyntheticEngine(rate=400, jitter=0.0), Limits()) as backend:
+        handlers = Handlers(backend.url)
+        request = page("no-alternatives")
+        first = await generate(handlers, request)
+        assert first[0]["alt_note"] == "this engine gives no alternatives"
+        assert first[6]["alt_note"] == "this engine gives no alternatives"
+        marks = first[0]["samples"][0]["marks"]
+        assert all(len(mark) == 2 for mark in marks)
+        refused = await branch(
+            handlers, request, 0, {"continue_at": marks[0][0], "chosen": " the", "run": first[0]["run"]}
+        )
+        assert "listed no alternatives" in refused[0][1]
+    assert why_none("replay") == "this replay was saved without alternatives"
