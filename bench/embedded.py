@@ -142,9 +142,7 @@ async def step_ms(
         pass
     await asyncio.sleep(0.05)  # the last step's figures
     after = engine.health()
-    steps = after["steps"] - before["steps"]
-    spent = after["steps"] * after["mean_step_ms"] - before["steps"] * before["mean_step_ms"]
-    return spent / steps
+    return 1000 * (after["step_seconds"] - before["step_seconds"]) / (after["steps"] - before["steps"])
 
 
 async def alternatives_table(

@@ -470,7 +470,9 @@ def main() -> int:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    parser.add_argument("--ns", default="1,8,32,64", help="samples per request, comma-separated")
+    parser.add_argument(
+        "--ns", default="1,8,32,64", help="samples per request, comma-separated; empty to skip"
+    )
     parser.add_argument("--rates", default="50,500,2000", help="tokens/s per sample, comma-separated")
     parser.add_argument("--seconds", type=float, default=1.0, help="about how long each run streams")
     parser.add_argument("--rounds", type=int, default=3, help="alternating (a)/(b) rounds per row")
@@ -499,9 +501,10 @@ def main() -> int:
     if args.alternatives:
         ns = [int(x) for x in args.alternatives.split(",")]
         alternatives_table(ns, args.gradio_rate, args.seconds, args.rounds)
-    ns = [int(x) for x in args.ns.split(",")]
-    rates = [float(x) for x in args.rates.split(",")]
-    transport_table(ns, rates, args.seconds, args.rounds, args.before, args.temperature)
+    if args.ns:
+        ns = [int(x) for x in args.ns.split(",")]
+        rates = [float(x) for x in args.rates.split(",")]
+        transport_table(ns, rates, args.seconds, args.rounds, args.before, args.temperature)
     if args.gradio_ns:
         gradio_table([int(x) for x in args.gradio_ns.split(",")], args.gradio_rate, args.seconds)
     return 0

@@ -164,9 +164,9 @@ def token_logprobs(
     wanted = [i for i, row in enumerate(rows) if row.job.params.logprobs]
     if not wanted:
         return None
-    index = torch.tensor(wanted)
     chosen = torch.tensor([tokens[i] for i in wanted])
-    scores = torch.log_softmax(logits[index].float(), dim=-1)
+    asked = logits if len(wanted) == len(rows) else logits[torch.tensor(wanted)]
+    scores = torch.log_softmax(asked.float(), dim=-1)
     picked = scores.gather(-1, chosen[:, None])[:, 0].tolist()
     out: list[float | None] = [None] * len(rows)
     for i, value in zip(wanted, picked, strict=True):
@@ -175,7 +175,8 @@ def token_logprobs(
     if not listing:
         return out, None
     k = max(rows[i].job.params.alternatives for _, i in listing)
-    values, ids = torch.topk(scores[torch.tensor([place for place, _ in listing])], k, dim=-1)
+    listed = scores if len(listing) == len(wanted) else scores[torch.tensor([place for place, _ in listing])]
+    values, ids = torch.topk(listed, k, dim=-1)
     alternatives: list[Alternatives | None] = [None] * len(rows)
     for (_, i), row_values, row_ids in zip(listing, values.tolist(), ids.tolist(), strict=True):
         keep = rows[i].job.params.alternatives
@@ -277,6 +278,7 @@ class BatchScheduler:
             "max_batch_rows": s.max_batch_rows,
             "shared_steps": s.shared_steps,
             "mean_step_ms": round(1000 * s.step_seconds / s.steps, 2) if s.steps else 0.0,
+            "step_seconds": s.step_seconds,
             "last_step_ms": round(s.last_step_ms, 2),
             "linear_layers": self.linear_path,
             "compute_path": self.compute.get("path", ""),
