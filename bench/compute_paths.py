@@ -9,16 +9,23 @@ them, and tokens/s of decode alone (n / step). The engine line's label says whic
 path settled on; `auto` (in --paths) runs the start-up probe and prints what it timed, in how long,
 and which path it took, then that path's steps.
 
+With `--alternatives`, each n also times what token confidence adds to the step on that step's
+logits (`scheduler.token_logprobs`, the fastest of --steps): the drawn tokens' logprobs alone
+(`off`), and with k = 5 and 20 alternatives a token; `step+k/off` is the step's fastest with those
+alternatives against with logprobs alone.
+
 Usage: python -m bench.compute_paths [--paths int8-exact,int4-torch,bf16-torch,fp32-blocks] [--ns 1,8,32]
-                                     [--steps 10]
+                                     [--steps 10] [--alternatives]
 """
 
 from __future__ import annotations
 
 import argparse
+import math
 import statistics
 import time
 from collections.abc import Callable
+from types import SimpleNamespace
 from typing import Any
 
 import torch
@@ -28,7 +35,7 @@ from backend.engines.embedded import linear as engine_linear
 from backend.engines.embedded.child import build_scheduler
 from backend.engines.embedded.compute import PATHS, unavailable
 from backend.engines.embedded.model import RowCache
-from backend.engines.embedded.scheduler import CACHE_DTYPE
+from backend.engines.embedded.scheduler import CACHE_DTYPE, BatchScheduler, DecodeParams, token_logprobs
 from backend.engines.embedded.weights import resolve_model
 from backend.engines.embedded.worker import WorkerSetup
 from bench.embedded_vs_vllm import cpu_words
@@ -45,7 +52,22 @@ def _timed(op: Callable[..., Any], spent: list[float]) -> Callable[..., Any]:
     return timed
 
 
-def steps(name: str, ns: list[int], count: int) -> None:
+def scoring_us(scheduler: BatchScheduler, logits: torch.Tensor, k: int, count: int) -> float:
+    """The fastest of `count` calls of `token_logprobs` on a step's logits (microseconds), every row
+    asking for logprobs and, with `k`, that many alternatives."""
+    params = DecodeParams(8, 0.8, 0.95, seed=1, logprobs=True, alternatives=k)
+    rows: Any = [SimpleNamespace(job=SimpleNamespace(params=params))] * logits.shape[0]
+    tokens = logits.argmax(-1).tolist()
+    token_logprobs(logits, tokens, rows, scheduler.token_text)  # the tokens' texts decoded once
+    best = math.inf
+    for _ in range(count):
+        started = time.perf_counter()
+        token_logprobs(logits, tokens, rows, scheduler.token_text)
+        best = min(best, time.perf_counter() - started)
+    return best * 1e6
+
+
+def steps(name: str, ns: list[int], count: int, alternatives: bool = False) -> None:
     """Print one path's steps at each of `ns` rows."""
     folder = resolve_model()
     setup = WorkerSetup(str(folder.path), name, 1, max(ns), 512, str(folder.gguf or ""))
@@ -71,7 +93,7 @@ def steps(name: str, ns: list[int], count: int) -> None:
                 for step in range(count + 2):
                     spent[0] = 0.0
                     started = time.perf_counter()
-                    llama.decode(tokens, cache)
+                    logits = llama.decode(tokens, cache)
                     if step >= 2:
                         whole.append(time.perf_counter() - started)
                         inside.append(spent[0])
@@ -81,6 +103,15 @@ def steps(name: str, ns: list[int], count: int) -> None:
                 f"outside them {(step_s - linear_s) * 1e3:5.1f} ms, {n / step_s:6.1f} tok/s",
                 flush=True,
             )
+            if alternatives:
+                off, k5, k20 = (scoring_us(scheduler, logits, k, count) for k in (0, 5, 20))
+                fastest = min(whole) * 1e6
+                print(
+                    f"    fastest step {fastest / 1e3:.1f} ms; logprobs off {off:6.0f} us, k=5 {k5:6.0f} us, "
+                    f"k=20 {k20:6.0f} us; step+k/off: k=5 {(fastest + k5) / (fastest + off):.3f}, "
+                    f"k=20 {(fastest + k20) / (fastest + off):.3f}",
+                    flush=True,
+                )
     finally:
         model.linear, model.linear_add = plain
         engine_linear.configure()
@@ -94,6 +125,7 @@ def main() -> None:
     parser.add_argument("--paths", default="int8-exact,int4-torch,bf16-torch,fp32-blocks")
     parser.add_argument("--ns", default="1,8,32")
     parser.add_argument("--steps", type=int, default=10)
+    parser.add_argument("--alternatives", action="store_true", help="also time the logprobs and alternatives")
     args = parser.parse_args()
     torch.set_num_threads(1)
     print(
@@ -103,7 +135,7 @@ def main() -> None:
     ns = [int(n) for n in args.ns.split(",")]
     for name in args.paths.split(","):
         if name == "auto":
-            steps(name, ns, args.steps)
+            steps(name, ns, args.steps, args.alternatives)
             continue
         why = unavailable(
             PATHS[name], engine_linear.kernel_status(), True, int4.available(), int8.available()
@@ -111,7 +143,7 @@ def main() -> None:
         if why is not None:
             print(f"{name}: does not run here ({why})", flush=True)
             continue
-        steps(name, ns, args.steps)
+        steps(name, ns, args.steps, args.alternatives)
 
 
 if __name__ == "__main__":

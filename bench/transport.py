@@ -32,8 +32,8 @@ medians. Columns:
   requests of about 0.54 s, `--seconds 4` of about 1.6 s.)
 
 `--alternatives` adds a table of what token confidence and its alternatives cost on the wire:
-`python -m backend`'s server in a process of its own on `ListingEngine` (the synthetic engine that
-makes up each token's k alternatives from its word list, so the engine costs nothing more), read
+`python -m backend`'s server in a process of its own on `devkit.listing.ListingEngine` (the synthetic
+engine that makes up each token's k alternatives from its word list, so the engine costs nothing more), read
 by a websocket client as in (b), at n = 8 and 32, with logprobs off, on without alternatives
 (`off`), and on with k = 5 and 20, alternating in each round; the bytes of the messages received a
 token, `b/a` against (a) as above, and each row's delivery against `off`'s.
@@ -55,7 +55,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -65,13 +65,13 @@ from backend.protocol import generate_frame
 
 ROOT = Path(__file__).resolve().parent.parent
 
-from backend.engines.base import Generation  # noqa: E402
-from backend.engines.synthetic import WORDS, SyntheticEngine, synthetic_tokens  # noqa: E402
+from backend.engines.synthetic import SyntheticEngine, synthetic_tokens  # noqa: E402
 from backend.protocol import frames_in  # noqa: E402
 from backend.serving.stats import percentile  # noqa: E402
 from backend.vocabulary import Prompt, SamplingParams  # noqa: E402
 from bench.done_relay import DoneRelay  # noqa: E402
 from devkit.frames import recv_frame  # noqa: E402
+from devkit.listing import ListingEngine  # noqa: E402
 from devkit.local import LOCAL_LOAD_FLAGS, free_port, start_logged, stop_process_group  # noqa: E402
 from devkit.local import start_backend as harness_start_backend  # noqa: E402
 from devkit.local import stop_process as stop  # noqa: E402
@@ -349,38 +349,6 @@ def gradio_table(ns: list[int], rate: float, seconds: float) -> None:
         stop_process_group(app)
         relay.stop()
         stop(backend)
-
-
-class ListingGeneration(Generation):
-    """A synthetic generation whose chunks list k made-up alternatives a token: the drawn word
-    first, then the words after it in the synthetic engine's list, at falling logprobs."""
-
-    def __init__(self, inner: Generation, k: int) -> None:
-        self._inner = inner
-        self._k = k
-
-    async def __anext__(self) -> Any:
-        chunk = await self._inner.__anext__()
-        if not chunk.logprobs or not self._k:
-            return chunk
-        start = WORDS.index(chunk.text.strip()) if chunk.text.strip() in WORDS else 0
-        top = tuple((WORDS[(start + i) % len(WORDS)] + " ", -0.3 - 0.7 * i) for i in range(self._k))
-        return replace(chunk, alternatives=tuple((0, top) for _ in chunk.logprobs))
-
-    async def abort(self, index: int | None = None) -> None:
-        """Abort in the generation it wraps."""
-        await self._inner.abort(index)
-
-    async def aclose(self) -> None:
-        """Close the generation it wraps."""
-        await self._inner.aclose()
-
-
-class ListingEngine(SyntheticEngine):
-    """The synthetic engine, with each token's alternatives made up where a request asks for them."""
-
-    def generate(self, prompt: Prompt, n: int, params: SamplingParams) -> Generation:
-        return ListingGeneration(super().generate(prompt, n, params), params.alternatives)
 
 
 def serve_listing(port: int, rate: float, n_max: int) -> None:

@@ -23,7 +23,7 @@ from backend.engines.synthetic import SyntheticEngine
 from backend.protocol import ProtocolError, chunk_frame, encode_bytes, generate_frame, parse_client_frame
 from backend.saved_run import parse_saved_runs, saved_runs_json
 from backend.vocabulary import Chunk, Prompt, SamplingParams
-from bench.transport import ListingEngine
+from devkit.listing import ListingEngine
 from tests.support.backends import serving
 from tests.support.embedded import collect, params
 from ui.alternatives_view import why_none
