@@ -12,6 +12,7 @@ from types import SimpleNamespace
 from typing import Any
 
 import pytest
+from websockets.asyncio.client import connect
 
 from backend.config.settings import Limits
 from backend.engines.cumulative import CumulativeGeneration, DeltaReader
@@ -20,9 +21,17 @@ from backend.engines.http.openai import completions_request
 from backend.engines.http.sglang import sglang_request
 from backend.engines.http.streams import OpenAIStream, SGLangStream
 from backend.engines.synthetic import SyntheticEngine
-from backend.protocol import ProtocolError, chunk_frame, encode_bytes, generate_frame, parse_client_frame
-from backend.saved_run import parse_saved_runs, saved_runs_json
+from backend.protocol import (
+    ProtocolError,
+    chunk_frame,
+    encode_bytes,
+    generate_frame,
+    parse_client_frame,
+    replay_frame,
+)
+from backend.saved_run import parse_saved_runs, saved_run_dict, saved_runs_json
 from backend.vocabulary import Chunk, Prompt, SamplingParams
+from devkit.frames import recv_frame
 from devkit.listing import ListingEngine
 from tests.support.backends import serving
 from tests.support.embedded import collect, params
@@ -30,6 +39,7 @@ from ui.alternatives_view import why_none
 from ui.handlers import Handlers
 from ui.run_recorder import RunRecorder
 from ui.sample_tree_view import value_rows
+from ui.view import RunView, samples_value
 
 
 def parse(**options: Any) -> Any:
@@ -392,3 +402,22 @@ async def test_a_run_without_alternatives_says_why_and_cannot_branch_on_one() ->
         )
         assert "listed no alternatives" in refused[0][1]
     assert why_none("replay") == "this replay was saved without alternatives"
+
+
+async def test_a_replay_streams_the_alternatives_it_was_saved_with_and_one_without_says_so() -> None:
+    saved = recorded(2).saved_run()
+    async with serving(SyntheticEngine(rate=400, jitter=0.0), Limits()) as backend:
+        async with connect(backend.url) as ws:
+            await ws.send(json.dumps(replay_frame("again", saved_run_dict(saved), speed=50)))
+            pieces = []
+            while (frame := await recv_frame(ws, 20))["type"] != "done":
+                if frame["type"] == "chunk":
+                    pieces.extend(frame["logprobs"])
+    assert [piece[2] for piece in pieces] == [[[0, [[" Hi", -0.1], [" Hello", -2.5]]]]] * 2
+    view = RunView("r1", 0.0)
+    view.apply({"type": "accepted", "id": "r1", "n": 1, "engine": "replay", "params": {}}, 0.0)
+    view.apply(chunk_frame("r1", 0, " Hi", 1, 0.1, (-0.1,)), 0.1)
+    assert samples_value(view, 0.2)["alt_note"] == "this replay was saved without alternatives"
+    view.apply(chunk_frame("r1", 0, "!", 1, 0.2, (-0.1,), ((0, (("!", -0.1),)),)), 0.2)
+    value = samples_value(view, 0.3)
+    assert "alt_note" not in value and value["samples"][0]["marks"][1][2] == [0, [["!", 0.9048]]]

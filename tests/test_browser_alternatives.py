@@ -9,7 +9,7 @@ import re
 from collections.abc import Iterator
 
 import pytest
-from playwright.sync_api import Browser, expect
+from playwright.sync_api import Browser, Page, expect
 
 from devkit.local import free_port, start_app, stop_process
 from devkit.panels import SETTINGS, WHY_N, open_panel
@@ -81,5 +81,26 @@ def test_a_tokens_alternative_picked_starts_n_columns_with_it(browser: Browser, 
         expect(page.locator("#sample-tree .tree-node", has_text="chosen by hand")).to_contain_text(
             chosen.strip()
         )
+        # A node of the new run: its first token's alternatives, under it.
+        node = page.locator(
+            "#sample-tree button.tree-node:not(.earlier)", has=page.locator(".tree-p:visible")
+        )
+        node.first.click()
+        expect(page.locator("#tree-alternatives .alt-row")).to_have_count(5)
+        expect(page.locator("#tree-alternatives")).to_contain_text("%")
     finally:
         page.close()
+
+
+def test_a_run_on_an_engine_without_alternatives_says_so(page: Page) -> None:
+    """The synthetic engine gives token confidence but no alternatives: a token's popup, and a tree
+    node's, say so instead of an empty list."""
+    open_panel(page, WHY_N)
+    page.locator("#logprobs input[type=checkbox]").check()
+    page.locator("#prompt textarea").fill("Tell me about lighthouses.")
+    page.locator("#generate").click()
+    expect(page.locator("#status")).to_contain_text("finished", timeout=30_000)
+    page.locator("#sample-0 .tok").nth(2).click()
+    expect(page.locator("#token-alternatives")).to_have_text("this engine gives no alternatives")
+    page.locator("#sample-tree button.tree-node", has=page.locator(".tree-p:visible")).first.click()
+    expect(page.locator("#tree-alternatives")).to_have_text("this engine gives no alternatives")
