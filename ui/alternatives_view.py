@@ -100,7 +100,7 @@ function alternativesPopup(id, pick) {
       head.textContent = note || 'no alternatives at this token';
     } else {
       const [drawn, rows] = alts;
-      head.textContent = whyNot ? 'Alternatives here (branch on one once the run has finished)'
+      head.textContent = whyNot ? `${rows.length} most likely here (to branch on one: ${whyNot})`
         : `${rows.length} most likely here: pick one to branch on it`;
       rows.forEach(([token, p], i) => {
         const row = document.createElement('button');
