@@ -715,22 +715,15 @@ def chunk_frame(
     return frame
 
 
-ALTERNATIVE_DIGITS = 4
-"""Decimals an alternative's logprob keeps on the wire (a probability to 0.01 % and better)."""
-
-
 def logprob_pieces(
     text: str, logprobs: tuple[float, ...], alternatives: tuple[Alternatives, ...] | None = None
 ) -> list[Any]:
     """A chunk's `logprobs` pieces: `[[text, [logprob, ...]]]`, and with alternatives
-    `[[text, [logprob, ...], [[drawn, [[token, logprob], ...]], ...]]]`, one entry per token."""
+    `[[text, [logprob, ...], [[drawn, [[token, logprob], ...]], ...]]]`, one entry per token (the
+    engine's tuples as they are: JSON writes them as arrays, and the engine rounded them)."""
     if alternatives is None:
         return [[text, list(logprobs)]]
-    listed = [
-        [drawn, [[token, round(value, ALTERNATIVE_DIGITS)] for token, value in top]]
-        for drawn, top in alternatives
-    ]
-    return [[text, list(logprobs), listed]]
+    return [[text, list(logprobs), alternatives]]
 
 
 def to_microseconds(seconds: float) -> float:

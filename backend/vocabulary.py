@@ -20,9 +20,14 @@ ALTERNATIVES_DEFAULT = 5
 ALTERNATIVES_MAX = 20
 """The most alternatives a token may get: the largest k SGLang and vLLM give by default."""
 
+ALTERNATIVE_DIGITS = 4
+"""Decimals an alternative's logprob keeps: each engine rounds them as it lists them (a probability
+to 0.01 % and better), so that frames carry them as they are, with no work a token."""
+
 Alternatives = tuple[int, tuple[tuple[str, float], ...]]
 """One token's alternatives: the drawn token's place among them (-1: not among them), then the k
-most likely tokens at that position as (text, natural-log probability), most likely first."""
+most likely tokens at that position as (text, natural-log probability rounded to
+ALTERNATIVE_DIGITS), most likely first."""
 
 PROMPT_FORMATS = ("chat", "raw")
 """How a prompt reaches the model: as the user's turn of the model's chat template, or as plain text

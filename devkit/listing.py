@@ -8,7 +8,7 @@ from typing import Any
 
 from backend.engines.base import Generation
 from backend.engines.synthetic import WORDS, SyntheticEngine
-from backend.vocabulary import Prompt, SamplingParams
+from backend.vocabulary import ALTERNATIVE_DIGITS, Alternatives, Prompt, SamplingParams
 
 
 class ListingGeneration(Generation):
@@ -18,14 +18,23 @@ class ListingGeneration(Generation):
     def __init__(self, inner: Generation, k: int) -> None:
         self._inner = inner
         self._k = k
+        self._listed: dict[str, tuple[Alternatives, ...]] = {}
+        """Each text's made-up alternatives, made once (what the engine adds costs next to nothing)."""
 
     async def __anext__(self) -> Any:
         chunk = await self._inner.__anext__()
         if not chunk.logprobs or not self._k:
             return chunk
-        start = WORDS.index(chunk.text.strip()) if chunk.text.strip() in WORDS else 0
-        top = tuple((WORDS[(start + i) % len(WORDS)] + " ", -0.3 - 0.7 * i) for i in range(self._k))
-        return replace(chunk, alternatives=tuple((0, top) for _ in chunk.logprobs))
+        listed = self._listed.get(chunk.text)
+        if listed is None:
+            word = chunk.text.strip()
+            start = WORDS.index(word) if word in WORDS else 0
+            top = tuple(
+                (WORDS[(start + i) % len(WORDS)] + " ", round(-0.3 - 0.7 * i, ALTERNATIVE_DIGITS))
+                for i in range(self._k)
+            )
+            listed = self._listed[chunk.text] = tuple((0, top) for _ in chunk.logprobs)
+        return replace(chunk, alternatives=listed)
 
     async def abort(self, index: int | None = None) -> None:
         """Abort in the generation it wraps."""

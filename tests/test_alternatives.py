@@ -69,8 +69,9 @@ def test_a_run_without_alternatives_sends_the_same_bytes_as_before() -> None:
     before = b'{"type":"chunk","id":"r1","index":0,"text":" the","tokens":1,"at":1.5,'
     assert plain == before + b'"logprobs":[[" the",[-0.25]]]}'
 
-    listed = chunk_frame("r1", 0, " the", 1, 1.5, (-0.25,), ((0, ((" the", -0.251234567), (" a", -1.5))),))
-    assert listed["logprobs"] == [[" the", [-0.25], [[0, [[" the", -0.2512], [" a", -1.5]]]]]]
+    listed = chunk_frame("r1", 0, " the", 1, 1.5, (-0.25,), ((0, ((" the", -0.2512), (" a", -1.5))),))
+    wire = json.loads(encode_bytes(listed))
+    assert wire["logprobs"] == [[" the", [-0.25], [[0, [[" the", -0.2512], [" a", -1.5]]]]]]
 
 
 @pytest.fixture(scope="module")
@@ -101,13 +102,13 @@ async def test_the_embedded_engine_lists_k_alternatives_from_its_own_logits(engi
         assert len(top) == 5
         values = [value for _, value in top]
         assert values == sorted(values, reverse=True) and all(v <= 0 for v in values)
-        assert sum(math.exp(v) for v in values) <= 1 + 1e-5
-        assert values[0] >= chunk.logprobs[0] - 1e-5
+        assert sum(math.exp(v) for v in values) <= 1 + 1e-3
+        assert values[0] >= chunk.logprobs[0] - 1e-4  # alternatives keep 4 decimals
         if drawn >= 0:
-            assert top[drawn][1] == pytest.approx(chunk.logprobs[0], abs=1e-5)
+            assert top[drawn][1] == pytest.approx(chunk.logprobs[0], abs=1e-4)
             counted += 1
         else:
-            assert chunk.logprobs[0] <= values[-1] + 1e-5
+            assert chunk.logprobs[0] <= values[-1] + 1e-4
     assert counted >= len(got) // 2  # at temperature 0.8 most drawn tokens are among the top 5
     plain = await chunks_of(engine, 2, logprobs=True)
     assert all(chunk.alternatives is None for chunk in plain)
@@ -285,7 +286,7 @@ def recorded(alternatives: int) -> RunRecorder:
     )
     listed = ((0, ((" Hi", -0.1), (" Hello", -2.5))),) if alternatives else None
     for at, text in ((1.1, " Hi"), (1.2, "!")):
-        recorder.apply(chunk_frame("r1", 0, text, 1, at, (-0.1,), listed))
+        recorder.apply(json.loads(encode_bytes(chunk_frame("r1", 0, text, 1, at, (-0.1,), listed))))
     recorder.apply({"type": "finish", "id": "r1", "index": 0, "reason": "length", "stats": {"seed": 3}})
     recorder.apply({"type": "done", "id": "r1", "stats": {}})
     return recorder

@@ -38,7 +38,7 @@ from backend.engines.embedded.detokenizer import TextStream
 from backend.engines.embedded.linear import KERNEL_MAX_ROWS, rows_independent
 from backend.engines.embedded.model import Llama, PromptKV, RowCache
 from backend.engines.embedded.sampler import RowSampling, sample
-from backend.vocabulary import Alternatives, Chunk
+from backend.vocabulary import ALTERNATIVE_DIGITS, Alternatives, Chunk
 
 log = logging.getLogger("backend.embedded")
 
@@ -182,10 +182,10 @@ def token_logprobs(
         keep = rows[i].job.params.alternatives
         top = row_ids[:keep]
         drawn = top.index(tokens[i]) if tokens[i] in top else -1
-        alternatives[i] = (
-            drawn,
-            tuple((token_text(t), v) for t, v in zip(top, row_values[:keep], strict=True)),
+        listed = tuple(
+            (token_text(t), round(v, ALTERNATIVE_DIGITS)) for t, v in zip(top, row_values, strict=False)
         )
+        alternatives[i] = (drawn, listed)
     return out, alternatives
 
 

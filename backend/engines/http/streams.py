@@ -24,7 +24,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from backend.engines.cumulative import DeltaReader
-from backend.vocabulary import Alternatives, Chunk
+from backend.vocabulary import ALTERNATIVE_DIGITS, Alternatives, Chunk
 
 log = logging.getLogger("backend.engines.http.streams")
 
@@ -288,7 +288,9 @@ def sglang_alternatives(
         listed.sort(key=lambda option: -option[2])
         ids = [option[0] for option in listed[:k]]
         drawn = ids.index(drawn_id) if drawn_id is not None and drawn_id in ids else -1
-        found.append((drawn, tuple((text, value) for _, text, value in listed[:k])))
+        found.append(
+            (drawn, tuple((text, round(value, ALTERNATIVE_DIGITS)) for _, text, value in listed[:k]))
+        )
     return tuple(found)
 
 
@@ -320,7 +322,8 @@ def openai_alternatives(tops: Any, drawn: Any, k: int) -> tuple[Alternatives, ..
         )[:k]
         own = drawn[place] if isinstance(drawn, list) and place < len(drawn) else None
         texts = [token for token, _ in listed]
-        found.append((texts.index(own) if own in texts else -1, tuple(listed)))
+        rounded = tuple((token, round(value, ALTERNATIVE_DIGITS)) for token, value in listed)
+        found.append((texts.index(own) if own in texts else -1, rounded))
     return tuple(found)
 
 
