@@ -12,11 +12,13 @@ from types import SimpleNamespace
 from typing import Any
 
 import pytest
+import torch
 from websockets.asyncio.client import connect
 
 from backend.config.settings import Limits
 from backend.engines.cumulative import CumulativeGeneration, DeltaReader
 from backend.engines.embedded.engine import EmbeddedEngine
+from backend.engines.embedded.sampler import top_tokens
 from backend.engines.http.openai import completions_request
 from backend.engines.http.sglang import sglang_request
 from backend.engines.http.streams import OpenAIStream, SGLangStream
@@ -422,3 +424,14 @@ async def test_a_replay_streams_the_alternatives_it_was_saved_with_and_one_witho
     view.apply(chunk_frame("r1", 0, "!", 1, 0.2, (-0.1,), ((0, (("!", -0.1),)),)), 0.2)
     value = samples_value(view, 0.3)
     assert "alt_note" not in value and value["samples"][0]["marks"][1][2] == [0, [["!", 0.9048]]]
+
+
+@pytest.mark.parametrize("shape", [(32, 49152), (3, 1000), (2, 128)])
+@pytest.mark.parametrize("k", [1, 5, 20])
+def test_top_tokens_are_torch_topks(shape: tuple[int, int], k: int) -> None:
+    """The blockwise top k gives what `torch.topk` gives: the same values and indices, largest first."""
+    values = torch.randn(*shape, generator=torch.Generator().manual_seed(k))
+    values[0, 7] = 50.0  # one far ahead, the rest of its block ordinary
+    expected, expected_ids = torch.topk(values, k, dim=-1)
+    got, ids = top_tokens(values, k)
+    assert torch.equal(got, expected) and torch.equal(ids, expected_ids)

@@ -37,7 +37,7 @@ from backend.engines.base import template_token_ids
 from backend.engines.embedded.detokenizer import TextStream
 from backend.engines.embedded.linear import KERNEL_MAX_ROWS, rows_independent
 from backend.engines.embedded.model import Llama, PromptKV, RowCache
-from backend.engines.embedded.sampler import RowSampling, sample
+from backend.engines.embedded.sampler import RowSampling, sample, top_tokens
 from backend.vocabulary import ALTERNATIVE_DIGITS, Alternatives, Chunk
 
 log = logging.getLogger("backend.embedded")
@@ -158,7 +158,7 @@ def token_logprobs(
 ) -> Scores | None:
     """Each row's chosen token's log probability under the model (log-softmax of its logits, before
     temperature and truncation, as engines report it), for the rows whose request asked, and where
-    it asked for k alternatives the k most likely tokens of the same log-softmax (`torch.topk`, one
+    it asked for k alternatives the k most likely tokens of the same log-softmax (`top_tokens`, one
     call for the step, on the rows that asked only), the drawn one's place among them marked; None
     when no row asked (no extra work then)."""
     wanted = [i for i, row in enumerate(rows) if row.job.params.logprobs]
@@ -176,7 +176,7 @@ def token_logprobs(
         return out, None
     k = max(rows[i].job.params.alternatives for _, i in listing)
     listed = scores if len(listing) == len(wanted) else scores[torch.tensor([place for place, _ in listing])]
-    values, ids = torch.topk(listed, k, dim=-1)
+    values, ids = top_tokens(listed, k)
     alternatives: list[Alternatives | None] = [None] * len(rows)
     for (_, i), row_values, row_ids in zip(listing, values.tolist(), ids.tolist(), strict=True):
         keep = rows[i].job.params.alternatives
