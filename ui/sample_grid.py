@@ -352,6 +352,7 @@ watch('value', () => {
     whyNot = reason;
     const index = Number(cont.dataset.column);
     if (cont.isConnected && columns[index]) offerState(columns[index], Number(cont.dataset.offset));
+    if (altHeld && altHeld.isConnected) showAlternatives(altHeld, 34);  // its rows as the run now allows
   }
   render(value);
 });

@@ -360,6 +360,7 @@ function render(value) {
   if (reason !== whyNot) {
     whyNot = reason;
     if (cont.isConnected) offer();
+    if (altNode !== null) { const shown = altNode; altNode = null; showAlternatives(shown); }
   }
   if (thisRun !== run || !nodes.length) {
     run = thisRun;
