@@ -8,7 +8,7 @@ PyTorch step (`Llama.decode` with decode_ops turned off: the same ops as PyTorch
 a time, as where the C part is not built). Both
 multiply on the rows kernel from the GGUF's blocks, fp32, one thread. Prints the median step each
 way, the speed-up, and the time each step spends outside its linear layers (the step's wall time
-minus the calls to `linear` and `linear_add` within it). Run it on a quiet machine.
+minus the matrices' products within it). Run it on a quiet machine.
 
 Usage: python -m bench.decode_ops [--ns 1,8,32] [--rounds 6] [--steps 8] [--context 100]
 """
@@ -18,45 +18,19 @@ from __future__ import annotations
 import argparse
 import statistics
 import time
-from collections.abc import Callable
-from typing import Any
 
 import torch
 
 from backend.engines.embedded import decode_ops
-from backend.engines.embedded import linear as engine_linear
-from backend.engines.embedded import model as model_module
-from backend.engines.embedded.model import Llama, LlamaConfig, RowCache
+from backend.engines.embedded.formats import Form
+from backend.engines.embedded.linear import kernel_status
+from backend.engines.embedded.model import Llama
 from backend.engines.embedded.quantized import load_blocks
-from backend.engines.embedded.weights import read_config, read_tensors, resolve_model
+from backend.engines.embedded.row_cache import RowCache
+from backend.engines.embedded.weights import LlamaConfig, read_config, read_tensors, resolve_model
+from bench.compute_paths import ProductClock
 
 TEXTS = ["Name three colours.", "Why is the sky blue?", "Write a haiku about rain."]
-
-
-class LinearClock:
-    """Time spent in the step's linear layers: wraps the model module's `linear` and `linear_add`
-    (restored on exit) and adds up their wall time."""
-
-    def __init__(self) -> None:
-        self.seconds = 0.0
-
-    def __enter__(self) -> LinearClock:
-        self.saved = model_module.linear, model_module.linear_add
-        model_module.linear, model_module.linear_add = self._timed(self.saved[0]), self._timed(self.saved[1])
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        model_module.linear, model_module.linear_add = self.saved
-
-    def _timed(self, call: Callable[..., Any]) -> Callable[..., Any]:
-        def timed(*args: Any, **kwargs: Any) -> Any:
-            start = time.perf_counter()
-            try:
-                return call(*args, **kwargs)
-            finally:
-                self.seconds += time.perf_counter() - start
-
-        return timed
 
 
 def main() -> None:
@@ -69,7 +43,7 @@ def main() -> None:
     args = parser.parse_args()
     torch.set_num_threads(1)
     torch.manual_seed(0)
-    print(f"linear layers: {engine_linear.configure()}")
+    print(f"linear layers: {kernel_status()[1]}")
     if not decode_ops.usable():
         raise SystemExit("the decode ops are not usable here (C part not built, or no AVX2/FMA)")
     from transformers import AutoTokenizer
@@ -79,7 +53,9 @@ def main() -> None:
     folder = resolve_model()
     config = LlamaConfig.from_hf(read_config(folder.path))
     tensors = read_tensors(folder.path)
-    model = Llama(config, tensors, torch.float32, load_blocks(folder.path, folder.gguf, tensors))
+    model = Llama.from_tensors(
+        config, tensors, Form("blocks"), load_blocks(folder.path, folder.gguf, tensors)
+    )
     tokenizer = AutoTokenizer.from_pretrained(folder.path)
     ids = [template_token_ids(tokenizer, [{"role": "user", "content": t}]) for t in TEXTS]
     print(
@@ -102,7 +78,7 @@ def main() -> None:
             for way, on in ways.items():
                 decode_ops.configure(allow=on)
                 cache.lengths.copy_(start_lengths)
-                with LinearClock() as clock:
+                with ProductClock(model) as clock:
                     start = time.perf_counter()
                     for _ in range(args.steps):
                         model.decode(tokens, cache)

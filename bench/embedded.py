@@ -8,7 +8,7 @@ lag the backend's loop would see). Both sides run one after the other, so a load
 both alike: read the ratios.
 
 Usage: python -m bench.embedded [--ns 1,8,32] [--tokens 64] [--threads 1] [--compute PATH]
-(`--compute` as the engine's: the table in docs/benchmarks.md is `--compute fp32-torch`)
+(`--compute` as the engine's, `auto` by default)
 
 `--alternatives ROUNDS` times the engine's decode step instead (its own figure: the model's step,
 the sampler, the logprobs and alternatives, the chunks, as the scheduler measures it) with token

@@ -276,8 +276,7 @@ def weight_bytes_per_step(engine: EmbeddedEngine, dtype: str) -> tuple[int, int]
     tensors). Every layer's matrices and norms, the final norm, and the output layer (the tied
     embedding, read whole; the input embedding reads one row a sample). The matrices as the engine
     holds them come from its figures (`step_weight_bytes`: the GGUF's blocks where it has them)."""
-    from backend.engines.embedded.model import LlamaConfig
-    from backend.engines.embedded.weights import read_config
+    from backend.engines.embedded.weights import LlamaConfig, read_config
 
     c = LlamaConfig.from_hf(read_config(Path(engine.worker.setup.folder)))
     *per_layer, output = (rows * cols for rows, cols in c.fused_matrices().values())
@@ -310,14 +309,11 @@ def cpu_words() -> str:
 def path_weights(engine: EmbeddedEngine) -> str:
     """What each compute path holds in weights, in MB: the running one as the engine counts it, the
     others from the model's shapes (float32 or bf16 matrices, norms in float32; `fp32-blocks` keeps
-    the float32 matrices for long prefills beside the GGUF's blocks; `int4-torch` holds the layers'
-    matrices in 4-bit groups of 32, each group's bf16 scale and zero beside them, and the output
-    layer, which is also the embedding, in bf16; `int8-exact` holds every matrix and the output
-    layer in int8 packed for its C part, again for `torch._int_mm` where it takes rows here, a
-    float32 scale a row, and the embedding in float32)."""
+    the float32 matrices for long prefills beside the GGUF's blocks; `int8-exact` holds every
+    matrix and the output layer in int8 packed for its C part, again for `torch._int_mm` where it
+    takes rows here, a float32 scale a row, and the embedding in float32)."""
     from backend.engines.embedded import int8
-    from backend.engines.embedded.model import LlamaConfig
-    from backend.engines.embedded.weights import read_config
+    from backend.engines.embedded.weights import LlamaConfig, read_config
 
     c = LlamaConfig.from_hf(read_config(Path(engine.worker.setup.folder)))
     shapes = list(c.fused_matrices().values())
@@ -330,10 +326,7 @@ def path_weights(engine: EmbeddedEngine) -> str:
     blocks = health["step_weight_bytes"] if health["compute_path"] == "fp32-blocks" else None
     held = {
         "fp32-blocks": 4 * matrices + norms + (blocks or 0),
-        "fp32-rows": 4 * matrices + norms,
-        "fp32-torch": 4 * matrices + norms,
         "bf16-torch": 2 * matrices + norms,
-        "int4-torch": c.layers * sum(per_layer) * (4 + 2 * 16 / 32) // 8 + 2 * output + norms,
         "int8-exact": copies * (matrices)
         + 4 * (c.layers * sum(layer_rows) + output_rows)
         + 4 * output

@@ -32,9 +32,9 @@ from types import ModuleType
 import torch
 
 from backend.engines.embedded import linear as engine_linear
-from backend.engines.embedded.model import LlamaConfig, fused_blocks
+from backend.engines.embedded.formats import fused_blocks
 from backend.engines.embedded.quantized import PANEL_ROWS, BlockMatrix, load_blocks
-from backend.engines.embedded.weights import read_config, read_tensors, resolve_model
+from backend.engines.embedded.weights import LlamaConfig, read_config, read_tensors, resolve_model
 
 ROOT = Path(__file__).resolve().parents[1]
 KERNEL = "backend/engines/embedded/_rows_linear"
@@ -108,7 +108,7 @@ def main() -> None:
         raise SystemExit("the model has no GGUF blocks to multiply from")
     config = LlamaConfig.from_hf(read_config(folder.path))
     blocks = load_blocks(folder.path, folder.gguf, read_tensors(folder.path))
-    matrices = fused_blocks(blocks, "model.layers.0.")
+    matrices = fused_blocks(blocks, 0)
     matrices["output"] = blocks["model.embed_tokens.weight"]  # tied: the output layer multiplies it
     rows_list = [int(r) for r in args.rows.split(",") if r]
     with tempfile.TemporaryDirectory() as temporary:

@@ -10,8 +10,8 @@ does not depend on them) and each row count, the best of 5 rounds of:
 - oneDNN: the weight converted once by `torch.utils.mkldnn.to_mkldnn` (an `MkldnnLinear`);
 - MKL packed: the weight packed once for this row count (`torch.ops.mkl._mkl_reorder_linear_weight`,
   the op inductor's weight prepacking uses; shown only where this build has it);
-- rows kernel: the engine's own AVX2 kernel for few rows (backend/engines/embedded/linear.py), the
-  weight as stored; shown where its C part is built and the CPU has AVX2 and FMA;
+- rows kernel: the engine's own AVX2 kernel for few rows (linear.BlockWeight on float32 weights),
+  the weight as stored; shown where its C part is built and the CPU has AVX2 and FMA;
 - bf16 `F.linear`: input and weight in bfloat16 (oneDNN's kernels; native on AVX-512-BF16 and AMX);
 - int8 weight-only: `torch.ops.aten._weight_int8pack_mm`, the weight rounded to int8 with a scale
   per output row, float32 input;
@@ -51,9 +51,17 @@ from torch.utils import mkldnn
 
 from backend.engines.embedded import decode_ops
 from backend.engines.embedded import linear as engine_linear
-from backend.engines.embedded.model import Llama, LlamaConfig, RowCache
+from backend.engines.embedded.formats import FLOAT32, Form
+from backend.engines.embedded.model import Llama
 from backend.engines.embedded.quantized import load_blocks
-from backend.engines.embedded.weights import ModelFolder, read_config, read_tensors, resolve_model
+from backend.engines.embedded.row_cache import RowCache
+from backend.engines.embedded.weights import (
+    LlamaConfig,
+    ModelFolder,
+    read_config,
+    read_tensors,
+    resolve_model,
+)
 
 INT4_GROUP = 32
 """Weights per scale and zero in the int4 layout (the GGUF's Q4_1 blocks hold 32 too)."""
@@ -87,7 +95,8 @@ def layouts(x: torch.Tensor, w: torch.Tensor) -> dict[str, Callable[[], torch.Te
         packed = mkl._mkl_reorder_linear_weight(w, x.shape[0])
         found["MKL packed"] = lambda: mkl._mkl_linear(x, packed, w, None, x.shape[0])
     if engine_linear.kernel_status()[0] and x.shape[0] <= engine_linear.KERNEL_MAX_ROWS:
-        found["rows kernel"] = lambda: engine_linear.linear(x, w)
+        kernel = engine_linear.BlockWeight(w.contiguous(), None)
+        found["rows kernel"] = lambda: kernel.product(x)
     found.update(library_kernels(x, w))
     return found
 
@@ -133,21 +142,23 @@ def block_rates(folder: ModelFolder, config: LlamaConfig, rows_list: list[int], 
     """The rows kernel on the bundled model's packed GGUF blocks: microseconds and GFLOP/s per
     matrix and row count, beside torch.mm's rate."""
     tensors = read_tensors(folder.path)
-    model = Llama(config, tensors, torch.float32, load_blocks(folder.path, folder.gguf, tensors))
+    model = Llama.from_tensors(
+        config, tensors, Form("blocks"), load_blocks(folder.path, folder.gguf, tensors)
+    )
     layer = model.layers[0]
-    matrices = {name: (getattr(layer, name), layer.blocks[name]) for name in layer.blocks}
-    if model.lm_head_blocks is not None:
-        matrices["output"] = (model.lm_head, model.lm_head_blocks)
+    matrices = {name: getattr(layer, name) for name in ("qkv", "out", "gate_up", "down")}
+    matrices["output"] = model.lm_head
     before = matmul_rate(rounds=rounds) / 1e9
     print(f"GGUF blocks in the rows kernel; torch.mm 1024^3 before: {before:.0f} GFLOP/s")
     for rows in rows_list:
         cells = []
-        for name, (dense, packed) in matrices.items():
+        for name, matrix in matrices.items():
+            dense, kind = matrix.dense, matrix.blocks.kind if matrix.blocks is not None else "float32"
             x = torch.randn(rows, dense.shape[1])
             calls = max(2, int(3e6 // dense.numel()))
-            us = best_us(lambda: engine_linear.linear(x, dense, packed), rounds, calls)  # noqa: B023
+            us = best_us(lambda: matrix.product(x), rounds, calls)  # noqa: B023
             gflops = 2 * rows * dense.numel() / us / 1e3
-            cells.append(f"{name} {dense.shape[0]}x{dense.shape[1]} {packed.kind} {us:7.0f} us {gflops:4.1f}")
+            cells.append(f"{name} {dense.shape[0]}x{dense.shape[1]} {kind} {us:7.0f} us {gflops:4.1f}")
         print(f"rows {rows:>2}  " + "  ".join(cells) + "  (us per call, GFLOP/s)", flush=True)
     print(f"torch.mm 1024^3 after: {matmul_rate(rounds=rounds) / 1e9:.0f} GFLOP/s")
 
@@ -164,9 +175,9 @@ def decode_steps(
     tensors = read_tensors(folder.path)
     blocks = load_blocks(folder.path, folder.gguf, tensors) if folder.gguf else {}
     models = {
-        "GGUF blocks": Llama(config, tensors, torch.float32, blocks),
-        "rows kernel": Llama(config, tensors, torch.float32),
-        "F.linear": Llama(config, tensors, torch.float32),
+        "GGUF blocks": Llama.from_tensors(config, tensors, Form("blocks"), blocks),
+        "rows kernel": Llama.from_tensors(config, tensors, Form("blocks")),
+        "F.linear": Llama.from_tensors(config, tensors, FLOAT32),
     }
     if not blocks:
         del models["GGUF blocks"]
@@ -189,7 +200,6 @@ def decode_steps(
         times: dict[str, list[float]] = {name: [] for name in models}
         for round_ in range(rounds + 1):
             for name, model in models.items():
-                engine_linear.configure(allow=name != "F.linear")
                 cache = caches[name]
                 cache.lengths[:rows] = len(ids)
                 start = time.perf_counter()
@@ -204,7 +214,6 @@ def decode_steps(
             + ", ".join(f"{name} {ms:6.1f} ms ({base / ms:.2f}x)" for name, ms in medians.items()),
             flush=True,
         )
-    engine_linear.configure()
     decode_ops.configure()
 
 
@@ -219,7 +228,7 @@ def main() -> None:
     args = parser.parse_args()
     torch.set_num_threads(1)
     torch.manual_seed(0)
-    print(f"linear layers: {engine_linear.configure()}")
+    print(f"linear layers: {engine_linear.kernel_status()[1]}")
     folder = resolve_model()
     config = LlamaConfig.from_hf(read_config(folder.path))
     print(f"torch {torch.__version__}, 1 thread, fp32; microseconds per call (best of {args.rounds} rounds)")

@@ -3,12 +3,12 @@
 transformers' SmolLM2 in float32 (the bundled GGUF's weights) reads the first 1024 tokens of the
 README once as it is, then once with its decoder layers' linear layers (and, for int8, its output
 layer) multiplying as a compute path does: int8 rows and weights turned by the Hadamard matrix
-(`int8-exact`, int8.Int8Matrix), 4-bit groups (`int4-torch`'s layers, int4.Int4Matrix, bf16 rows),
-or bf16 weights and rows (`bf16-torch`). Per form it prints the mean KL divergence from float32's
-next-token distribution (nats a token) and how often the two pick the same top token. The rest of
-the model (norms, attention) is transformers' own in float32, as the engine keeps it.
+(`int8-exact`, int8.Int8Matrix) or bf16 weights and rows (`bf16-torch`). Per form it prints the
+mean KL divergence from float32's next-token distribution (nats a token) and how often the two pick
+the same top token. The rest of the model (norms, attention) is transformers' own in float32, as
+the engine keeps it.
 
-Usage: python -m bench.rounding [--forms int8,int4,bf16] [--tokens 1024]
+Usage: python -m bench.rounding [--forms int8,bf16] [--tokens 1024]
 """
 
 from __future__ import annotations
@@ -18,11 +18,11 @@ from pathlib import Path
 
 import torch
 
-from backend.engines.embedded import int4, int8
+from backend.engines.embedded import int8
 from backend.engines.embedded.weights import resolve_model
 from devkit.weight_forms import with_products
 
-FORMS = ("int8", "int4", "bf16")
+FORMS = ("int8", "bf16")
 
 
 def main() -> None:
@@ -50,9 +50,6 @@ def main() -> None:
     for form in args.forms.split(","):
         if form == "int8" and not int8.available()[0]:
             print(f"  {form}: not here ({int8.available()[1]})")
-            continue
-        if form == "int4" and not int4.available()[0]:
-            print(f"  {form}: not here ({int4.available()[1]})")
             continue
         rounded = log_probs(with_products(load(), form))
         kl = (exact.exp() * (exact - rounded)).sum(-1).mean().item()

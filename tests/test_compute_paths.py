@@ -1,7 +1,6 @@
 """The embedded engine's numbers and sampling on every compute path this machine runs (compute.py),
-each forced by `--compute`: fp32 on the rows kernel from the GGUF's blocks and from float32 weights,
-fp32 and bf16 weights and 4-bit groups through PyTorch's products at the row counts the engine
-checked.
+each forced by `--compute`: int8 rows and weights summed exactly, fp32 on the rows kernel from the
+GGUF's blocks, and bf16 weights through PyTorch's products at the row counts the engine checked.
 
 What must hold on every path is asserted on every path; what depends on the path (the tolerance
 against transformers' logprobs, batch invariance) is read from what the engine says it runs. A path
@@ -21,7 +20,7 @@ import torch
 from websockets.asyncio.client import connect
 
 from backend.config.settings import Limits
-from backend.engines.embedded import compute, int4, int8
+from backend.engines.embedded import compute, int8
 from backend.engines.embedded.engine import EmbeddedEngine
 from backend.engines.embedded.weights import resolve_model
 from backend.protocol import cancel_frame, generate_frame
@@ -48,13 +47,13 @@ def _reference(engine: EmbeddedEngine) -> torch.nn.Module:
     from transformers import AutoModelForCausalLM
 
     reference = AutoModelForCausalLM.from_pretrained(resolve_model().path, dtype=torch.float32)
-    return with_products(reference, "int8") if _path(engine).int8 else reference
+    return with_products(reference, "int8") if _path(engine).form == "int8" else reference
 
 
 @pytest.fixture(scope="module", params=list(compute.PATHS))
 def engine(request: pytest.FixtureRequest) -> Iterator[EmbeddedEngine]:
     path = compute.PATHS[request.param]
-    why = compute.unavailable(path, kernel_status_on_one_thread(), True, int4.available(), int8.available())
+    why = compute.unavailable(path, kernel_status_on_one_thread(), True, int8.available())
     if why is not None:
         pytest.skip(f"{path.name} does not run here: {why}")
     engine = EmbeddedEngine(compute=path.name, max_rows=16, context=512)
@@ -99,7 +98,7 @@ async def test_greedy_follows_transformers_greedy(engine: EmbeddedEngine) -> Non
     expected = engine.tokenizer.decode(out[0, len(ids) :], skip_special_tokens=True)
     texts, _, _ = await collect(engine.generate(Prompt(PROMPT), 2, params(max_tokens=16, temperature=0.0)), 2)
     assert texts[0] == texts[1]
-    if _path(engine).dtype == "float32" and not _path(engine).int8:
+    if _path(engine).form == "blocks":
         assert texts[0] == expected
     else:
         assert texts[0][:8] == expected[:8], (texts[0], expected)
@@ -135,7 +134,7 @@ async def test_logprobs_are_the_models_own_for_each_token(engine: EmbeddedEngine
             return_dict_in_generate=True,
         )
     expected = [torch.log_softmax(score[0].float(), -1).max().item() for score in out.scores]
-    tolerance = LOGPROB_TOLERANCE["int8" if _path(engine).int8 else _path(engine).dtype]
+    tolerance = LOGPROB_TOLERANCE["int8" if _path(engine).form == "int8" else _path(engine).dtype]
     assert got == pytest.approx(expected, abs=tolerance)
     plain = engine.generate(Prompt(PROMPT), 1, params(max_tokens=4))
     assert [chunk.logprobs async for chunk in plain] == [None] * 4

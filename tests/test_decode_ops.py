@@ -10,7 +10,7 @@ import torch
 import torch.nn.functional as F
 
 from backend.engines.embedded import decode_ops
-from backend.engines.embedded.linear import linear, linear_add
+from backend.engines.embedded.linear import LibraryWeight
 from backend.engines.embedded.model import rms_norm, rotate
 from tests.test_rows_linear import kernel_on
 
@@ -108,11 +108,12 @@ def test_a_float16_cache_holds_the_rounded_keys_and_attention_reads_them_exactly
         decode_ops.attention(q, keys, values.float(), lengths, 0.125)
 
 
-def test_linear_add_rounds_as_the_sum_of_the_product() -> None:
+def test_a_product_added_in_place_rounds_as_the_sum_of_the_product() -> None:
     torch.manual_seed(0)
     x, weight, y = torch.randn(6, 576), torch.randn(1536, 576) * 0.05, torch.randn(6, 1536)
-    expected = y + linear(x, weight)
-    linear_add(y, x, weight)
+    matrix = LibraryWeight(weight)
+    expected = y + matrix.product(x)
+    matrix.product(x, y, add=True)
     assert torch.equal(y, expected)
 
 
@@ -141,15 +142,17 @@ def test_bad_shapes_and_positions_are_refused_before_anything_is_written() -> No
 def bundled() -> tuple:
     from transformers import AutoTokenizer
 
-    from backend.engines.embedded.model import Llama, LlamaConfig
+    from backend.engines.embedded.formats import Form
+    from backend.engines.embedded.model import Llama
     from backend.engines.embedded.quantized import load_blocks
-    from backend.engines.embedded.weights import read_config, read_tensors, resolve_model
+    from backend.engines.embedded.weights import LlamaConfig, read_config, read_tensors, resolve_model
 
     folder = resolve_model()
     config = LlamaConfig.from_hf(read_config(folder.path))
     tensors = read_tensors(folder.path)
     blocks = load_blocks(folder.path, folder.gguf, tensors) if folder.gguf else {}
-    return config, Llama(config, tensors, torch.float32, blocks), AutoTokenizer.from_pretrained(folder.path)
+    model = Llama.from_tensors(config, tensors, Form("blocks") if blocks else Form(), blocks)
+    return config, model, AutoTokenizer.from_pretrained(folder.path)
 
 
 def prompts_in(cache, model, tokenizer, texts: list[str], copies: int) -> list[int]:
@@ -176,7 +179,7 @@ def test_decode_on_the_ops_picks_the_pytorch_steps_greedy_tokens(
     float32 (the sums add in another order: up to 1.1e-4 measured, logits of magnitude up to ~20),
     2e-2 in float16 (a key or value that far apart can round to the neighbouring float16, 2^-11 of
     it away, and the next steps read it: 1.5e-3 after one step, up to 1.1e-2 measured over 40)."""
-    from backend.engines.embedded.model import RowCache
+    from backend.engines.embedded.row_cache import RowCache
 
     config, model, tokenizer = bundled
     caches, tokens = {}, {}
@@ -204,7 +207,7 @@ def test_decode_on_the_ops_picks_the_pytorch_steps_greedy_tokens(
 def test_a_rows_values_do_not_depend_on_the_rows_beside_it(bundled, dtype: torch.dtype) -> None:
     """One prompt decoded alone and beside rows of other prompts: its logits bit for bit the same,
     with a float32 cache and with a float16 one."""
-    from backend.engines.embedded.model import RowCache
+    from backend.engines.embedded.row_cache import RowCache
 
     config, model, tokenizer = bundled
     alone, crowded = RowCache(config, 1, 512, dtype), RowCache(config, 7, 512, dtype)
@@ -248,7 +251,7 @@ def test_a_leaving_row_hands_its_followers_to_a_row_with_the_same_prompt(bundled
     """Rows of two prompts leave in an order that removes each prompt's first row and moves others:
     every row's source is a live row holding the same shared positions, and each remaining row's
     logits stay those of a cache where no row ever left."""
-    from backend.engines.embedded.model import RowCache
+    from backend.engines.embedded.row_cache import RowCache
 
     config, model, tokenizer = bundled
     cache, fresh = RowCache(config, 8, 512, dtype), RowCache(config, 8, 512, dtype)

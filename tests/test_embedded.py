@@ -119,10 +119,10 @@ def test_the_engines_process_says_which_path_runs_and_why(engine: EmbeddedEngine
     assert "timed at start" in health["compute_why"], health
     assert health["compute_why"].startswith("auto: the fastest batch-invariant path here"), health
     said = health["linear_layers"]
-    if path.rows_kernel:
+    if path.form == "blocks":
         assert kernel_status_on_one_thread()[0] and said.startswith("rows kernel"), said
         assert health["compute_block"] is None
-    elif path.int8:  # exact at any row count: no block, nothing to check
+    elif path.form == "int8":  # exact at any row count: no block, nothing to check
         assert said.startswith("int8 rows and weights") and "summed exactly in int32" in said, said
         assert health["compute_block"] is None and "checked row by row" not in health["compute_why"]
     else:
@@ -131,7 +131,7 @@ def test_the_engines_process_says_which_path_runs_and_why(engine: EmbeddedEngine
         checked = "/".join(map(str, health["compute_sizes"]))
         how = f"products of {checked} rows" if len(health["compute_sizes"]) > 1 else f"blocks of {block} rows"
         assert f"{how} checked row by row" in health["compute_why"], health
-    if path.gguf_blocks:  # the bundled model: every matrix from the GGUF's blocks
+    if path.form == "blocks":  # the bundled model: every matrix from the GGUF's blocks
         assert "from the GGUF's blocks (96 MB a step)" in said, said
     else:
         assert "GGUF" not in said, said
@@ -391,7 +391,7 @@ def test_decode_params_need_a_seed() -> None:
 
 def _prefill_cold_and_warm(model, config, first: list[int], second: list[int]) -> tuple:
     """`second` prefilled into a fresh cache, and after `first` (reusing the head they share)."""
-    from backend.engines.embedded.model import RowCache
+    from backend.engines.embedded.row_cache import RowCache
 
     cold = RowCache(config, 4, 512, model.dtype)
     cold_logits, cold_kv = model.prefill(second, cold, cold.add_rows(2))
@@ -408,13 +408,14 @@ async def test_a_prompt_reuses_the_previous_prompts_shared_head(engine: Embedded
     matmuls round differently for a prompt computed whole and one computed after a copied head, so
     there the copy is checked to be exact and the logits to be as close to fp32's as the cold ones.
     """
-    from backend.engines.embedded.model import Llama, LlamaConfig
-    from backend.engines.embedded.weights import read_config
+    from backend.engines.embedded.formats import Form
+    from backend.engines.embedded.model import Llama
+    from backend.engines.embedded.weights import LlamaConfig, read_config
 
     folder = resolve_model().path
     config = LlamaConfig.from_hf(read_config(folder))
     tensors = read_tensors(folder)
-    model = Llama(config, tensors, torch.float32)
+    model = Llama.from_tensors(config, tensors)
     first, second = engine.prompt_ids(Prompt(PROMPT)), engine.prompt_ids(Prompt("Say hello."))
     shared = next(i for i, (a, b) in enumerate(zip(first, second, strict=False)) if a != b)
     assert shared > 10  # the chat template's system turn
@@ -433,7 +434,7 @@ async def test_a_prompt_reuses_the_previous_prompts_shared_head(engine: Embedded
     assert again_kv.reused == length - 1
     assert torch.allclose(again_logits, cold_logits, atol=1e-4)
     # bf16, which PyTorch computes on any x86 CPU
-    low = Llama(config, tensors, torch.bfloat16)
+    low = Llama.from_tensors(config, tensors, Form("library", torch.bfloat16))
     _, low_cold_logits, _, low_warm, low_warm_logits, low_kv = _prefill_cold_and_warm(
         low, config, first, second
     )
@@ -514,7 +515,6 @@ def test_requests_arriving_together_are_prefilled_in_one_pass_with_the_same_samp
     alone; elsewhere they are prefilled one after another, each request's first tokens flushed
     after its own prefill, not after the last."""
     from backend.engines.embedded.child import build_scheduler
-    from backend.engines.embedded.linear import rows_independent
     from backend.engines.embedded.worker import WorkerSetup
 
     setup = WorkerSetup(str(resolve_model().path), "auto", 1, 8, 512, str(bundled_gguf()))
@@ -535,7 +535,7 @@ def test_requests_arriving_together_are_prefilled_in_one_pass_with_the_same_samp
     # decode steps of six rows against two, which may round differently.)
     assert [sink.firsts for sink in grouped] == [sink.firsts for sink in alone]
     firsts = [sink.seen[0] for sink in grouped]  # prefills done when each got its first tokens
-    if rows_independent():
+    if together.model.weights.rows_independent:
         assert together.stats.grouped_prefills == 1 and firsts == [3, 3, 3], firsts
     else:
         assert together.stats.grouped_prefills == 0 and firsts == [1, 2, 3], firsts
@@ -547,16 +547,19 @@ def test_a_grouped_prefill_gives_each_prompt_what_it_gives_alone() -> None:
     from transformers import AutoTokenizer
 
     from backend.engines.base import template_token_ids
-    from backend.engines.embedded.model import Llama, LlamaConfig, RowCache
+    from backend.engines.embedded.formats import Form
+    from backend.engines.embedded.model import Llama
     from backend.engines.embedded.quantized import load_blocks
-    from backend.engines.embedded.weights import read_config
+    from backend.engines.embedded.row_cache import RowCache
+    from backend.engines.embedded.weights import LlamaConfig, read_config
     from tests.test_rows_linear import kernel_on
 
     folder = resolve_model()
     with kernel_on():  # skipped without it: there prompts are prefilled one at a time
         config = LlamaConfig.from_hf(read_config(folder.path))
         tensors = read_tensors(folder.path)
-        model = Llama(config, tensors, torch.float32, load_blocks(folder.path, bundled_gguf(), tensors))
+        blocks = load_blocks(folder.path, bundled_gguf(), tensors)
+        model = Llama.from_tensors(config, tensors, Form("blocks"), blocks)
         tokenizer = AutoTokenizer.from_pretrained(folder.path)
         ids = [
             template_token_ids(tokenizer, [{"role": "user", "content": t}]) for t in ("Hi.", "Name a bird.")

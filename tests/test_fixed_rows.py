@@ -14,10 +14,10 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from backend.engines.embedded import compute, decode_ops, fixed_rows, int4, int8
-from backend.engines.embedded import linear as engine_linear
+from backend.engines.embedded import compute, decode_ops, fixed_rows, int8
 from backend.engines.embedded.fixed_rows import FixedRows, check
-from backend.engines.embedded.model import RowCache
+from backend.engines.embedded.linear import deliver
+from backend.engines.embedded.row_cache import RowCache
 from backend.engines.embedded.weights import resolve_model
 from tests.support.embedded import kernel_status_on_one_thread
 
@@ -45,28 +45,6 @@ def test_a_product_at_a_row_count_other_than_the_checked_one_is_refused() -> Non
         laddered.product(torch.empty(3, 64), torch.randn(3, 32), weight)
     assert torch.allclose(laddered.linear(x[:3], weight), F.linear(x[:3], weight), atol=1e-5)
     assert torch.allclose(laddered.linear(x, weight), F.linear(x, weight), atol=1e-5)
-
-
-def test_int4_groups_give_back_a_q4_1_matrix_and_multiply_as_its_weights() -> None:
-    """Weights that are Q4_1 blocks (steps 0..15 spanning each group, a scale and a least value) come
-    back as the same steps: the product equals x @ W^T within bfloat16's rounding of the scales."""
-    if not int4.available()[0]:
-        pytest.skip(int4.available()[1])
-    generator = torch.Generator().manual_seed(3)
-    n, k = 96, 128
-    steps = torch.randint(0, 16, (n, k // 32, 32), generator=generator)
-    steps[..., 0], steps[..., 1] = 0, 15  # each group spans its range, as Q4_1's quantizer makes it
-    scale = (torch.rand(n, k // 32, 1, generator=generator) * 0.02 + 0.001).bfloat16().float()
-    least = torch.randn(n, k // 32, 1, generator=generator) * 0.05
-    weight = (steps * scale + least).reshape(n, k)
-    matrix = int4.Int4Matrix.quantize(weight)
-    assert matrix.shape == (n, k) and matrix.nbytes == n * k // 2 + k // 32 * n * 2 * 2
-    assert (matrix.dequantize() - weight).abs().max() <= 2 * scale.max()
-    x = torch.randn(5, k, generator=generator)
-    exact = x.bfloat16().float() @ weight.t()
-    assert (matrix.product(x).float() - exact).abs().max() <= 0.02 * exact.abs().max()
-    with pytest.raises(ValueError, match="whole groups of 32"):
-        int4.Int4Matrix.quantize(torch.randn(4, 40))
 
 
 def test_the_check_finds_a_row_that_depends_on_its_slot_or_its_neighbours(monkeypatch: Any) -> None:
@@ -132,15 +110,13 @@ def test_the_check_agrees_with_every_slot_beside_every_fill(dtype: torch.dtype, 
 
 
 def _unavailable(name: str) -> str | None:
-    return compute.unavailable(
-        compute.PATHS[name], kernel_status_on_one_thread(), True, int4.available(), int8.available()
-    )
+    return compute.unavailable(compute.PATHS[name], kernel_status_on_one_thread(), True, int8.available())
 
 
 @pytest.fixture(scope="module", params=list(compute.PATHS))
 def started(request: pytest.FixtureRequest) -> Iterator[Any]:
-    """The engine's scheduler (its model, linear layers configured) for one path, forced, as its
-    process starts it, on one thread; the module's settings as they were afterwards."""
+    """The engine's scheduler (its model in the path's weight format) for one path, forced, as its
+    process starts it, on one thread; the thread count and decode ops as they were afterwards."""
     from backend.engines.embedded.child import build_scheduler
     from backend.engines.embedded.worker import WorkerSetup
 
@@ -154,7 +130,6 @@ def started(request: pytest.FixtureRequest) -> Iterator[Any]:
         scheduler = build_scheduler(setup, lambda: None)
         yield scheduler
     finally:
-        engine_linear.configure(allow=False)
         decode_ops.configure()
         torch.set_num_threads(threads)
 
@@ -215,9 +190,8 @@ def test_the_same_rows_without_the_c_ops_row_by_row_in_pytorch(started: Any) -> 
     # bf16 rounds every product's inputs and outputs to 8 bits: a few steps of that apart. int8 rounds
     # every product's rows to 255 steps, where a value the two ops' rounding puts on either side of
     # a step's edge moves by a whole step: 5 % of the largest logit here.
-    tolerance = 1e-4 if started.model.weight_dtype == torch.float32 else 2**-4
-    if started.model.int8:
-        tolerance = 2**-3
+    form = started.model.weights.form
+    tolerance = {"blocks": 1e-4, "library": 2**-4, "int8": 2**-3}[form.name]
     for mine, theirs in zip(alone, with_c, strict=True):
         assert (mine - theirs).abs().max() <= tolerance * theirs.abs().max()
 
@@ -228,7 +202,7 @@ def test_the_invariance_check_fails_where_a_step_pads_to_a_size_it_did_not_check
     """A step whose products ran at another row count than the checked block is refused, and a
     product whose rows depend on their slot is what the comparison above catches."""
     health = started.snapshot()
-    if started.model.int8:
+    if started.model.weights.form.name == "int8":
         _int8_rows_rounded_by_the_batch_differ(started, monkeypatch)
         return
     if health["compute_block"] is None:
@@ -265,13 +239,20 @@ def _int8_rows_rounded_by_the_batch_differ(started: Any, monkeypatch: Any) -> No
     catches it."""
     alone = _decode_beside(started, 1, 0, ("", ""))
 
-    def one_scale_a_batch(self: int8.Int8Matrix, x: torch.Tensor) -> torch.Tensor:
-        steps, scales = int8.rotate_quantize(x)
+    def one_scale_a_batch(
+        self: int8.Int8Matrix,
+        x: torch.Tensor,
+        out: torch.Tensor | None = None,
+        add: bool = False,
+        step: bool = False,
+    ) -> torch.Tensor:
+        steps, scales = int8.rotate_quantize(x.reshape(-1, x.shape[-1]))
         shared = scales.max()
         coarser = torch.round(steps.float() * (scales / shared)[:, None]).long()
         n, k = self.shape
         weights = self.packed.permute(0, 2, 1, 3).reshape(-1, k)[:n].long()
-        return (coarser @ weights.t()).float() * shared * self.scales
+        made = ((coarser @ weights.t()).float() * shared * self.scales).reshape(*x.shape[:-1], n)
+        return deliver(made, out, add)
 
     monkeypatch.setattr(int8.Int8Matrix, "product", one_scale_a_batch)
     assert not _same(_decode_beside(started, 4, 3, ("Once upon a time", "Hi")), alone)
@@ -288,7 +269,7 @@ HELD_TO_AVX2 = {
 KERNELS_RUN = """
 import hashlib
 import torch
-from backend.engines.embedded import int4, int8
+from backend.engines.embedded import int8
 
 torch.set_num_threads(1)
 generator = torch.Generator().manual_seed(0)
@@ -298,8 +279,6 @@ products = [
     lambda rows: torch.nn.functional.linear(rows, weight),
     lambda rows: torch.nn.functional.linear(rows.bfloat16(), weight.bfloat16()),
 ]
-if int4.available()[0]:
-    products.append(int4.Int4Matrix.quantize(weight).product)
 if int8.available()[0]:
     matrix = int8.Int8Matrix.quantize(weight, int_mm=int8.int_mm_exact())
     products.append(matrix.c_product)
@@ -312,7 +291,7 @@ for product in products:
 print(torch.backends.cpu.get_cpu_capability(), len(products), digest.hexdigest())
 """
 """Prints PyTorch's CPU capability and a digest of the bits every library path's product gives at
-1 to 32 rows (float32 and bfloat16 `F.linear`, the int4 product, int8's C part and `_int_mm`):
+1 to 32 rows (float32 and bfloat16 `F.linear`, int8's C part and `_int_mm`):
 equal in two processes only where they run the same kernels."""
 
 
@@ -347,7 +326,7 @@ def test_the_library_paths_are_batch_invariant_with_the_libraries_held_to_avx2()
         pytest.skip(f"PyTorch cannot run its AVX2 kernels here ({held.split()[0]})")
     if held == _kernels_run(dict(os.environ)):
         pytest.skip(f"held to AVX2 the libraries give every product the bits they give unheld ({held})")
-    library = [name for name, path in compute.PATHS.items() if not path.rows_kernel]
+    library = [name for name, path in compute.PATHS.items() if path.form != "blocks"]
     names = " or ".join(library)
     run = subprocess.run(
         [

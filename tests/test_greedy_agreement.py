@@ -4,8 +4,7 @@ every compute path this machine runs.
 For each prompt (chat-templated), greedy tokens two ways: the engine's `Llama` as the engine runs it
 on the path (every prompt a row of one batch: prefilled, then decoded together; on the default
 path, the rows kernel from the GGUF's packed blocks and the C decode ops) and transformers'
-`generate(do_sample=False)` on the converted weights in the path's dtype (on `int4-torch`, the layers'
-weights as its 4-bit groups give them back), one prompt at a time. The
+`generate(do_sample=False)` on the converted weights in the path's dtype, one prompt at a time. The
 end of turn is ignored on both sides (its logit -inf; `min_new_tokens` for transformers), so every
 answer is exactly that long. The two forwards sum in other orders, so they may part only where the
 reference's two best tokens are within the dtype's rounding of each other: each prompt agrees on
@@ -22,11 +21,12 @@ import pytest
 import torch
 
 from backend.engines.base import template_token_ids
-from backend.engines.embedded import compute, decode_ops, int4, int8
-from backend.engines.embedded import linear as engine_linear
-from backend.engines.embedded.model import Llama, LlamaConfig, RowCache
+from backend.engines.embedded import compute, decode_ops, int8
+from backend.engines.embedded.formats import Form
+from backend.engines.embedded.model import Llama
 from backend.engines.embedded.quantized import load_blocks
-from backend.engines.embedded.weights import read_config, read_tensors, resolve_model
+from backend.engines.embedded.row_cache import RowCache
+from backend.engines.embedded.weights import LlamaConfig, read_config, read_tensors, resolve_model
 from tests.support.embedded import kernel_status_on_one_thread
 
 PROMPTS = (
@@ -85,9 +85,8 @@ def reference_greedy(
 
 
 def _as_engine_weights(reference: torch.nn.Module, model: Llama) -> None:
-    """Give transformers' layers the weights the engine's 4-bit groups (rounded to bfloat16) or int8
-    steps hold, and with int8 its output layer too (untied from the embedding, which the engine
-    keeps as it was)."""
+    """Give transformers' layers the weights the engine's int8 steps hold, and its output layer too
+    (untied from the embedding, which the engine keeps as it was)."""
     q, kv = model.q_size, model.kv_size
     with torch.no_grad():
         for theirs, ours in zip(reference.model.layers, model.layers, strict=True):
@@ -105,14 +104,14 @@ def _as_engine_weights(reference: torch.nn.Module, model: Llama) -> None:
                 weights = getattr(ours, name).dequantize().split([size for _, size in projections])
                 for (projection, _), weight in zip(projections, weights, strict=True):
                     projection.weight.copy_(weight.to(projection.weight.dtype))
-        if model.int8:
+        if model.weights.form.name == "int8":
             reference.lm_head.weight = torch.nn.Parameter(model.lm_head.dequantize())
 
 
 @functools.cache
 def _plain_reference(dtype: torch.dtype) -> tuple[tuple[list[int], list[torch.Tensor]], ...]:
     """transformers' greedy tokens and scores for PROMPTS on the converted weights in `dtype`, made
-    once for the paths that share them (fp32-blocks, fp32-rows and fp32-torch)."""
+    once per dtype."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     folder = resolve_model()
@@ -131,7 +130,7 @@ def test_greedy_tokens_agree_with_transformers_or_part_at_a_near_tie(name: str) 
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     path = compute.PATHS[name]
-    why = compute.unavailable(path, kernel_status_on_one_thread(), True, int4.available(), int8.available())
+    why = compute.unavailable(path, kernel_status_on_one_thread(), True, int8.available())
     if why is not None:
         pytest.skip(f"{name} does not run here: {why}")
     threads = torch.get_num_threads()
@@ -140,21 +139,20 @@ def test_greedy_tokens_agree_with_transformers_or_part_at_a_near_tie(name: str) 
     # A PyTorch path multiplies a decode step's rows at the sizes of a ladder, as the engine does by
     # default (here one product of 4 for the 4 rows; tests/test_fixed_rows.py runs the sizes the
     # engine checked); int8's sums are exact at any row count.
-    sizes = () if path.rows_kernel or path.int8 else compute.ladder(16)
-    engine_linear.configure(allow=path.rows_kernel, sizes=sizes, exact=path.int8)
+    sizes = () if path.any_rows else compute.ladder(16)
     decode_ops.configure()
     try:
         folder = resolve_model()
         config = LlamaConfig.from_hf(read_config(folder.path))
         tensors = read_tensors(folder.path)
-        blocks = load_blocks(folder.path, folder.gguf, tensors) if path.gguf_blocks and folder.gguf else {}
-        model = Llama(config, tensors, torch.float32 if path.int4 else dtype, blocks)
-        if path.int4 or path.int8:
-            model.cast(dtype, int4=path.int4, int8=path.int8)
+        blocks = (
+            load_blocks(folder.path, folder.gguf, tensors) if path.form == "blocks" and folder.gguf else {}
+        )
+        model = Llama.from_tensors(config, tensors, Form(path.form, dtype, sizes), blocks)
         tokenizer = AutoTokenizer.from_pretrained(folder.path)
         eos = int(tokenizer.eos_token_id)
         prompts = _prompts(tokenizer)
-        if path.int4 or path.int8:
+        if path.form == "int8":
             reference = AutoModelForCausalLM.from_pretrained(folder.path, dtype=dtype)
             _as_engine_weights(reference, model)
             references = [reference_greedy(reference, ids, eos) for ids in prompts]
@@ -168,10 +166,9 @@ def test_greedy_tokens_agree_with_transformers_or_part_at_a_near_tie(name: str) 
                 margin = float(scores[agree][theirs[agree]] - scores[agree][ours[agree]])
                 partings.append((text, agree, margin))
     finally:
-        engine_linear.configure()
         decode_ops.configure()
         torch.set_num_threads(threads)
-    rounding = "int8" if path.int8 else path.dtype
+    rounding = "int8" if path.form == "int8" else path.dtype
     far = [(text, at, margin) for text, at, margin in partings if margin > NEAR_TIE[rounding]]
     assert not far, f"{name} parts from transformers where its best token was clear: {far}"
     if rounding == "float32":

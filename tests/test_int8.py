@@ -156,7 +156,7 @@ def test_int_mm_faster_but_not_exact_at_every_row_count_takes_no_rows(monkeypatc
 
     monkeypatch.setattr(torch, "_int_mm", wrong_at_30)
     monkeypatch.setattr(
-        int8, "_shortest", lambda times, product, x: 0.5 if product.__name__ == "int_mm_product" else 1.0
+        int8, "shortest", lambda times, product, x: 0.5 if product.__name__ == "int_mm_product" else 1.0
     )
     int8.int_mm_exact.cache_clear()
     int8.take_over.cache_clear()
@@ -210,7 +210,7 @@ def test_a_timing_stand_in_is_its_repeated_rows_packed_and_multiplies_exactly() 
     the matrix of those rows repeated and packed whole, and the C part (and `_int_mm` where exact)
     give it the exact integer sums, scaled."""
     generator = torch.Generator().manual_seed(3)
-    matrix = int8._stand_in((192, 576), generator)
+    matrix = int8.stand_in((192, 576), generator)
     generator.manual_seed(3)
     block = torch.randint(-127, 128, (int8.STAND_IN_ROWS, 576), generator=generator, dtype=torch.int8)
     whole = Int8Matrix.from_steps(block.repeat(3, 1), torch.ones(192), int_mm=True)
@@ -241,14 +241,14 @@ def test_where_int_mm_takes_over_is_timed_and_said(monkeypatch: Any) -> None:
             return 1.0
         return 0.95 if x.shape[0] <= 32 else 0.85  # level (within the margin), then clearly faster
 
-    monkeypatch.setattr(int8, "_shortest", timed)
+    monkeypatch.setattr(int8, "shortest", timed)
     int8.take_over.cache_clear()
     try:
         assert int8.c_max_rows() == 32
         assert max(calls) == 48  # timed no further than where _int_mm took over
         said = int8.describe()
         assert f"the C part's {int8.kernel()} kernel up to 32 rows, torch._int_mm beyond" in said
-        monkeypatch.setattr(int8, "_shortest", lambda times, product, x: 1.0)
+        monkeypatch.setattr(int8, "shortest", lambda times, product, x: 1.0)
         int8.take_over.cache_clear()
         assert int8.c_max_rows() > 1000
         assert "torch._int_mm no faster at up to 256 rows" in int8.describe()
@@ -272,7 +272,7 @@ def test_the_take_over_timings_stop_at_their_budget(monkeypatch: Any) -> None:
         clock[0] += 0.002 * x.shape[0]
         return 1.0
 
-    monkeypatch.setattr(int8, "_shortest", slow)
+    monkeypatch.setattr(int8, "shortest", slow)
     monkeypatch.setattr(int8, "time", SimpleNamespace(perf_counter=lambda: clock[0]))
     monkeypatch.setattr(int8, "TIMING_BUDGET_S", 0.5)
     int8.take_over.cache_clear()
@@ -303,7 +303,7 @@ def test_the_take_over_timings_stop_where_int_mm_is_far_behind_and_not_gaining(m
         calls.append((x.shape[0], x.shape[1]))
         return 1.0 if product.__name__ == "c_product" else behind[x.shape[0]]
 
-    monkeypatch.setattr(int8, "_shortest", timed)
+    monkeypatch.setattr(int8, "shortest", timed)
     int8.take_over.cache_clear()
     try:
         found = int8.take_over()

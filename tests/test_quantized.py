@@ -16,8 +16,11 @@ import torch.nn.functional as F
 from gguf import GGUFReader
 from gguf.quants import dequantize
 
-from backend.engines.embedded import linear as engine_linear
-from backend.engines.embedded.model import Llama, LlamaConfig
+from backend.engines.embedded import startup_probe
+from backend.engines.embedded.compute import PATHS, Choice
+from backend.engines.embedded.formats import FLOAT32, Form
+from backend.engines.embedded.linear import BlockWeight
+from backend.engines.embedded.model import Llama
 from backend.engines.embedded.quantized import (
     BLOCKS_FILE,
     KINDS,
@@ -28,7 +31,14 @@ from backend.engines.embedded.quantized import (
     match_rows,
     read_saved_blocks,
 )
-from backend.engines.embedded.weights import bundled_gguf, read_config, read_tensors, resolve_model
+from backend.engines.embedded.startup_probe import PROBE_OUTPUT_ROWS, Source
+from backend.engines.embedded.weights import (
+    LlamaConfig,
+    bundled_gguf,
+    read_config,
+    read_tensors,
+    resolve_model,
+)
 from tests.test_rows_linear import kernel_on
 
 LAYER_MATRICES = 7
@@ -61,9 +71,9 @@ def reader() -> GGUFReader:
 
 @pytest.fixture(scope="module")
 def models(weights: tuple) -> tuple[Llama, Llama]:
-    """The model with the GGUF's blocks, and without."""
+    """The model with the GGUF's blocks (`fp32-blocks`' format), and in float32 through PyTorch."""
     config, tensors, blocks = weights
-    return Llama(config, tensors, torch.float32, blocks), Llama(config, tensors, torch.float32)
+    return Llama.from_tensors(config, tensors, Form("blocks"), blocks), Llama.from_tensors(config, tensors)
 
 
 def test_blocks_dequantize_to_gguf_pys_values_bit_for_bit(kernel: None, reader: GGUFReader) -> None:
@@ -106,13 +116,12 @@ def test_a_matrix_that_differs_anywhere_stays_float32(weights: tuple) -> None:
     assert match_rows(blocks[name], tensors[name]) is blocks[name]
 
 
-def matrices(model: Llama) -> list[tuple[torch.Tensor, PackedMatrix]]:
-    """A layer's four matrices and the output layer: (float32 weights, the same as packed blocks)."""
+def matrices(model: Llama) -> list[tuple[torch.Tensor, BlockWeight]]:
+    """A layer's four matrices and the output layer: (float32 weights, the matrix from its blocks)."""
     layer = model.layers[5]
-    assert set(layer.blocks) == {"qkv", "out", "gate_up", "down"}
-    assert model.lm_head_blocks is not None
-    names = ("qkv", "out", "gate_up", "down")
-    return [(getattr(layer, n), layer.blocks[n]) for n in names] + [(model.lm_head, model.lm_head_blocks)]
+    found = [getattr(layer, n) for n in ("qkv", "out", "gate_up", "down")] + [model.lm_head]
+    assert all(isinstance(matrix, BlockWeight) and matrix.blocks is not None for matrix in found)
+    return [(matrix.dense, matrix) for matrix in found]
 
 
 @pytest.mark.parametrize("rows", [1, 2, 3, 4, 8, 33, 64])
@@ -123,31 +132,35 @@ def test_products_from_blocks_are_the_weights_products(models: tuple, rows: int)
     torch.manual_seed(rows)
     for dense, matrix in matrices(models[0]):
         x = torch.randn(rows, dense.shape[1])
-        got = engine_linear.linear(x, dense, matrix)
+        got = matrix.product(x)
         exact = (x.double() @ dense.double().T).float()
         scale = x.abs().double() @ dense.abs().double().T
         assert ((got.double() - exact.double()).abs() <= 1e-6 * scale + 1e-6).all(), dense.shape
         assert torch.allclose(got, F.linear(x, dense), rtol=1e-5, atol=2e-4)
 
 
-def test_the_probe_times_a_quarter_of_the_output_layer_from_its_own_first_rows(models: tuple) -> None:
+def test_the_probe_times_a_quarter_of_the_output_layer_from_its_own_first_rows(
+    weights: tuple, models: tuple, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """The start-up probe multiplies the output layer's first rows in whole groups, about a quarter:
     from the packed blocks' first groups (`first_rows`) the same values as the first outputs of the
-    whole layer's product, and its float32 copy those rows; a block size is checked on the whole
-    layer."""
-    model = models[0]
-    share = model.probe_output_rows()
-    assert share % model.PROBE_OUTPUT_ROWS == 0 and share == model.lm_head.shape[0] // 4  # 49,152 rows
-    head = model.lm_head_blocks.first_rows(share)
-    x = torch.randn(3, model.lm_head.shape[1])
-    whole = engine_linear.linear(x, model.lm_head, model.lm_head_blocks, True)
-    assert torch.equal(engine_linear.linear(x, model.lm_head[:share], head, True), whole[:, :share])
-    *_, output = model.probe_weights(torch.float32)
-    assert torch.equal(output["output"], model.lm_head[:share])
-    checked = model.check_weights(torch.float32)  # a block size is checked on the whole output layer
-    assert checked[-1].shape == model.lm_head.shape and len(checked) == 5
+    whole layer's product; a block size is checked on the whole layer."""
+    config, tensors, blocks = weights
+    source = Source(config, tensors, blocks)
+    share = source.output_rows()
+    assert share % PROBE_OUTPUT_ROWS == 0 and share == models[0].lm_head.shape[0] // 4  # 49,152 rows
+    x = torch.randn(3, config.hidden_size)
+    whole = models[0].lm_head.product(x, step=True)
+    *_, output = source.sample(Form("blocks"))
+    assert output["output"].blocks is not None and output["output"].shape[0] == share
+    assert torch.equal(output["output"].product(x, step=True), whole[:, :share])
+    checked: list[torch.Tensor] = []
+    monkeypatch.setattr(startup_probe, "check", lambda sizes, weights: checked.extend(weights) or [])
+    assert source.check(Choice(PATHS["bf16-torch"], 8)) == []
+    assert checked[-1].shape == models[0].lm_head.shape and len(checked) == 5  # the whole output layer
     with pytest.raises(ValueError, match="whole groups of 24"):
-        model.lm_head_blocks.first_rows(share + 1)
+        output["output"].blocks.first_rows(share + 1)
+    source.release()
 
 
 def test_a_rows_product_from_blocks_does_not_depend_on_the_rows_beside_it(models: tuple) -> None:
@@ -156,46 +169,44 @@ def test_a_rows_product_from_blocks_does_not_depend_on_the_rows_beside_it(models
     torch.manual_seed(0)
     for dense, matrix in matrices(models[0]):
         x = torch.randn(64, dense.shape[1])
-        alone = torch.cat([engine_linear.linear(x[i : i + 1], dense, matrix) for i in range(9)])
+        alone = torch.cat([matrix.product(x[i : i + 1]) for i in range(9)])
         for rows in (2, 3, 4, 5, 9, 64):
-            together = engine_linear.linear(x[:rows], dense, matrix)
+            together = matrix.product(x[:rows])
             assert torch.equal(together[:9], alone[: min(rows, 9)]), (dense.shape, rows)
 
 
 @pytest.mark.parametrize("out_features", [1, 7, 24, 25, 50])
 def test_groups_of_any_height_and_residuals_added(kernel: None, weights: tuple, out_features: int) -> None:
     """A matrix whose rows do not fill the last group of 24 (packed with zero rows, whose outputs
-    are not written), and `linear_add`, which rounds y + x @ W^T as `y + linear(...)` does."""
+    are not written), and a product added in place, which rounds y + x @ W^T as `y + product` does."""
     _, tensors, blocks = weights
     for name in ("model.layers.2.mlp.down_proj.weight", "model.embed_tokens.weight"):
         whole = blocks[name]
         part = BlockMatrix(whole.data[:out_features].contiguous(), whole.kind, whole.in_features)
         dense = tensors[name][:out_features].contiguous()
         assert torch.equal(part.dequantize(), dense)
-        packed = part.packed()
+        matrix = BlockWeight(dense, part.packed())
         for rows in (1, 2, 5):
             x = torch.randn(rows, dense.shape[1])
-            got = engine_linear.linear(x, dense, packed)
+            got = matrix.product(x)
             assert torch.allclose(got, F.linear(x, dense), rtol=1e-5, atol=2e-4)
             base = torch.randn(rows, out_features)
             summed = base.clone()
-            engine_linear.linear_add(summed, x, dense, packed)
+            matrix.product(x, summed, add=True)
             assert torch.equal(summed, base + got)
 
 
 def test_a_step_reads_a_sixth_of_the_bytes(weights: tuple, models: tuple) -> None:
     config, tensors, blocks = weights
-    quantized, dense = models[0].block_bytes()
-    assert dense == 0
-    float32_only, rest = models[1].block_bytes()
-    assert float32_only == 0
-    assert 5.5 < rest / quantized < 5.7  # 538 MB against 96 MB
-    assert Llama(config, tensors, torch.bfloat16, blocks).block_bytes()[0] == 0  # float32 only
+    quantized, dense = models[0].weights.step_bytes(), models[1].weights.step_bytes()
+    assert 5.5 < dense / quantized < 5.7  # 538 MB against 96 MB
+    bf16 = Llama.from_tensors(config, tensors, Form("library", torch.bfloat16), blocks)  # blocks unused
+    assert bf16.weights.step_bytes() * 2 == dense and FLOAT32.name == "library"
 
 
 def test_greedy_tokens_are_the_same_with_and_without_blocks(weights: tuple, models: tuple) -> None:
     config = weights[0]
-    from backend.engines.embedded.model import RowCache
+    from backend.engines.embedded.row_cache import RowCache
 
     def greedy(model: Llama) -> list[int]:
         cache = RowCache(config, 2, 128, torch.float32)
@@ -246,25 +257,16 @@ def test_a_gguf_that_cannot_be_read_leaves_the_engine_on_its_float32_weights(
             (folder / file.name).symlink_to(file)  # the weights without their saved blocks
     broken = tmp_path / "broken.gguf"
     broken.write_bytes(b"GGUF but not really")
-    try:
-        with caplog.at_level(logging.WARNING, logger="backend.embedded"):
-            setup = WorkerSetup(str(folder), "auto", 1, 2, 128, str(broken))
-            scheduler = build_scheduler(setup, lambda: None)
-    finally:
-        # build_scheduler configures the process's linear layers for the path auto chose (a
-        # PyTorch one turns the kernel off); the later tests of this module multiply on the kernel.
-        engine_linear.configure()
+    with caplog.at_level(logging.WARNING, logger="backend.embedded"):
+        setup = WorkerSetup(str(folder), "auto", 1, 2, 128, str(broken))
+        scheduler = build_scheduler(setup, lambda: None)
     assert "the GGUF's blocks could not be read" in caplog.text
     assert "GGUF" not in scheduler.linear_path and scheduler.compute["batch_invariant"]
-    # auto timed the paths that need no blocks: the rows kernel on float32 weights, the int8
-    # products, or PyTorch's
-    if scheduler.compute["path"] == "fp32-rows":
-        assert scheduler.linear_path.startswith("rows kernel")
-        assert 5.3e8 < scheduler.step_weight_bytes < 5.4e8  # float32: 538 MB a step
-    elif scheduler.compute["path"] == "int8-exact":
+    # auto timed the paths that need no blocks: the int8 products, or PyTorch's
+    if scheduler.compute["path"] == "int8-exact":
         assert scheduler.linear_path.startswith("int8 rows and weights")
     else:
-        assert scheduler.compute["path"] in ("fp32-torch", "bf16-torch", "int4-torch"), scheduler.compute
+        assert scheduler.compute["path"] == "bf16-torch", scheduler.compute
         assert scheduler.linear_path.startswith("PyTorch")
 
 
@@ -298,8 +300,8 @@ def test_blocks_of_the_wrong_shape_never_reach_the_kernel() -> None:
 def test_packed_blocks_of_another_matrix_are_refused(kernel: None, weights: tuple) -> None:
     _, tensors, blocks = weights
     packed = blocks["model.layers.0.self_attn.o_proj.weight"].packed()
-    with pytest.raises(ValueError, match="blocks of 576 x 576 for a weight of 1536 x 576"):
-        engine_linear.linear(torch.randn(2, 576), tensors["model.layers.0.mlp.up_proj.weight"], packed)
+    with pytest.raises(ValueError, match=r"blocks of 576 x 576 for a weight of \(1536, 576\)"):
+        BlockWeight(tensors["model.layers.0.mlp.up_proj.weight"], packed)
 
 
 def test_the_kernels_calls_refuse_negative_sizes_with_a_value_error(kernel: None) -> None:

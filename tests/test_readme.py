@@ -58,6 +58,15 @@ def test_the_readme_stays_short() -> None:
     assert len((ROOT / "README.md").read_text().splitlines()) <= 200
 
 
+def test_the_engines_page_says_what_is_in_at_most_300_lines() -> None:
+    text = (ROOT / "docs" / "engines.md").read_text()
+    assert len(text.splitlines()) <= 300
+    removed = [name for name in ("fp32-rows", "fp32-torch", "int4-torch") if text.count(name) > 1]
+    assert not removed, (
+        f"docs/engines.md describes removed compute paths beyond saying they are gone: {removed}"
+    )
+
+
 def test_the_benchmarks_page_gives_todays_figures_not_their_history() -> None:
     text = (ROOT / "docs" / "benchmarks.md").read_text()
     assert len(text.splitlines()) <= 400

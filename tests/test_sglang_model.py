@@ -21,7 +21,8 @@ import pytest
 
 from backend.engines.http.sglang import SGLangEngine
 from backend.engines.http.sglang_launch import SGLangServerProcess
-from backend.engines.sglang_model import READY, SGLangModel
+from backend.engines.model_source import MANIFEST
+from backend.engines.sglang_model import SGLangModel
 from devkit.local import ROOT
 from tests.support.hub_model import REPO_ID, build_hub_folder
 from tests.support.hub_standin import HubStandIn
@@ -77,11 +78,13 @@ def download_in_child(repo_id: str, home: Path, endpoint: str) -> None:
 
 
 def fake_bundled(home: Path) -> Path:
-    """A converted bundled folder as a first start leaves it (config.json and the READY marker)."""
+    """A converted bundled folder as a first start leaves it (config.json and the manifest)."""
     folder = home / "cache" / Path(*BUNDLED)
     folder.mkdir(parents=True)
     (folder / "config.json").write_text('{"model_type": "llama"}')
-    (folder / READY).write_text("")
+    (folder / MANIFEST).write_text(
+        json.dumps({"sizes": {"config.json": (folder / "config.json").stat().st_size}})
+    )
     return folder
 
 
@@ -127,7 +130,9 @@ def test_the_bundled_copy_is_converted_once_for_sglang(tmp_path: Path) -> None:
     assert (folder / "model.safetensors").stat().st_size > 200_000_000  # 135M parameters in bf16
     tokenizer = json.loads((folder / "tokenizer_config.json").read_text())
     assert tokenizer.get("chat_template") or (folder / "chat_template.jinja").is_file()
-    assert (folder / READY).is_file() and not list(folder.parent.glob(f"{folder.name}.*"))  # no staging left
+    assert (folder / MANIFEST).is_file() and not list(
+        folder.parent.glob(f"{folder.name}.*")
+    )  # no staging left
     stamp = (folder / "model.safetensors").stat().st_mtime_ns
     assert resolve_in_child("", tmp_path, "http://127.0.0.1:9", HF_HUB_OFFLINE="1") == found
     assert (folder / "model.safetensors").stat().st_mtime_ns == stamp
@@ -143,7 +148,7 @@ def test_a_given_model_is_a_folder_or_a_hub_id_else_refused_naming_what_was_trie
     (model / "config.json").write_text("{}")
     assert resolve_in_child(str(model), tmp_path, hub.endpoint) == {"path": str(model), "note": ""}
     typo = resolve_in_child(str(tmp_path / "no-such"), tmp_path, hub.endpoint)
-    assert "no such folder" in typo["error"] and "not a hub id" in typo["error"], typo
+    assert "no such folder" in typo["error"] and "nor a hub id" in typo["error"], typo
     assert resolve_in_child("org/other", tmp_path, hub.endpoint) == {"path": "org/other", "note": ""}
     absent = resolve_in_child("org/absent", tmp_path, hub.endpoint)
     assert f"the Hugging Face Hub at {hub.endpoint} has none" in absent["error"], absent

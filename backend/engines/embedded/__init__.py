@@ -44,8 +44,8 @@ COMPUTE = Setting(
     "compute",
     "--compute",
     ("EMBEDDED_COMPUTE",),
-    "embedded engine: the compute path, `auto`, `fp32-blocks`, `fp32-rows`, `fp32-torch`, "
-    "`bf16-torch`, `int4-torch` or `int8-exact`; `auto` is the fastest batch-invariant path this "
+    "embedded engine: the compute path, `auto`, `int8-exact`, `fp32-blocks` or `bf16-torch`; "
+    "`auto` is the fastest batch-invariant path this "
     "machine runs, timed at start "
     "([docs/engines.md](docs/engines.md#the-embedded-engine))",
     default="auto",

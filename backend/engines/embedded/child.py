@@ -108,16 +108,16 @@ def read_commands(commands: Connection, outbox: StepOutbox) -> None:
 
 
 def build_scheduler(setup: WorkerSetup, on_pass_end: Callable[[], None]) -> Any:
-    """Load the weights and tokenizer, choose the compute path (compute.py) and make the scheduler
-    (in the child)."""
+    """Load the weights and tokenizer, choose the compute path (compute.py), build the model in its
+    format and make the scheduler (in the child)."""
     import torch
 
     from backend.engines.embedded.scheduler import BatchScheduler, stop_token_ids
     from backend.engines.embedded.weights import read_tokenizer
 
     torch.set_num_threads(setup.threads)
-    model, decision = _load_model(setup)
-    choice, reason, linear_path = _set_up_compute(model, decision, setup)
+    source, decision = _read_model(setup)
+    model, choice, reason, linear_path = _build_model(source, decision, setup)
     log.info("compute path %s (%s); linear layers: %s", choice.label, reason, linear_path)
     tokenizer = read_tokenizer(Path(setup.folder))
     chosen = {
@@ -127,7 +127,7 @@ def build_scheduler(setup: WorkerSetup, on_pass_end: Callable[[], None]) -> Any:
         "sizes": list(choice.sizes),
         "batch_invariant": choice.batch_invariant,
         "why": reason,
-        "weight_bytes": model.weight_bytes(),
+        "weight_bytes": model.weights.nbytes(),
     }
     return BatchScheduler(
         model,
@@ -141,97 +141,83 @@ def build_scheduler(setup: WorkerSetup, on_pass_end: Callable[[], None]) -> Any:
     )
 
 
-def _load_model(setup: WorkerSetup) -> tuple[Any, Any]:
-    """Decide which compute paths may run (compute.decide) and load the model in float32, with the
-    GGUF's blocks beside its weights where a candidate path reads them; returns the model and the
+def _read_model(setup: WorkerSetup) -> tuple[Any, Any]:
+    """Decide which compute paths may run (compute.decide) and read the model's float32 tensors, with
+    the GGUF's blocks where a candidate path reads them; returns them (startup_probe.Source) and the
     decision (taken again without the blocks where they could not be read)."""
-    import torch
-
-    from backend.engines.embedded import compute, int4, int8
+    from backend.engines.embedded import compute, int8
     from backend.engines.embedded.linear import kernel_status
-    from backend.engines.embedded.model import Llama, LlamaConfig
     from backend.engines.embedded.quantized import load_blocks
-    from backend.engines.embedded.weights import read_config, read_tensors
+    from backend.engines.embedded.startup_probe import Source
+    from backend.engines.embedded.weights import LlamaConfig, read_config, read_tensors
 
     # No block (nor timed step) larger than the batch can be: the row cap.
     sizes = (setup.block_rows,) if setup.block_rows else compute.capped(compute.BLOCK_ROWS, setup.max_rows)
     ladders = not setup.block_rows  # a block set by the caller is used alone
-    can_int4, can_int8 = int4.available(), int8.available()
-    decision = compute.decide(
-        setup.compute, kernel_status(), bool(setup.gguf), sizes, ladders, can_int4, can_int8
-    )
+    can_int8 = int8.available()
+    decision = compute.decide(setup.compute, kernel_status(), bool(setup.gguf), sizes, ladders, can_int8)
     folder = Path(setup.folder)
-    config = LlamaConfig.from_hf(read_config(folder))
-    tensors = read_tensors(folder)
-    blocks = {}
-    if any(option.path.gguf_blocks for option in (decision.choice, *decision.options)):
+    source = Source(LlamaConfig.from_hf(read_config(folder)), read_tensors(folder))
+    if any(option.path.form == "blocks" for option in (decision.choice, *decision.options)):
         try:
-            blocks = load_blocks(folder, Path(setup.gguf), tensors)
-        except Exception as exc:  # noqa: BLE001 - the float32 weights serve as well, only slower
-            log.warning("the GGUF's blocks could not be read (%s); multiplying the float32 weights", exc)
+            source.blocks = load_blocks(folder, Path(setup.gguf), source.tensors)
+        except Exception as exc:  # noqa: BLE001 - the other paths serve as well
+            log.warning("the GGUF's blocks could not be read (%s)", exc)
             if setup.compute == "fp32-blocks":
                 raise ValueError(
                     f"--compute fp32-blocks cannot run: the GGUF's blocks could not be read ({exc})"
                 ) from None
-            decision = compute.decide(
-                setup.compute, kernel_status(), False, sizes, ladders, can_int4, can_int8
-            )
-    return Llama(config, tensors, torch.float32, blocks), decision
+            decision = compute.decide(setup.compute, kernel_status(), False, sizes, ladders, can_int8)
+    return source, decision
 
 
-def _set_up_compute(model: Any, decision: Any, setup: WorkerSetup) -> tuple[Any, str, str]:
-    """Settle the compute path (probing `decision`'s options where it has several), set the linear
-    layers and decode ops up for it and put the model's weights in its form; returns the choice,
-    the engine line's words for why, and the linear layers' description."""
-    import torch
-
-    from backend.engines.embedded import decode_ops, fixed_rows, int8
-    from backend.engines.embedded.linear import configure
+def _build_model(source: Any, decision: Any, setup: WorkerSetup) -> tuple[Any, Any, str, str]:
+    """Settle the compute path (probing `decision`'s options where it has several) and build the
+    model in its format; returns the model, the choice, the engine line's words for why, and the
+    linear layers' description."""
+    from backend.engines.embedded import decode_ops, int8
+    from backend.engines.embedded.formats import Form
+    from backend.engines.embedded.linear import kernel_status
+    from backend.engines.embedded.model import Llama
 
     choice, reason = decision.choice, decision.reason
     if decision.options:
-        choice, reason = _probe(model, decision, setup, configure, fixed_rows.check)
-    linear_path = configure(allow=choice.path.rows_kernel, sizes=choice.sizes, exact=choice.path.int8)
-    if choice.path.int8:
-        linear_path = int8.describe()
+        choice, reason = _probe(source, decision, setup)
+    source.release()
     decode_ops.configure()
-    if not choice.path.gguf_blocks:
-        model.drop_blocks()
-    model.cast(getattr(torch, choice.path.dtype), choice.path.int4, choice.path.int8)
-    quantized, dense = model.block_bytes()
-    if quantized:
-        linear_path += (
-            f"; from the GGUF's blocks ({quantized / 1e6:.0f} MB a step"
-            + (f", {dense / 1e6:.0f} MB float32" if dense else "")
-            + ")"
+    model = Llama.from_tensors(source.config, source.tensors, Form.of(choice), source.blocks)
+    source.tensors.clear()
+    source.blocks.clear()
+    if choice.path.form == "int8":
+        linear_path = int8.describe()
+    elif choice.path.form == "blocks":
+        linear_path = (
+            kernel_status()[1]
+            + f"; from the GGUF's blocks ({model.weights.step_bytes() / 1e6:.0f} MB a step)"
         )
-    return choice, reason, linear_path
+    else:
+        linear_path = _library_words(choice)
+    return model, choice, reason, linear_path
 
 
-def _probe(
-    model: Any,
-    decision: Any,
-    setup: WorkerSetup,
-    configure: Callable[..., str],
-    check: Callable[..., list[str]],
-) -> tuple[Any, str]:
+def _library_words(choice: Any) -> str:
+    """The engine line's words for a library path's products."""
+    if not choice.sizes:
+        return "PyTorch, a decode step's products at any row count"
+    if len(choice.sizes) > 1:
+        counts = "/".join(map(str, choice.sizes))
+        return f"PyTorch, a decode step's products at {counts} rows (whole blocks of {choice.block})"
+    return f"PyTorch, a decode step's products in blocks of {choice.block} rows"
+
+
+def _probe(source: Any, decision: Any, setup: WorkerSetup) -> tuple[Any, str]:
     """Time `decision`'s options on the model's own matrices and check the fastest block size
     (compute.probe); returns the choice and the engine line's words for it."""
-    import torch
-
     from backend.engines.embedded import compute
-
-    def step(option: compute.Choice, rows: int) -> float:
-        configure(allow=option.path.rows_kernel, sizes=option.sizes)
-        return model.probe_step(option.path, rows)
-
-    def rows_check(option: compute.Choice) -> list[str]:
-        weights = model.check_weights(getattr(torch, option.path.dtype), option.path.int4, option.path.int8)
-        return check(option.sizes, weights)
 
     started = time.perf_counter()
     rows = compute.capped(compute.PROBE_ROWS, setup.max_rows)
-    found = compute.probe(decision.options, step, rows_check, rows)
+    found = compute.probe(decision.options, source.step, source.check, rows)
     took = time.perf_counter() - started
     log.info("compute paths timed and checked in %.2f s: %s", took, found.times)
     if found.choice is not None:
@@ -239,7 +225,7 @@ def _probe(
     what = "; ".join(found.failed)
     if setup.block_rows:
         raise ValueError(f"--compute {setup.compute} in blocks of {setup.block_rows} rows: {what}")
-    path = compute.PATHS["fp32-torch" if setup.compute == "auto" else setup.compute]
+    path = compute.PATHS["bf16-torch" if setup.compute == "auto" else setup.compute]
     words = f"{setup.compute}: no block size gives a row the same bits in every slot ({what})"
     return compute.Choice(path), words
 

@@ -1,23 +1,20 @@
 """Which compute path the embedded engine runs, and why: its dtype, what multiplies its linear layers,
 and whether a seeded sample is the same whatever else runs beside it.
 
-The paths (`--compute`, environment EMBEDDED_COMPUTE):
+The paths (`--compute`, environment EMBEDDED_COMPUTE), each with its weight format (linear.py):
 
-- `fp32-blocks`: float32; the rows kernel (linear.py) multiplies the GGUF's quantized blocks. Needs
-  the C parts, an AVX2/FMA CPU, one thread and a model that came from a GGUF (the bundled SmolLM2).
-- `fp32-rows`: the same on float32 weights (a `--model` folder, or for comparisons).
-- `fp32-torch`: float32 weights through PyTorch's matrix product (MKL or oneDNN, whatever the CPU
-  has: AVX2, AVX-512, ARM), called at one block of rows (fixed_rows.py).
-- `bf16-torch`: the same with bfloat16 weights (oneDNN runs them on AMX or AVX-512-BF16 where the
-  CPU has them).
-- `int4-torch`: the weights in 4-bit groups of 32 (int4.py; the bundled GGUF's Q4_1 steps exactly)
-  through PyTorch's int4 weight-only product, bfloat16 rows in and out: 84 MB read a step where
-  bf16-torch reads 270 MB. Needs a torch with that product and its AVX2 or AVX-512 kernels.
 - `int8-exact`: the weights, and each step's rows, turned by a Hadamard matrix and rounded to int8
   (int8.py), their products summed in int32, which is exact: a row's values are the same at any row
   count, with no block to check (the C part int8_rows.c for a few rows, `torch._int_mm` beyond where
-  it is exact here, oneDNN's VNNI or AMX kernels). 0.006 nats a token from float32 on the README's
-  text (the output layer in int8 too). Needs the C parts and an AVX2 CPU (or a non-x86 one).
+  it is timed faster and found exact here, oneDNN's VNNI or AMX kernels). 0.006 nats a token from
+  float32 on the README's text (the output layer in int8 too). Needs the C parts (AVX2 or AVX-512
+  VNNI kernels on x86, plain C loops elsewhere). What `auto` takes on the AMD EPYC Zen 1 and Zen 4.
+- `fp32-blocks`: the model's exact weights: the rows kernel (rows_linear.c) multiplies the GGUF's
+  quantized blocks in float32. Needs the C parts, an AVX2/FMA CPU, one thread and a model that came
+  from a GGUF (the bundled SmolLM2). What `auto` took on the Intel Xeon with AMX.
+- `bf16-torch`: bfloat16 weights through PyTorch's matrix product (oneDNN on AMX or AVX-512-BF16
+  where the CPU has them, any CPU PyTorch runs on otherwise), called at checked row counts
+  (fixed_rows.py): the path wherever the C parts cannot run (no C compiler, ARM without AVX2).
 
 Every path keeps its activations in float32 and runs the ops between the linear layers row by row
 (decode_ops.c where built, else PyTorch on one row at a time), with each row attending to its own
@@ -32,8 +29,7 @@ change with load. Prefill multiplies one prompt's new tokens at a time (PyTorch 
 arriving together at once (the rows kernel and `int8-exact`, whose rows are independent at any
 count), so a prompt gives the same first-token logits whoever else is running.
 
-`auto` times every path this process can run (`fp32-rows` only where there are no GGUF blocks: it
-is `fp32-blocks` reading five times the bytes), the PyTorch ones at each of BLOCK_ROWS as a ladder
+`auto` times every path this process can run, `bf16-torch` at each of BLOCK_ROWS as a ladder
 (a block alone where the ladder fails its check), on the model's own matrices at start (`probe`: a
 decode step's linear layers at PROBE_ROWS rows, a PyTorch path at the row counts it would call, a
 token's time at each summed), and keeps the fastest that is batch-invariant (its row counts
@@ -48,6 +44,9 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
+FORMS = ("int8", "blocks", "library")
+"""The weight formats (linear.py): int8.Int8Matrix, linear.BlockWeight, linear.LibraryWeight."""
+
 
 @dataclass(frozen=True)
 class ComputePath:
@@ -55,41 +54,33 @@ class ComputePath:
 
     name: str
     dtype: str
-    """The weights' torch dtype name: "float32" or "bfloat16" (activations are float32 on every path)."""
-    rows_kernel: bool
-    """The linear layers go to the rows kernel; else to PyTorch's product at a fixed block of rows."""
-    gguf_blocks: bool
-    """The rows kernel multiplies the GGUF's quantized blocks rather than float32 weights."""
-    int4: bool = False
-    """The weights are held in 4-bit groups (int4.py); `dtype` is then the product's rows' dtype."""
-    int8: bool = False
-    """The weights and a step's rows are held in int8 (int8.py), multiplied exactly: batch-invariant
-    at any row count, like the rows kernel."""
+    """The weights' torch dtype name: "float32" or "bfloat16" (activations are float32 on every path;
+    int8's weights hold float32 scales)."""
+    form: str
+    """Its weight format, one of FORMS."""
 
     @property
     def any_rows(self) -> bool:
-        """Whether a row's values do not depend on the row count at all (no block to check)."""
-        return self.rows_kernel or self.int8
+        """Whether a row's values do not depend on the row count at all (no block to check): the
+        rows kernel's, int8's exact sums."""
+        return self.form != "library"
 
 
 PATHS: dict[str, ComputePath] = {
     path.name: path
     for path in (
-        ComputePath("fp32-blocks", "float32", rows_kernel=True, gguf_blocks=True),
-        ComputePath("fp32-rows", "float32", rows_kernel=True, gguf_blocks=False),
-        ComputePath("fp32-torch", "float32", rows_kernel=False, gguf_blocks=False),
-        ComputePath("bf16-torch", "bfloat16", rows_kernel=False, gguf_blocks=False),
-        ComputePath("int4-torch", "bfloat16", rows_kernel=False, gguf_blocks=False, int4=True),
-        ComputePath("int8-exact", "float32", rows_kernel=False, gguf_blocks=False, int8=True),
+        ComputePath("fp32-blocks", "float32", "blocks"),
+        ComputePath("bf16-torch", "bfloat16", "library"),
+        ComputePath("int8-exact", "float32", "int8"),
     )
 }
-"""Every path, by its `--compute` name."""
+"""Every path, by its `--compute` name, in the order ties are settled in."""
 
 COMPUTE_CHOICES = ("auto", *PATHS)
 """What `--compute` accepts."""
 
-BLOCK_ROWS = (8, 16, 32)
-"""The row counts a PyTorch path's blocks are timed at."""
+BLOCK_ROWS = (8, 32)
+"""The row counts `bf16-torch`'s blocks are timed at (as ladders: `auto` times at most four options)."""
 
 TIE = 0.10
 """Options whose times are within this fraction of the fastest's are taken as equal, in the order of
@@ -161,14 +152,22 @@ class Choice:
         return chunks(self.sizes, rows) if self.sizes else [rows]
 
 
+REMOVED = ("fp32-rows", "fp32-torch", "int4-torch")
+"""Paths the engine no longer offers: never the fastest on any CPU measured (docs/engines.md)."""
+
+
 def check_setting(name: str) -> str:
     """`name` if it is a `--compute` choice, else ValueError naming the choices."""
+    if name in REMOVED:
+        raise ValueError(
+            f"--compute {name} is no longer offered (never the fastest on any CPU measured); "
+            f"the paths are {', '.join(COMPUTE_CHOICES)}"
+        )
     if name not in COMPUTE_CHOICES:
         raise ValueError(f"--compute must be one of {', '.join(COMPUTE_CHOICES)}, got {name!r}")
     return name
 
 
-INT4_OK = (True, "")
 INT8_OK = (True, "")
 
 
@@ -176,18 +175,15 @@ def unavailable(
     path: ComputePath,
     kernel: tuple[bool, str],
     has_gguf: bool,
-    int4: tuple[bool, str] = INT4_OK,
     int8: tuple[bool, str] = INT8_OK,
 ) -> str | None:
     """Why `path` cannot run in this process (None where it can): `kernel` is linear.kernel_status(),
-    `int4` int4.available(), `int8` int8.available()."""
-    if path.rows_kernel and not kernel[0]:
+    `int8` int8.available()."""
+    if path.form == "blocks" and not kernel[0]:
         return kernel[1].removeprefix("PyTorch ").strip("()")
-    if path.gguf_blocks and not has_gguf:
+    if path.form == "blocks" and not has_gguf:
         return "the model did not come from a GGUF"
-    if path.int4 and not int4[0]:
-        return int4[1]
-    if path.int8 and not int8[0]:
+    if path.form == "int8" and not int8[0]:
         return int8[1]
     return None
 
@@ -218,20 +214,18 @@ def decide(
     has_gguf: bool,
     blocks: tuple[int, ...] = BLOCK_ROWS,
     ladders: bool = True,
-    int4: tuple[bool, str] = INT4_OK,
     int8: tuple[bool, str] = INT8_OK,
 ) -> Decision:
     """What `--compute setting` runs: a forced rows-kernel path where it can (ValueError saying why
     not where it cannot), a forced PyTorch path at each of `blocks` (to be timed and checked by
     `probe`); for `auto` every path that can run, the PyTorch ones at each of `blocks`, each as a
-    ladder (where `ladders`) and alone (library_options). `int4` is int4.available(), `int8`
-    int8.available()."""
+    ladder (where `ladders`) and alone (library_options). `int8` is int8.available()."""
     check_setting(setting)
     if any(block < 1 for block in blocks) or not blocks:
         raise ValueError(f"block sizes must be at least 1 row, got {blocks}")
     if setting != "auto":
         path = PATHS[setting]
-        why = unavailable(path, kernel, has_gguf, int4, int8)
+        why = unavailable(path, kernel, has_gguf, int8)
         if why is not None:
             raise ValueError(f"--compute {setting} cannot run here: {why}")
         if path.any_rows:
@@ -239,9 +233,7 @@ def decide(
         return Decision(Choice(path), tuple(library_options(path, blocks, ladders)), "set by --compute")
     options: list[Choice] = []
     for path in PATHS.values():
-        if path.name == "fp32-rows" and unavailable(PATHS["fp32-blocks"], kernel, has_gguf) is None:
-            continue  # the same kernel and values from five times the bytes: never the faster
-        if unavailable(path, kernel, has_gguf, int4, int8) is None:
+        if unavailable(path, kernel, has_gguf, int8) is None:
             options.extend([Choice(path)] if path.any_rows else library_options(path, blocks, ladders))
     return Decision(options[0], tuple(options), "auto")
 

@@ -121,8 +121,7 @@ class EmbeddedEngine(Engine):
             return
         import torch
 
-        from backend.engines.embedded.model import LlamaConfig
-        from backend.engines.embedded.weights import read_config, read_tokenizer, resolve_model
+        from backend.engines.embedded.weights import LlamaConfig, read_config, read_tokenizer, resolve_model
 
         # The bundled model and local folders need no network; never let a library try it.
         local = self.model_source and os.path.isdir(os.path.expanduser(self.model_source))

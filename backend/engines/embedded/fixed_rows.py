@@ -28,24 +28,14 @@ from __future__ import annotations
 import torch
 
 from backend.engines.embedded.compute import chunks
-from backend.engines.embedded.int4 import Int4Matrix
-from backend.engines.embedded.int8 import Int8Matrix
 
 CHECK_ROWS = 16
 """Distinct random rows `check` multiplies by each matrix, alone and at each size."""
 
 
-Weight = torch.Tensor | Int4Matrix | Int8Matrix
-"""What a product multiplies by: a weight tensor [N, K], or the same in 4-bit groups (int4.py) or in
-int8 (int8.py, which needs no fixed row counts)."""
-
-
-def product(out: torch.Tensor, x: torch.Tensor, weight: Weight) -> None:
-    """out[rows, N] = x[rows, K] @ weight^T in the weight's product dtype: one library call."""
-    if isinstance(weight, Int4Matrix):
-        out.copy_(weight.product(x))
-    else:
-        torch.mm(x, weight.t(), out=out)
+def product(out: torch.Tensor, x: torch.Tensor, weight: torch.Tensor) -> None:
+    """out[rows, N] = x[rows, K] @ weight^T in the weight's dtype: one library call."""
+    torch.mm(x, weight.t(), out=out)
 
 
 class FixedRows:
@@ -59,7 +49,7 @@ class FixedRows:
         self.sizes = sizes
         self.block = sizes[-1]
 
-    def product(self, out: torch.Tensor, x: torch.Tensor, weight: Weight) -> None:
+    def product(self, out: torch.Tensor, x: torch.Tensor, weight: torch.Tensor) -> None:
         """out[size, N] = x[size, K] @ weight^T, in the product's dtype, at one of `sizes`: a call the
         check measured. Any other row count is refused: the row-by-row check says nothing about it."""
         if x.shape[0] not in self.sizes or out.shape[0] != x.shape[0]:
@@ -71,7 +61,7 @@ class FixedRows:
         """The row counts a product of `rows` rows is made of (compute.chunks)."""
         return chunks(self.sizes, rows)
 
-    def linear(self, x: torch.Tensor, weight: Weight) -> torch.Tensor:
+    def linear(self, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
         """x[rows, K] @ weight^T for any number of rows, as float32: the rows padded with zeros to
         `chunks`, cast to the product's dtype, multiplied chunk by chunk."""
         rows, k = x.shape
@@ -91,7 +81,7 @@ class FixedRows:
         return out[:rows].float()
 
 
-def check(sizes: int | tuple[int, ...], weights: list[Weight], seed: int = 0) -> list[str]:
+def check(sizes: int | tuple[int, ...], weights: list[torch.Tensor], seed: int = 0) -> list[str]:
     """What differs when rows are multiplied by each of `weights` at every one of `sizes`, beside
     other rows and in other slots, against each row multiplied alone (empty where nothing does).
 
@@ -132,7 +122,7 @@ def check(sizes: int | tuple[int, ...], weights: list[Weight], seed: int = 0) ->
                     if wrong:
                         differing[size] = differing.get(size, 0) + wrong
         if differing:
-            kind = "int4" if isinstance(weight, Int4Matrix) else str(weight.dtype).removeprefix("torch.")
+            kind = str(weight.dtype).removeprefix("torch.")
             where = ", ".join(f"{count} at {size} rows" for size, count in differing.items())
             failures.append(f"{n} x {k} {kind}: rows differ ({where})")
     return failures

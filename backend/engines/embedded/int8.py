@@ -28,8 +28,11 @@ import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import ClassVar
 
 import torch
+
+from backend.engines.embedded.linear import deliver, holds
 
 try:
     from backend.engines.embedded import _int8_rows
@@ -207,7 +210,7 @@ def glance_shape() -> int:
 def _timed() -> TakeOver:
     """`take_over`'s timings: where `_int_mm` would take over from the C part by speed alone."""
     generator = torch.Generator().manual_seed(0)
-    matrices = [(_stand_in(shape, generator), count) for shape, count in TIMED_SHAPES]
+    matrices = [(stand_in(shape, generator), count) for shape, count in TIMED_SHAPES]
     glance = glance_shape()
     started = last = time.perf_counter()
     fastest = 0
@@ -222,7 +225,7 @@ def _timed() -> TakeOver:
         for index in (glance, *(i for i in range(len(matrices)) if i != glance)):
             matrix = matrices[index][0]
             x = torch.randn(rows, matrix.shape[1], generator=generator)
-            times[index] = _shortest(2, matrix.c_product, x), _shortest(2, matrix.int_mm_product, x)
+            times[index] = shortest(2, matrix.c_product, x), shortest(2, matrix.int_mm_product, x)
             if index == glance and times[index][1] > FAR * times[index][0]:
                 break
         behind = times[glance][1] / times[glance][0]
@@ -240,10 +243,10 @@ def _timed() -> TakeOver:
 
 
 STAND_IN_ROWS = 64
-"""Rows of random steps a timing stand-in repeats (`_stand_in`); every TIMED_SHAPES' N is a multiple."""
+"""Rows of random steps a timing stand-in repeats (`stand_in`); every TIMED_SHAPES' N is a multiple."""
 
 
-def _stand_in(shape: tuple[int, int], generator: torch.Generator) -> Int8Matrix:
+def stand_in(shape: tuple[int, int], generator: torch.Generator) -> Int8Matrix:
     """A weight matrix of `shape` [N, K] for `_timed`, its steps for `_int_mm` kept: STAND_IN_ROWS
     rows of random steps packed once and repeated down the rows. An integer product takes the same
     time whatever its values, and so made the stand-ins cost 0.02 s rather than the 0.17 s of
@@ -272,7 +275,7 @@ def c_max_rows() -> int:
     return take_over().c_max_rows
 
 
-def _shortest(times: int, product: Callable[[torch.Tensor], torch.Tensor], x: torch.Tensor) -> float:
+def shortest(times: int, product: Callable[[torch.Tensor], torch.Tensor], x: torch.Tensor) -> float:
     """The shortest of `times` timings of `product(x)`, in seconds (after one call that is not
     timed: a library's first call at a shape prepares its kernel)."""
     product(x)
@@ -341,6 +344,7 @@ class Int8Matrix:
     products are of x + 128, 128 times this too many)."""
     steps: torch.Tensor | None
     """int8 [out_features, in_features], for `torch._int_mm`; None where it takes no row count here."""
+    rows_independent: ClassVar[bool] = True
 
     @classmethod
     def quantize(cls, weight: torch.Tensor, int_mm: bool | None = None) -> Int8Matrix:
@@ -387,13 +391,25 @@ class Int8Matrix:
         """Bytes a product reads: one copy of the steps (packed or for `_int_mm`) and the scales."""
         return self.packed.numel() + self.scales.numel() * 4
 
-    def product(self, x: torch.Tensor) -> torch.Tensor:
-        """x[rows, K] @ weight^T as float32 [rows, N]: x turned and rounded row by row, the int32 sums
-        times the row's scale, rounded, times the weight row's, rounded (by the C part, or by
-        `torch._int_mm` beyond `c_max_rows()` rows: the same values)."""
-        if not self.in_c(x.shape[0]):
-            return self.int_mm_product(x)
-        return self.c_product(x)
+    def product(
+        self, x: torch.Tensor, out: torch.Tensor | None = None, add: bool = False, step: bool = False
+    ) -> torch.Tensor:
+        """x[rows, K] @ weight^T as float32 [rows, N], into `out` (added to it with `add`) or new: x
+        turned and rounded row by row, the int32 sums times the row's scale, rounded, times the
+        weight row's, rounded (by the C part, or by `torch._int_mm` beyond `c_max_rows()` rows: the
+        same values, at any row count, so `step` changes nothing)."""
+        flat = x if x.dim() == 2 else x.reshape(-1, x.shape[-1])
+        rows = flat.shape[0]
+        if not self.in_c(rows):
+            made = self.int_mm_product(flat)
+        elif holds(out, rows, self.shape[0]) and flat.dtype == torch.float32 and flat.is_contiguous():
+            assert out is not None
+            self.c_product_into(out, flat, add)
+            return out
+        else:
+            made = self.c_product(flat)
+        made = deliver(made, out, add)
+        return made if x.dim() == 2 else made.reshape(*x.shape[:-1], made.shape[-1])
 
     def in_c(self, rows: int) -> bool:
         """Whether `product` multiplies `rows` rows in the C part (else in `torch._int_mm`)."""

@@ -11,7 +11,7 @@ dequantizes every matrix of the GGUF (with the kernel's own code, which gives gg
 for bit) and compares it with the float32 tensor of the same name, row by row: the conversion
 reorders the rows of q and k (llama.cpp's GGUFs store them permuted for their rotary layout), so
 rows are matched by value and the blocks reordered to the tensor's order. A matrix whose rows do
-not all match keeps the float32 path. The compute path `fp32-rows` (compute.py) leaves the blocks out.
+not all match is multiplied from its float32 weights by the same kernel.
 
 gguf-py's reader parses the file's metadata (the tokenizer's 49,152 entries) in Python, 6-8 s
 here, so `load_blocks` does that once: it keeps the matched blocks beside the converted weights

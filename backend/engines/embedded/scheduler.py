@@ -35,7 +35,7 @@ import torch
 
 from backend.engines.base import template_token_ids
 from backend.engines.embedded.detokenizer import TextStream
-from backend.engines.embedded.linear import KERNEL_MAX_ROWS, rows_independent
+from backend.engines.embedded.linear import KERNEL_MAX_ROWS
 from backend.engines.embedded.model import Llama, PromptKV, RowCache
 from backend.engines.embedded.sampler import RowSampling, sample, top_tokens
 from backend.vocabulary import ALTERNATIVE_DIGITS, Alternatives, Chunk
@@ -231,7 +231,7 @@ class BatchScheduler:
         """How the linear layers multiply (embedded.linear's kernel or PyTorch), for the figures."""
         self.compute = compute or {}
         """The compute path (compute.py): its name, whether it is batch-invariant and why it runs."""
-        self.step_weight_bytes = sum(model.block_bytes())
+        self.step_weight_bytes = model.weights.step_bytes()
         """Bytes of weight matrices a decode step reads (GGUF blocks where it has them), for the figures."""
 
     # --- called from other threads -------------------------------------------------------------
@@ -402,13 +402,13 @@ class BatchScheduler:
         """The first waiting request, and after it those that fit beside it in one prefill: their
         new tokens (after the template head each copies) at most KERNEL_MAX_ROWS together, their
         rows within the cap. Only where a row's products do not depend on the rows beside it (the
-        rows kernel, int8's exact sums: `rows_independent`): there a prompt gives the same values
+        rows kernel, int8's exact sums: `ModelWeights.rows_independent`): there a prompt gives the same values
         alone or beside others, so a seed's text does not depend on who else arrived. (PyTorch's
         product is checked at one block of rows, a decode step's; a prompt is prefilled alone
         there, the same way every time.)"""
         first = self.waiting.popleft()
         group = [first]
-        if not rows_independent():
+        if not self.model.weights.rows_independent:
             return group
         budget = KERNEL_MAX_ROWS - self._new_tokens(first)
         free = self.max_rows - len(self.rows) - first.n

