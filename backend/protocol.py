@@ -36,7 +36,7 @@ from backend.config.settings import (
 )
 from backend.json_values import is_int, is_number, reject_constant
 from backend.saved_run import SavedRun, SavedRunError, saved_run_from_dict
-from backend.vocabulary import PROMPT_FORMATS, SamplingParams
+from backend.vocabulary import ALTERNATIVES_MAX, PROMPT_FORMATS, Alternatives, SamplingParams
 
 PROTOCOL_VERSION = 2
 """2: a server message may be a batch of frames (a JSON array); 1 sent one frame per message."""
@@ -209,7 +209,7 @@ def _parse_generate(frame: dict[str, Any], limits: Limits) -> GenerateCommand:
     logprobs = frame.get("logprobs", False)
     if not isinstance(logprobs, bool):
         raise fail("bad_field", '"logprobs" must be true or false')
-    params = replace(params, logprobs=logprobs)
+    params = replace(params, logprobs=logprobs, alternatives=_parse_alternatives(frame, logprobs, fail))
     return _with_options(
         GenerateCommand(
             id=request_id,
@@ -389,6 +389,26 @@ def _parse_prefix(frame: dict[str, Any], limits: Limits, used: int, fail: Fail) 
     return prefix
 
 
+def _parse_alternatives(frame: dict[str, Any], logprobs: bool, fail: Fail) -> int:
+    """How many alternatives each token lists (0: none, the field left out or null); only with
+    `logprobs`."""
+    k = frame.get("alternatives")
+    if k is None:
+        return 0
+    if not is_int(k):
+        raise fail(
+            "bad_field", f'"alternatives" must be an integer from 1 to {ALTERNATIVES_MAX}, or left out'
+        )
+    if not 1 <= k <= ALTERNATIVES_MAX:
+        raise fail(
+            "alternatives_out_of_range",
+            f"alternatives must be between 1 and {ALTERNATIVES_MAX} tokens a position, got {k}",
+        )
+    if not logprobs:
+        raise fail("bad_field", '"alternatives" needs "logprobs": true (token confidence)')
+    return int(k)
+
+
 def _parse_n(frame: dict[str, Any], limits: Limits, fail: Fail) -> int:
     n = frame.get("n", 1)
     if not is_int(n):
@@ -564,6 +584,7 @@ GENERATE_OPTIONS = (
     "system",
     "prefix",
     "logprobs",
+    "alternatives",
     "consumer",
     "fanout",
     "trace",
@@ -669,6 +690,7 @@ def chunk_frame(
     tokens: int,
     at: float | None = None,
     logprobs: tuple[float, ...] | None = None,
+    alternatives: tuple[Alternatives, ...] | None = None,
 ) -> dict[str, Any]:
     """New text of sample `index`; `tokens` counts the tokens in `text` (frames may coalesce).
 
@@ -676,7 +698,8 @@ def chunk_frame(
     monotonic clock, so a client on the same host can measure the delivery latency. With
     `logprobs` (the chunk's tokens' log probabilities) the frame carries `"logprobs": [[text,
     [logprob, ...]]]`: pieces of the text, each with its tokens' log probabilities (a frame that
-    coalesces chunks has a piece per chunk).
+    coalesces chunks has a piece per chunk); with `alternatives` too, each piece carries its
+    tokens' alternatives (`logprob_pieces`).
     """
     frame: dict[str, Any] = {
         "type": "chunk",
@@ -688,8 +711,19 @@ def chunk_frame(
     if at is not None:
         frame["at"] = to_microseconds(at)
     if logprobs is not None:
-        frame["logprobs"] = [[text, list(logprobs)]]
+        frame["logprobs"] = logprob_pieces(text, logprobs, alternatives)
     return frame
+
+
+def logprob_pieces(
+    text: str, logprobs: tuple[float, ...], alternatives: tuple[Alternatives, ...] | None = None
+) -> list[Any]:
+    """A chunk's `logprobs` pieces: `[[text, [logprob, ...]]]`, and with alternatives
+    `[[text, [logprob, ...], [[drawn, [[token, logprob], ...]], ...]]]`, one entry per token (the
+    engine's tuples as they are: JSON writes them as arrays, and the engine rounded them)."""
+    if alternatives is None:
+        return [[text, list(logprobs)]]
+    return [[text, list(logprobs), alternatives]]
 
 
 def to_microseconds(seconds: float) -> float:

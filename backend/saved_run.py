@@ -26,7 +26,7 @@ from backend.config.settings import (
     TOP_K_MAX,
 )
 from backend.json_values import is_int, is_number, reject_constant
-from backend.vocabulary import FINISH_REASONS, PROMPT_FORMATS, SamplingParams
+from backend.vocabulary import ALTERNATIVES_MAX, FINISH_REASONS, PROMPT_FORMATS, Alternatives, SamplingParams
 
 SAVED_RUN_KIND = "parallel-sampling-dashboard/run"
 """The `kind` of every saved run: what tells it apart from any other JSON file."""
@@ -75,7 +75,11 @@ RUN_FIELDS = ("engine", "model", "prompt", "continues", "settings", "samples", "
 PROMPT_FIELDS = ("text", "format", "system", "format_reason")
 PROMPT_FIELDS_V2 = (*PROMPT_FIELDS, "prefix")
 CONTINUES_FIELDS = ("run", "text")
+CONTINUES_FIELDS_ALL = (*CONTINUES_FIELDS, "chosen")
+"""`chosen`, where present: the token chosen by hand that `text` ends with (an alternative branched on)."""
 SETTINGS_FIELDS = ("n", "max_tokens", "temperature", "top_p", "top_k", "seed", "stop", "logprobs")
+SETTINGS_FIELDS_ALL = (*SETTINGS_FIELDS, "alternatives")
+"""`alternatives`, where present: how many alternatives each token lists (a run without has none)."""
 SAMPLE_FIELDS = ("index", "seed", "finish_reason", "text", "tokens", "chunks", "stats", "engine")
 
 
@@ -96,6 +100,8 @@ class SavedChunk:
     logprobs: tuple[float, ...] | None = None
     """Its tokens' natural-log probabilities, where the request asked for them and the engine gave
     them (an engine may leave out a token's, so there may be fewer than `tokens`)."""
+    alternatives: tuple[Alternatives, ...] | None = None
+    """Its tokens' alternatives, where the request asked for them and the engine gave them."""
 
 
 @dataclass(frozen=True)
@@ -129,6 +135,8 @@ class Continues:
 
     run: int
     text: str
+    chosen: str = ""
+    """The token chosen by hand that `text` ends with, where the run branched on an alternative."""
 
 
 @dataclass(frozen=True)
@@ -187,7 +195,7 @@ def _run_dict(run: SavedRun) -> dict[str, Any]:
             "format_reason": run.format_reason,
             "prefix": run.prefix,
         },
-        "continues": None if continues is None else {"run": continues.run, "text": continues.text},
+        "continues": None if continues is None else _continues_dict(continues),
         "settings": {
             "n": run.n,
             "max_tokens": params.max_tokens,
@@ -197,10 +205,18 @@ def _run_dict(run: SavedRun) -> dict[str, Any]:
             "seed": params.seed,
             "stop": list(params.stop),
             "logprobs": params.logprobs,
+            **({"alternatives": params.alternatives} if params.alternatives else {}),
         },
         "samples": [_sample_dict(sample) for sample in run.samples],
         "stats": dict(run.stats),
     }
+
+
+def _continues_dict(continues: Continues) -> dict[str, Any]:
+    where: dict[str, Any] = {"run": continues.run, "text": continues.text}
+    if continues.chosen:
+        where["chosen"] = continues.chosen
+    return where
 
 
 def _sample_dict(sample: SavedSample) -> dict[str, Any]:
@@ -209,6 +225,13 @@ def _sample_dict(sample: SavedSample) -> dict[str, Any]:
         entry: list[Any] = [round(chunk.at, AT_DIGITS), chunk.text, chunk.tokens]
         if chunk.logprobs is not None:
             entry.append([round(value, LOGPROB_DIGITS) for value in chunk.logprobs])
+            if chunk.alternatives is not None:
+                entry.append(
+                    [
+                        [drawn, [[token, round(value, LOGPROB_DIGITS)] for token, value in top]]
+                        for drawn, top in chunk.alternatives
+                    ]
+                )
         chunks.append(entry)
     return {
         "index": sample.index,
@@ -411,7 +434,7 @@ def _continues(
         if prefix and not name:
             raise SavedRunError('a version 1 run has no "prompt.prefix"')
         return None
-    where = _object(value, f'"{name}continues"', CONTINUES_FIELDS, CONTINUES_FIELDS)
+    where = _object(value, f'"{name}continues"', CONTINUES_FIELDS_ALL, CONTINUES_FIELDS)
     if not earlier:
         raise SavedRunError(f'"{name}continues" names an earlier run, but the file has none before it')
     position = _integer(where["run"], f'"{name}continues.run"', 0, len(earlier) - 1)
@@ -425,7 +448,12 @@ def _continues(
         raise SavedRunError(
             f'"{name}prompt.prefix" must be runs[{position}]\'s prefix followed by "continues.text"'
         )
-    return Continues(position, branch)
+    chosen = _string(where.get("chosen", ""), f'"{name}continues.chosen"', PROMPT_CHARS_MAX)
+    if not branch.endswith(chosen):
+        raise SavedRunError(
+            f'"{name}continues.text" must end with "continues.chosen", the token chosen by hand'
+        )
+    return Continues(position, branch, chosen)
 
 
 def _object(value: Any, name: str, known: tuple[str, ...], required: tuple[str, ...]) -> dict[str, Any]:
@@ -483,7 +511,7 @@ def _figures(value: Any, name: str) -> dict[str, Any]:
 
 
 def _settings(value: Any) -> tuple[int, SamplingParams]:
-    settings = _object(value, '"settings"', SETTINGS_FIELDS, required=SETTINGS_FIELDS)
+    settings = _object(value, '"settings"', SETTINGS_FIELDS_ALL, required=SETTINGS_FIELDS)
     n = _integer(settings["n"], '"settings.n"', 1, N_MAX)
     stop = settings["stop"]
     if (
@@ -506,7 +534,12 @@ def _settings(value: Any) -> tuple[int, SamplingParams]:
         top_k=_integer(settings["top_k"], '"settings.top_k"', 0, TOP_K_MAX),
         stop=tuple(stop),
         logprobs=logprobs,
+        alternatives=_integer(
+            settings.get("alternatives", 0), '"settings.alternatives"', 0, ALTERNATIVES_MAX
+        ),
     )
+    if params.alternatives and not logprobs:
+        raise SavedRunError('"settings.alternatives" needs "settings.logprobs" true')
     return n, params
 
 
@@ -557,15 +590,18 @@ def _sample(value: Any, position: int, params: SamplingParams) -> SavedSample:
 
 
 def _chunk(value: Any, name: str, params: SamplingParams) -> SavedChunk:
-    if not isinstance(value, list) or len(value) not in (3, 4):
-        raise SavedRunError(f"{name} must be [at, text, tokens] or [at, text, tokens, [logprob, ...]]")
+    if not isinstance(value, list) or len(value) not in (3, 4, 5):
+        raise SavedRunError(
+            f"{name} must be [at, text, tokens], [at, text, tokens, [logprob, ...]] or "
+            "[at, text, tokens, [logprob, ...], [alternatives, ...]]"
+        )
     at = _number(value[0], f"{name}'s time", 0, DURATION_MAX_S)
     text = _string(value[1], f"{name}'s text", TOKENS_MAX * 64)
     tokens = _integer(value[2], f"{name}'s tokens", 0, TOKENS_MAX)
     if not text and not tokens:
         raise SavedRunError(f"{name} has neither text nor tokens")
     logprobs = None
-    if len(value) == 4:
+    if len(value) >= 4:
         if not params.logprobs:
             raise SavedRunError(f'{name} has logprobs, but the run\'s "settings.logprobs" is false')
         raw = value[3]
@@ -574,7 +610,34 @@ def _chunk(value: Any, name: str, params: SamplingParams) -> SavedChunk:
         if len(raw) > tokens:
             raise SavedRunError(f"{name} has {len(raw)} logprobs for {tokens} tokens")
         logprobs = tuple(float(x) for x in raw)
-    return SavedChunk(at, text, tokens, logprobs)
+    alternatives = _chunk_alternatives(value[4], name, params, tokens) if len(value) == 5 else None
+    return SavedChunk(at, text, tokens, logprobs, alternatives=alternatives)
+
+
+def _chunk_alternatives(raw: Any, name: str, params: SamplingParams, tokens: int) -> tuple[Alternatives, ...]:
+    """A chunk's alternatives, `[[drawn, [[token, logprob], ...]], ...]`, one per token at most,
+    each listing at most the run's k (`settings.alternatives`)."""
+    if not params.alternatives:
+        raise SavedRunError(f'{name} has alternatives, but the run\'s "settings.alternatives" is 0 or absent')
+    shape = f"{name}'s alternatives must be [[drawn, [[token, logprob], ...]], ...], at most {tokens}"
+    if not isinstance(raw, list) or len(raw) > tokens:
+        raise SavedRunError(shape)
+    found: list[Alternatives] = []
+    for entry in raw:
+        if not (
+            isinstance(entry, list) and len(entry) == 2 and is_int(entry[0]) and isinstance(entry[1], list)
+        ):
+            raise SavedRunError(shape)
+        top = entry[1]
+        if len(top) > params.alternatives or not -1 <= entry[0] < len(top):
+            raise SavedRunError(f"{shape}, each listing at most {params.alternatives}, drawn -1 or a place")
+        if not all(
+            isinstance(pair, list) and len(pair) == 2 and isinstance(pair[0], str) and is_number(pair[1])
+            for pair in top
+        ):
+            raise SavedRunError(shape)
+        found.append((int(entry[0]), tuple((str(token), float(value)) for token, value in top)))
+    return tuple(found)
 
 
 def load_saved_run(path: str | Path) -> SavedRun:

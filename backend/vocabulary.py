@@ -14,6 +14,21 @@ from typing import Any
 FINISH_REASONS = ("stop", "length", "abort", "error")
 """Why a sample ended: natural stop, max_tokens reached, cancelled, engine failure."""
 
+ALTERNATIVES_DEFAULT = 5
+"""How many alternatives a token gets where a run asks for them without saying how many (the page's k)."""
+
+ALTERNATIVES_MAX = 20
+"""The most alternatives a token may get: the largest k SGLang and vLLM give by default."""
+
+ALTERNATIVE_DIGITS = 4
+"""Decimals an alternative's logprob keeps: each engine rounds them as it lists them (a probability
+to 0.01 % and better), so that frames carry them as they are, with no work a token."""
+
+Alternatives = tuple[int, tuple[tuple[str, float], ...]]
+"""One token's alternatives: the drawn token's place among them (-1: not among them), then the k
+most likely tokens at that position as (text, natural-log probability rounded to
+ALTERNATIVE_DIGITS), most likely first."""
+
 PROMPT_FORMATS = ("chat", "raw")
 """How a prompt reaches the model: as the user's turn of the model's chat template, or as plain text
 to continue."""
@@ -77,6 +92,9 @@ class SamplingParams:
     """A sample ends (reason "stop") before the first of these strings; the string is not output."""
     logprobs: bool = False
     """Whether each chunk carries its tokens' log probabilities (`Chunk.logprobs`)."""
+    alternatives: int = 0
+    """With `logprobs`: how many of the most likely tokens each token's position lists
+    (`Chunk.alternatives`); 0: none."""
 
     def sample_seed(self, index: int) -> int:
         """The seed of sample `index`: the request seed plus the index, so samples differ."""
@@ -97,3 +115,6 @@ class Chunk:
     logprobs: tuple[float, ...] | None = None
     """The natural-log probability of each of the chunk's tokens under the model, in order, where
     the request asked for them (`SamplingParams.logprobs`) and the engine gives them."""
+    alternatives: tuple[Alternatives, ...] | None = None
+    """Each of the chunk's tokens' alternatives (`Alternatives`), in order, where the request asked
+    for them (`SamplingParams.alternatives`) and the engine gives them."""

@@ -14,15 +14,22 @@ same values) over a decode step's matrices at each row count instead (int8.TIMED
 three each), and where `int8.take_over` hands rows to `_int_mm` in this process: what the take-over
 gains, where it takes over.
 
+With `--alternatives`, each n also times what token confidence adds to the step on that step's
+logits (`scheduler.token_logprobs`, the fastest of --steps): the drawn tokens' logprobs alone
+(`off`), and with k = 5 and 20 alternatives a token; `step+k/off` is the step's fastest with those
+alternatives against with logprobs alone.
+
 Usage: python -m bench.compute_paths [--paths int8-exact,bf16-torch,fp32-blocks] [--ns 1,8,32]
-                                     [--steps 10] [--take-over 32,48,64,128,256,512]
+                                     [--steps 10] [--take-over 32,48,64,128,256,512] [--alternatives]
 """
 
 from __future__ import annotations
 
 import argparse
+import math
 import statistics
 import time
+from types import SimpleNamespace
 from typing import Any
 
 import torch
@@ -33,7 +40,7 @@ from backend.engines.embedded.compute import PATHS, unavailable
 from backend.engines.embedded.formats import MATRICES
 from backend.engines.embedded.linear import kernel_status
 from backend.engines.embedded.row_cache import RowCache
-from backend.engines.embedded.scheduler import CACHE_DTYPE
+from backend.engines.embedded.scheduler import CACHE_DTYPE, BatchScheduler, DecodeParams, token_logprobs
 from backend.engines.embedded.weights import resolve_model
 from backend.engines.embedded.worker import WorkerSetup
 from bench.embedded_vs_vllm import cpu_words
@@ -74,7 +81,33 @@ class ProductClock:
         self.llama.lm_head = self.llama.lm_head.weight
 
 
-def steps(name: str, ns: list[int], count: int) -> None:
+def scoring_us(scheduler: BatchScheduler, logits: torch.Tensor, k: int, count: int) -> float:
+    """The fastest of `count` calls of `token_logprobs` on a step's logits (microseconds), every row
+    asking for logprobs and, with `k`, that many alternatives."""
+    params = DecodeParams(8, 0.8, 0.95, seed=1, logprobs=True, alternatives=k)
+    rows: Any = [SimpleNamespace(job=SimpleNamespace(params=params))] * logits.shape[0]
+    tokens = logits.argmax(-1).tolist()
+    token_logprobs(logits, tokens, rows, scheduler.token_text)  # the tokens' texts decoded once
+    best = math.inf
+    for _ in range(count):
+        started = time.perf_counter()
+        token_logprobs(logits, tokens, rows, scheduler.token_text)
+        best = min(best, time.perf_counter() - started)
+    return best * 1e6
+
+
+def alternatives_line(scheduler: BatchScheduler, logits: torch.Tensor, whole: list[float], count: int) -> str:
+    """What logprobs alone and k = 5 and 20 alternatives take on a step's logits, against its fastest."""
+    off, k5, k20 = (scoring_us(scheduler, logits, k, count) for k in (0, 5, 20))
+    fastest = min(whole) * 1e6
+    return (
+        f"    fastest step {fastest / 1e3:.1f} ms; logprobs off {off:6.0f} us, k=5 {k5:6.0f} us, "
+        f"k=20 {k20:6.0f} us; step+k/off: k=5 {(fastest + k5) / (fastest + off):.3f}, "
+        f"k=20 {(fastest + k20) / (fastest + off):.3f}"
+    )
+
+
+def steps(name: str, ns: list[int], count: int, alternatives: bool = False) -> None:
     """Print one path's steps at each of `ns` rows."""
     folder = resolve_model()
     setup = WorkerSetup(str(folder.path), name, 1, max(ns), 512, str(folder.gguf or ""))
@@ -96,7 +129,7 @@ def steps(name: str, ns: list[int], count: int) -> None:
             for step in range(count + 2):
                 clock.seconds = 0.0
                 started = time.perf_counter()
-                llama.decode(tokens, cache)
+                logits = llama.decode(tokens, cache)
                 if step >= 2:
                     whole.append(time.perf_counter() - started)
                     inside.append(clock.seconds)
@@ -106,6 +139,8 @@ def steps(name: str, ns: list[int], count: int) -> None:
             f"outside them {(step_s - linear_s) * 1e3:5.1f} ms, {n / step_s:6.1f} tok/s",
             flush=True,
         )
+        if alternatives:
+            print(alternatives_line(scheduler, logits, whole, count), flush=True)
 
 
 def take_over(rows_list: list[int]) -> None:
@@ -139,6 +174,7 @@ def main() -> None:
     parser.add_argument("--ns", default="1,8,32")
     parser.add_argument("--steps", type=int, default=10)
     parser.add_argument("--take-over", default="", help="row counts to time int8's two sums at")
+    parser.add_argument("--alternatives", action="store_true", help="also time the logprobs and alternatives")
     args = parser.parse_args()
     torch.set_num_threads(1)
     print(
@@ -151,13 +187,13 @@ def main() -> None:
     ns = [int(n) for n in args.ns.split(",")]
     for name in args.paths.split(","):
         if name == "auto":
-            steps(name, ns, args.steps)
+            steps(name, ns, args.steps, args.alternatives)
             continue
         why = unavailable(PATHS[name], kernel_status(), True, int8.available())
         if why is not None:
             print(f"{name}: does not run here ({why})", flush=True)
             continue
-        steps(name, ns, args.steps)
+        steps(name, ns, args.steps, args.alternatives)
 
 
 if __name__ == "__main__":

@@ -9,6 +9,11 @@ both alike: read the ratios.
 
 Usage: python -m bench.embedded [--ns 1,8,32] [--tokens 64] [--threads 1] [--compute PATH]
 (`--compute` as the engine's, `auto` by default)
+
+`--alternatives ROUNDS` times the engine's decode step instead (its own figure: the model's step,
+the sampler, the logprobs and alternatives, the chunks, as the scheduler measures it) with token
+confidence off, on without alternatives (`off`), and on with k = 5 and 20 alternatives a token,
+alternating in each of ROUNDS rounds; medians, and each against `off`.
 """
 
 from __future__ import annotations
@@ -118,16 +123,67 @@ def run_generate(model: object, ids: list[int], n: int, tokens: int) -> dict[str
     return {"tok_s": count / elapsed, "ttft_ms": 1000 * ttft, "mem_mb": memory.peak / 2**20}
 
 
+STEP_MODES = {
+    "no logprobs": {},
+    "off": {"logprobs": True},
+    "k=5": {"logprobs": True, "alternatives": 5},
+    "k=20": {"logprobs": True, "alternatives": 20},
+}
+"""The decode-step comparison's settings: logprobs off, on without alternatives, on with k of them."""
+
+
+async def step_ms(
+    engine: EmbeddedEngine, ids: list[int], n: int, tokens: int, mode: dict[str, object]
+) -> float:
+    """The engine's mean decode step (ms) over one request of n samples x `tokens` in `mode`."""
+    before = engine.health()
+    params = DecodeParams(tokens, 0.8, 0.95, seed=1, ignore_eos=True, **mode)  # type: ignore[arg-type]
+    async for _ in engine.submit(ids, n, params):
+        pass
+    await asyncio.sleep(0.05)  # the last step's figures
+    after = engine.health()
+    return 1000 * (after["step_seconds"] - before["step_seconds"]) / (after["steps"] - before["steps"])
+
+
+async def alternatives_table(
+    engine: EmbeddedEngine, ids: list[int], ns: list[int], tokens: int, rounds: int
+) -> None:
+    """The decode step with alternatives on against off, modes alternating in each round; medians."""
+    print(f"decode step (ms, the scheduler's own figure), {tokens} tokens a sample, {rounds} rounds, medians")
+    print(f"{'n':>3}" + "".join(f"{name:>13}" for name in STEP_MODES) + f"{'k=5/off':>9}{'k=20/off':>9}")
+    for n in ns:
+        seen: dict[str, list[float]] = {name: [] for name in STEP_MODES}
+        for _ in range(rounds):
+            for name, mode in STEP_MODES.items():
+                seen[name].append(await step_ms(engine, ids, n, tokens, mode))
+        ms = {name: statistics.median(values) for name, values in seen.items()}
+        print(
+            f"{n:>3}"
+            + "".join(f"{ms[name]:>13.2f}" for name in STEP_MODES)
+            + f"{ms['k=5'] / ms['off']:>9.3f}{ms['k=20'] / ms['off']:>9.3f}",
+            flush=True,
+        )
+
+
 async def main() -> None:
     formatter = argparse.RawDescriptionHelpFormatter
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=formatter)
     parser.add_argument("--ns", default="1,8,32")
     parser.add_argument("--tokens", type=int, default=64)
+    parser.add_argument("--alternatives", type=int, default=0, help="rounds of the decode-step comparison")
     THREADS.add_to(parser)
     COMPUTE.add_to(parser)
     args = parser.parse_args()
     engine = EmbeddedEngine(threads=args.threads, compute=args.compute)
     engine.load()
+    if args.alternatives:
+        ids = engine.prompt_ids(Prompt(PROMPT))
+        print(f"{engine.model}, compute path {engine.health().get('compute_path', '?')}")
+        await run_engine(engine, ids, 2, 4)  # warm-up
+        ns = [int(x) for x in args.ns.split(",")]
+        await alternatives_table(engine, ids, ns, args.tokens, args.alternatives)
+        await engine.stop()
+        return
     from transformers import AutoModelForCausalLM
 
     reference = AutoModelForCausalLM.from_pretrained(resolve_model().path, dtype=engine.dtype)

@@ -31,6 +31,13 @@ medians. Columns:
   temperature 0 a sample ends at a sentence end after 40 % of max_tokens: `--seconds 1` makes
   requests of about 0.54 s, `--seconds 4` of about 1.6 s.)
 
+`--alternatives` adds a table of what token confidence and its alternatives cost on the wire:
+`python -m backend`'s server in a process of its own on `devkit.listing.ListingEngine` (the synthetic
+engine that makes up each token's k alternatives from its word list, so the engine costs nothing more), read
+by a websocket client as in (b), at n = 8 and 32, with logprobs off, on without alternatives
+(`off`), and on with k = 5 and 20, alternating in each round; the bytes of the messages received a
+token, `b/a` against (a) as above, and each row's delivery against `off`'s.
+
 For (c): page updates per second, whether every column's final text is exactly the engine's, and
 `end ms`: from the backend's `done` frame to the final update reaching `gradio_client`, both on
 this host's monotonic clock (the app talks to the backend through `bench.done_relay.DoneRelay`,
@@ -59,10 +66,12 @@ from backend.protocol import generate_frame
 ROOT = Path(__file__).resolve().parent.parent
 
 from backend.engines.synthetic import SyntheticEngine, synthetic_tokens  # noqa: E402
+from backend.protocol import frames_in  # noqa: E402
 from backend.serving.stats import percentile  # noqa: E402
 from backend.vocabulary import Prompt, SamplingParams  # noqa: E402
 from bench.done_relay import DoneRelay  # noqa: E402
 from devkit.frames import recv_frame  # noqa: E402
+from devkit.listing import ListingEngine  # noqa: E402
 from devkit.local import LOCAL_LOAD_FLAGS, free_port, start_logged, stop_process_group  # noqa: E402
 from devkit.local import start_backend as harness_start_backend  # noqa: E402
 from devkit.local import stop_process as stop  # noqa: E402
@@ -342,12 +351,96 @@ def gradio_table(ns: list[int], rate: float, seconds: float) -> None:
         stop(backend)
 
 
+def serve_listing(port: int, rate: float, n_max: int) -> None:
+    """`python -m backend`'s server (tracing on) on `ListingEngine`, on `port`, until killed."""
+    from backend.config.settings import Limits, ServerOptions
+    from backend.serving.server import BackendServer
+
+    async def serve() -> None:
+        limits = Limits(n_max=n_max, max_total_samples=100000, requests_per_minute=100000)
+        server = BackendServer(ListingEngine(rate=rate, jitter=0.0), ServerOptions(limits=limits, port=port))
+        await server.start()
+        await asyncio.Event().wait()
+
+    asyncio.run(serve())
+
+
+async def run_listed(url: str, n: int, max_tokens: int, options: dict[str, Any]) -> tuple[Run, int]:
+    """One request with `options` (logprobs, alternatives) through the websocket, read as (b) reads:
+    what it delivered, and the bytes of the messages it received."""
+    params = {"max_tokens": max_tokens, "temperature": 0.0, "seed": SEED}
+    request = generate_frame("bench", "bench", n, params, **options)
+    tokens = size = frames = 0
+    async with connect(url, max_size=None) as ws:
+        started = time.monotonic()
+        await ws.send(json.dumps(request))
+        while True:
+            message = await ws.recv()
+            size += len(message)
+            found = frames_in(message)
+            frames += len(found)
+            tokens += sum(frame["tokens"] for frame in found if frame["type"] == "chunk")
+            if any(frame["type"] == "error" for frame in found):
+                raise RuntimeError(str(found))
+            if any(frame["type"] == "done" for frame in found):
+                break
+    return Run(tokens, time.monotonic() - started, frames), size
+
+
+LISTINGS = {"no logprobs": {}, "off": {"logprobs": True}, "k=5": {"logprobs": True, "alternatives": 5}}
+LISTINGS["k=20"] = {"logprobs": True, "alternatives": 20}
+"""What the alternatives table compares: logprobs off, on without alternatives, on with k of them."""
+
+
+def alternatives_table(ns: list[int], rate: float, seconds: float, rounds: int) -> None:
+    """Bytes a token and delivery with alternatives on against off, alternating in each round."""
+    port = free_port()
+    command = [
+        sys.executable,
+        "-m",
+        "bench.transport",
+        "--serve-listing",
+        str(port),
+        "--gradio-rate",
+        str(rate),
+    ]
+    log = Path(tempfile.mkdtemp(prefix="bench-alternatives-")) / "backend.log"
+    backend = start_logged(command, log, f"http://127.0.0.1:{port}/health", dict(os.environ))
+    url = f"ws://127.0.0.1:{port}/ws"
+    print(f"\nalternatives: {rate:g} tok/s per sample, ~{seconds:g} s runs, {rounds} rounds, medians")
+    print(f"{'n':>3}{'listing':>13}{'bytes/tok':>11}{'tok/s':>9}{'b/a':>7}{'vs off':>8}{'frames/s':>10}")
+    try:
+        for n in ns:
+            max_tokens = max_tokens_for(rate, seconds)
+            seen: dict[str, list[tuple[Run, int]]] = {name: [] for name in LISTINGS}
+            direct: list[Run] = []
+            for _ in range(rounds):
+                direct.append(asyncio.run(run_direct(n, rate, max_tokens)))
+                for name, options in LISTINGS.items():
+                    seen[name].append(asyncio.run(run_listed(url, n, max_tokens, options)))
+            a = med(direct, lambda r: r.tok_s)
+            off = statistics.median(run.tok_s for run, _ in seen["off"])
+            for name, runs in seen.items():
+                tok_s = statistics.median(run.tok_s for run, _ in runs)
+                per_token = statistics.median(size / run.tokens for run, size in runs)
+                frames_s = statistics.median(run.frames / run.seconds for run, _ in runs)
+                print(
+                    f"{n:>3}{name:>13}{per_token:>11.1f}{tok_s:>9.0f}{tok_s / a:>7.3f}{tok_s / off:>8.3f}"
+                    f"{frames_s:>10.0f}",
+                    flush=True,
+                )
+    finally:
+        stop_process_group(backend)
+
+
 def main() -> int:
     """Print the (a)/(b) table, then the (c) table."""
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    parser.add_argument("--ns", default="1,8,32,64", help="samples per request, comma-separated")
+    parser.add_argument(
+        "--ns", default="1,8,32,64", help="samples per request, comma-separated; empty to skip"
+    )
     parser.add_argument("--rates", default="50,500,2000", help="tokens/s per sample, comma-separated")
     parser.add_argument("--seconds", type=float, default=1.0, help="about how long each run streams")
     parser.add_argument("--rounds", type=int, default=3, help="alternating (a)/(b) rounds per row")
@@ -363,10 +456,23 @@ def main() -> int:
     parser.add_argument(
         "--before", type=Path, help="another checkout whose backend is measured too, for before/after"
     )
+    parser.add_argument(
+        "--alternatives",
+        default="8,32",
+        help="n for the alternatives table (at --gradio-rate); empty to skip it",
+    )
+    parser.add_argument("--serve-listing", type=int, help=argparse.SUPPRESS)
     args = parser.parse_args()
-    ns = [int(x) for x in args.ns.split(",")]
-    rates = [float(x) for x in args.rates.split(",")]
-    transport_table(ns, rates, args.seconds, args.rounds, args.before, args.temperature)
+    if args.serve_listing:
+        serve_listing(args.serve_listing, args.gradio_rate, 64)
+        return 0
+    if args.alternatives:
+        ns = [int(x) for x in args.alternatives.split(",")]
+        alternatives_table(ns, args.gradio_rate, args.seconds, args.rounds)
+    if args.ns:
+        ns = [int(x) for x in args.ns.split(",")]
+        rates = [float(x) for x in args.rates.split(",")]
+        transport_table(ns, rates, args.seconds, args.rounds, args.before, args.temperature)
     if args.gradio_ns:
         gradio_table([int(x) for x in args.gradio_ns.split(",")], args.gradio_rate, args.seconds)
     return 0

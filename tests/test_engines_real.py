@@ -494,6 +494,43 @@ async def test_logprobs_come_with_every_token(
     assert len(greedy) >= 5 and all(lp > -5 for lp in greedy), greedy  # argmax tokens are likely ones
 
 
+@pytest.mark.parametrize("prompt_format", ["chat", "raw"])
+async def test_the_server_gives_k_alternatives_a_token(
+    backend: tuple[BackendServer, RealServer], prompt_format: str
+) -> None:
+    """With `alternatives: k`, each token's piece lists the server's own k most likely tokens there
+    (SGLang's `output_top_logprobs`, vLLM's `top_logprobs`), most likely first, with texts; the
+    top one at least as likely as the drawn one, which is marked where it is among them."""
+    server, _ = backend
+    prompt = COLOUR_PROMPT if prompt_format == "chat" else "Once upon a time"
+    k = 4
+    async with connect(server.url) as ws:
+        await ws.send(generate("alt", 2, 16, prompt, format=prompt_format, logprobs=True, alternatives=k))
+        entries: list[tuple[float, list[Any]]] = []
+
+        async def on_frame(frame: dict[str, Any], texts: dict[int, str]) -> None:
+            if frame["type"] == "chunk":
+                for piece in frame["logprobs"]:
+                    assert len(piece) == 3, piece
+                    entries.extend(zip(piece[1], piece[2], strict=False))
+
+        result = await run_request(ws, "alt", on_frame)
+    assert not result["errors"]
+    assert len(entries) >= 10, entries
+    # vLLM's completions API keys its list by text: two tokens of the same text make one entry.
+    assert sum(len(top) == k for _, (_, top) in entries) >= 0.9 * len(entries), entries
+    marked = 0
+    for logprob, (drawn, top) in entries:
+        assert 1 <= len(top) <= k, top
+        values = [value for _, value in top]
+        assert values == sorted(values, reverse=True) and all(v <= 0 for v in values), top
+        assert values[0] >= logprob - 1e-3 and all(isinstance(token, str) and token for token, _ in top), top
+        if drawn >= 0:
+            assert abs(top[drawn][1] - logprob) < 1e-3, (logprob, top)
+            marked += 1
+    assert marked >= len(entries) // 2, entries
+
+
 async def test_a_raw_prompt_still_streams(backend: tuple[BackendServer, RealServer]) -> None:
     server, _ = backend
     async with connect(server.url) as ws:

@@ -45,10 +45,11 @@ BASE: list[Any] = [
     False,
     "",
     "off",
+    5,
 ]
 """Generate's inputs in order: prompt, n, max tokens, temperature, top-p, seed, consumer, block ms,
 fan-out, format, system prompt, output kind, cancel after, token confidence, answer pattern, stop
-when decided."""
+when decided, alternatives a token."""
 
 FIELDS = {name: i for i, name in enumerate(RUN_SETTINGS)}
 """Each run setting's place in Generate's inputs (the page's own declaration, `ui.run_request`)."""
@@ -94,6 +95,9 @@ HOSTILE: list[tuple[str, Any]] = [
     ("cancel_after", -3),
     ("cancel_after", 10**12),
     ("logprobs", "yes"),
+    ("alternatives", "five"),
+    ("alternatives", 2.5),
+    ("alternatives", math.nan),
     ("answer_pattern", CATASTROPHIC),
     ("answer_pattern", "a" * 10_000),
     ("answer_pattern", r"(?<=is )\w+"),
@@ -109,6 +113,7 @@ ACCEPTED: list[tuple[tuple[str, Any], ...]] = [
     (("consumer", "blocking"), ("block_ms", 200), ("max_tokens", 10)),
     (("format", "raw"), ("output_kind", "cumulative"), ("cancel_after", 3)),
     (("logprobs", True), ("fanout", "requests"), ("n", 4), ("stop_when_decided", "beta")),
+    (("logprobs", True), ("alternatives", 20)),
     (("prompt", "Tell a long story."), ("answer_pattern", CATASTROPHIC), ("max_tokens", 120)),
 ]
 """Valid settings at their edges, which must run to the end."""

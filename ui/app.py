@@ -35,7 +35,7 @@ from backend.config.settings import (
     Limits,
 )
 from backend.protocol import CONSUMER_MODES, FANOUTS, OUTPUT_KINDS, REPLAY_SPEED_MAX
-from backend.vocabulary import PROMPT_FORMATS
+from backend.vocabulary import ALTERNATIVES_DEFAULT, PROMPT_FORMATS
 from ui.answers_view import answers_chart as answers_chart_component
 from ui.answers_view import empty_outputs as empty_answers
 from ui.early_stop import RULES as STOP_RULES
@@ -479,6 +479,12 @@ def _why_n_controls() -> dict[str, Any]:
     with gr.Accordion("Why sample n times", open=False, elem_id="why-n"):
         with gr.Row():
             logprobs = gr.Checkbox(False, label="token confidence (logprobs)", elem_id="logprobs")
+            alternatives = gr.Number(
+                ALTERNATIVES_DEFAULT,
+                label="alternatives a token (k, 1 to 20: click a token to see them)",
+                precision=0,
+                elem_id="alternatives",
+            )
             answer_pattern = gr.Textbox(
                 "",
                 label="answer pattern (regular expression; empty: the last number)",
@@ -491,7 +497,12 @@ def _why_n_controls() -> dict[str, Any]:
             elem_id="stop-when-decided",
         )
         gr.Markdown(WHY_N)
-    return {"logprobs": logprobs, "answer_pattern": answer_pattern, "stop_when_decided": stop_when_decided}
+    return {
+        "logprobs": logprobs,
+        "alternatives": alternatives,
+        "answer_pattern": answer_pattern,
+        "stop_when_decided": stop_when_decided,
+    }
 
 
 COPY_LINK_JS = """

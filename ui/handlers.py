@@ -233,10 +233,14 @@ class Handlers:
     ) -> AsyncIterator[list[Any]]:
         """Continue a branch of the token tree (the tree's select event: the node's id as `index`, the
         tree's run as `value`): n new samples, with the settings as set, from the run's prompt plus
-        the text up to the end of that node, streamed into the columns as a new run. A branch that
-        cannot be continued (the run is gone, not the one on the page, still streaming, or the
-        backend refuses) is said in the status line, and the columns and tree stay as they are."""
-        continuable = functools.partial(self._continuable, node_id=event.index, run_id=event.value)
+        the text up to the end of that node, streamed into the columns as a new run; with the value
+        `{"run": ..., "chosen": token}`, branched on that alternative of the node's first token
+        (`ui.lineage.node_origin`). A branch that cannot be continued (the run is gone, not the one
+        on the page, still streaming, or the backend refuses) is said in the status line, and the
+        columns and tree stay as they are."""
+        value = event.value
+        run_id, chosen = (value.get("run"), value.get("chosen")) if isinstance(value, dict) else (value, None)
+        continuable = functools.partial(self._continuable, node_id=event.index, run_id=run_id, chosen=chosen)
         async for outputs in self._continue(request, continuable, settings):
             yield outputs
 
@@ -246,13 +250,19 @@ class Handlers:
         """Continue a column from a point of its text (the grid's select event: the column as
         `index`, `{"continue_at": characters, "run": its run}` as `value`: the end of the token or
         word clicked), as `continue_from` continues a node; the new run's branches grow from the
-        deepest node of the tree at or before that point. Other select events of the grid (a
-        column's Stop) are not continuations: nothing happens here for them."""
+        deepest node of the tree at or before that point. With `"chosen": token` in the value,
+        `continue_at` is where a token starts and the branch takes that alternative instead of it.
+        Other select events of the grid (a column's Stop) are not continuations: nothing happens
+        here for them."""
         value = event.value
         if not isinstance(value, dict) or "continue_at" not in value:
             return
         continuable = functools.partial(
-            self._point, column=event.index, offset=value.get("continue_at"), run_id=value.get("run")
+            self._point,
+            column=event.index,
+            offset=value.get("continue_at"),
+            run_id=value.get("run"),
+            chosen=value.get("chosen"),
         )
         async for outputs in self._continue(request, continuable, settings):
             yield outputs
@@ -278,7 +288,7 @@ class Handlers:
             return
         run.view.prefix = origin.prefix
         self._origins[run] = origin
-        self._lineages.setdefault(session, Lineage()).add(run, parent)
+        self._lineages.setdefault(session, Lineage()).add(run, parent, origin.chosen)
         start = lambda: run.start(wanted.prompt, wanted.n, wanted.params, wanted.options)  # noqa: E731
 
         def refused(message: str) -> list[Any]:
@@ -291,11 +301,14 @@ class Handlers:
         async for outputs in self._stream(session, run, ticket, answers, start, True, refused):
             yield outputs
 
-    def _point(self, session: str, column: Any, offset: Any, run_id: Any) -> tuple[Origin, tuple[int, int]]:
+    def _point(
+        self, session: str, column: Any, offset: Any, run_id: Any, chosen: Any = None
+    ) -> tuple[Origin, tuple[int, int]]:
         """What continuing column `column` of run `run_id` from character `offset` of its text asks
-        for (`ui.lineage.point_origin`); CannotContinue says why it cannot be."""
+        for, or branching there on the alternative `chosen` (`ui.lineage.point_origin`);
+        CannotContinue says why it cannot be."""
         run, lineage = self._current(session, run_id)
-        return point_origin(run, lineage, self._origins.get(run), column, offset)
+        return point_origin(run, lineage, self._origins.get(run), column, offset, chosen)
 
     def _current(self, session: str, run_id: Any) -> tuple[BackendRun, Lineage]:
         """The session's run and its tree of runs, where a branch of them can be continued from the
@@ -303,11 +316,14 @@ class Handlers:
         run, lineage = self._runs.get(session), self._lineages.get(session)
         return continuable_from(run, lineage, run_id)
 
-    def _continuable(self, session: str, node_id: Any, run_id: Any) -> tuple[Origin, tuple[int, int]]:
-        """What continuing node `node_id` of the tree of run `run_id` asks for (`ui.lineage.node_origin`);
-        CannotContinue says why it cannot be."""
+    def _continuable(
+        self, session: str, node_id: Any, run_id: Any, chosen: Any = None
+    ) -> tuple[Origin, tuple[int, int]]:
+        """What continuing node `node_id` of the tree of run `run_id` asks for, or branching on the
+        alternative `chosen` of its first token (`ui.lineage.node_origin`); CannotContinue says why
+        it cannot be."""
         _, lineage = self._current(session, run_id)
-        return node_origin(lineage, self._origins, node_id)
+        return node_origin(lineage, self._origins, node_id, chosen)
 
     async def replay(
         self, path: str | None, speed_value: float, request: gr.Request, **settings: Any
@@ -351,11 +367,16 @@ class Handlers:
             self._origins[run] = Origin(saved.prompt, saved.prompt_format, saved.system, saved.prefix)
             run.view.prefix = saved.prefix
             lineage = self._lineages.setdefault(session, Lineage())
-            parent = None
+            parent, chosen = None, ""
             if position and saved.continues is not None:
                 where = saved.continues
-                parent = (where.run, branch_node(lineage.runs[where.run].view.tree, where.text))
-            lineage.add(run, parent if position else None)
+                # An alternative branched on grows from where its token starts, as it did live.
+                reached = where.text[: len(where.text) - len(where.chosen)]
+                parent, chosen = (
+                    (where.run, branch_node(lineage.runs[where.run].view.tree, reached)),
+                    where.chosen,
+                )
+            lineage.add(run, parent if position else None, chosen)
             start = functools.partial(run.replay, saved, float(speed_value or 1.0), options)
             answers = AnswersPanel(wanted.answer_pattern, wanted.stop_rule)
             async for outputs in self._stream(session, run, ticket, answers, start):
@@ -583,8 +604,7 @@ class Handlers:
             self._answers.pop(session, None)
         lineage = self._lineages.get(session)
         if lineage is not None and lineage.runs and lineage.runs[-1] is run:
-            lineage.runs.pop()
-            lineage.parents.pop()
+            lineage.pop()
 
     def _in_background(self, coroutine: Any) -> None:
         task = asyncio.create_task(coroutine)

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from backend.saved_run import RUNS_MAX, Continues, SavedRun, SavedRunError
+from ui.alternatives_view import chosen_among, is_drawn
 from ui.client import BackendRun
 from ui.sample_tree import SampleTree
 from ui.sample_tree_view import split_id
@@ -44,14 +45,25 @@ class Lineage:
 
     runs: list[BackendRun] = field(default_factory=list)
     parents: list[tuple[int, int] | None] = field(default_factory=list)
+    chosen: list[str] = field(default_factory=list)
+    """Each run's token chosen by hand (an alternative branched on: the end of its prefix), or ""."""
 
-    def add(self, run: BackendRun, parent: tuple[int, int] | None) -> None:
-        """`run`, continuing node `parent` (None: a run of its own, which starts a new tree)."""
+    def add(self, run: BackendRun, parent: tuple[int, int] | None, chosen: str = "") -> None:
+        """`run`, continuing node `parent` (None: a run of its own, which starts a new tree), its
+        prefix ending with the token `chosen` by hand where it branched on an alternative."""
         if parent is None:
             self.runs.clear()
             self.parents.clear()
+            self.chosen.clear()
         self.runs.append(run)
         self.parents.append(parent)
+        self.chosen.append(chosen if parent is not None else "")
+
+    def pop(self) -> None:
+        """Forget the last run (one that never started)."""
+        self.runs.pop()
+        self.parents.pop()
+        self.chosen.pop()
 
     def joins(self) -> list[str]:
         """For each run, the text it goes on from past the node it continued ("" for a run that
@@ -72,7 +84,8 @@ class Lineage:
         """Every run of the tree as a saved run, each continuation saying which branch it continued
         (SavedRunError while a run has not finished)."""
         saved = []
-        for run, parent in zip(self.runs, self.parents, strict=True):
+        joins = self.joins()
+        for place, (run, parent) in enumerate(zip(self.runs, self.parents, strict=True)):
             if run.recorder is None:
                 raise SavedRunError("a run of this tree never started")
             one = run.recorder.saved_run(source)
@@ -80,8 +93,9 @@ class Lineage:
                 position, node_id = parent
                 tree = self.runs[position].view.tree
                 node = tree.find(node_id)
-                text = tree.text_to(node) if node is not None else ""
-                one = dataclasses.replace(one, continues=Continues(position, text))
+                text = (tree.text_to(node) if node is not None else "") + joins[place]
+                continues = Continues(position, text, self.chosen[place])
+                one = dataclasses.replace(one, continues=continues)
             saved.append(one)
         return saved
 
@@ -106,6 +120,8 @@ class Origin:
     prompt_format: str
     system: str
     prefix: str
+    chosen: str = ""
+    """The token chosen by hand that `prefix` ends with (an alternative branched on), or ""."""
 
 
 def continuable_from(
@@ -139,10 +155,11 @@ def _origin(view: RunView, known: Origin | None, text: str) -> Origin:
 
 
 def point_origin(
-    run: BackendRun, lineage: Lineage, known: Origin | None, column: Any, offset: Any
+    run: BackendRun, lineage: Lineage, known: Origin | None, column: Any, offset: Any, chosen: Any = None
 ) -> tuple[Origin, tuple[int, int]]:
     """What continuing column `column` of `run` (the last of `lineage`, sampled from `known`) from
     character `offset` of its text asks for, and the node of the tree at or before that point;
+    with `chosen`, the token at `offset` replaced by that alternative (`alternative_origin`).
     CannotContinue says why it cannot be."""
     samples = run.view.samples
     if not (isinstance(column, int) and 0 <= column < len(samples)):
@@ -153,19 +170,63 @@ def point_origin(
             f"column #{column} has no point {str(offset)[:20]!r} to continue from (its text has "
             f"{len(text)} characters)"
         )
+    if chosen is not None:
+        return alternative_origin(run, lineage, known, column, offset, chosen)
     origin = _origin(run.view, known, text[:offset])
     return origin, (len(lineage.runs) - 1, branch_node(run.view.tree, text[:offset]))
 
 
+def alternative_origin(
+    run: BackendRun, lineage: Lineage, known: Origin | None, column: int, offset: int, chosen: Any
+) -> tuple[Origin, tuple[int, int]]:
+    """What branching column `column` of `run` on the alternative `chosen` of its token starting at
+    character `offset` asks for: the text before that token, then `chosen` (marked as chosen by
+    hand), the branch growing from the deepest node at or before the token; the drawn token is
+    Continue from here at the token's end. CannotContinue says why it cannot be: no token starts
+    there, or `chosen` is not one the engine listed there."""
+    sample = run.view.samples[column]
+    found = sample.alternatives_at(offset)
+    if found is None:
+        raise CannotContinue(f"column #{column} has no token starting at character {offset}")
+    end, alternatives = found
+    why = chosen_among(alternatives, chosen)
+    if why:
+        raise CannotContinue(why)
+    parent = (len(lineage.runs) - 1, branch_node(run.view.tree, sample.text[:offset]))
+    if is_drawn(alternatives, chosen):
+        return _origin(run.view, known, sample.text[:end]), (
+            parent[0],
+            branch_node(run.view.tree, sample.text[:end]),
+        )
+    origin = _origin(run.view, known, sample.text[:offset])
+    return dataclasses.replace(origin, prefix=origin.prefix + chosen, chosen=chosen), parent
+
+
 def node_origin(
-    lineage: Lineage, origins: Mapping[BackendRun, Origin], node_id: Any
+    lineage: Lineage, origins: Mapping[BackendRun, Origin], node_id: Any, chosen: Any = None
 ) -> tuple[Origin, tuple[int, int]]:
     """What continuing node `node_id` of the tree of `lineage`'s runs asks for, and the (run
-    position, node id) it continues; CannotContinue says why it cannot be."""
+    position, node id) it continues; with `chosen`, the node's first token replaced by that
+    alternative (the branch grows from the node's parent, the token marked as chosen by hand; the
+    drawn token continues the node's parent's text and that token). CannotContinue says why it
+    cannot be."""
     position, local = split_id(node_id) if isinstance(node_id, int) and node_id >= 0 else (-1, -1)
     target = lineage.runs[position] if 0 <= position < len(lineage.runs) else None
     node = target.view.tree.find(local) if target is not None else None
     if target is None or node is None:
         raise CannotContinue(f"the tree on the page has no branch {str(node_id)[:20]!r} (any more)")
-    origin = _origin(target.view, origins.get(target), target.view.tree.text_to(node))
-    return origin, (position, node.id)
+    tree = target.view.tree
+    if chosen is None:
+        return _origin(target.view, origins.get(target), tree.text_to(node)), (position, node.id)
+    alternatives = tree.first_alternatives(node)
+    why = chosen_among(alternatives, chosen)
+    if why or node.parent is None:
+        raise CannotContinue(why or "the prompt has no token to replace")
+    before = tree.text_to(node.parent)
+    if is_drawn(alternatives, chosen):
+        return _origin(target.view, origins.get(target), before + chosen), (position, node.parent.id)
+    origin = _origin(target.view, origins.get(target), before)
+    return dataclasses.replace(origin, prefix=origin.prefix + chosen, chosen=chosen), (
+        position,
+        node.parent.id,
+    )

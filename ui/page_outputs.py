@@ -33,10 +33,13 @@ def outputs_for(
     why_not = cannot_continue(view, len(lineage.runs) if lineage is not None and whole else 1)
     if lineage is not None and whole:
         trees = [run.view.tree for run in lineage.runs]
-        tree = lineage_value(trees, lineage.parents, view.request_id, lineage.joins(), why_not)
+        joins = lineage.joins()
+        tree = lineage_value(trees, lineage.parents, view.request_id, joins, why_not, lineage.chosen)
     else:
         tree = tree_value(view.tree, view.request_id, why_not)
     columns = samples_value(view, time.monotonic())
+    if "alt_note" in columns:
+        tree["alt_note"] = columns["alt_note"]
     if view.accepted:
         columns["why_not"] = why_not
     return [

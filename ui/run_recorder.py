@@ -39,14 +39,17 @@ class RunRecorder:
             settings = replayed.get("settings") or {}
             request = {"prompt": prompt.get("text"), "system": prompt.get("system"), "params": settings}
             request["logprobs"] = settings.get("logprobs", False)
+            request["alternatives"] = settings.get("alternatives")
             request["prefix"] = prompt.get("prefix") or ""
         self.prompt = str(request.get("prompt", ""))
         self.system = str(request.get("system") or "")
         self.prefix = str(request.get("prefix") or "")
         self._request_params = dict(request.get("params") or {})
         self._logprobs = bool(request.get("logprobs", False))
+        alternatives = request.get("alternatives")
+        self._alternatives = alternatives if isinstance(alternatives, int) and self._logprobs else 0
         self._accepted: dict[str, Any] | None = None
-        self._chunks: list[list[tuple[float, str, int, tuple[float, ...] | None]]] = []
+        self._chunks: list[list[tuple[float, str, int, tuple[float, ...] | None, list[Any] | None]]] = []
         self._finishes: dict[int, dict[str, Any]] = {}
         self._done: dict[str, Any] | None = None
 
@@ -64,11 +67,13 @@ class RunRecorder:
             index = frame.get("index")
             if isinstance(index, int) and 0 <= index < len(self._chunks):
                 pieces = frame.get("logprobs")
-                logprobs = None
+                logprobs = listed = None
                 if pieces:
-                    logprobs = tuple(round(value, LOGPROB_DIGITS) for _, values in pieces for value in values)
+                    logprobs = tuple(round(value, LOGPROB_DIGITS) for piece in pieces for value in piece[1])
+                    if self._alternatives:
+                        listed = [entry for piece in pieces if len(piece) > 2 for entry in piece[2]]
                 at = round(max(float(frame.get("at", 0.0)) - self._accepted.get("at", 0.0), 0.0), AT_DIGITS)
-                self._chunks[index].append((at, frame["text"], int(frame["tokens"]), logprobs))
+                self._chunks[index].append((at, frame["text"], int(frame["tokens"]), logprobs, listed))
         elif kind == "finish":
             self._finishes[int(frame["index"])] = dict(frame)
         elif kind == "accepted":
@@ -81,14 +86,17 @@ class RunRecorder:
         """Sample `index` as the saved run's JSON has it, from its chunks and its `finish` frame."""
         finish = self._finishes.get(index, {})
         entries = [
-            [at, text, tokens] + ([list(lp)] if lp is not None else []) for at, text, tokens, lp in chunks
+            [at, text, tokens]
+            + ([list(lp)] if lp is not None else [])
+            + ([listed] if lp is not None and listed is not None else [])
+            for at, text, tokens, lp, listed in chunks
         ]
         return {
             "index": index,
             "seed": (finish.get("stats") or {}).get("seed", index),
             "finish_reason": finish.get("reason", "error"),
-            "text": "".join(text for _, text, _, _ in chunks),
-            "tokens": sum(tokens for _, _, tokens, _ in chunks),
+            "text": "".join(chunk[1] for chunk in chunks),
+            "tokens": sum(chunk[2] for chunk in chunks),
             "chunks": entries,
             "stats": finish.get("stats") or {},
             "engine": finish.get("engine") or {},
@@ -117,6 +125,8 @@ class RunRecorder:
             "stop": [stop] if isinstance(stop, str) else list(stop),
             "logprobs": self._logprobs,
         }
+        if self._alternatives:
+            settings["alternatives"] = self._alternatives
         samples = [self._sample(index, chunks) for index, chunks in enumerate(self._chunks)]
         run = {
             "engine": accepted.get("engine", ""),

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from backend.protocol import CONSUMER_MODES, FANOUTS, OUTPUT_KINDS
-from backend.vocabulary import PROMPT_FORMATS
+from backend.vocabulary import ALTERNATIVES_DEFAULT, PROMPT_FORMATS
 from ui.early_stop import RULES
 
 STOP_CHOICES = ("off", *RULES)
@@ -38,6 +38,7 @@ RUN_SETTINGS = (
     "logprobs",
     "answer_pattern",
     "stop_when_decided",
+    "alternatives",
 )
 """The page's run settings, declared once, in the order its API takes them: each is a control the
 page lays out under this name (`ui.app`), a keyword of the handlers that start runs, read here into
@@ -150,7 +151,7 @@ def _whole(value: float | None) -> int | None:
 
 def _options(get: Callable[[str], Any]) -> dict[str, Any]:
     """The request's options (consumer, fan-out, format and system prompt, output kind, cancel-after,
-    logprobs) from the settings that give them."""
+    logprobs and, with them, the alternatives a token) from the settings that give them."""
     block_ms = get("block_ms")
     block_ms = _number(0 if block_ms is None else block_ms, "block per chunk")
     cancel_after = _number(get("cancel_after"), "cancel after k tokens", integer=True, optional=True)
@@ -159,6 +160,7 @@ def _options(get: Callable[[str], Any]) -> dict[str, Any]:
     logprobs = get("logprobs")
     if not isinstance(logprobs, bool | None):
         raise InputProblem(f"token confidence must be true or false, not {str(logprobs)[:40]!r}")
+    alternatives = _number(get("alternatives"), "alternatives a token", integer=True, optional=True)
     options: dict[str, Any] = {
         "consumer": {
             "mode": _choice(get("consumer"), "consumer", CONSUMER_MODES, "cooperative"),
@@ -176,4 +178,6 @@ def _options(get: Callable[[str], Any]) -> dict[str, Any]:
         options["cancel_after"] = int(cancel_after)
     if logprobs:
         options["logprobs"] = True
+        # Empty: the default k; anything else goes as typed (the backend checks its range).
+        options["alternatives"] = ALTERNATIVES_DEFAULT if alternatives is None else int(alternatives)
     return options

@@ -18,6 +18,8 @@ from typing import Any
 
 import gradio as gr
 
+from ui import alternatives_view
+
 TEMPLATE = '<div class="sample-grid"></div>'
 """A constant template: the page script below owns the grid's contents, so Gradio never re-parses
 them (re-rendering a template of all n texts per update kept the page's main thread busy at n=32)."""
@@ -53,6 +55,7 @@ CSS = """
   border-left: 3px solid #cbd5e1; padding-left: 6px; }
 .sample-column[data-picked] { border-color: #7c3aed; box-shadow: 0 0 0 2px rgba(124, 58, 237, 0.35); }
 .sample-grid[data-picking] .sample-column:not([data-picked]) { opacity: 0.45; }
+.sample-text .tok[data-alts] { cursor: pointer; }
 .sample-text .parting { display: inline-block; width: 0; height: 1.15em; vertical-align: text-bottom;
   border-left: 3px solid #7c3aed; margin: 0 1px; }
 """
@@ -65,7 +68,8 @@ Text blocks scrolled out of view are not laid out or painted (`content-visibilit
 keeping the size they had when last shown): without it each update laid out every column's whole
 text, 15 ms a frame at the start of an n = 32 run and 78 ms at its end."""
 
-JS_ON_LOAD = r"""
+JS_ON_LOAD = (
+    r"""
 const grid = element.querySelector('.sample-grid');
 const done = new Set(['stop', 'length', 'stopped', 'error']);
 const columns = [];
@@ -112,7 +116,7 @@ function blockEnds(c, next) {
 
 // With logprobs, each piece of text is a span coloured by its tokens' mean probability, the value
 // on hover. Spans go into the same blocks as plain text.
-function appendPiece(c, piece, p) {
+function appendPiece(c, piece, p, alts) {
   if (!c.block || blockEnds(c, piece)) {
     c.block = document.createElement('div');
     c.text.appendChild(c.block);
@@ -123,6 +127,8 @@ function appendPiece(c, piece, p) {
   span.style.backgroundColor = colour(p);
   span.title = `p = ${p.toFixed(3)} (logprob ${Math.log(p).toFixed(2)})`;
   span.textContent = piece;
+  span.dataset.start = String(c.shown.length);  // where its first token starts in the sample's text
+  if (alts) { span.dataset.alts = ''; span._alts = alts; }
   c.block.appendChild(span);
   c.length += piece.length;
   c.endsLine = piece.endsWith('\n');
@@ -224,9 +230,9 @@ function render(value) {
                           marker: null, partsAt: null});
       }
       for (; c.marked < marks.length; c.marked++) {
-        const [end, p] = marks[c.marked];
+        const [end, p, alts] = marks[c.marked];
         if (end > c.shown.length) {
-          appendPiece(c, text.slice(c.shown.length, end), p);
+          appendPiece(c, text.slice(c.shown.length, end), p, alts);
           c.shown = text.slice(0, end);
         }
       }
@@ -296,18 +302,57 @@ function offerContinue(c, index, event) {
   c.col.appendChild(cont);
 }
 
+// A token's alternatives (with token confidence on): on hover, and held by a click; a row's click
+// branches on that token (the grid's select event with {continue_at: the token's start, chosen}).
+let altNote = '';
+let altHeld = null;  // the span whose alternatives stay shown (clicked)
+const alternatives = alternativesPopup('token-alternatives', (token) => {
+  const span = altHeld || alternatives.span;
+  const index = columns.findIndex((c) => c.text.contains(span));
+  if (index < 0) return;
+  cont.remove();
+  trigger('select', {index, value: {continue_at: Number(span.dataset.start), chosen: token, run}});
+});
+
+function showAlternatives(span, below) {
+  const index = columns.findIndex((c) => c.text.contains(span));
+  if (index < 0) return;
+  const c = columns[index];
+  const box = c.col.getBoundingClientRect();
+  const at = span.getBoundingClientRect();
+  alternatives.span = span;
+  alternatives.open(c.col, Math.min(at.bottom - box.top + below, box.height - 20),
+                    Math.max(4, Math.min(at.left - box.left, box.width - 200)),
+                    span._alts || null, altNote, whyNot);
+}
+
+element.addEventListener('mouseover', (event) => {
+  const span = event.target.closest('.sample-text .tok');
+  if (span && !altHeld && span !== alternatives.span) showAlternatives(span, 4);
+});
+element.addEventListener('mouseleave', () => {
+  if (!altHeld) { alternatives.close(); alternatives.span = null; }
+});
+
 render(props.value);
 run = props.value ? props.value.run : null;
 whyNot = (props.value && props.value.why_not) || '';
+altNote = (props.value && props.value.alt_note) || '';
 watch('value', () => {
   const value = props.value;
-  if ((value ? value.run : null) !== run) cont.remove();  // a new run: no point of the old one
+  if ((value ? value.run : null) !== run) {  // a new run: no point of the old one
+    cont.remove();
+    alternatives.close();
+    altHeld = alternatives.span = null;
+  }
   run = value ? value.run : null;
+  altNote = (value && value.alt_note) || '';
   const reason = (value && value.why_not) || '';
   if (reason !== whyNot) {
     whyNot = reason;
     const index = Number(cont.dataset.column);
     if (cont.isConnected && columns[index]) offerState(columns[index], Number(cont.dataset.offset));
+    if (altHeld && altHeld.isConnected) showAlternatives(altHeld, 34);  // its rows as the run now allows
   }
   render(value);
 });
@@ -327,18 +372,27 @@ element.addEventListener('click', (event) => {
     }
     return;
   }
+  if (alternatives.element.contains(event.target)) return;
   const index = columns.findIndex((c) => c.text.contains(event.target) || c.text === event.target);
-  if (index < 0) { cont.remove(); return; }
+  if (index < 0) { cont.remove(); alternatives.close(); altHeld = alternatives.span = null; return; }
   offerContinue(columns[index], index, event);
+  const span = event.target.closest('.tok');
+  altHeld = span && columns[index].text.contains(span) ? span : null;
+  if (altHeld) showAlternatives(altHeld, 34); else alternatives.close();
 });
 """
+    + alternatives_view.POPUP_JS
+)
 """Builds and updates the columns from the value: only what changed is touched (a column's new
 text is appended to its last text block; with logprobs, as spans coloured by probability); the
 point where a sample parts from every other sample gets a marker; a Stop click becomes the grid's
 `select` event with the column's index and the value "stop"; a click in a finished column's text
 offers Continue from here at that point (the end of the token or word clicked), whose click is the
 `select` event with the column's index and `{continue_at, run}`; while the run cannot be continued
-(the value's `why_not`: still streaming) the button says so, disabled, instead."""
+(the value's `why_not`: still streaming) the button says so, disabled, instead. With token
+confidence, hovering a token shows its alternatives (`ui.alternatives_view`'s popup, `token-alternatives`),
+a click holds them under the Continue button; picking one is the `select` event with
+`{continue_at: the token's start, chosen: the token, run}`; a run without any says why (`alt_note`)."""
 
 
 def sample_grid() -> gr.HTML:
@@ -346,7 +400,7 @@ def sample_grid() -> gr.HTML:
     return gr.HTML(
         value=empty_value(),
         html_template=TEMPLATE,
-        css_template=CSS,
+        css_template=CSS + alternatives_view.CSS,
         js_on_load=JS_ON_LOAD,
         elem_id="samples",
         apply_default_css=False,

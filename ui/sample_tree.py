@@ -27,6 +27,8 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from ui.alternatives_view import first_listed
+
 TOKENS = "token"
 WORDS = "word"
 
@@ -89,6 +91,9 @@ class SampleTree:
         """Each sample's units so far (those in the tree)."""
         self.logprobs: list[list[float | None]] = [[] for _ in range(n)]
         """Each unit's summed token logprob, None where the chunk had none."""
+        self.alternatives: list[list[list[Any] | None]] = [[] for _ in range(n)]
+        """Each unit's first token's alternatives (`ui.alternatives_view.listed`), None where the
+        chunk had none."""
         self.offsets: list[list[int]] = [[0] for _ in range(n)]
         """Characters before each unit, and after the last: `offsets[s][d]` starts unit d."""
         self.finished = 0
@@ -102,6 +107,8 @@ class SampleTree:
         """Word mode: the last, maybe unfinished, unit of each sample's text."""
         self._pending_logprobs: list[list[float]] = [[] for _ in range(n)]
         """Token mode: logprobs of tokens whose text has not appeared yet."""
+        self._pending_alternatives: list[list[Any] | None] = [None] * n
+        """Token mode: the alternatives of the first token whose text has not appeared yet."""
 
     # Growing
 
@@ -115,8 +122,11 @@ class SampleTree:
             if pieces is None or "".join(str(piece[0]) for piece in pieces) != text:
                 pieces = [[text, []]]  # no (or inconsistent) token boundaries: the text as one unit
             pending = self._pending_logprobs[index]
-            for piece_text, piece_logprobs in pieces:
-                pending.extend(piece_logprobs)
+            for piece in pieces:
+                piece_text = piece[0]
+                if not pending and self._pending_alternatives[index] is None:
+                    self._pending_alternatives[index] = first_listed(piece)
+                pending.extend(piece[1])
                 if piece_text:
                     self._grow(index, piece_text, math.fsum(pending) if pending else None)
                     pending.clear()
@@ -135,6 +145,7 @@ class SampleTree:
         if rest:
             self._grow(index, rest, None)
         self._pending_logprobs[index].clear()
+        self._pending_alternatives[index] = None
         self.finished |= 1 << index
 
     def _check(self, index: int) -> None:
@@ -147,6 +158,8 @@ class SampleTree:
         depth = len(self.units[s])
         self.units[s].append(unit)
         self.logprobs[s].append(logprob)
+        self.alternatives[s].append(self._pending_alternatives[s])
+        self._pending_alternatives[s] = None
         self.offsets[s].append(self.offsets[s][-1] + len(unit))
         if node.samples == bit and node is not self.root:
             node.end += 1  # alone on its branch (so nothing below it): the edge grows
@@ -243,6 +256,13 @@ class SampleTree:
             return 0
         offsets = self.offsets[node.owner]
         return offsets[node.end] - offsets[node.start]
+
+    def first_alternatives(self, node: Node) -> list[Any] | None:
+        """The alternatives of the node's edge's first token (its owner's, where its run listed them;
+        the samples that took it had the same text before it); None at the root or without."""
+        if node is self.root:
+            return None
+        return self.alternatives[node.owner][node.start]
 
     def probability(self, node: Node) -> float | None:
         """The probability of the edge's first unit (its tokens' together): the exponential of its

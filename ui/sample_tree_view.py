@@ -25,6 +25,7 @@ from typing import Any
 
 import gradio as gr
 
+from ui import alternatives_view
 from ui.sample_tree import TOKENS, Node, SampleTree, sample_indices
 
 LABEL_CHARS = 64
@@ -34,10 +35,14 @@ LABEL_HEAD = 40
 LABEL_TAIL = 18
 
 
-ROW_FIELDS = ("id", "level", "count", "samples", "p", "size", "ends", "text", "earlier", "unit")
+ROW_FIELDS = ("id", "level", "count", "samples", "p", "size", "ends", "text", "earlier", "unit", "alts")
 """A row's fields, in the order of its JSON array (`earlier`: 1 for a node of an earlier run of the
 tree, drawn dimmed, its samples not in the columns; `unit`: what its size counts, its own run's
-tree's unit, or CHARACTERS for the words a column's continuation goes on from)."""
+tree's unit, or CHARACTERS for the words a column's continuation goes on from; `alts`: its first
+token's alternatives, `ui.alternatives_view.listed`, or null)."""
+
+CHOSEN_MARK = "\u270b"
+"""Marks, in a continuation's root row, the token chosen by hand (an alternative branched on)."""
 
 CHARACTERS = "char"
 """The unit of a row whose size counts characters whatever its tree's unit (a continuation's words)."""
@@ -60,6 +65,7 @@ def lineage_value(
     run: str,
     joins: list[str] | None = None,
     why_not: str = "",
+    chosen: list[str] | None = None,
 ) -> dict[str, Any]:
     """The panel's value for a run and the runs it continues: `trees[i]` is run i's tree and
     `parents[i]` the (run position, node id) whose branch it continued (None for the first). The last
@@ -68,8 +74,10 @@ def lineage_value(
     point inside that node's children (a column's word), `joins[i]` is the text past the node it
     goes on from, drawn as a row of its own (its root) between that node and its branches. Node
     ids are `position * RUN_STRIDE + id`; `why_not` says why no branch can be continued now ("":
-    they can)."""
+    they can); `chosen[i]` is the token chosen by hand that run i's join ends with (an alternative
+    branched on), marked in its row."""
     joins = joins or [""] * len(trees)
+    chosen = chosen or [""] * len(trees)
     attached: dict[tuple[int, int], list[int]] = {}
     for position, parent in enumerate(parents):
         if parent is not None:
@@ -81,7 +89,7 @@ def lineage_value(
         tree = trees[position]
         earlier = position != current
         if position and joins[position]:
-            rows.append(_join_row(tree, joins[position], offset + 1, position, earlier))
+            rows.append(_join_row(tree, (joins[position], chosen[position]), offset + 1, position, earlier))
             offset += 1
         for node, level in tree.walk():
             if position and node is tree.root:
@@ -97,9 +105,13 @@ def lineage_value(
     return value
 
 
-def _join_row(tree: SampleTree, text: str, level: int, position: int, earlier: bool) -> str:
+def _join_row(tree: SampleTree, join: tuple[str, str], level: int, position: int, earlier: bool) -> str:
     """The row of a continuation's root where it goes on from words past the node it continued:
-    those words (their end, where long), their size in characters, all its samples."""
+    those words (their end, where long), their size in characters, all its samples; a token
+    chosen by hand at their end (`join[1]`) is marked as such."""
+    text, chosen = join
+    if chosen and text.endswith(chosen):
+        text = f"{text[: len(text) - len(chosen)]}{CHOSEN_MARK}{chosen} (chosen by hand)"
     shown = text if len(text) <= LABEL_CHARS else "… " + text[-LABEL_CHARS:]
     row = [
         position * RUN_STRIDE + tree.root.id,
@@ -112,6 +124,7 @@ def _join_row(tree: SampleTree, text: str, level: int, position: int, earlier: b
         "+ " + shown.replace("\r\n", "↵").replace("\n", "↵"),
         1 if earlier else 0,
         CHARACTERS,
+        None,
     ]
     return json.dumps(row, ensure_ascii=False, separators=(",", ":"))
 
@@ -134,6 +147,7 @@ def _row(tree: SampleTree, node: Node, level: int, position: int, earlier: bool)
         _label(tree, node),
         1 if earlier else 0,
         tree.unit,
+        tree.first_alternatives(node),
     ]
     return json.dumps(row, ensure_ascii=False, separators=(",", ":"))
 
@@ -199,7 +213,8 @@ CSS = """
 """Each level indented under a rule; a node is a button: its count in a pill, the branch's
 probability coloured as the columns colour tokens, its text, its size and how many samples end there."""
 
-JS_ON_LOAD = r"""
+JS_ON_LOAD = (
+    r"""
 const box = element.querySelector('.sample-tree');
 let run;
 let top = null;
@@ -218,7 +233,27 @@ function colour(p) {
   return `hsla(${Math.round(120 * p)}, 85%, 55%, 0.35)`;
 }
 
-const FIELDS = ['id', 'level', 'count', 'samples', 'p', 'size', 'ends', 'text', 'earlier', 'unit'];
+const FIELDS = ['id', 'level', 'count', 'samples', 'p', 'size', 'ends', 'text', 'earlier', 'unit', 'alts'];
+const rows = new Map();  // node id -> its parsed row, for its first token's alternatives
+let altNote = '';
+let altNode = null;  // the node whose alternatives are shown
+// A node's first token's alternatives, beside the picked (or hovered) node; a row's click branches
+// on that token (the tree's select event with the node's id and {run, chosen}).
+const alternatives = alternativesPopup('tree-alternatives', (token) => {
+  if (altNode !== null && run) trigger('select', {index: altNode, value: {run, chosen: token}});
+});
+
+function showAlternatives(id) {
+  const it = items.get(id);
+  const node = rows.get(id);
+  if (!it || !node || node.level === 0 || node.earlier || (node.p === null && !node.alts)) {
+    alternatives.close();
+    altNode = null;
+    return;
+  }
+  altNode = id;
+  alternatives.open(it.li, 0, 0, node.alts || null, altNote, whyNot);
+}
 let whyNot = '';  // why no branch can be continued now ('' where one can)
 const CAN = 'Continue from here \u25b8';
 const CANNOT = 'Continue: once the run has finished';
@@ -252,6 +287,12 @@ function highlight() {
     }
   }
   if (picked === null || !items.has(picked.id)) cont.remove();
+  if (picked !== null && items.has(picked.id)) {
+    if (altNode !== picked.id) showAlternatives(picked.id);
+  } else if (altNode !== null && !items.has(altNode)) {
+    alternatives.close();
+    altNode = null;
+  }
 }
 
 // The button as the run allows it: offered, or disabled with why not (a run still streaming).
@@ -313,13 +354,19 @@ function render(value) {
   const nodes = ((value && value.nodes) || []).map(parse);
   const thisRun = value ? value.run : null;
   const reason = (value && value.why_not) || '';
+  altNote = (value && value.alt_note) || '';
+  rows.clear();
+  nodes.forEach((node) => rows.set(node.id, node));
   if (reason !== whyNot) {
     whyNot = reason;
     if (cont.isConnected) offer();
+    if (altNode !== null) { const shown = altNode; altNode = null; showAlternatives(shown); }
   }
   if (thisRun !== run || !nodes.length) {
     run = thisRun;
     picked = null;
+    alternatives.close();
+    altNode = null;
     items.clear();
     top = null;
   }
@@ -366,7 +413,16 @@ function render(value) {
 
 render(props.value);
 watch('value', () => render(props.value));
+box.addEventListener('mouseover', (event) => {
+  const button = event.target.closest('button.tree-node');
+  const id = button ? Number(button.dataset.id) : null;
+  if (button && picked === null && id !== altNode) showAlternatives(id);
+});
+box.addEventListener('mouseleave', () => {
+  if (picked === null) { alternatives.close(); altNode = null; }
+});
 element.addEventListener('click', (event) => {
+  if (alternatives.element.contains(event.target)) return;
   if (event.target === cont) {
     if (picked !== null && run && !whyNot) {
       cont.disabled = true;  // one continuation per click; a new run's tree brings it back
@@ -379,13 +435,23 @@ element.addEventListener('click', (event) => {
   const id = Number(button.dataset.id);
   const samples = button.dataset.samples.split(',').filter(Boolean).map(Number);
   picked = picked && picked.id === id ? null : {id, samples};
+  if (picked === null) { alternatives.close(); altNode = null; } else showAlternatives(id);
   highlight();
 });
 """
+    + alternatives_view.POPUP_JS
+)
 """Keeps one list item per node while the node exists and updates only what changed (a node that
 moves is moved, not rebuilt), so a button a person is clicking is not replaced under the pointer;
 keeps the picked node across updates of the same run (its samples as the tree now has them) and
-marks its samples' columns."""
+marks its samples' columns. With token confidence, the picked or hovered node shows its first
+token's alternatives (`ui.alternatives_view`'s popup, `tree-alternatives`); picking one is the
+`select` event with the node's id and `{run, chosen}`."""
+
+TREE_POPUP_CSS = """
+.sample-tree .alt-popup { position: static; display: block; margin: 3px 0 3px 16px; width: max-content; }
+"""
+"""In the tree the popup sits under its node, in the list's flow."""
 
 
 def sample_tree() -> gr.HTML:
@@ -393,7 +459,7 @@ def sample_tree() -> gr.HTML:
     return gr.HTML(
         value=empty_value(),
         html_template=TEMPLATE,
-        css_template=CSS,
+        css_template=CSS + alternatives_view.CSS + TREE_POPUP_CSS,
         js_on_load=JS_ON_LOAD,
         elem_id="sample-tree",
         apply_default_css=False,

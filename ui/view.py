@@ -13,6 +13,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
+from ui.alternatives_view import first_listed, why_none
 from ui.early_stop import saved_words
 from ui.loop_watch import CancelTiming, LoopWatch, blocked_words, cancel_words
 from ui.sample_tree import SampleTree
@@ -45,9 +46,10 @@ class SampleView:
     first_at: float | None = None
     last_at: float | None = None
     stats: dict[str, Any] | None = None
-    marks: list[list[float]] = field(default_factory=list)
+    marks: list[list[Any]] = field(default_factory=list)
     """Where the request asked for logprobs: `[end, p]` per piece of the text (its end as a character
-    offset, and the mean probability of its tokens) for the column to colour."""
+    offset, and the mean probability of its tokens) for the column to colour, and `[end, p,
+    alternatives]` where the piece's first token has alternatives (`ui.alternatives_view.listed`)."""
     logprob_sum: float = 0.0
     logprob_count: int = 0
     length: int = 0
@@ -68,16 +70,36 @@ class SampleView:
         """The sample has its finish reason."""
         return self.status not in (WAITING, STREAMING)
 
-    def add_pieces(self, pieces: list[Any]) -> None:
-        """A chunk's `logprobs`: `[text, [logprob, ...]]` pieces, in order, ending where its text ends."""
-        start = self.length - sum(len(text) for text, _ in pieces)
-        for text, logprobs in pieces:
+    def add_pieces(self, pieces: list[Any]) -> bool:
+        """A chunk's `logprobs`: `[text, [logprob, ...]]` pieces (with a third item, the tokens'
+        alternatives, where the run asked for them), in order, ending where its text ends; whether
+        any piece listed alternatives (kept, as `ui.alternatives_view.listed`, with its mark)."""
+        start = self.length - sum(len(piece[0]) for piece in pieces)
+        found = False
+        for piece in pieces:
+            text, logprobs = piece[0], piece[1]
             start += len(text)
             if logprobs:
                 mean = sum(logprobs) / len(logprobs)
                 self.logprob_sum += sum(logprobs)
                 self.logprob_count += len(logprobs)
-                self.marks.append([start, round(math.exp(mean), 4)])
+                mark: list[Any] = [start, round(math.exp(mean), 4)]
+                alternatives = first_listed(piece)
+                if alternatives is not None:
+                    mark.append(alternatives)
+                    found = True
+                self.marks.append(mark)
+        return found
+
+    def alternatives_at(self, offset: int) -> tuple[int, list[Any] | None] | None:
+        """The piece of the text that starts at character `offset`: its end, and its first token's
+        alternatives (None where it has none); None where no piece starts there."""
+        start = 0
+        for mark in self.marks:
+            if start == offset:
+                return mark[0], mark[2] if len(mark) > 2 else None
+            start = mark[0]
+        return None
 
     @property
     def mean_logprob(self) -> float | None:
@@ -112,6 +134,8 @@ class RunView:
     """The run's Cancel, once pressed: when, when the backend read it, what it did."""
     last_chunk_at: float | None = None
     """When the run's last chunk arrived (this process's monotonic clock)."""
+    listed: bool = False
+    """A chunk of the run came with its tokens' alternatives."""
     note: str = ""
     """What the status line says of the run besides its state (a run opened from a link, a replay's
     prompt and settings); Markdown."""
@@ -156,8 +180,8 @@ class RunView:
             sample = self.samples[frame["index"]]
             sample.parts.append(frame["text"])
             sample.length += len(frame["text"])
-            if frame.get("logprobs"):
-                sample.add_pieces(frame["logprobs"])
+            if frame.get("logprobs") and sample.add_pieces(frame["logprobs"]):
+                self.listed = True
             self.tree.add(sample.index, frame["text"], frame.get("logprobs"))
             sample.tokens += int(frame.get("tokens", 0))
             sample.status = STREAMING
@@ -267,6 +291,8 @@ def samples_value(view: RunView, now: float) -> dict[str, Any]:
             column["marks"] = sample.marks[:]
         columns.append(column)
     value: dict[str, Any] = {"samples": columns, "run": view.request_id}
+    if not view.listed and any(sample.marks for sample in view.samples):
+        value["alt_note"] = why_none(view.engine)
     if view.prefix:
         value["prefix"] = prefix_tail(view.prefix)
     return value

@@ -14,20 +14,21 @@ from collections.abc import Callable
 from dataclasses import replace
 
 from backend.engines.base import Generation
-from backend.vocabulary import Chunk
+from backend.vocabulary import Alternatives, Chunk
 
 log = logging.getLogger("backend")
 
 
 class CumulativeGeneration(Generation):
     """Another generation's chunks as cumulative outputs: `text` is the sample's whole text so far,
-    `tokens` its token count so far, `logprobs` (where asked) every token's so far."""
+    `tokens` its token count so far, `logprobs` and `alternatives` (where asked) every token's so far."""
 
     def __init__(self, deltas: Generation) -> None:
         self._deltas = deltas
         self._texts: dict[int, str] = {}
         self._tokens: dict[int, int] = {}
         self._logprobs: dict[int, tuple[float, ...]] = {}
+        self._alternatives: dict[int, tuple[Alternatives, ...]] = {}
 
     async def __anext__(self) -> Chunk:
         chunk = await self._deltas.__anext__()
@@ -39,7 +40,10 @@ class CumulativeGeneration(Generation):
         logprobs = None
         if chunk.logprobs is not None:
             logprobs = self._logprobs[index] = self._logprobs.get(index, ()) + chunk.logprobs
-        return replace(chunk, text=text, tokens=tokens, logprobs=logprobs)
+        alternatives = None
+        if chunk.alternatives is not None:
+            alternatives = self._alternatives[index] = self._alternatives.get(index, ()) + chunk.alternatives
+        return replace(chunk, text=text, tokens=tokens, logprobs=logprobs, alternatives=alternatives)
 
     async def abort(self, index: int | None = None) -> None:
         """Abort in the generation it reads."""
@@ -66,14 +70,16 @@ class DeltaReader:
     teaching consumer, whose time per output the trace measures) it only slices."""
 
     def __init__(self, check_prefix: bool = False) -> None:
-        self._seen: dict[int, tuple[int, int, int]] = {}
-        """Per sample: characters, tokens and logprobs seen."""
+        self._seen: dict[int, tuple[int, int, int, int]] = {}
+        """Per sample: characters, tokens, logprobs and alternatives seen."""
         self._texts: dict[int, str] | None = {} if check_prefix else None
 
     def delta(self, output: Chunk) -> Chunk:
         """The delta chunk of a cumulative output (its finish reason and meta kept)."""
-        chars, tokens, logprobs = self._seen.get(output.index, (0, 0, 0))
+        chars, tokens, logprobs, listed = self._seen.get(output.index, (0, 0, 0, 0))
         new_logprobs = None if output.logprobs is None else output.logprobs[logprobs:]
+        alternatives = output.alternatives
+        new_alternatives = None if alternatives is None else alternatives[listed:]
         text = output.text[chars:]
         if self._texts is not None:
             shown = self._texts.get(output.index, "")
@@ -84,5 +90,12 @@ class DeltaReader:
             chars + len(text),
             max(output.tokens, tokens),  # count = num_tokens: the output already counts them all
             logprobs if output.logprobs is None else max(len(output.logprobs), logprobs),
+            listed if alternatives is None else max(len(alternatives), listed),
         )
-        return replace(output, text=text, tokens=max(0, output.tokens - tokens), logprobs=new_logprobs)
+        return replace(
+            output,
+            text=text,
+            tokens=max(0, output.tokens - tokens),
+            logprobs=new_logprobs,
+            alternatives=new_alternatives,
+        )

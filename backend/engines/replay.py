@@ -153,7 +153,15 @@ class ReplayGeneration(SampleTasksGeneration):
             # A chunk already due still waits one loop iteration, as a live engine's would.
             await asyncio.sleep(wait if wait > 0 else 0)
             if position < last:
-                put(Chunk(index, chunk.text, chunk.tokens, logprobs=chunk.logprobs))
+                put(
+                    Chunk(
+                        index,
+                        chunk.text,
+                        chunk.tokens,
+                        logprobs=chunk.logprobs,
+                        alternatives=chunk.alternatives,
+                    )
+                )
             else:
                 finish = sample.finish_reason
                 self._end(
@@ -166,5 +174,6 @@ class ReplayGeneration(SampleTasksGeneration):
                         finish,
                         meta=dict(sample.engine),
                         logprobs=chunk.logprobs,
+                        alternatives=chunk.alternatives,
                     ),
                 )

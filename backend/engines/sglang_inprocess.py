@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import importlib
 import json
 import logging
@@ -247,14 +248,31 @@ class SGLangInProcessEngine(Engine):
         self.sglang_requests = sum(load.num_running_reqs + load.num_waiting_reqs for load in loads)
 
 
+@functools.lru_cache(maxsize=1 << 17)
+def token_text(tokenizer: Any, token: int) -> str:
+    """Token `token`'s text alone, as SGLang's tokenizer decodes it (an alternative's name), kept
+    once decoded: SGLang's engine API gives alternatives by id only."""
+    text: str = tokenizer.decode([token])
+    return text
+
+
 class SGLangInProcessGeneration(QueuedGeneration):
     """One `async_generate` stream read by a task into a queue, like the HTTP engines."""
 
     def __init__(self, engine: SGLangInProcessEngine, prompt: Prompt, n: int, params: SamplingParams) -> None:
         self.engine = engine
-        self.state = SGLangStream(n, incremental=engine.incremental, logprobs=params.logprobs)
+        tokenizer = engine.tokenizer
+        self.state = SGLangStream(
+            n,
+            incremental=engine.incremental,
+            logprobs=params.logprobs,
+            alternatives=params.alternatives,
+            token_text=None if tokenizer is None else functools.partial(token_text, tokenizer),
+        )
         self._sampling = sglang_request(prompt.text, n, params)["sampling_params"]
-        self._logprob = {"return_logprob": True} if params.logprobs else {}
+        self._logprob: dict[str, Any] = {"return_logprob": True} if params.logprobs else {}
+        if params.logprobs and params.alternatives:
+            self._logprob["top_logprobs_num"] = params.alternatives
         self._source: dict[str, Any] = (
             {"input_ids": engine.chat_token_ids(prompt)} if prompt.chat else {"prompt": prompt.raw_text}
         )

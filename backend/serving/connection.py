@@ -38,6 +38,7 @@ from backend.protocol import (
     batch_messages,
     cancel_ack_frame,
     error_frame,
+    logprob_pieces,
     parse_client_frame,
     queued_frame,
     replayed_command,
@@ -212,20 +213,13 @@ class ClientSession:
         """Queue a frame already encoded (a live trace frame); never blocks."""
         self._queued(self.outbox.push_encoded(data))
 
-    def send_chunk(
-        self,
-        request_id: str,
-        index: int,
-        text: str,
-        tokens: int,
-        at: float,
-        logprobs: tuple[float, ...] | None = None,
-    ) -> None:
-        """Queue `chunk_frame(request_id, index, text, tokens, at, ...)` without building it; never
-        blocks."""
+    def send_chunk(self, request_id: str, chunk: Chunk, at: float) -> None:
+        """Queue `chunk_frame(request_id, chunk.index, chunk.text, chunk.tokens, at, ...)` (its
+        logprobs and alternatives where it has them) without building it; never blocks."""
         # `_queued` written out: this runs for every token.
-        pieces = None if logprobs is None else [[text, list(logprobs)]]
-        queued = self.outbox.push_chunk(request_id, index, text, tokens, at, pieces)
+        logprobs = chunk.logprobs
+        pieces = None if logprobs is None else logprob_pieces(chunk.text, logprobs, chunk.alternatives)
+        queued = self.outbox.push_chunk(request_id, chunk.index, chunk.text, chunk.tokens, at, pieces)
         self._wake.set()
         if queued > OUTBOX_MAX_FRAMES:
             self._close_stalled()
@@ -394,7 +388,7 @@ class ClientSession:
                     # Nearly every chunk: its text goes straight to the outbox, no frame dict.
                     now = loop.time()
                     if on_text(chunk.index, chunk.text, chunk.tokens, now):
-                        send_chunk(request_id, chunk.index, chunk.text, chunk.tokens, now, chunk.logprobs)
+                        send_chunk(request_id, chunk, now)
                     if cancel_after is not None and 0 <= chunk.index < state.n:
                         counted[chunk.index] += chunk.tokens
                         if counted[chunk.index] >= cancel_after:

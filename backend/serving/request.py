@@ -59,7 +59,11 @@ class RequestState:
             return []
         frames: list[dict[str, Any]] = []
         if self.on_text(index, chunk.text, chunk.tokens, now):
-            frames.append(chunk_frame(self.request_id, index, chunk.text, chunk.tokens, now, chunk.logprobs))
+            frames.append(
+                chunk_frame(
+                    self.request_id, index, chunk.text, chunk.tokens, now, chunk.logprobs, chunk.alternatives
+                )
+            )
         if chunk.finish_reason is not None:
             reason = chunk.finish_reason if chunk.finish_reason in FINISH_REASONS else "error"
             finish = self._finish(index, reason)

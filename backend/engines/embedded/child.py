@@ -43,7 +43,10 @@ class RemoteSink:
         self.outbox.outputs.append(
             (
                 self.request_id,
-                [(c.index, c.text, c.tokens, c.finish_reason, c.meta or None, c.logprobs) for c in chunks],
+                [
+                    (c.index, c.text, c.tokens, c.finish_reason, c.meta or None, c.logprobs, c.alternatives)
+                    for c in chunks
+                ],
             )
         )
         self.unfinished -= sum(1 for c in chunks if c.finish_reason is not None)

@@ -277,6 +277,7 @@ class EmbeddedEngine(Engine):
             stop=tuple(params.stop),
             ignore_eos=ignore_eos,
             logprobs=params.logprobs,
+            alternatives=params.alternatives if params.logprobs else 0,
         )
 
     def submit(self, prompt_ids: list[int], n: int, params: DecodeParams) -> EmbeddedGeneration:
@@ -323,8 +324,8 @@ class EmbeddedEngine(Engine):
                 if generation is None:
                     continue
                 chunks = [
-                    Chunk(i, text, tokens, reason, meta=meta or {}, logprobs=logprobs)
-                    for i, text, tokens, reason, meta, logprobs in raw
+                    Chunk(i, text, tokens, reason, meta=meta or {}, logprobs=logprobs, alternatives=listed)
+                    for i, text, tokens, reason, meta, logprobs, listed in raw
                 ]
                 for chunk in chunks:
                     if chunk.finish_reason is not None:

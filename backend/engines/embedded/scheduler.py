@@ -37,8 +37,8 @@ from backend.engines.base import template_token_ids
 from backend.engines.embedded.detokenizer import TextStream
 from backend.engines.embedded.linear import KERNEL_MAX_ROWS
 from backend.engines.embedded.model import Llama, PromptKV, RowCache
-from backend.engines.embedded.sampler import RowSampling, sample
-from backend.vocabulary import Chunk
+from backend.engines.embedded.sampler import RowSampling, sample, top_tokens
+from backend.vocabulary import ALTERNATIVE_DIGITS, Alternatives, Chunk
 
 log = logging.getLogger("backend.embedded")
 
@@ -66,6 +66,8 @@ class DecodeParams:
     """Keep going past the end-of-turn token (benchmarks that need exactly max_tokens)."""
     logprobs: bool = False
     """Give each token's log probability under the model (`token_logprobs`)."""
+    alternatives: int = 0
+    """With `logprobs`: give each token's position's this many most likely tokens (`token_logprobs`)."""
     reuse_branches: bool = False
     """A continuation: the prompt may copy the keys and values of an earlier sample's text
     (`BatchScheduler.branches`) instead of computing them, rounding as that sample's steps did."""
@@ -146,20 +148,45 @@ def stop_token_ids(tokenizer: Any) -> tuple[int, ...]:
     return tuple(i for i in eos if isinstance(i, int) and i != tokenizer.unk_token_id)
 
 
-def token_logprobs(logits: torch.Tensor, tokens: list[int], rows: list[Row]) -> list[float | None] | None:
+Scores = tuple[list[float | None], list[Alternatives | None] | None]
+"""Per row of a step: its drawn token's logprob, and its position's alternatives (None for a row
+whose request did not ask; the list None where no row asked for alternatives)."""
+
+
+def token_logprobs(
+    logits: torch.Tensor, tokens: list[int], rows: list[Row], token_text: Callable[[int], str]
+) -> Scores | None:
     """Each row's chosen token's log probability under the model (log-softmax of its logits, before
-    temperature and truncation, as engines report it), for the rows whose request asked; None for
-    the others, or None for all when none asked (no extra work then)."""
+    temperature and truncation, as engines report it), for the rows whose request asked, and where
+    it asked for k alternatives the k most likely tokens of the same log-softmax (`top_tokens`, one
+    call for the step, on the rows that asked only), the drawn one's place among them marked; None
+    when no row asked (no extra work then)."""
     wanted = [i for i, row in enumerate(rows) if row.job.params.logprobs]
     if not wanted:
         return None
-    index = torch.tensor(wanted)
     chosen = torch.tensor([tokens[i] for i in wanted])
-    picked = torch.log_softmax(logits[index].float(), dim=-1).gather(-1, chosen[:, None])[:, 0].tolist()
+    asked = logits if len(wanted) == len(rows) else logits[torch.tensor(wanted)]
+    scores = torch.log_softmax(asked.float(), dim=-1)
+    picked = scores.gather(-1, chosen[:, None])[:, 0].tolist()
     out: list[float | None] = [None] * len(rows)
     for i, value in zip(wanted, picked, strict=True):
         out[i] = value
-    return out
+    listing = [(place, i) for place, i in enumerate(wanted) if rows[i].job.params.alternatives]
+    if not listing:
+        return out, None
+    k = max(rows[i].job.params.alternatives for _, i in listing)
+    listed = scores if len(listing) == len(wanted) else scores[torch.tensor([place for place, _ in listing])]
+    values, ids = top_tokens(listed, k)
+    alternatives: list[Alternatives | None] = [None] * len(rows)
+    for (_, i), row_values, row_ids in zip(listing, values.tolist(), ids.tolist(), strict=True):
+        keep = rows[i].job.params.alternatives
+        top = row_ids[:keep]
+        drawn = top.index(tokens[i]) if tokens[i] in top else -1
+        listed = tuple(
+            (token_text(t), round(v, ALTERNATIVE_DIGITS)) for t, v in zip(top, row_values, strict=False)
+        )
+        alternatives[i] = (drawn, listed)
+    return out, alternatives
 
 
 class BatchScheduler:
@@ -179,6 +206,8 @@ class BatchScheduler:
         self.model = model
         self.on_pass_end = on_pass_end
         self.tokenizer = tokenizer
+        self._token_texts: dict[int, str] = {}
+        """Each token's own text, decoded once (an alternative's text)."""
         self.eos_ids = frozenset(eos_ids)
         self.max_rows = max_rows
         self.context = context
@@ -249,6 +278,7 @@ class BatchScheduler:
             "max_batch_rows": s.max_batch_rows,
             "shared_steps": s.shared_steps,
             "mean_step_ms": round(1000 * s.step_seconds / s.steps, 2) if s.steps else 0.0,
+            "step_seconds": s.step_seconds,
             "last_step_ms": round(s.last_step_ms, 2),
             "linear_layers": self.linear_path,
             "compute_path": self.compute.get("path", ""),
@@ -439,6 +469,15 @@ class BatchScheduler:
         _, kept = self.model.prefill(ids[0][:head], self.cache, range(0))
         return kept
 
+    def token_text(self, token: int) -> str:
+        """Token `token`'s text decoded alone (as an alternative lists it), kept once decoded."""
+        text = self._token_texts.get(token)
+        if text is None:
+            text = self._token_texts[token] = self.tokenizer.decode(
+                [token], skip_special_tokens=False, clean_up_tokenization_spaces=False
+            )
+        return text
+
     def _prefill(self, group: list[Job]) -> None:
         """Prefill the group's prompts in one pass and give each of their samples its first token."""
         slots = [self.cache.add_rows(job.n) for job in group]
@@ -453,6 +492,7 @@ class BatchScheduler:
         new_rows: list[Row] = []
         first: list[int] = []
         logprobs: list[float | None] = []
+        alternatives: list[Alternatives | None] = []
         for job, (logits, kept) in zip(group, results, strict=True):
             self.stats.reused_prompt_tokens += kept.reused
             job.cached_tokens = kept.reused
@@ -465,16 +505,18 @@ class BatchScheduler:
                 sampling = RowSampling(params.temperature, params.top_p, params.top_k, generator)
                 rows.append(Row(job, index, sampling, TextStream(self.tokenizer, params.stop)))
             chosen = sample(logits.expand(job.n, -1), [row.sampling for row in rows])
-            logprobs.extend(token_logprobs(logits.expand(job.n, -1), chosen, rows) or [None] * job.n)
+            scores = token_logprobs(logits.expand(job.n, -1), chosen, rows, self.token_text)
+            logprobs.extend(scores[0] if scores else [None] * job.n)
+            alternatives.extend((scores[1] if scores else None) or [None] * job.n)
             new_rows.extend(rows)
             first.extend(chosen)
         # Rows in the order of their cache rows; accepted together, since a row that finishes at
         # once is replaced by the last row, which may be another request's.
         self.rows.extend(new_rows)
         wanted = any(value is not None for value in logprobs)
-        self._accept(
-            new_rows, first, start=len(self.rows) - len(new_rows), logprobs=logprobs if wanted else None
-        )
+        listed = any(value is not None for value in alternatives)
+        scores = (logprobs, alternatives if listed else None) if wanted else None
+        self._accept(new_rows, first, start=len(self.rows) - len(new_rows), scores=scores)
         # Samples aborted while the request waited leave before they decode.
         for job in group:
             if job.aborted:
@@ -486,22 +528,21 @@ class BatchScheduler:
         tokens = torch.tensor([row.last_token for row in self.rows])
         logits = self.model.decode(tokens, self.cache)
         chosen = sample(logits, [row.sampling for row in self.rows])
-        logprobs = token_logprobs(logits, chosen, self.rows)
+        scores = token_logprobs(logits, chosen, self.rows, self.token_text)
         s = self.stats
         s.steps += 1
         s.rows_stepped += batch
         s.max_batch_rows = max(s.max_batch_rows, batch)
         if len({id(row.job) for row in self.rows}) > 1:
             s.shared_steps += 1
-        self._accept(list(self.rows), chosen, start=0, logprobs=logprobs)
+        self._accept(list(self.rows), chosen, start=0, scores=scores)
         s.last_step_ms = 1000 * (time.perf_counter() - started)
         s.step_seconds += time.perf_counter() - started
 
-    def _accept(
-        self, rows: list[Row], tokens: list[int], start: int, logprobs: list[float | None] | None = None
-    ) -> None:
-        """Turn each row's new token (and its log probability, where its request asked) into a
-        chunk; finished rows leave the batch."""
+    def _accept(self, rows: list[Row], tokens: list[int], start: int, scores: Scores | None = None) -> None:
+        """Turn each row's new token (and its log probability and alternatives, where its request
+        asked) into a chunk; finished rows leave the batch."""
+        logprobs, alternatives = scores if scores is not None else (None, None)
         by_job: dict[Job, list[Chunk]] = {}
         finished: list[int] = []
         for offset, (row, token) in enumerate(zip(rows, tokens, strict=True)):
@@ -520,9 +561,16 @@ class BatchScheduler:
                 elif row.tokens >= params.max_tokens:
                     text, reason = text + row.text.flush(), "length"
             logprob = None if logprobs is None else logprobs[offset]
+            listed = None if alternatives is None else alternatives[offset]
             meta = self._prompt_figures(row.job) if reason is not None else {}
             chunk = Chunk(
-                row.index, text, 1, reason, meta=meta, logprobs=None if logprob is None else (logprob,)
+                row.index,
+                text,
+                1,
+                reason,
+                meta=meta,
+                logprobs=None if logprob is None else (logprob,),
+                alternatives=None if listed is None else (listed,),
             )
             by_job.setdefault(row.job, []).append(chunk)
             if reason is not None:

@@ -102,14 +102,17 @@ def completions_request(
     }
     if prompt.chat:
         if params.logprobs:
-            body["logprobs"] = True  # the chosen tokens' own (top_logprobs left out)
+            body["logprobs"] = True  # the chosen tokens' own, and their alternatives where asked
+            if params.alternatives:
+                body["top_logprobs"] = params.alternatives
         if prompt.prefix:
             # A continuation: the assistant's turn begun with the prefix, continued, not closed.
             continued = {"continue_final_message": True, "add_generation_prompt": False}
             return "/v1/chat/completions", {**body, "messages": prompt.continued_messages(), **continued}
         return "/v1/chat/completions", {**body, "messages": prompt.messages()}
     if params.logprobs:
-        body["logprobs"] = 0  # the completions API's count of alternatives: the chosen token's only
+        # The completions API's count of alternatives: 0 gives the chosen token's only.
+        body["logprobs"] = params.alternatives
     return "/v1/completions", {**body, "prompt": prompt.raw_text}
 
 
@@ -125,7 +128,14 @@ class OpenAIGeneration(StreamingGeneration):
         model = engine.requested_model or engine.served_model or ""
         self._request = completions_request(model, prompt, n, params)
         super().__init__(
-            engine, OpenAIStream(n, hold_last_finish=True, chat=prompt.chat, logprobs=params.logprobs)
+            engine,
+            OpenAIStream(
+                n,
+                hold_last_finish=True,
+                chat=prompt.chat,
+                logprobs=params.logprobs,
+                alternatives=params.alternatives,
+            ),
         )
 
     def request(self) -> tuple[str, dict[str, Any]]:

@@ -281,6 +281,9 @@ def sglang_request(prompt: str | list[int], n: int, params: SamplingParams) -> d
     }
     if params.logprobs:
         body["return_logprob"] = True  # the output tokens' only: logprob_start_len stays -1
+        if params.alternatives:
+            body["top_logprobs_num"] = params.alternatives
+            body["return_text_in_logprobs"] = True
     return body
 
 
@@ -296,7 +299,10 @@ class SGLangGeneration(StreamingGeneration):
         self._prompt = prompt
         self._body = sglang_request(prompt.raw_text, n, params)
         self._pending_aborts: set[int] = set()
-        super().__init__(engine, SGLangStream(n, incremental=engine.incremental, logprobs=params.logprobs))
+        stream = SGLangStream(
+            n, incremental=engine.incremental, logprobs=params.logprobs, alternatives=params.alternatives
+        )
+        super().__init__(engine, stream)
 
     async def prepare(self) -> None:
         if self._prompt.chat:

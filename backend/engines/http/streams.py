@@ -19,11 +19,12 @@ from __future__ import annotations
 import json
 import logging
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import Any
 
 from backend.engines.cumulative import DeltaReader
-from backend.vocabulary import Chunk
+from backend.vocabulary import ALTERNATIVE_DIGITS, Alternatives, Chunk
 
 log = logging.getLogger("backend.engines.http.streams")
 
@@ -189,13 +190,26 @@ class SGLangStream(StreamState):
     `incremental` is the server's `--incremental-streaming-output`: each event then holds only the
     new text; otherwise each holds the sample's whole text so far. With `logprobs` (the request had
     `return_logprob`), each chunk carries its tokens' logprobs from `meta_info.output_token_logprobs`
-    (`[logprob, token id, text]` per token: the new ones, or all so far, as the text).
+    (`[logprob, token id, text]` per token: the new ones, or all so far, as the text); with
+    `alternatives` too (the request had `top_logprobs_num` and `return_text_in_logprobs`), its tokens'
+    alternatives from `meta_info.output_top_logprobs` (per token, a list of such entries).
     """
 
-    def __init__(self, n: int, incremental: bool = False, logprobs: bool = False) -> None:
+    def __init__(
+        self,
+        n: int,
+        incremental: bool = False,
+        logprobs: bool = False,
+        alternatives: int = 0,
+        token_text: Callable[[int], str] | None = None,
+    ) -> None:
         super().__init__(n)
         self.incremental = incremental
         self.logprobs = logprobs
+        self.alternatives = alternatives if logprobs else 0
+        self.token_text = token_text
+        """An alternative's text from its token id, where the server gave none (in-process SGLang,
+        whose `async_generate` has no `return_text_in_logprobs`)."""
         self._deltas = DeltaReader(check_prefix=True)
         """What is new in each cumulative event (not used with `incremental`)."""
 
@@ -224,6 +238,10 @@ class SGLangStream(StreamState):
         text = event.get("text") or ""
         tokens = self._token_count(event, meta_info, sample)
         entries = (meta_info.get("output_token_logprobs") or []) if self.logprobs else None
+        tops = None
+        if entries is not None and self.alternatives:
+            found = meta_info.get("output_top_logprobs") or []
+            tops = sglang_alternatives(found, entries, self.alternatives, self.token_text)
         reason = sglang_finish_reason(meta_info.get("finish_reason"))
         if self.incremental:
             delta, new_tokens = text, max(0, tokens - sample.tokens)
@@ -232,13 +250,16 @@ class SGLangStream(StreamState):
         else:
             # The whole text so far, as the server sends it: what is new past what was shown.
             values = None if entries is None else _entry_values(entries)
-            cumulative = self._deltas.delta(Chunk(index, text, tokens, logprobs=values))
-            delta, new_tokens = cumulative.text, cumulative.tokens
+            cumulative = self._deltas.delta(Chunk(index, text, tokens, logprobs=values, alternatives=tops))
+            delta, new_tokens, tops = cumulative.text, cumulative.tokens, cumulative.alternatives
             logprobs = None if cumulative.logprobs is None else _numbers(cumulative.logprobs)
         if reason is None:
-            return [Chunk(index, delta, new_tokens, logprobs=logprobs)] if delta or new_tokens else []
+            if not (delta or new_tokens):
+                return []
+            return [Chunk(index, delta, new_tokens, logprobs=logprobs, alternatives=tops)]
         sample.finished = True
-        return [Chunk(index, delta, new_tokens, reason, meta=sglang_meta(meta_info), logprobs=logprobs)]
+        meta = sglang_meta(meta_info)
+        return [Chunk(index, delta, new_tokens, reason, meta=meta, logprobs=logprobs, alternatives=tops)]
 
     def _token_count(self, event: dict[str, Any], meta_info: dict[str, Any], sample: SampleState) -> int:
         completion = meta_info.get("completion_tokens")
@@ -246,6 +267,69 @@ class SGLangStream(StreamState):
             return completion
         output_ids = event.get("output_ids") or []
         return sample.tokens + len(output_ids) if self.incremental else len(output_ids)
+
+
+def sglang_alternatives(
+    tops: Any, entries: list[Any], k: int, token_text: Callable[[int], str] | None = None
+) -> tuple[Alternatives, ...]:
+    """Each token's alternatives from SGLang's `output_top_logprobs` (per token a list of
+    `[logprob, token id, text]`, or null), the drawn one found by its id in `output_token_logprobs`'
+    entry at the same place; the k most likely, most likely first. A text the server left null
+    comes from `token_text` where given."""
+    found: list[Alternatives] = []
+    for place, top in enumerate(tops if isinstance(tops, list) else []):
+        entry = entries[place] if place < len(entries) else None
+        drawn_id = entry[1] if isinstance(entry, list | tuple) and len(entry) > 1 else None
+        listed = [
+            (option[1], _option_text(option, token_text), float(option[0]))
+            for option in (top if isinstance(top, list | tuple) else [])
+            if isinstance(option, list | tuple) and len(option) > 1 and is_logprob(option[0])
+        ]
+        listed.sort(key=lambda option: -option[2])
+        ids = [option[0] for option in listed[:k]]
+        drawn = ids.index(drawn_id) if drawn_id is not None and drawn_id in ids else -1
+        found.append(
+            (drawn, tuple((text, round(value, ALTERNATIVE_DIGITS)) for _, text, value in listed[:k]))
+        )
+    return tuple(found)
+
+
+def _option_text(option: list[Any] | tuple[Any, ...], token_text: Callable[[int], str] | None) -> str:
+    """An SGLang `[logprob, token id, text]` entry's text, from its id where the server sent none."""
+    if len(option) > 2 and isinstance(option[2], str):
+        return option[2]
+    if token_text is not None and isinstance(option[1], int):
+        return token_text(option[1])
+    return ""
+
+
+def openai_alternatives(tops: Any, drawn: Any, k: int) -> tuple[Alternatives, ...]:
+    """Each token's alternatives from an OpenAI-compatible server: `tops` per token as a dict of
+    token text to logprob (`/v1/completions`' `top_logprobs`) or a list of `{token, logprob}`
+    (chat's `content[].top_logprobs`), `drawn` the tokens' own texts; the k most likely, most
+    likely first (vLLM adds the drawn token where it is not among them: it is then left out)."""
+    found: list[Alternatives] = []
+    for place, top in enumerate(tops if isinstance(tops, list) else []):
+        if isinstance(top, dict):
+            pairs = list(top.items())
+        else:
+            pairs = [
+                (entry.get("token"), entry.get("logprob")) for entry in top or [] if isinstance(entry, dict)
+            ]
+        listed = sorted(
+            ((str(token), float(value)) for token, value in pairs if token is not None and is_logprob(value)),
+            key=lambda pair: -pair[1],
+        )[:k]
+        own = drawn[place] if isinstance(drawn, list) and place < len(drawn) else None
+        texts = [token for token, _ in listed]
+        rounded = tuple((token, round(value, ALTERNATIVE_DIGITS)) for token, value in listed)
+        found.append((texts.index(own) if own in texts else -1, rounded))
+    return tuple(found)
+
+
+def is_logprob(value: Any) -> bool:
+    """Whether a server's value is a number (not a bool, not null)."""
+    return isinstance(value, int | float) and not isinstance(value, bool)
 
 
 def _entry_values(entries: list[Any]) -> tuple[float, ...]:
@@ -290,16 +374,23 @@ class OpenAIStream(StreamState):
     """
 
     def __init__(
-        self, n: int, hold_last_finish: bool = False, chat: bool = False, logprobs: bool = False
+        self,
+        n: int,
+        hold_last_finish: bool = False,
+        chat: bool = False,
+        logprobs: bool = False,
+        alternatives: int = 0,
     ) -> None:
         super().__init__(n)
         self.hold_last_finish = hold_last_finish
         self.chat = chat
+        """A `/v1/chat/completions` stream: text in `choices[].delta.content`, and a first event per
+        choice that only announces the assistant's role (no token)."""
         self.logprobs = logprobs
         """The request asked for logprobs: each choice event's `logprobs` (`content[].logprob` in a
         chat stream, `token_logprobs` in a completions stream) goes with its chunk."""
-        """A `/v1/chat/completions` stream: text in `choices[].delta.content`, and a first event per
-        choice that only announces the assistant's role (no token)."""
+        self.alternatives = alternatives if logprobs else 0
+        """The request asked for this many alternatives a token (`top_logprobs`)."""
         self.usage: dict[str, Any] | None = None
         self.model: str | None = None
         self._held: Chunk | None = None
@@ -338,13 +429,14 @@ class OpenAIStream(StreamState):
         # unless it is the stop token, which the server's usage counts too.
         new_tokens = 0 if self.chat and not text and raw_reason != "stop" else 1
         logprobs = self._choice_logprobs(choice) if self.logprobs else None
+        tops = self._choice_alternatives(choice) if self.alternatives else None
         if logprobs:
             # The event's own count: a token whose text is empty (vLLM's last at max_tokens) is one.
             new_tokens = len(logprobs)
         sample.text += text
         sample.tokens += new_tokens
         if raw_reason is None:
-            return [Chunk(index, text, new_tokens, logprobs=logprobs)]
+            return [Chunk(index, text, new_tokens, logprobs=logprobs, alternatives=tops)]
         sample.finished = True
         meta: dict[str, Any] = {"completion_tokens": sample.tokens}
         if raw_reason not in OPENAI_FINISH_REASONS:
@@ -359,6 +451,7 @@ class OpenAIStream(StreamState):
             OPENAI_FINISH_REASONS.get(raw_reason, "stop"),
             meta=meta,
             logprobs=logprobs,
+            alternatives=tops,
         )
         if self.hold_last_finish and not self.unfinished:
             self._held = chunk
@@ -372,6 +465,14 @@ class OpenAIStream(StreamState):
                 entry.get("logprob") for entry in found.get("content") or [] if isinstance(entry, dict)
             )
         return token_logprobs(found.get("token_logprobs") or [])
+
+    def _choice_alternatives(self, choice: dict[str, Any]) -> tuple[Alternatives, ...]:
+        found = choice.get("logprobs") or {}
+        if self.chat:
+            content = [entry for entry in found.get("content") or [] if isinstance(entry, dict)]
+            tops = [entry.get("top_logprobs") or [] for entry in content]
+            return openai_alternatives(tops, [entry.get("token") for entry in content], self.alternatives)
+        return openai_alternatives(found.get("top_logprobs") or [], found.get("tokens"), self.alternatives)
 
     def _release(self) -> list[Chunk]:
         held, self._held = self._held, None
