@@ -26,7 +26,7 @@ from typing import Any
 from websockets.asyncio.client import connect
 
 from backend.config.settings import BLOCK_MS_MAX
-from backend.protocol import generate_frame
+from backend.frames import generate_frame
 from backend.serving.server import WS_PATH
 from devkit.frames import recv_frame
 from devkit.local import LOCAL_LOAD_FLAGS, start_backend, stop_process

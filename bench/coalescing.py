@@ -23,7 +23,7 @@ from typing import Any
 
 from websockets.asyncio.client import connect
 
-from backend.protocol import generate_frame
+from backend.frames import generate_frame
 
 ROOT = Path(__file__).resolve().parent.parent
 

@@ -19,7 +19,7 @@ from websockets.asyncio.server import Server, ServerConnection, serve
 from websockets.exceptions import ConnectionClosed
 from websockets.http11 import Request, Response
 
-from backend.protocol import frames_in
+from backend.frames import frames_in
 
 RELAY_MAX_BYTES = 1 << 26
 """Largest frame the relay passes on: the app's own limit (ui/client.py), a full trace export."""

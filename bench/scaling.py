@@ -28,7 +28,7 @@ from pathlib import Path
 
 from websockets.asyncio.client import connect
 
-from backend.protocol import generate_frame
+from backend.frames import generate_frame
 
 ROOT = Path(__file__).resolve().parent.parent
 

@@ -53,7 +53,7 @@ from websockets.asyncio.client import connect
 
 from backend.config.settings import ServerOptions
 from backend.engines.synthetic import SyntheticEngine
-from backend.protocol import encode, generate_frame
+from backend.frames import encode, generate_frame
 from backend.serving.outbox import Outbox
 from backend.serving.request import RequestState
 from backend.serving.server import BackendServer

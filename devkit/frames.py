@@ -1,5 +1,5 @@
 """Reading a backend's websocket one frame at a time, as tests and benchmarks do: each message's
-frames (one, or a batch: `backend.protocol.frames_in`) handed out in order."""
+frames (one, or a batch: `backend.frames.frames_in`) handed out in order."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from weakref import WeakKeyDictionary
 
 from websockets.asyncio.client import ClientConnection
 
-from backend.protocol import frames_in
+from backend.frames import frames_in
 
 _pending: WeakKeyDictionary[ClientConnection, deque[dict[str, Any]]] = WeakKeyDictionary()
 """Frames received on a connection and not handed out yet (the rest of a batch)."""

@@ -18,7 +18,7 @@ from pathlib import Path
 from websockets.asyncio.client import connect
 
 from backend.engines.synthetic import synthetic_tokens
-from backend.protocol import cancel_frame, encode, generate_frame
+from backend.frames import cancel_frame, encode, generate_frame
 from devkit.frames import recv_frame
 from devkit.local import LOCAL_LOAD_FLAGS
 from devkit.local import start_backend as start_backend_process

@@ -28,7 +28,7 @@ from typing import Any
 
 from websockets.asyncio.client import connect
 
-from backend.protocol import generate_frame
+from backend.frames import generate_frame
 from devkit.frames import recv_frame
 from devkit.local import ROOT, free_port, start_logged, stop_process_group
 

@@ -23,14 +23,8 @@ from backend.engines.http.openai import completions_request
 from backend.engines.http.sglang import sglang_request
 from backend.engines.http.streams import OpenAIStream, SGLangStream
 from backend.engines.synthetic import SyntheticEngine
-from backend.protocol import (
-    ProtocolError,
-    chunk_frame,
-    encode_bytes,
-    generate_frame,
-    parse_client_frame,
-    replay_frame,
-)
+from backend.frames import chunk_frame, encode_bytes, generate_frame, replay_frame
+from backend.protocol import ProtocolError, parse_client_frame
 from backend.saved_run import parse_saved_runs, saved_run_dict, saved_runs_json
 from backend.vocabulary import Chunk, Prompt, SamplingParams
 from devkit.frames import recv_frame

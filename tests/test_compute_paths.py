@@ -23,7 +23,7 @@ from backend.config.settings import Limits
 from backend.engines.embedded import compute, int8
 from backend.engines.embedded.engine import EmbeddedEngine
 from backend.engines.embedded.weights import resolve_model
-from backend.protocol import cancel_frame, generate_frame
+from backend.frames import cancel_frame, generate_frame
 from backend.vocabulary import Prompt
 from devkit.frames import recv_frame
 from devkit.weight_forms import with_products

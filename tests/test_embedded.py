@@ -36,7 +36,7 @@ from backend.engines.embedded.weights import (
     read_tensors,
     resolve_model,
 )
-from backend.protocol import generate_frame
+from backend.frames import generate_frame
 from backend.vocabulary import Prompt, SamplingParams
 from devkit.frames import recv_frame
 from devkit.local import ROOT

@@ -13,7 +13,7 @@ from backend.engines.http.base import refused_key
 from backend.engines.http.sglang import SGLangEngine
 from backend.engines.http.sglang_launch import free_port
 from backend.engines.synthetic import SyntheticEngine
-from backend.protocol import generate_frame
+from backend.frames import generate_frame
 from devkit.frames import recv_frame
 from tests.support.backends import serving
 from ui.engine_info import (

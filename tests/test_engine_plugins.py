@@ -20,7 +20,7 @@ import pytest
 from websockets.asyncio.client import connect
 
 from backend.engines import ENGINES
-from backend.protocol import encode, generate_frame
+from backend.frames import encode, generate_frame
 from backend.serving.flags import servers_from_args
 from devkit.frames import recv_frame
 from ui.trace_view import category

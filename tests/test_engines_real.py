@@ -34,7 +34,7 @@ from backend.engines.http.base import HTTPEngine
 from backend.engines.http.openai import OpenAIEngine
 from backend.engines.http.sglang import SGLangEngine
 from backend.engines.http.sglang_launch import SGLangServerProcess, compile_cache, free_port
-from backend.protocol import cancel_frame, generate_frame
+from backend.frames import cancel_frame, generate_frame
 from backend.serving.server import BackendServer
 from devkit.frames import recv_frame
 from devkit.local import (

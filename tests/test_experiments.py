@@ -19,7 +19,8 @@ import pytest
 from websockets.asyncio.client import connect
 
 from backend.config.settings import BLOCK_MS_MAX, Limits
-from backend.protocol import ProtocolError, generate_frame
+from backend.frames import generate_frame
+from backend.protocol import ProtocolError
 from backend.serving.admission import Admission
 from devkit.frames import recv_frame
 from devkit.local import LOCAL_LOAD_FLAGS, start_backend, stop_process

@@ -21,7 +21,7 @@ from websockets.asyncio.client import connect
 
 from backend.engines.embedded import weights
 from backend.engines.embedded.weights import ModelFileError, resolve_model
-from backend.protocol import cancel_frame, generate_frame
+from backend.frames import cancel_frame, generate_frame
 from devkit.frames import recv_frame
 from devkit.local import free_port, start_backend, stop_process
 from tests.support.answers import COLOUR_PROMPT, answers_colours

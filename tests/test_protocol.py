@@ -9,12 +9,7 @@ import pytest
 
 from backend.config.settings import DEFAULT_MAX_TOKENS, Limits
 from backend.engines.base import choose_format
-from backend.protocol import (
-    CancelCommand,
-    Consumer,
-    ExportTraceCommand,
-    GenerateCommand,
-    ProtocolError,
+from backend.frames import (
     batch_messages,
     cancel_frame,
     chunk_frame,
@@ -23,6 +18,13 @@ from backend.protocol import (
     export_trace_frame,
     frames_in,
     generate_frame,
+)
+from backend.protocol import (
+    CancelCommand,
+    Consumer,
+    ExportTraceCommand,
+    GenerateCommand,
+    ProtocolError,
     parse_client_frame,
 )
 from backend.vocabulary import Prompt

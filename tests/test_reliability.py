@@ -20,13 +20,12 @@ from websockets.exceptions import ConnectionClosed, InvalidStatus
 
 from backend.config.settings import Limits
 from backend.engines.synthetic import SyntheticEngine
+from backend.frames import cancel_frame, generate_frame
 from backend.protocol import (
     CancelCommand,
     ExportTraceCommand,
     GenerateCommand,
     ProtocolError,
-    cancel_frame,
-    generate_frame,
     parse_client_frame,
 )
 from backend.serving.admission import Admission, client_address

@@ -20,7 +20,8 @@ from backend.config.settings import Limits
 from backend.engines.base import RequestRejected
 from backend.engines.replay import ReplayEngine
 from backend.engines.synthetic import SyntheticEngine
-from backend.protocol import GenerateCommand, ProtocolError, generate_frame, parse_client_frame, replay_frame
+from backend.frames import generate_frame, replay_frame
+from backend.protocol import GenerateCommand, ProtocolError, parse_client_frame
 from backend.saved_run import SavedRun, SavedSample, parse_saved_run, saved_run_dict, saved_run_json
 from backend.serving.server import BackendServer
 from devkit.frames import recv_frame

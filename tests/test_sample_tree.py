@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 
 from backend.engines.http.streams import OpenAIStream, SGLangStream, SSEDecoder
-from backend.protocol import accepted_frame, chunk_frame, done_frame, finish_frame
+from backend.frames import accepted_frame, chunk_frame, done_frame, finish_frame
 from backend.serving.outbox import Outbox
 from backend.vocabulary import Chunk, SamplingParams
 from ui.sample_tree import TOKENS, WORD_UNITS, WORDS, Node, SampleTree, sample_indices

@@ -12,7 +12,7 @@ from websockets.asyncio.client import connect
 
 from backend.config.settings import Limits
 from backend.engines.synthetic import SyntheticEngine, synthetic_logprobs, synthetic_tokens
-from backend.protocol import generate_frame
+from backend.frames import generate_frame
 from backend.serving.server import BackendServer
 from devkit.frames import recv_frame
 from tests.support.backends import serving

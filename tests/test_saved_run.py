@@ -9,14 +9,7 @@ from typing import Any
 
 import pytest
 
-from backend.protocol import (
-    accepted_frame,
-    chunk_frame,
-    done_frame,
-    finish_frame,
-    generate_frame,
-    replay_frame,
-)
+from backend.frames import accepted_frame, chunk_frame, done_frame, finish_frame, generate_frame, replay_frame
 from backend.saved_run import (
     SAVED_RUN_BYTES_MAX,
     SAVED_RUN_KIND,

@@ -19,7 +19,7 @@ from websockets.asyncio.client import ClientConnection, connect
 from backend.config.settings import Limits
 from backend.engines.base import Generation
 from backend.engines.synthetic import SyntheticEngine, synthetic_tokens
-from backend.protocol import cancel_frame, frames_in, generate_frame
+from backend.frames import cancel_frame, frames_in, generate_frame
 from backend.serving import connection as connection_module
 from backend.serving.connection import ClientSession, ServerSide
 from backend.serving.server import BackendServer

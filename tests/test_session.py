@@ -6,7 +6,7 @@ import json
 
 import orjson
 
-from backend.protocol import chunk_frame, done_frame, finish_frame
+from backend.frames import chunk_frame, done_frame, finish_frame
 from backend.serving.outbox import Outbox
 from backend.serving.request import RequestState
 from backend.vocabulary import Chunk, SamplingParams

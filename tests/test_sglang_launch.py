@@ -26,7 +26,7 @@ from backend.engines.http.sglang_launch import (
     SGLangServerProcess,
     exit_words,
 )
-from backend.protocol import generate_frame
+from backend.frames import generate_frame
 from devkit.frames import recv_frame
 from devkit.local import ROOT
 from tests.support.backends import serving

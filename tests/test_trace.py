@@ -16,7 +16,7 @@ import pytest
 from websockets.asyncio.client import ClientConnection, connect
 
 from backend.engines.synthetic import SyntheticEngine, synthetic_tokens
-from backend.protocol import cancel_frame, export_trace_frame, generate_frame
+from backend.frames import cancel_frame, export_trace_frame, generate_frame
 from backend.serving import server as server_module
 from backend.serving.server import BackendServer
 from backend.trace.feed import TraceFeed

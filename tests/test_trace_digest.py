@@ -13,7 +13,7 @@ import pytest
 from websockets.asyncio.client import connect
 
 from backend.engines.synthetic import SyntheticEngine
-from backend.protocol import cancel_frame, generate_frame
+from backend.frames import cancel_frame, generate_frame
 from backend.trace import recorder
 from backend.trace.frames import connection_frame, digest_ring
 from backend.trace.recorder import CANCEL, CHUNK, FRAME, IDLE, LAG, STEP

@@ -10,7 +10,7 @@ import pytest
 from websockets.asyncio.server import ServerConnection, serve
 
 from backend.engines.synthetic import SyntheticEngine, synthetic_tokens
-from backend.protocol import accepted_frame, encode
+from backend.frames import accepted_frame, encode
 from backend.vocabulary import SamplingParams
 from devkit.local import free_port
 from tests.support.backends import serving

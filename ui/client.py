@@ -23,14 +23,7 @@ from typing import Any
 from websockets.asyncio.client import ClientConnection, connect
 from websockets.exceptions import ConnectionClosed, InvalidHandshake, InvalidStatus, InvalidURI
 
-from backend.protocol import (
-    cancel_frame,
-    encode,
-    export_trace_frame,
-    frames_in,
-    generate_frame,
-    replay_frame,
-)
+from backend.frames import cancel_frame, encode, export_trace_frame, frames_in, generate_frame, replay_frame
 from backend.saved_run import SavedRun, saved_run_dict
 from ui.loop_watch import WATCH_EVERY_S, LoopWatch
 from ui.run_recorder import RunRecorder

@@ -3,7 +3,7 @@
 `ClientSession` parses each frame (`protocol`), starts, cancels and exports requests, consumes each
 request's engine stream in a task of its own (`consume r1 @c1`) with the teaching modes (cooperative,
 greedy, blocking), and writes frames through its outbox (`outbox`) from one send loop
-(`send @c1`): the frames ready at a write go as one message, a batch (`protocol.batch_messages`).
+(`send @c1`): the frames ready at a write go as one message, a batch (`frames.batch_messages`).
 Closing the connection aborts its requests in the engine.
 """
 
@@ -29,20 +29,22 @@ from backend.config.settings import (
 from backend.engines import replaying
 from backend.engines.base import Engine, Generation, RequestRejected
 from backend.engines.cumulative import CumulativeGeneration, DeltaReader
-from backend.protocol import (
-    CancelCommand,
-    ExportTraceCommand,
-    GenerateCommand,
-    ProtocolError,
+from backend.frames import (
     accepted_frame,
     batch_messages,
     cancel_ack_frame,
     error_frame,
     logprob_pieces,
-    parse_client_frame,
     queued_frame,
-    replayed_command,
     trace_export_frame,
+)
+from backend.protocol import (
+    CancelCommand,
+    ExportTraceCommand,
+    GenerateCommand,
+    ProtocolError,
+    parse_client_frame,
+    replayed_command,
 )
 from backend.serving.admission import Admission
 from backend.serving.fanout import FanoutGeneration

@@ -16,7 +16,7 @@ from typing import Any
 
 import orjson
 
-from backend.protocol import chunk_frame, encode_bytes, to_microseconds
+from backend.frames import chunk_frame, encode_bytes, to_microseconds
 
 ChunkKey = tuple[str, int]
 
@@ -102,7 +102,7 @@ class Outbox:
         return len(self._frames)
 
     def push_encoded(self, data: bytes) -> int:
-        """Queue a frame already encoded (protocol.encode_bytes); returns how many frames are queued."""
+        """Queue a frame already encoded (frames.encode_bytes); returns how many frames are queued."""
         self.pushed += 1
         self._frames.append(data)
         return len(self._frames)

@@ -13,7 +13,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from backend.engines.base import Generation
-from backend.protocol import GenerateCommand, chunk_frame, done_frame, finish_frame
+from backend.frames import chunk_frame, done_frame, finish_frame
+from backend.protocol import GenerateCommand
 from backend.serving.stats import SampleTimer, request_stats
 from backend.vocabulary import FINISH_REASONS, Chunk, SamplingParams
 

@@ -25,10 +25,7 @@ from websockets.http11 import Request, Response
 
 from backend.config.settings import SEND_BUFFER_BYTES, WS_MAX_MESSAGE_BYTES, ServerOptions
 from backend.engines.base import Engine
-from backend.protocol import (
-    encode,
-    error_frame,
-)
+from backend.frames import encode, error_frame
 from backend.serving.admission import Admission, client_address
 from backend.serving.connection import ClientSession, ServerSide
 from backend.trace.feed import TraceFeed

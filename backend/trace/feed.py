@@ -15,7 +15,7 @@ import functools
 import gc
 from typing import Any, Protocol
 
-from backend.protocol import encode_bytes
+from backend.frames import encode_bytes
 from backend.trace.frames import connection_frame, digest_ring, task_label
 from backend.trace.recorder import LoopTracer
 from backend.trace.tasks import render, snapshot
@@ -44,7 +44,7 @@ class TraceSubscriber(Protocol):
         """Whether a request that asked for the trace is running on it."""
 
     def send_encoded(self, data: bytes) -> None:
-        """Queue a frame to it, already encoded (protocol.encode_bytes)."""
+        """Queue a frame to it, already encoded (frames.encode_bytes)."""
 
     def take_reads(self, origin_ns: int) -> list[list[Any]]:
         """Its consumers' reads since its last frame (trace.reads.ReadLog.take)."""
