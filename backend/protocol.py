@@ -28,7 +28,8 @@ from backend.config.settings import (
     Limits,
 )
 from backend.json_values import is_int, is_number, reject_constant
-from backend.saved_run import SavedRun, SavedRunError, saved_run_from_dict
+from backend.saved_run import SavedRun, SavedRunError
+from backend.saved_run_reader import saved_run_from_dict
 from backend.vocabulary import ALTERNATIVES_MAX, PROMPT_FORMATS, SamplingParams
 
 PROTOCOL_VERSION = 2

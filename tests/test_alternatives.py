@@ -25,7 +25,8 @@ from backend.engines.http.streams import OpenAIStream, SGLangStream
 from backend.engines.synthetic import SyntheticEngine
 from backend.frames import chunk_frame, encode_bytes, generate_frame, replay_frame
 from backend.protocol import ProtocolError, parse_client_frame
-from backend.saved_run import parse_saved_runs, saved_run_dict, saved_runs_json
+from backend.saved_run import saved_run_dict, saved_runs_json
+from backend.saved_run_reader import parse_saved_runs
 from backend.vocabulary import Chunk, Prompt, SamplingParams
 from devkit.frames import recv_frame
 from devkit.listing import ListingEngine

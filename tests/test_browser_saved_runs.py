@@ -10,13 +10,8 @@ from typing import Any
 
 from playwright.sync_api import Page, expect
 
-from backend.saved_run import (
-    SAVED_RUN_BYTES_MAX,
-    Continues,
-    parse_saved_run,
-    parse_saved_runs,
-    saved_run_dict,
-)
+from backend.saved_run import SAVED_RUN_BYTES_MAX, Continues, saved_run_dict
+from backend.saved_run_reader import parse_saved_run, parse_saved_runs
 from devkit.local import ROOT
 from devkit.panels import SETTINGS, open_panel
 from tests.support.chromium import require_chromium

@@ -22,7 +22,8 @@ from backend.engines.replay import ReplayEngine
 from backend.engines.synthetic import SyntheticEngine
 from backend.frames import generate_frame, replay_frame
 from backend.protocol import GenerateCommand, ProtocolError, parse_client_frame
-from backend.saved_run import SavedRun, SavedSample, parse_saved_run, saved_run_dict, saved_run_json
+from backend.saved_run import SavedRun, SavedSample, saved_run_dict, saved_run_json
+from backend.saved_run_reader import parse_saved_run
 from backend.serving.server import BackendServer
 from devkit.frames import recv_frame
 from devkit.local import ROOT, start_backend, stop_process

@@ -17,13 +17,12 @@ from backend.saved_run import (
     Continues,
     SavedRun,
     SavedRunError,
-    parse_saved_run,
-    parse_saved_runs,
     saved_run_dict,
     saved_run_json,
     saved_runs_dict,
     saved_runs_json,
 )
+from backend.saved_run_reader import parse_saved_run, parse_saved_runs
 from backend.vocabulary import FINISH_REASONS, SamplingParams
 from devkit.local import ROOT
 from ui.run_recorder import RunRecorder

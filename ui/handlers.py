@@ -29,12 +29,8 @@ from typing import Any
 import gradio as gr
 
 from backend.config.settings import Limits
-from backend.saved_run import (
-    SAVED_RUN_BYTES_MAX,
-    SavedRunError,
-    load_saved_runs,
-    saved_runs_json,
-)
+from backend.saved_run import SAVED_RUN_BYTES_MAX, SavedRunError, saved_runs_json
+from backend.saved_run_reader import load_saved_runs
 from ui.answers_view import AnswersPanel
 from ui.client import CLOSE_TIMEOUT_S, BackendError, BackendRun
 from ui.engine_info import EngineStartTimeout, fetch_health, wait_until_started

@@ -17,8 +17,8 @@ from backend.saved_run import (
     SAVED_RUN_VERSION,
     SavedRun,
     SavedRunError,
-    saved_run_from_dict,
 )
+from backend.saved_run_reader import saved_run_from_dict
 
 
 class RunRecorder:

@@ -23,7 +23,8 @@ from typing import TYPE_CHECKING, Any
 
 from backend.config.declared import Setting
 from backend.engines.base import Engine, FormatChoice, Generation, RequestRejected, SampleTasksGeneration
-from backend.saved_run import SavedRun, SavedRunError, SavedSample, load_saved_run
+from backend.saved_run import SavedRun, SavedRunError, SavedSample
+from backend.saved_run_reader import load_saved_run
 from backend.vocabulary import Chunk, Prompt, SamplingParams
 
 if TYPE_CHECKING:
