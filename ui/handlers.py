@@ -1,5 +1,6 @@
 """The page's event handlers: Generate, Cancel, Stop one column, Export, Download run, a replayed
-upload, a page opened from a link, Copy link, Keep this seed, a closed tab.
+upload, a page opened from a link, Copy link, Keep this seed, a closed tab (and, from
+ui.continuing, the continuations: a tree node, a column's point, an alternative).
 
 A Generate pressed while the engine starts first waits for it (`ui.engine_info.wait_until_started`),
 showing the wait in the status line; Cancel, or a new Generate, ends that wait.
@@ -17,7 +18,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import dataclasses
 import functools
 import json
 import os
@@ -33,15 +33,12 @@ from backend.saved_run import SAVED_RUN_BYTES_MAX, SavedRunError, saved_runs_jso
 from backend.saved_run_reader import load_saved_runs
 from ui.answers_view import AnswersPanel
 from ui.client import CLOSE_TIMEOUT_S, BackendError, BackendRun
+from ui.continuing import Continuing
 from ui.engine_info import EngineStartTimeout, fetch_health, wait_until_started
 from ui.lineage import (
-    CannotContinue,
     Lineage,
     Origin,
     branch_node,
-    continuable_from,
-    node_origin,
-    point_origin,
 )
 from ui.loop_watch import watch_url
 from ui.page_outputs import OUTPUTS, error_outputs, outputs_for, status_only, waiting_outputs
@@ -81,7 +78,7 @@ CANCELLED_WAIT = "Cancelled while waiting for the engine to start; press Generat
 """The status line of a Generate whose wait for the engine was cancelled."""
 
 
-class Handlers:
+class Handlers(Continuing):
     """The page's handlers for the backend at `backend_url` (with `token`, if it needs one)."""
 
     def __init__(
@@ -223,103 +220,6 @@ class Handlers:
             f"Seed {seed} kept: Generate repeats this run's samples; clear the seed box for a random one."
         )
         return seed
-
-    async def continue_from(
-        self, event: gr.SelectData, request: gr.Request, **settings: Any
-    ) -> AsyncIterator[list[Any]]:
-        """Continue a branch of the token tree (the tree's select event: the node's id as `index`, the
-        tree's run as `value`): n new samples, with the settings as set, from the run's prompt plus
-        the text up to the end of that node, streamed into the columns as a new run; with the value
-        `{"run": ..., "chosen": token}`, branched on that alternative of the node's first token
-        (`ui.lineage.node_origin`). A branch that cannot be continued (the run is gone, not the one
-        on the page, still streaming, or the backend refuses) is said in the status line, and the
-        columns and tree stay as they are."""
-        value = event.value
-        run_id, chosen = (value.get("run"), value.get("chosen")) if isinstance(value, dict) else (value, None)
-        continuable = functools.partial(self._continuable, node_id=event.index, run_id=run_id, chosen=chosen)
-        async for outputs in self._continue(request, continuable, settings):
-            yield outputs
-
-    async def continue_from_point(
-        self, event: gr.SelectData, request: gr.Request, **settings: Any
-    ) -> AsyncIterator[list[Any]]:
-        """Continue a column from a point of its text (the grid's select event: the column as
-        `index`, `{"continue_at": characters, "run": its run}` as `value`: the end of the token or
-        word clicked), as `continue_from` continues a node; the new run's branches grow from the
-        deepest node of the tree at or before that point. With `"chosen": token` in the value,
-        `continue_at` is where a token starts and the branch takes that alternative instead of it.
-        Other select events of the grid (a column's Stop) are not continuations: nothing happens
-        here for them."""
-        value = event.value
-        if not isinstance(value, dict) or "continue_at" not in value:
-            return
-        continuable = functools.partial(
-            self._point,
-            column=event.index,
-            offset=value.get("continue_at"),
-            run_id=value.get("run"),
-            chosen=value.get("chosen"),
-        )
-        async for outputs in self._continue(request, continuable, settings):
-            yield outputs
-
-    async def _continue(
-        self,
-        request: gr.Request,
-        continuable: Callable[[str], tuple[Origin, tuple[int, int]]],
-        settings: dict[str, Any],
-    ) -> AsyncIterator[list[Any]]:
-        """A continuation of what `continuable` says (its origin and the node its branches grow
-        from, or CannotContinue) as a new run of the session, streamed to the page."""
-        session = session_of(request)
-        try:
-            origin, parent = continuable(session)
-            of_the_run = {"prompt": origin.prompt, "format": origin.prompt_format, "system": origin.system}
-            base = run_request({**settings, **of_the_run})
-            wanted = dataclasses.replace(base, options={**base.options, "prefix": origin.prefix})
-            previous = self._runs.get(session)
-            session, run, ticket = self._new_run(request, wanted)
-        except (InputProblem, VisitorLimitReached, CannotContinue) as exc:
-            yield status_only(f"**Error:** {exc}")
-            return
-        run.view.prefix = origin.prefix
-        self._origins[run] = origin
-        self._lineages.setdefault(session, Lineage()).add(run, parent, origin.chosen)
-        start = lambda: run.start(wanted.prompt, wanted.n, wanted.params, wanted.options)  # noqa: E731
-
-        def refused(message: str) -> list[Any]:
-            # The earlier run stays the session's: its columns and tree are still on the page.
-            if previous is not None and self._runs.get(session) is None:
-                self._runs[session] = previous
-            return status_only(f"**Error:** the branch could not be continued: {message}")
-
-        answers = AnswersPanel(wanted.answer_pattern, wanted.stop_rule)
-        async for outputs in self._stream(session, run, ticket, answers, start, True, refused):
-            yield outputs
-
-    def _point(
-        self, session: str, column: Any, offset: Any, run_id: Any, chosen: Any = None
-    ) -> tuple[Origin, tuple[int, int]]:
-        """What continuing column `column` of run `run_id` from character `offset` of its text asks
-        for, or branching there on the alternative `chosen` (`ui.lineage.point_origin`);
-        CannotContinue says why it cannot be."""
-        run, lineage = self._current(session, run_id)
-        return point_origin(run, lineage, self._origins.get(run), column, offset, chosen)
-
-    def _current(self, session: str, run_id: Any) -> tuple[BackendRun, Lineage]:
-        """The session's run and its tree of runs, where a branch of them can be continued from the
-        page showing run `run_id` (`ui.lineage.continuable_from`)."""
-        run, lineage = self._runs.get(session), self._lineages.get(session)
-        return continuable_from(run, lineage, run_id)
-
-    def _continuable(
-        self, session: str, node_id: Any, run_id: Any, chosen: Any = None
-    ) -> tuple[Origin, tuple[int, int]]:
-        """What continuing node `node_id` of the tree of run `run_id` asks for, or branching on the
-        alternative `chosen` of its first token (`ui.lineage.node_origin`); CannotContinue says why
-        it cannot be."""
-        _, lineage = self._current(session, run_id)
-        return node_origin(lineage, self._origins, node_id, chosen)
 
     async def replay(
         self, path: str | None, speed_value: float, request: gr.Request, **settings: Any
