@@ -32,7 +32,7 @@ from typing import ClassVar
 
 import torch
 
-from backend.engines.embedded.linear import deliver, holds
+from backend.engines.embedded.linear import deliver
 
 try:
     from backend.engines.embedded import _int8_rows
@@ -394,20 +394,15 @@ class Int8Matrix:
     def product(
         self, x: torch.Tensor, out: torch.Tensor | None = None, add: bool = False, step: bool = False
     ) -> torch.Tensor:
-        """x[rows, K] @ weight^T as float32 [rows, N], into `out` (added to it with `add`) or new: x
-        turned and rounded row by row, the int32 sums times the row's scale, rounded, times the
-        weight row's, rounded (by the C part, or by `torch._int_mm` beyond `c_max_rows()` rows: the
-        same values, at any row count, so `step` changes nothing)."""
-        flat = x if x.dim() == 2 else x.reshape(-1, x.shape[-1])
-        rows = flat.shape[0]
-        if not self.in_c(rows):
-            made = self.int_mm_product(flat)
-        elif holds(out, rows, self.shape[0]) and flat.dtype == torch.float32 and flat.is_contiguous():
-            assert out is not None
-            self.c_product_into(out, flat, add)
+        """x[rows, K] @ weight^T as float32 [rows, N], into `out` (float32, contiguous; added to it
+        with `add`) or new: x turned and rounded row by row, the int32 sums times the row's scale,
+        rounded, times the weight row's, rounded (by the C part, or by `torch._int_mm` beyond
+        `c_max_rows()` rows: the same values, at any row count, so `step` changes nothing)."""
+        if out is not None and x.dim() == 2 and self.in_c(x.shape[0]):
+            self.c_product_into(out, x, add)  # a step's buffers: float32, contiguous (checked there)
             return out
-        else:
-            made = self.c_product(flat)
+        flat = x if x.dim() == 2 else x.reshape(-1, x.shape[-1])
+        made = self.c_product(flat) if self.in_c(flat.shape[0]) else self.int_mm_product(flat)
         made = deliver(made, out, add)
         return made if x.dim() == 2 else made.reshape(*x.shape[:-1], made.shape[-1])
 
