@@ -141,15 +141,12 @@ def test_bad_shapes_and_positions_are_refused_before_anything_is_written() -> No
 def bundled() -> tuple:
     from transformers import AutoTokenizer
 
-    from backend.engines.embedded.model import Llama, LlamaConfig
-    from backend.engines.embedded.quantized import load_blocks
-    from backend.engines.embedded.weights import read_config, read_tensors, resolve_model
+    from backend.engines.embedded.model import Llama
+    from tests.support.embedded import bundled_model
 
-    folder = resolve_model()
-    config = LlamaConfig.from_hf(read_config(folder.path))
-    tensors = read_tensors(folder.path)
-    blocks = load_blocks(folder.path, folder.gguf, tensors) if folder.gguf else {}
-    return config, Llama(config, tensors, torch.float32, blocks), AutoTokenizer.from_pretrained(folder.path)
+    read = bundled_model()
+    model = Llama(read.config, read.tensors, torch.float32, read.blocks())
+    return read.config, model, AutoTokenizer.from_pretrained(read.folder.path)
 
 
 def prompts_in(cache, model, tokenizer, texts: list[str], copies: int) -> list[int]:

@@ -41,7 +41,7 @@ from backend.vocabulary import Prompt, SamplingParams
 from devkit.frames import recv_frame
 from devkit.local import ROOT
 from tests.support.backends import serving
-from tests.support.embedded import PROMPT, collect, params
+from tests.support.embedded import PROMPT, bundled_model, collect, params
 
 
 @pytest.fixture(scope="module")
@@ -408,13 +408,11 @@ async def test_a_prompt_reuses_the_previous_prompts_shared_head(engine: Embedded
     matmuls round differently for a prompt computed whole and one computed after a copied head, so
     there the copy is checked to be exact and the logits to be as close to fp32's as the cold ones.
     """
-    from backend.engines.embedded.model import Llama, LlamaConfig
-    from backend.engines.embedded.weights import read_config
+    from backend.engines.embedded.model import Llama
 
-    folder = resolve_model().path
-    config = LlamaConfig.from_hf(read_config(folder))
-    tensors = read_tensors(folder)
-    model = Llama(config, tensors, torch.float32)
+    read = bundled_model()
+    config = read.config
+    model = Llama(config, read.tensors, torch.float32)
     first, second = engine.prompt_ids(Prompt(PROMPT)), engine.prompt_ids(Prompt("Say hello."))
     shared = next(i for i, (a, b) in enumerate(zip(first, second, strict=False)) if a != b)
     assert shared > 10  # the chat template's system turn
@@ -433,7 +431,7 @@ async def test_a_prompt_reuses_the_previous_prompts_shared_head(engine: Embedded
     assert again_kv.reused == length - 1
     assert torch.allclose(again_logits, cold_logits, atol=1e-4)
     # bf16, which PyTorch computes on any x86 CPU
-    low = Llama(config, tensors, torch.bfloat16)
+    low = Llama(config, read.tensors, torch.bfloat16)
     _, low_cold_logits, _, low_warm, low_warm_logits, low_kv = _prefill_cold_and_warm(
         low, config, first, second
     )
@@ -547,17 +545,14 @@ def test_a_grouped_prefill_gives_each_prompt_what_it_gives_alone() -> None:
     from transformers import AutoTokenizer
 
     from backend.engines.base import template_token_ids
-    from backend.engines.embedded.model import Llama, LlamaConfig, RowCache
-    from backend.engines.embedded.quantized import load_blocks
-    from backend.engines.embedded.weights import read_config
+    from backend.engines.embedded.model import Llama, RowCache
     from tests.test_rows_linear import kernel_on
 
-    folder = resolve_model()
+    read = bundled_model()
     with kernel_on():  # skipped without it: there prompts are prefilled one at a time
-        config = LlamaConfig.from_hf(read_config(folder.path))
-        tensors = read_tensors(folder.path)
-        model = Llama(config, tensors, torch.float32, load_blocks(folder.path, bundled_gguf(), tensors))
-        tokenizer = AutoTokenizer.from_pretrained(folder.path)
+        config = read.config
+        model = Llama(config, read.tensors, torch.float32, read.blocks())
+        tokenizer = AutoTokenizer.from_pretrained(read.folder.path)
         ids = [
             template_token_ids(tokenizer, [{"role": "user", "content": t}]) for t in ("Hi.", "Name a bird.")
         ]

@@ -25,9 +25,8 @@ from backend.engines.base import template_token_ids
 from backend.engines.embedded import compute, decode_ops, int4, int8
 from backend.engines.embedded import linear as engine_linear
 from backend.engines.embedded.model import Llama, LlamaConfig, RowCache
-from backend.engines.embedded.quantized import load_blocks
-from backend.engines.embedded.weights import read_config, read_tensors, resolve_model
-from tests.support.embedded import kernel_status_on_one_thread
+from backend.engines.embedded.weights import resolve_model
+from tests.support.embedded import bundled_model, kernel_status_on_one_thread
 
 PROMPTS = (
     "Name three colours.",
@@ -144,11 +143,10 @@ def test_greedy_tokens_agree_with_transformers_or_part_at_a_near_tie(name: str) 
     engine_linear.configure(allow=path.rows_kernel, sizes=sizes, exact=path.int8)
     decode_ops.configure()
     try:
-        folder = resolve_model()
-        config = LlamaConfig.from_hf(read_config(folder.path))
-        tensors = read_tensors(folder.path)
-        blocks = load_blocks(folder.path, folder.gguf, tensors) if path.gguf_blocks and folder.gguf else {}
-        model = Llama(config, tensors, torch.float32 if path.int4 else dtype, blocks)
+        read = bundled_model()
+        folder, config = read.folder, read.config
+        blocks = read.blocks() if path.gguf_blocks else {}
+        model = Llama(config, read.tensors, torch.float32 if path.int4 else dtype, blocks)
         if path.int4 or path.int8:
             model.cast(dtype, int4=path.int4, int8=path.int8)
         tokenizer = AutoTokenizer.from_pretrained(folder.path)
