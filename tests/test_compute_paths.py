@@ -19,7 +19,7 @@ from collections.abc import Iterator
 
 import pytest
 import torch
-from websockets.asyncio.client import connect
+from websockets.asyncio.client import ClientConnection, connect
 
 from backend.config.settings import Limits
 from backend.engines.embedded import compute, int4, int8
@@ -215,9 +215,9 @@ async def test_a_users_seeded_run_shows_the_same_columns_while_another_client_ge
     params = {"max_tokens": 40, "temperature": 0.9, "top_p": 0.95, "seed": 21}
     frame = generate_frame("", "Name a famous scientist and say why.", 4, params)
 
-    async def run(ws: object, request_id: str, request: dict) -> list[str]:
-        await ws.send(json.dumps({**request, "id": request_id}))  # type: ignore[attr-defined]
-        frames = await until_done(ws, request_id, limit_s=None, frame_s=None, stop_on_error=True)  # type: ignore[arg-type]
+    async def run(ws: ClientConnection, request_id: str, request: dict) -> list[str]:
+        await ws.send(json.dumps({**request, "id": request_id}))
+        frames = await until_done(ws, request_id, limit_s=None, frame_s=None, stop_on_error=True)
         assert frames[-1]["type"] == "done", frames[-1]
         texts = texts_of(frames, request_id)
         return [texts.get(i, "") for i in range(request["n"])]
