@@ -21,11 +21,9 @@ from __future__ import annotations
 import argparse
 import asyncio
 import statistics
-import threading
 import time
 from collections.abc import Callable
 
-import psutil
 import torch
 
 from backend.engines.embedded import COMPUTE, THREADS
@@ -33,34 +31,11 @@ from backend.engines.embedded.engine import EmbeddedEngine
 from backend.engines.embedded.scheduler import DecodeParams
 from backend.engines.embedded.weights import resolve_model
 from backend.vocabulary import Prompt
+from devkit.memory import PeakRss
 
 PROMPT = "Write a short poem about the sea."
 HEARTBEAT_S = 0.005
 """Interval of the loop-lag heartbeat."""
-
-
-class PeakMemory:
-    """Highest RSS of process `pid` (default: this one) above the level at entry, sampled on a thread."""
-
-    def __init__(self, pid: int | None = None) -> None:
-        self.process = psutil.Process(pid)
-        self.peak = 0
-
-    def __enter__(self) -> PeakMemory:
-        self.base = self.process.memory_info().rss
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._sample, daemon=True)
-        self._thread.start()
-        return self
-
-    def _sample(self) -> None:
-        while not self._stop.wait(0.005):
-            self.peak = max(self.peak, self.process.memory_info().rss - self.base)
-
-    def __exit__(self, *exc: object) -> None:
-        self._stop.set()
-        self._thread.join()
-        self.peak = max(self.peak, self.process.memory_info().rss - self.base)
 
 
 async def run_engine(engine: EmbeddedEngine, ids: list[int], n: int, tokens: int) -> dict[str, float]:
@@ -75,7 +50,7 @@ async def run_engine(engine: EmbeddedEngine, ids: list[int], n: int, tokens: int
             lags.append(max(0.0, loop.time() - due))
 
     beat = asyncio.create_task(heartbeat())
-    with PeakMemory(engine.worker_pid) as memory:
+    with PeakRss(engine.worker_pid, interval_s=0.005) as memory:
         start = time.perf_counter()
         generation = engine.submit(ids, n, DecodeParams(tokens, 0.8, 0.95, seed=1, ignore_eos=True))
         first = None
@@ -115,7 +90,7 @@ def run_generate(model: object, ids: list[int], n: int, tokens: int) -> dict[str
         start = time.perf_counter()
         generate(1)()
         ttft = time.perf_counter() - start
-        with PeakMemory() as memory:
+        with PeakRss(interval_s=0.005) as memory:
             start = time.perf_counter()
             out = generate(tokens)()
             elapsed = time.perf_counter() - start

@@ -61,9 +61,7 @@ import json
 import os
 import signal
 import statistics
-import subprocess
 import sys
-import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -77,52 +75,20 @@ from backend.engines.embedded.scheduler import DecodeParams
 from backend.engines.embedded.weights import bundled_gguf
 from backend.vocabulary import Prompt
 from bench import llama_cpp
-from bench.embedded import PeakMemory
 from bench.matmul_layouts import matmul_rate
 from devkit.local import CONVERTED_MODEL as MODEL
 from devkit.local import ENGINE_CACHE as CACHE
-from devkit.local import SERVED_NAME, SERVER_START_S, free_port, start_logged, stop_process_group
+from devkit.local import SERVED_NAME, stop_process_group
+from devkit.memory import PeakRss
+from devkit.vllm import VLLM_PYTHON, start_vllm, thread_binding
 
 PROMPT = "Write a short poem about the sea."
 
-VLLM_PYTHON = CACHE / "envs" / "vllm" / "bin" / "python"
 VLLM_LOG = CACHE / "vllm-bench-server.log"
-COMPILED_START_S = 1800.0
-"""Longest wait for a compiled vLLM server to answer /health (its compile took over 5 minutes here)."""
 REQUEST_TIMEOUT_S = 600.0
 """Longest wait for one vLLM request on 2 shared cores."""
 MEMORY_SAMPLE_S = 0.01
 """Interval of the server's RSS sampler (a tree of ~4 processes is read each time)."""
-
-
-class TreeMemory:
-    """Highest summed RSS of process `pid` and its descendants above the level at entry."""
-
-    def __init__(self, pid: int) -> None:
-        self.root = psutil.Process(pid)
-        self.peak = 0
-
-    def _rss(self) -> int:
-        total = 0
-        for process in [self.root, *self.root.children(recursive=True)]:
-            with contextlib.suppress(psutil.Error):
-                total += process.memory_info().rss
-        return total
-
-    def __enter__(self) -> TreeMemory:
-        self.base = self._rss()
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._sample, daemon=True)
-        self._thread.start()
-        return self
-
-    def _sample(self) -> None:
-        while not self._stop.wait(MEMORY_SAMPLE_S):
-            self.peak = max(self.peak, self._rss() - self.base)
-
-    def __exit__(self, *exc: object) -> None:
-        self._stop.set()
-        self._thread.join()
 
 
 def cpu_seconds(pids: list[int]) -> float:
@@ -136,33 +102,6 @@ def cpu_seconds(pids: list[int]) -> float:
                     times = process.cpu_times()
                     total += times.user + times.system
     return total
-
-
-def thread_binding(threads: int) -> str:
-    """VLLM_CPU_OMP_THREADS_BIND for `threads` OpenMP threads on cores 0..threads-1."""
-    return "0" if threads == 1 else f"0-{threads - 1}"
-
-
-def start_vllm(dtype: str, threads: int, mode: str) -> tuple[subprocess.Popen[bytes], str]:
-    """vLLM's OpenAI server on a free port of 127.0.0.1, in its own process group, once /health answers."""
-    port = free_port()
-    url = f"http://127.0.0.1:{port}"
-    command = [
-        str(VLLM_PYTHON), "-m", "vllm.entrypoints.openai.api_server", "--model", str(MODEL),
-        "--served-model-name", SERVED_NAME, "--host", "127.0.0.1", "--port", str(port),
-        "--max-model-len", "2048", "--dtype", dtype,
-    ]  # fmt: skip
-    if mode == "eager":
-        command.append("--enforce-eager")
-    env = {
-        **os.environ,
-        "PYTHONUNBUFFERED": "1",
-        "VLLM_CPU_KVCACHE_SPACE": "1",
-        "OMP_NUM_THREADS": str(threads),
-        "VLLM_CPU_OMP_THREADS_BIND": thread_binding(threads),
-    }
-    limit_s = SERVER_START_S if mode == "eager" else COMPILED_START_S
-    return start_logged(command, VLLM_LOG, url + "/health", env, limit_s=limit_s), url
 
 
 def completion_body(ids: list[int], n: int, tokens: int) -> dict[str, Any]:
@@ -209,7 +148,7 @@ async def run_vllm(
 ) -> dict[str, float]:
     """One streaming request with n choices, with its CPU time and memory."""
     cpu = cpu_seconds([pid]) + process_cpu_seconds()
-    with TreeMemory(pid) as memory:
+    with PeakRss(pid, tree=True, interval_s=MEMORY_SAMPLE_S) as memory:
         start = time.perf_counter()
         first, count = await stream_vllm(client, url, ids, n, tokens)
         elapsed = time.perf_counter() - start
@@ -239,7 +178,7 @@ async def run_engine(engine: EmbeddedEngine, ids: list[int], n: int, tokens: int
     # which include the vLLM server.
     pids = [engine.worker_pid]
     cpu = cpu_seconds(pids) + process_cpu_seconds()
-    with PeakMemory(engine.worker_pid) as memory:
+    with PeakRss(engine.worker_pid, interval_s=0.005) as memory:
         start = time.perf_counter()
         first, count = await stream_engine(engine, ids, n, tokens)
         elapsed = time.perf_counter() - start
@@ -539,7 +478,8 @@ async def main() -> int:
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     engine = EmbeddedEngine(threads=args.threads, compute=args.compute)
     started = time.perf_counter()
-    process, url = start_vllm(args.vllm_dtype, args.threads, args.vllm)
+    eager = args.vllm == "eager"
+    process, url = start_vllm(VLLM_LOG, args.vllm_dtype, eager, args.threads, bind=True)
     try:
         print(
             f"vLLM server ({args.vllm}) up in {time.perf_counter() - started:.0f} s, its compile included "

@@ -13,15 +13,12 @@ n x T over `t_tg`. The process's peak RSS is sampled while it runs (model, KV ca
 
 from __future__ import annotations
 
-import contextlib
 import json
 import subprocess
-import threading
 from pathlib import Path
 
-import psutil
-
 from devkit.local import ENGINE_CACHE
+from devkit.memory import PeakRss
 
 BINARY = ENGINE_CACHE / "llama.cpp" / "build" / "bin" / "llama-batched-bench"
 BUILD_COMMAND = "scripts/prepare-engine-envs.sh llamacpp"
@@ -71,26 +68,14 @@ def _run_once(gguf: Path, prompt: int, tokens: int, n: int, threads: int) -> dic
     process = subprocess.Popen(
         command(gguf, prompt, tokens, n, threads), stdout=subprocess.PIPE, stderr=subprocess.PIPE
     )
-    peak = 0
-    done = threading.Event()
-
-    def sample() -> None:
-        nonlocal peak
-        with contextlib.suppress(psutil.Error):
-            watched = psutil.Process(process.pid)
-            while not done.wait(0.01):
-                peak = max(peak, watched.memory_info().rss)
-
-    sampler = threading.Thread(target=sample, daemon=True)
-    sampler.start()
-    try:
-        out, err = process.communicate(timeout=RUN_TIMEOUT_S)
-    finally:
-        done.set()
-        sampler.join()
-        if process.poll() is None:
-            process.kill()
-            process.wait()
+    with PeakRss(process.pid, above_entry=False) as memory:  # the whole process's peak
+        try:
+            out, err = process.communicate(timeout=RUN_TIMEOUT_S)
+        finally:
+            if process.poll() is None:
+                process.kill()
+                process.wait()
+    peak = memory.peak
     if process.returncode != 0:
         tail = err.decode(errors="replace").strip().splitlines()[-3:]
         raise RuntimeError(f"llama-batched-bench exited {process.returncode}: {' / '.join(tail)}")

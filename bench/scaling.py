@@ -22,7 +22,6 @@ import asyncio
 import json
 import statistics
 import sys
-import threading
 import time
 from pathlib import Path
 
@@ -34,7 +33,7 @@ ROOT = Path(__file__).resolve().parent.parent
 
 from bench.transport import max_tokens_for, p, process_cpu_s, start_backend, stop  # noqa: E402
 from devkit.frames import recv_frame  # noqa: E402
-from devkit.load import rss_mb  # noqa: E402
+from devkit.memory import PeakRss  # noqa: E402
 
 
 async def one_request(url: str, index: int, n: int, max_tokens: int, added: list[float]) -> int:
@@ -59,33 +58,24 @@ async def one_request(url: str, index: int, n: int, max_tokens: int, added: list
 def measure(url: str, pid: int, connections: int, n: int, rate: float, seconds: float) -> dict[str, float]:
     """One row: `connections` clients at once, each n samples; the backend's cost per chunk and sample."""
     max_tokens = max_tokens_for(rate, seconds)
-    idle_rss = rss_mb(pid)[0]
-    peak = [idle_rss]
-    stop_sampling = threading.Event()
-
-    def sample_rss() -> None:
-        while not stop_sampling.wait(0.05):
-            peak[0] = max(peak[0], rss_mb(pid)[0])
-
-    sampler = threading.Thread(target=sample_rss, daemon=True)
-    sampler.start()
     added: list[float] = []
-    cpu = process_cpu_s(pid)
-    started = time.monotonic()
+    with PeakRss(pid, interval_s=0.05) as memory:
+        cpu = process_cpu_s(pid)
+        started = time.monotonic()
 
-    async def run_all() -> list[int]:
-        return await asyncio.gather(*(one_request(url, i, n, max_tokens, added) for i in range(connections)))
+        async def run_all() -> list[int]:
+            return await asyncio.gather(
+                *(one_request(url, i, n, max_tokens, added) for i in range(connections))
+            )
 
-    tokens = sum(asyncio.run(run_all()))
-    elapsed = time.monotonic() - started
-    cpu = process_cpu_s(pid) - cpu
-    stop_sampling.set()
-    sampler.join()
+        tokens = sum(asyncio.run(run_all()))
+        elapsed = time.monotonic() - started
+        cpu = process_cpu_s(pid) - cpu
     samples = connections * n
     expected_s = max_tokens / rate
     return {
         "cpu_us": 1e6 * cpu / tokens,
-        "kib_per_sample": max(0.0, peak[0] - idle_rss) * 1024 / samples,
+        "kib_per_sample": memory.peak / 1024 / samples,
         "delivered": (tokens / elapsed) / (tokens / expected_s),
         "add_p99": p(added, 99),
         "samples": samples,

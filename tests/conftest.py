@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
 
 import pytest
 from playwright.sync_api import Browser, Page, expect, sync_playwright
 
+from backend.serving.server import BackendServer
 from devkit.local import CHROMIUM_ARGS, chromium_path, free_port, start_app
-from tests.support.backends import RunningApp
+from tests.support.backends import RunningApp, synthetic_serving
 
 
 @pytest.fixture(scope="module")
@@ -31,6 +32,21 @@ def synthetic_app(request: pytest.FixtureRequest) -> Iterator[RunningApp]:
     finally:
         process.terminate()
         process.wait(15)
+
+
+@pytest.fixture
+async def server(request: pytest.FixtureRequest) -> AsyncIterator[BackendServer]:
+    """A backend in the test's loop on the synthetic engine at the module's `SERVER_RATE` tokens/s
+    per sample (100 where it sets none) and `SERVER_JITTER` (0.2), with its `SERVER_LIMITS` (the
+    defaults) and `SERVER_OPTIONS` (`ServerOptions` fields); one for each test."""
+    module = request.module
+    async with synthetic_serving(
+        getattr(module, "SERVER_RATE", 100.0),
+        getattr(module, "SERVER_JITTER", 0.2),
+        getattr(module, "SERVER_LIMITS", None),
+        **getattr(module, "SERVER_OPTIONS", {}),
+    ) as backend:
+        yield backend
 
 
 @pytest.fixture

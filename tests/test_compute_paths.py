@@ -12,12 +12,13 @@ block sizes passed its check).
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 from collections.abc import Iterator
 
 import pytest
 import torch
-from websockets.asyncio.client import connect
+from websockets.asyncio.client import ClientConnection, connect
 
 from backend.config.settings import Limits
 from backend.engines.embedded import compute, int8
@@ -25,10 +26,10 @@ from backend.engines.embedded.engine import EmbeddedEngine
 from backend.engines.embedded.weights import resolve_model
 from backend.frames import cancel_frame, generate_frame
 from backend.vocabulary import Prompt
-from devkit.frames import recv_frame
 from devkit.weight_forms import with_products
 from tests.support.backends import serving
 from tests.support.embedded import PROMPT, collect, kernel_status_on_one_thread, params
+from tests.support.wire import texts_of, until_done
 
 COLOURS = ("red", "blue", "green", "yellow", "purple", "orange", "black", "white", "pink")
 
@@ -41,13 +42,31 @@ step's edge changes the next product's inputs, and from there the rest of the ro
 prompt's last logits 0.54 apart, of 27)."""
 
 
-def _reference(engine: EmbeddedEngine) -> torch.nn.Module:
+@functools.cache
+def _reference(int8: bool) -> torch.nn.Module:
     """transformers' model in float32, multiplying as the engine's path does where it rounds rows to
-    int8 (the other paths' differences are within the tolerances)."""
+    int8 (the other paths' differences are within the tolerances); loaded once for the paths that
+    share it."""
     from transformers import AutoModelForCausalLM
 
     reference = AutoModelForCausalLM.from_pretrained(resolve_model().path, dtype=torch.float32)
-    return with_products(reference, "int8") if _path(engine).form == "int8" else reference
+    return with_products(reference, "int8") if int8 else reference
+
+
+@functools.cache
+def _reference_greedy(int8: bool, ids: tuple[int, ...], tokens: int) -> tuple[list[int], list[float]]:
+    """The reference's `tokens` greedy tokens after prompt `ids` and each step's largest logprob,
+    generated once for the paths that share the reference."""
+    with torch.inference_mode():
+        out = _reference(int8).generate(
+            torch.tensor([ids]),
+            max_new_tokens=tokens,
+            do_sample=False,
+            output_scores=True,
+            return_dict_in_generate=True,
+        )
+    maxima = [torch.log_softmax(score[0].float(), -1).max().item() for score in out.scores]
+    return out.sequences[0, len(ids) :].tolist(), maxima
 
 
 @pytest.fixture(scope="module", params=list(compute.PATHS))
@@ -91,11 +110,8 @@ async def test_greedy_follows_transformers_greedy(engine: EmbeddedEngine) -> Non
     """fp32: the same 16 tokens as transformers' greedy decoding in fp32. bf16 rounds each logit
     to 8 bits, so near-ties may go the other way: there the first tokens agree (int8-exact: against
     transformers with its int8 products)."""
-    reference = _reference(engine)
-    ids = engine.prompt_ids(Prompt(PROMPT))
-    with torch.inference_mode():
-        out = reference.generate(torch.tensor([ids]), max_new_tokens=16, do_sample=False)
-    expected = engine.tokenizer.decode(out[0, len(ids) :], skip_special_tokens=True)
+    tokens, _ = _reference_greedy(_path(engine).form == "int8", tuple(engine.prompt_ids(Prompt(PROMPT))), 16)
+    expected = engine.tokenizer.decode(tokens, skip_special_tokens=True)
     texts, _, _ = await collect(engine.generate(Prompt(PROMPT), 2, params(max_tokens=16, temperature=0.0)), 2)
     assert texts[0] == texts[1]
     if _path(engine).form == "blocks":
@@ -105,8 +121,7 @@ async def test_greedy_follows_transformers_greedy(engine: EmbeddedEngine) -> Non
 
 
 async def test_logprobs_are_the_models_own_for_each_token(engine: EmbeddedEngine) -> None:
-    reference = _reference(engine)
-    ids = engine.prompt_ids(Prompt(PROMPT))
+    ids = tuple(engine.prompt_ids(Prompt(PROMPT)))
     generation = engine.generate(Prompt(PROMPT), 3, params(max_tokens=10, temperature=0.9, logprobs=True))
     logprobs: list[list[float]] = [[], [], []]
     reasons: list[str | None] = [None, None, None]
@@ -125,15 +140,7 @@ async def test_logprobs_are_the_models_own_for_each_token(engine: EmbeddedEngine
     # log-softmax maxima along its greedy continuation (the first 4, where bf16 and fp32 agree).
     greedy = engine.generate(Prompt(PROMPT), 1, params(max_tokens=4, temperature=0.0, logprobs=True))
     got = [lp async for chunk in greedy for lp in (chunk.logprobs or ())]
-    with torch.inference_mode():
-        out = reference.generate(
-            torch.tensor([ids]),
-            max_new_tokens=4,
-            do_sample=False,
-            output_scores=True,
-            return_dict_in_generate=True,
-        )
-    expected = [torch.log_softmax(score[0].float(), -1).max().item() for score in out.scores]
+    _, expected = _reference_greedy(_path(engine).form == "int8", ids, 4)
     tolerance = LOGPROB_TOLERANCE["int8" if _path(engine).form == "int8" else _path(engine).dtype]
     assert got == pytest.approx(expected, abs=tolerance)
     plain = engine.generate(Prompt(PROMPT), 1, params(max_tokens=4))
@@ -207,18 +214,12 @@ async def test_a_users_seeded_run_shows_the_same_columns_while_another_client_ge
     params = {"max_tokens": 40, "temperature": 0.9, "top_p": 0.95, "seed": 21}
     frame = generate_frame("", "Name a famous scientist and say why.", 4, params)
 
-    async def run(ws: object, request_id: str, request: dict) -> list[str]:
-        await ws.send(json.dumps({**request, "id": request_id}))  # type: ignore[attr-defined]
-        texts = [""] * request["n"]
-        while True:
-            reply = await recv_frame(ws)
-            if reply.get("id") != request_id:
-                continue
-            if reply["type"] == "chunk":
-                texts[reply["index"]] += reply["text"]
-            elif reply["type"] in ("done", "error"):
-                assert reply["type"] == "done", reply
-                return texts
+    async def run(ws: ClientConnection, request_id: str, request: dict) -> list[str]:
+        await ws.send(json.dumps({**request, "id": request_id}))
+        frames = await until_done(ws, request_id, limit_s=None, frame_s=None, stop_on_error=True)
+        assert frames[-1]["type"] == "done", frames[-1]
+        texts = texts_of(frames, request_id)
+        return [texts.get(i, "") for i in range(request["n"])]
 
     async with (
         serving(engine, Limits(), keep_engine=True) as server,

@@ -13,9 +13,7 @@ from typing import Any
 
 import gradio as gr
 
-from backend.config.settings import Limits
-from backend.engines.synthetic import SyntheticEngine
-from tests.support.backends import serving
+from tests.support.backends import synthetic_serving
 from ui.handlers import Handlers
 from ui.sample_tree_view import RUN_STRIDE, value_rows
 from ui.view import PREFIX_TAIL_CHARS
@@ -69,7 +67,7 @@ def leaf(tree_value: dict[str, Any], sample: int) -> dict[str, Any]:
 
 
 async def test_a_continuation_streams_from_the_branch_and_grows_the_tree_from_it() -> None:
-    async with serving(SyntheticEngine(rate=200, jitter=0.1), Limits()) as backend:
+    async with synthetic_serving(200, 0.1) as backend:
         handlers = Handlers(backend.url)
         request = page()
         first = await generate(handlers, request)
@@ -94,7 +92,7 @@ async def test_a_continuation_streams_from_the_branch_and_grows_the_tree_from_it
 
 
 async def test_a_branch_that_cannot_be_continued_is_said_and_the_page_keeps_its_run() -> None:
-    async with serving(SyntheticEngine(rate=200, jitter=0.1), Limits()) as backend:
+    async with synthetic_serving(200, 0.1) as backend:
         handlers = Handlers(backend.url)
         request = page()
         nothing = await continue_from(handlers, request, 1, "r-gone")
@@ -135,7 +133,7 @@ async def test_a_continuation_the_backend_refuses_leaves_the_earlier_run_on_the_
     """A text past the prompt limit, then a backend gone: the status line says why, and the earlier
     run stays the session's, its branches still continuable once the cause is gone."""
     async with contextlib.AsyncExitStack() as stack:
-        backend = await stack.enter_async_context(serving(SyntheticEngine(rate=2000, jitter=0.1), Limits()))
+        backend = await stack.enter_async_context(synthetic_serving(2000, 0.1))
         handlers = Handlers(backend.url)
         request = page()
         # 12,000 characters of prompt and a sample of more than 4,000: past the 16,000 a prompt may have.
@@ -177,7 +175,7 @@ async def test_a_column_continuation_shows_the_words_it_goes_on_from_under_one_p
     """Continued from a point inside the first branch's words (the deepest node there is the
     root), the tree has one prompt row, then a row of the words the new run goes on from, its
     size in characters, and the new run's branches under it."""
-    async with serving(SyntheticEngine(rate=500, jitter=0.1), Limits()) as backend:
+    async with synthetic_serving(500, 0.1) as backend:
         handlers = Handlers(backend.url)
         request = page()
         first = await generate(handlers, request, max_tokens=12)
@@ -197,7 +195,7 @@ async def test_a_column_continuation_shows_the_words_it_goes_on_from_under_one_p
 async def test_earlier_rows_keep_their_units_after_a_continuation_in_words() -> None:
     """A first run with token confidence (its sizes in tokens), continued without: the earlier
     run's rows still count tokens, the new run's characters."""
-    async with serving(SyntheticEngine(rate=500, jitter=0.1), Limits()) as backend:
+    async with synthetic_serving(500, 0.1) as backend:
         handlers = Handlers(backend.url)
         request = page()
         first = await generate(handlers, request, logprobs=True)
@@ -213,7 +211,7 @@ async def test_earlier_rows_keep_their_units_after_a_continuation_in_words() -> 
 async def test_continue_is_offered_only_once_the_run_has_finished() -> None:
     """While the run streams, the tree and the columns say why Continue cannot run; once it has
     finished they offer it."""
-    async with serving(SyntheticEngine(rate=100, jitter=0.1), Limits()) as backend:
+    async with synthetic_serving(100, 0.1) as backend:
         handlers = Handlers(backend.url)
         request = page()
         settings = {**SETTINGS, "prompt": "Tell a story.", "format": "chat", "system": "", "max_tokens": 30}

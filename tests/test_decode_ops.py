@@ -144,15 +144,12 @@ def bundled() -> tuple:
 
     from backend.engines.embedded.formats import Form
     from backend.engines.embedded.model import Llama
-    from backend.engines.embedded.quantized import load_blocks
-    from backend.engines.embedded.weights import LlamaConfig, read_config, read_tensors, resolve_model
+    from tests.support.embedded import bundled_model
 
-    folder = resolve_model()
-    config = LlamaConfig.from_hf(read_config(folder.path))
-    tensors = read_tensors(folder.path)
-    blocks = load_blocks(folder.path, folder.gguf, tensors) if folder.gguf else {}
-    model = Llama.from_tensors(config, tensors, Form("blocks") if blocks else Form(), blocks)
-    return config, model, AutoTokenizer.from_pretrained(folder.path)
+    read = bundled_model()
+    blocks = read.blocks()
+    model = Llama.from_tensors(read.config, read.tensors, Form("blocks") if blocks else Form(), blocks)
+    return read.config, model, AutoTokenizer.from_pretrained(read.folder.path)
 
 
 def prompts_in(cache, model, tokenizer, texts: list[str], copies: int) -> list[int]:

@@ -41,7 +41,8 @@ from backend.vocabulary import Prompt, SamplingParams
 from devkit.frames import recv_frame
 from devkit.local import ROOT
 from tests.support.backends import serving
-from tests.support.embedded import PROMPT, collect, params
+from tests.support.embedded import PROMPT, bundled_model, collect, params
+from tests.support.wire import finishes_of, of_request, texts_of, tokens_of, until_done
 
 
 @pytest.fixture(scope="module")
@@ -230,13 +231,11 @@ async def test_the_trace_labels_the_prefill_with_the_engines_own_prompt_token_co
     async with serving(engine, Limits(), keep_engine=True) as server:
         async with connect(server.url) as ws:
             await ws.send(json.dumps(generate_frame("r1", PROMPT, 2, {"max_tokens": 4, "seed": 2})))
-            spans, figures, first_chunk = [], [], None
-            while (reply := await recv_frame(ws, 60))["type"] != "done":
-                if reply["type"] == "trace":
-                    spans += reply["prefills"]
-                    first_chunk = min([first_chunk or 1e12] + [t for t, *_ in reply["chunks"]])
-                elif reply["type"] == "finish":
-                    figures.append(reply["engine"])
+            frames = await until_done(ws, limit_s=None, frame_s=60)
+    traces = of_request(frames, "trace")
+    spans = [span for frame in traces for span in frame["prefills"]]
+    first_chunk = min((t for frame in traces for t, *_ in frame["chunks"]), default=None)
+    figures = [finish["engine"] for finish in finishes_of(frames)]
     start, end, request_id, prompt, cached, ended = spans[-1]
     assert request_id == "r1" and ended and start < first_chunk <= end
     # the request's one prefill, as each finish reports it: computed and reused from the engine's cache
@@ -250,15 +249,11 @@ async def test_cancel_after_k_tokens_stops_each_sample_at_most_one_token_late(en
             frame = generate_frame("r1", PROMPT, 3, trace=False, cancel_after=5)
             frame["params"] = {"max_tokens": 200, "seed": 3, "temperature": 0.8}
             await ws.send(json.dumps(frame))
-            tokens = [0, 0, 0]
-            texts = ["", "", ""]
-            finishes: dict[int, dict] = {}
-            while (reply := await recv_frame(ws, 60))["type"] != "done":
-                if reply["type"] == "chunk":
-                    tokens[reply["index"]] += reply["tokens"]
-                    texts[reply["index"]] += reply["text"]
-                elif reply["type"] == "finish":
-                    finishes[reply["index"]] = reply
+            frames = await until_done(ws, limit_s=None, frame_s=60)
+    counted, written = tokens_of(frames), texts_of(frames)
+    tokens = [counted.get(i, 0) for i in range(3)]
+    texts = [written.get(i, "") for i in range(3)]
+    finishes = {finish["index"]: finish for finish in finishes_of(frames)}
     assert {f["reason"] for f in finishes.values()} == {"abort"}
     # Each sample reached k; what came after is the abort's trip to the engine's process (a step or
     # two on a loaded machine: not the engine's to bound) and the step in flight there (below).
@@ -410,12 +405,10 @@ async def test_a_prompt_reuses_the_previous_prompts_shared_head(engine: Embedded
     """
     from backend.engines.embedded.formats import Form
     from backend.engines.embedded.model import Llama
-    from backend.engines.embedded.weights import LlamaConfig, read_config
 
-    folder = resolve_model().path
-    config = LlamaConfig.from_hf(read_config(folder))
-    tensors = read_tensors(folder)
-    model = Llama.from_tensors(config, tensors)
+    read = bundled_model()
+    config = read.config
+    model = Llama.from_tensors(config, read.tensors)
     first, second = engine.prompt_ids(Prompt(PROMPT)), engine.prompt_ids(Prompt("Say hello."))
     shared = next(i for i, (a, b) in enumerate(zip(first, second, strict=False)) if a != b)
     assert shared > 10  # the chat template's system turn
@@ -434,7 +427,7 @@ async def test_a_prompt_reuses_the_previous_prompts_shared_head(engine: Embedded
     assert again_kv.reused == length - 1
     assert torch.allclose(again_logits, cold_logits, atol=1e-4)
     # bf16, which PyTorch computes on any x86 CPU
-    low = Llama.from_tensors(config, tensors, Form("library", torch.bfloat16))
+    low = Llama.from_tensors(config, read.tensors, Form("library", torch.bfloat16))
     _, low_cold_logits, _, low_warm, low_warm_logits, low_kv = _prefill_cold_and_warm(
         low, config, first, second
     )
@@ -549,18 +542,14 @@ def test_a_grouped_prefill_gives_each_prompt_what_it_gives_alone() -> None:
     from backend.engines.base import template_token_ids
     from backend.engines.embedded.formats import Form
     from backend.engines.embedded.model import Llama
-    from backend.engines.embedded.quantized import load_blocks
     from backend.engines.embedded.row_cache import RowCache
-    from backend.engines.embedded.weights import LlamaConfig, read_config
     from tests.test_rows_linear import kernel_on
 
-    folder = resolve_model()
+    read = bundled_model()
     with kernel_on():  # skipped without it: there prompts are prefilled one at a time
-        config = LlamaConfig.from_hf(read_config(folder.path))
-        tensors = read_tensors(folder.path)
-        blocks = load_blocks(folder.path, bundled_gguf(), tensors)
-        model = Llama.from_tensors(config, tensors, Form("blocks"), blocks)
-        tokenizer = AutoTokenizer.from_pretrained(folder.path)
+        config = read.config
+        model = Llama.from_tensors(config, read.tensors, Form("blocks"), read.blocks())
+        tokenizer = AutoTokenizer.from_pretrained(read.folder.path)
         ids = [
             template_token_ids(tokenizer, [{"role": "user", "content": t}]) for t in ("Hi.", "Name a bird.")
         ]

@@ -16,6 +16,7 @@ from backend.engines.synthetic import SyntheticEngine
 from backend.frames import generate_frame
 from devkit.frames import recv_frame
 from tests.support.backends import serving
+from tests.support.wire import until_done
 from ui.engine_info import (
     EngineStartTimeout,
     engine_line_now,
@@ -123,9 +124,7 @@ async def test_an_engine_lost_while_serving_ends_every_running_request_and_says_
                     pass
             server.engine_lost("the scheduler died")
             for ws, request_id in ((first, "a"), (second, "b")):
-                frames = []
-                while not frames or frames[-1]["type"] != "done":
-                    frames.append(await recv_frame(ws, 10))
+                frames = await until_done(ws, limit_s=None)
                 errors = [f for f in frames if f["type"] == "error"]
                 assert [(e["code"], e["id"]) for e in errors] == [("engine_lost", request_id)]
                 assert "stopped working: the scheduler died" in errors[0]["message"]

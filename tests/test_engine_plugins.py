@@ -22,7 +22,7 @@ from websockets.asyncio.client import connect
 from backend.engines import ENGINES
 from backend.frames import encode, generate_frame
 from backend.serving.flags import servers_from_args
-from devkit.frames import recv_frame
+from tests.support.wire import until_done
 from ui.trace_view import category
 from ui.view import RunView
 
@@ -112,10 +112,7 @@ async def served(args: Any) -> list[dict[str, Any]]:
     try:
         async with connect(servers.url) as ws:
             await ws.send(encode(generate_frame("t1", "say it", 3, {"max_tokens": 4})))
-            frames = []
-            while (frame := await recv_frame(ws, 30))["type"] != "done":
-                frames.append(frame)
-            return [*frames, frame]
+            return await until_done(ws, limit_s=None, frame_s=30)
     finally:
         await servers.close()
 

@@ -34,7 +34,7 @@ from backend.engines.http.base import HTTPEngine
 from backend.engines.http.openai import OpenAIEngine
 from backend.engines.http.sglang import SGLangEngine
 from backend.engines.http.sglang_launch import SGLangServerProcess, compile_cache, free_port
-from backend.frames import cancel_frame, generate_frame
+from backend.frames import cancel_frame
 from backend.serving.server import BackendServer
 from devkit.frames import recv_frame
 from devkit.local import (
@@ -46,10 +46,12 @@ from devkit.local import (
     stop_process_group,
     wait_for_http,
 )
+from devkit.vllm import VLLM_PYTHON, start_vllm
 from tests.support.answers import COLOUR_PROMPT, LONG_PROMPT, answers_colours
 from tests.support.backends import serving
 from tests.support.gpu_space import entry_command, image_env
 from tests.support.stop_one import MAX_TOKENS, MAX_TOKENS_ON_GPU, StopOneSample
+from tests.support.wire import finishes_of, generate, of_request, texts_of, until_done
 from ui.engine_info import engine_line_now
 from ui.examples import WEEK
 
@@ -224,23 +226,10 @@ def sglang_server(sglang_workers: list[SGLangServerProcess]) -> RealServer:
 
 @pytest.fixture(scope="module")
 def vllm_server() -> Iterator[RealServer]:
-    python = CACHE / "envs" / "vllm" / "bin" / "python"
-    assert python.exists() and MODEL.exists(), "run scripts/prepare-engine-envs.sh first"
-    port = free_port()
-    url = f"http://127.0.0.1:{port}"
-    # --enforce-eager: compiled, vLLM started in 209 s on this idle CPU (bench.embedded_vs_vllm); eager, ~60.
-    command = [
-        str(python), "-m", "vllm.entrypoints.openai.api_server", "--model", str(MODEL),
-        "--served-model-name", SERVED_NAME, "--host", "127.0.0.1", "--port", str(port),
-        "--max-model-len", "2048", "--dtype", "bfloat16", "--enforce-eager", "--api-key", API_KEY,
-    ]  # fmt: skip
-    env = {**cpu_env(), "VLLM_CPU_KVCACHE_SPACE": "1"}
-    with open(CACHE / "vllm-test-server.log", "ab") as log:
-        process = subprocess.Popen(
-            command, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True
-        )
+    assert VLLM_PYTHON.exists() and MODEL.exists(), "run scripts/prepare-engine-envs.sh first"
+    log = CACHE / "vllm-test-server.log"
+    process, url = start_vllm(log, "bfloat16", eager=True, api_key=API_KEY)  # eager: up in ~60 s, not 209
     try:
-        wait_for_http(url + "/health", process, SERVER_START_S)
         running = ("vllm:num_requests_running", "vllm:num_requests_waiting")
         yield RealServer("vllm", url, "/metrics", running, None, "vllm:generation_tokens_total")
     finally:
@@ -264,33 +253,27 @@ async def recv(ws: ClientConnection) -> dict[str, Any]:
 
 
 async def run_request(ws: ClientConnection, rid: str, on_frame: Any = None) -> dict[str, Any]:
-    """Collect one request's frames until its done: texts, finishes, errors."""
-    texts: dict[int, str] = {}
-    finishes: dict[int, dict[str, Any]] = {}
-    errors: list[dict[str, Any]] = []
-    while True:
-        frame = await recv(ws)
-        if frame.get("id") != rid:
-            continue
-        if frame["type"] == "chunk":
-            texts[frame["index"]] = texts.get(frame["index"], "") + frame["text"]
-        elif frame["type"] == "finish":
-            assert frame["index"] not in finishes, "one finish per index"
-            finishes[frame["index"]] = frame
-        elif frame["type"] == "error":
-            errors.append(frame)
-        elif frame["type"] == "done":
-            return {"texts": texts, "finishes": finishes, "errors": errors, "done": frame}
+    """Collect one request's frames until its done: texts, finishes, errors; `on_frame(frame,
+    texts)` sees each of its frames before the done, with the texts so far."""
+
+    async def each(frame: dict[str, Any], frames: list[dict[str, Any]]) -> None:
         if on_frame is not None:
-            await on_frame(frame, texts)
+            await on_frame(frame, texts_of(frames, rid))
+
+    frames = await until_done(ws, rid, limit_s=None, frame_s=FRAME_TIMEOUT_S, on_frame=each)
+    finishes = finishes_of(frames, rid)
+    assert len({f["index"] for f in finishes}) == len(finishes), "one finish per index"
+    return {
+        "texts": texts_of(frames, rid),
+        "finishes": {f["index"]: f for f in finishes},
+        "errors": of_request(frames, "error", rid),
+        "done": frames[-1],
+    }
 
 
-def generate(
-    rid: str, n: int, max_tokens: int, prompt: str = LONG_PROMPT, temperature: float = 0.8, **fields: Any
-) -> str:
-    """A generate frame; a chat prompt (the model's template) unless `fields` says otherwise."""
-    params = {"max_tokens": max_tokens, "temperature": temperature, "top_p": 0.95}
-    return json.dumps(generate_frame(rid, prompt, n, params, **fields))
+def params(max_tokens: int, temperature: float = 0.8) -> dict[str, Any]:
+    """A request's sampling settings: `max_tokens` at `temperature`, top_p 0.95."""
+    return {"max_tokens": max_tokens, "temperature": temperature, "top_p": 0.95}
 
 
 async def assert_stopped_on_server(
@@ -345,7 +328,7 @@ async def stop_one_then_the_rest(url: str, rid: str, stopped_on: Any) -> None:
             await ws.send(json.dumps(cancel))
 
     async with connect(url) as ws:
-        await ws.send(generate(rid, 3, LONG))
+        await ws.send(generate(rid, 3, LONG_PROMPT, params(LONG)))
         result = await run_request(ws, rid, on_frame)
     assert not watch.problems(), watch.report()
     reasons = [f["reason"] for f in result["finishes"].values()]
@@ -356,7 +339,7 @@ async def disconnect_mid_stream(server: BackendServer, rid: str, stopped_on: Any
     """Close the connection while four samples stream: `stopped_on` then runs nothing of them."""
     before, generated_before = stopped_on.aborted(), stopped_on.generated()
     async with connect(server.url) as ws:
-        await ws.send(generate(rid, 4, LONG))
+        await ws.send(generate(rid, 4, LONG_PROMPT, params(LONG)))
         chunks = 0
         while chunks < 8:
             frame = await recv(ws)
@@ -399,7 +382,7 @@ async def cancel_at_once(
         within = IN_PASS_STOPPED_WITHIN_S if reached else STOPPED_WITHIN_S
     generated_before = stopped_on.generated()
     async with connect(ws_url, additional_headers=headers) as ws:
-        await ws.send(generate(rid, 4, LONG))
+        await ws.send(generate(rid, 4, LONG_PROMPT, params(LONG)))
         deadline = time.monotonic() + FRAME_TIMEOUT_S
         while reached and await asyncio.to_thread(stopped_on.running) == 0:
             assert time.monotonic() < deadline, "SGLang never counted the request"
@@ -418,7 +401,7 @@ async def stop_one_at_once(ws_url: str, rid: str, headers: dict[str, str] | None
     """Generate n=3 and Stop sample 1 right away, before any chunk: it ends `abort` within its first
     few tokens while 0 and 2 stream on, then Cancel ends them."""
     async with connect(ws_url, additional_headers=headers) as ws:
-        await ws.send(generate(rid, 3, LONG))
+        await ws.send(generate(rid, 3, LONG_PROMPT, params(LONG)))
         await ws.send(json.dumps(cancel_frame(rid, 1)))
         going: dict[int, int] = {0: 0, 2: 0}
         sent: list[bool] = []
@@ -442,7 +425,7 @@ async def test_a_chat_prompt_is_answered_on_topic(backend: tuple[BackendServer, 
     """n=4 in the chat format: every sample answers the question, as a person reading it would see."""
     server, _ = backend
     async with connect(server.url) as ws:
-        await ws.send(generate("r1", 4, 64, COLOUR_PROMPT, temperature=0.3))
+        await ws.send(generate("r1", 4, COLOUR_PROMPT, params(64, 0.3)))
         accepted = await recv(ws)
         assert accepted["type"] == "accepted" and accepted["model"] == SERVED_NAME
         assert accepted["format"] == "chat" and "chat template" in accepted["format_reason"]
@@ -465,7 +448,7 @@ async def test_logprobs_come_with_every_token(
     # A raw prompt the model continues at length (a question as raw text may end at once).
     prompt = COLOUR_PROMPT if prompt_format == "chat" else "Once upon a time"
     async with connect(server.url) as ws:
-        await ws.send(generate("lp", 2, 24, prompt, temperature=0.8, format=prompt_format, logprobs=True))
+        await ws.send(generate("lp", 2, prompt, params(24, 0.8), format=prompt_format, logprobs=True))
         pieces: dict[int, list[Any]] = {0: [], 1: []}
         tokens = {0: 0, 1: 0}
 
@@ -476,7 +459,7 @@ async def test_logprobs_come_with_every_token(
                 tokens[frame["index"]] += frame["tokens"]
 
         result = await run_request(ws, "lp", on_frame)
-        await ws.send(generate("greedy", 1, 16, prompt, temperature=0.0, format=prompt_format, logprobs=True))
+        await ws.send(generate("greedy", 1, prompt, params(16, 0.0), format=prompt_format, logprobs=True))
         greedy: list[float] = []
 
         async def on_greedy(frame: dict[str, Any], texts: dict[int, str]) -> None:
@@ -534,7 +517,7 @@ async def test_the_server_gives_k_alternatives_a_token(
 async def test_a_raw_prompt_still_streams(backend: tuple[BackendServer, RealServer]) -> None:
     server, _ = backend
     async with connect(server.url) as ws:
-        await ws.send(generate("r0", 2, 16, "Once upon a time", format="raw"))
+        await ws.send(generate("r0", 2, "Once upon a time", params(16), format="raw"))
         accepted = await recv(ws)
         assert accepted["format"] == "raw"
         result = await run_request(ws, "r0")
@@ -553,11 +536,11 @@ async def test_a_continuation_keeps_the_chat_template_and_sglang_reuses_its_cach
 
     server, real = backend
     async with connect(server.url) as ws:
-        await ws.send(generate("p1", 2, 40, COLOUR_PROMPT, temperature=0.3))
+        await ws.send(generate("p1", 2, COLOUR_PROMPT, params(40, 0.3)))
         first = await run_request(ws, "p1")
         text = first["texts"][0]
         cut = text.index(" ", len(text) // 2)
-        await ws.send(generate("p2", 2, 16, COLOUR_PROMPT, temperature=0.3, prefix=text[:cut]))
+        await ws.send(generate("p2", 2, COLOUR_PROMPT, params(16, 0.3), prefix=text[:cut]))
         accepted = await recv(ws)
         assert accepted["format"] == "chat"
         second = await run_request(ws, "p2")
@@ -598,7 +581,7 @@ async def test_cancel_all_aborts_on_the_server(backend: tuple[BackendServer, Rea
 
     sent: list[bool] = []
     async with connect(server.url) as ws:
-        await ws.send(generate("r3", 4, LONG))
+        await ws.send(generate("r3", 4, LONG_PROMPT, params(LONG)))
         result = await run_request(ws, "r3", cancel_after_some)
     assert {f["reason"] for f in result["finishes"].values()} == {"abort"}
     await assert_stopped_on_server(real, before, generated_before, 4)
@@ -624,7 +607,7 @@ async def test_client_disconnect_aborts_on_the_server(backend: tuple[BackendServ
 async def test_engine_error_becomes_error_finishes(backend: tuple[BackendServer, RealServer]) -> None:
     server, _ = backend
     async with connect(server.url) as ws:
-        await ws.send(generate("r5", 2, 4000))  # past the 2048-token context
+        await ws.send(generate("r5", 2, LONG_PROMPT, params(4000)))  # past the 2048-token context
         result = await run_request(ws, "r5")
     assert {f["reason"] for f in result["finishes"].values()} == {"error"}
     said = json.dumps(result["errors"]) + json.dumps(result["finishes"])
@@ -637,7 +620,7 @@ async def test_unreachable_server_is_reported_and_recovers(real_server: RealServ
     async with serving(engine) as server:
         assert "unreachable" in engine.model and server.health()["server_ok"] is False
         async with connect(server.url) as ws:
-            await ws.send(generate("r6", 2, 8))
+            await ws.send(generate("r6", 2, LONG_PROMPT, params(8)))
             result = await run_request(ws, "r6")
         assert {f["reason"] for f in result["finishes"].values()} == {"error"}
         assert result["errors"] and "unreachable" in result["errors"][0]["message"]
@@ -658,7 +641,7 @@ async def test_a_missing_or_wrong_api_key_is_said_in_the_page(real_server: RealS
         line, _ = await engine_line_now(server.url)
         assert line.startswith("⚠️") and said in line and setting in line, line
         async with connect(server.url) as ws:
-            await ws.send(generate("r7", 2, 8))
+            await ws.send(generate("r7", 2, LONG_PROMPT, params(8)))
             result = await run_request(ws, "r7")
         assert {f["reason"] for f in result["finishes"].values()} == {"error"}
         assert said in result["errors"][0]["message"], result["errors"]
@@ -720,17 +703,17 @@ class SGLangApp:
             stop_process_group(self.process)
             raise
 
-    def session(self) -> list[str]:
+    def session(self) -> list[int]:
         """The live processes of app.py's session."""
-        return session_processes(self.process.pid)
+        return live_processes(self.process.pid)
 
     def descendants(self) -> list[tuple[int, str]]:
         """(pid, title) of every live process in app.py's session (its own, started with one)."""
         found = []
-        for pid in session_processes(self.process.pid):
+        for pid in live_processes(self.process.pid):
             with contextlib.suppress(OSError):
                 title = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")[0].decode(errors="replace")
-                found.append((int(pid), title.strip()))
+                found.append((pid, title.strip()))
         return found
 
     def wait_engine(self, limit_s: float = SERVER_START_S) -> dict[str, Any]:
@@ -825,16 +808,17 @@ def start_sglang_app(
     return app
 
 
-def session_processes(session: int) -> list[str]:
-    """The processes still alive in session `session` (app.py's, started with its own session)."""
+def live_processes(session: int | None = None, group: int | None = None) -> list[int]:
+    """The live (not zombie) processes of session `session` (app.py's, started with its own
+    session) or of process group `group`, from /proc."""
     alive = []
     for stat in Path("/proc").glob("[0-9]*/stat"):
         try:
             fields = stat.read_text().rsplit(")", 1)[1].split()
         except OSError:
             continue
-        if int(fields[3]) == session and fields[0] != "Z":
-            alive.append(stat.parent.name)
+        if fields[0] != "Z" and (int(fields[3]) == session or int(fields[2]) == group):
+            alive.append(int(stat.parent.name))
     return alive
 
 
@@ -1033,7 +1017,7 @@ def test_in_process_sglangs_scheduler_killed_mid_run_ends_its_samples_with_the_c
         assert "stopped working" in after[1] and "killed by SIGKILL" in after[1], after[1]
         line, _ = asyncio.run(engine_line_now(app.ws_url))
         assert "stopped working while serving" in line and "killed by SIGKILL" in line, line
-        assert_gone_within_grace(app.process, lambda: session_processes(app.process.pid))
+        assert_gone_within_grace(app.process, lambda: live_processes(app.process.pid))
     finally:
         stop_process_group(app.process)
 
@@ -1245,19 +1229,6 @@ KILLED_GONE_S = 5.0
 """How soon after app.py or the backend is killed outright every process they started must be gone."""
 
 
-def process_group(pgid: int) -> list[int]:
-    """The live (not zombie) processes of process group `pgid`."""
-    found = []
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        try:
-            fields = stat.read_text().rsplit(")", 1)[1].split()
-        except OSError:
-            continue
-        if int(fields[2]) == pgid and fields[0] != "Z":
-            found.append(int(stat.parent.name))
-    return found
-
-
 @pytest.mark.app_failing
 def test_sglang_killed_outright_with_its_dashboard_leaves_nothing(tmp_path: Path) -> None:
     """SIGKILL, as the out-of-memory killer sends it, to app.py and to `python -m backend` with
@@ -1286,12 +1257,12 @@ def test_sglang_killed_outright_with_its_dashboard_leaves_nothing(tmp_path: Path
             groups = [process.pid] + [json.loads(path.read_text())["pid"] for path in launches]
             if "auto" in name:
                 assert len(groups) == 2, (name, groups)
-            before = left_by_mark() + [pid for pgid in groups for pid in process_group(pgid)]
+            before = left_by_mark() + [pid for pgid in groups for pid in live_processes(group=pgid)]
             assert len(before) >= 3, (name, before)  # the process, and what it started
             killed = time.monotonic()
             process.kill()
             process.wait()
-            while left := left_by_mark() + [pid for pgid in groups for pid in process_group(pgid)]:
+            while left := left_by_mark() + [pid for pgid in groups for pid in live_processes(group=pgid)]:
                 took = time.monotonic() - killed
                 assert took < KILLED_GONE_S, f"{name}: still running {took:.1f} s after SIGKILL: {left}"
                 time.sleep(0.05)
@@ -1422,7 +1393,7 @@ async def test_router_answers_and_stop_cancel_and_disconnect_reach_the_workers(
     line, _ = await engine_line_now(server.url)
     assert "through a router to 2 workers" in line and SERVED_NAME in line, line
     async with connect(server.url) as ws:
-        await ws.send(generate("q1", 4, 64, COLOUR_PROMPT, temperature=0.3))
+        await ws.send(generate("q1", 4, COLOUR_PROMPT, params(64, 0.3)))
         accepted = await recv(ws)
         assert accepted["format"] == "chat", accepted
         result = await run_request(ws, "q1")
@@ -1445,7 +1416,7 @@ async def test_router_spreads_fanned_out_samples_over_both_workers(
 ) -> None:
     requests_before = [metrics(w.url).get("sglang:num_requests_total", 0.0) for w in sglang_router.workers]
     async with connect(router_backend.url) as ws:
-        await ws.send(generate("f1", 4, 64, COLOUR_PROMPT, temperature=0.3, fanout="requests"))
+        await ws.send(generate("f1", 4, COLOUR_PROMPT, params(64, 0.3), fanout="requests"))
         result = await run_request(ws, "f1")
     assert all(answers_colours(result["texts"].get(i, "")) for i in range(4)), result["texts"]
     counted = [
@@ -1467,7 +1438,7 @@ async def test_two_backends_share_one_router(sglang_router: Router) -> None:
                 times.setdefault("first_chunk", time.monotonic())
 
         async with connect(backend.url) as ws:
-            await ws.send(generate(rid, 2, 64, COLOUR_PROMPT, temperature=0.3))
+            await ws.send(generate(rid, 2, COLOUR_PROMPT, params(64, 0.3)))
             result = await run_request(ws, rid, on_frame)
         times["done"] = time.monotonic()
         return result
@@ -1501,7 +1472,7 @@ async def test_a_worker_killed_mid_run_ends_its_samples_and_the_other_serves_on(
             os.killpg(sglang_router.processes[1].process.pid, signal.SIGKILL)  # type: ignore[union-attr]
 
     async with connect(router_backend.url) as ws:
-        await ws.send(generate("k1", 4, 160, fanout="requests"))
+        await ws.send(generate("k1", 4, LONG_PROMPT, params(160), fanout="requests"))
         result = await run_request(ws, "k1", on_frame)
         view.apply(result["done"], time.monotonic())
         assert killed, "the samples did not run on both workers at once"
@@ -1512,7 +1483,7 @@ async def test_a_worker_killed_mid_run_ends_its_samples_and_the_other_serves_on(
         assert all("SGLang at" in error for error in errors), errors
         assert "**Error:**" in status_markdown(view) and errors[0] in status_markdown(view)
         # The next Generate runs on the worker that is left.
-        await ws.send(generate("k2", 2, 64, COLOUR_PROMPT, temperature=0.3))
+        await ws.send(generate("k2", 2, COLOUR_PROMPT, params(64, 0.3)))
         after = await run_request(ws, "k2")
     assert {f["reason"] for f in after["finishes"].values()} <= {"stop", "length"}, after
     assert all(answers_colours(after["texts"].get(i, "")) for i in range(2)), after["texts"]

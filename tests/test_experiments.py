@@ -24,6 +24,7 @@ from backend.protocol import ProtocolError
 from backend.serving.admission import Admission
 from devkit.frames import recv_frame
 from devkit.local import LOCAL_LOAD_FLAGS, start_backend, stop_process
+from tests.support.wire import texts_of, until_done
 
 
 def test_one_blocking_experiment_at_a_time() -> None:
@@ -133,12 +134,8 @@ def test_the_experiment_loop_serves_the_engines_samples(backend: dict[str, str])
         for url, mode in ((backend["main"], "cooperative"), (backend["experiments"], "blocking")):
             async with connect(url) as ws:
                 await ws.send(generate("same", 3, 30, mode, 1))
-                texts = {0: "", 1: "", 2: ""}
-                frames = []
-                while (frame := await recv_frame(ws, 30))["type"] != "done":
-                    frames.append(frame)
-                    if frame["type"] == "chunk":
-                        texts[frame["index"]] += frame["text"]
+                frames = await until_done(ws, limit_s=None, frame_s=30)
+                texts = {0: "", 1: "", 2: "", **texts_of(frames)}
                 assert any(f["type"] == "trace" for f in frames), "both loops are traced"
                 results.append(texts)
         return results

@@ -377,12 +377,10 @@ async def test_cancel_answers_once_generate_has_drawn_the_end_of_the_run() -> No
     import asyncio
     from types import SimpleNamespace
 
-    from backend.config.settings import Limits
-    from backend.engines.synthetic import SyntheticEngine
-    from tests.support.backends import serving
+    from tests.support.backends import synthetic_serving
     from ui.handlers import Handlers
 
-    async with serving(SyntheticEngine(rate=50, jitter=0.2), Limits()) as backend:
+    async with synthetic_serving(50, 0.2) as backend:
         handlers = Handlers(backend.url)
         request: Any = SimpleNamespace(session_hash="one-page", client=None, headers={})
         drawn: list[list[Any]] = []

@@ -24,10 +24,9 @@ from backend.engines.base import template_token_ids
 from backend.engines.embedded import compute, decode_ops, int8
 from backend.engines.embedded.formats import Form
 from backend.engines.embedded.model import Llama
-from backend.engines.embedded.quantized import load_blocks
 from backend.engines.embedded.row_cache import RowCache
-from backend.engines.embedded.weights import LlamaConfig, read_config, read_tensors, resolve_model
-from tests.support.embedded import kernel_status_on_one_thread
+from backend.engines.embedded.weights import LlamaConfig, resolve_model
+from tests.support.embedded import bundled_model, kernel_status_on_one_thread
 
 PROMPTS = (
     "Name three colours.",
@@ -142,13 +141,10 @@ def test_greedy_tokens_agree_with_transformers_or_part_at_a_near_tie(name: str) 
     sizes = () if path.any_rows else compute.ladder(16)
     decode_ops.configure()
     try:
-        folder = resolve_model()
-        config = LlamaConfig.from_hf(read_config(folder.path))
-        tensors = read_tensors(folder.path)
-        blocks = (
-            load_blocks(folder.path, folder.gguf, tensors) if path.form == "blocks" and folder.gguf else {}
-        )
-        model = Llama.from_tensors(config, tensors, Form(path.form, dtype, sizes), blocks)
+        read = bundled_model()
+        folder, config = read.folder, read.config
+        blocks = read.blocks() if path.form == "blocks" else {}
+        model = Llama.from_tensors(config, read.tensors, Form(path.form, dtype, sizes), blocks)
         tokenizer = AutoTokenizer.from_pretrained(folder.path)
         eos = int(tokenizer.eos_token_id)
         prompts = _prompts(tokenizer)

@@ -21,12 +21,12 @@ from websockets.asyncio.client import connect
 
 from backend.engines.embedded import weights
 from backend.engines.embedded.weights import ModelFileError, resolve_model
-from backend.frames import cancel_frame, generate_frame
-from devkit.frames import recv_frame
+from backend.frames import cancel_frame
 from devkit.local import free_port, start_backend, stop_process
 from tests.support.answers import COLOUR_PROMPT, answers_colours
 from tests.support.hub_model import REPO_ID, build_hub_folder
 from tests.support.hub_standin import HubStandIn
+from tests.support.wire import finishes_of, generate, of_request, recv, texts_of, until_done
 
 
 @pytest.fixture(scope="module")
@@ -76,28 +76,16 @@ async def ask(
     A second request on the same connection checks that it is still usable."""
     async with connect(f"ws://127.0.0.1:{port}/ws") as ws:
         params = fields.pop("params", {"max_tokens": 48, "temperature": 0.3, "seed": 11})
-        frame = generate_frame("r1", prompt, n, params, **fields)
-        await ws.send(json.dumps(frame))
-        texts, reasons, accepted = [""] * n, [""] * n, {}
-        async with asyncio.timeout(120):
-            while True:
-                message = await recv_frame(ws)
-                kind = message["type"]
-                if kind == "accepted":
-                    accepted = message
-                elif kind == "error":
-                    raise AssertionError(f"error frame: {message}")
-                elif kind == "chunk":
-                    texts[message["index"]] += message["text"]
-                elif kind == "finish":
-                    reasons[message["index"]] = message["reason"]
-                elif kind == "done":
-                    break
-            await ws.send(json.dumps(cancel_frame("gone")))
-            while (reply := await recv_frame(ws))["type"] == "trace":
-                pass
-            assert reply["code"] == "unknown_id"  # the connection is still open and answering
-    return accepted, texts, reasons
+        await ws.send(generate("r1", n, prompt, params, **fields))
+        frames = await until_done(ws, limit_s=120, frame_s=None, stop_on_error=True)
+        assert not of_request(frames, "error"), f"error frame: {frames[-1]}"
+        await ws.send(json.dumps(cancel_frame("gone")))
+        reply = await recv(ws, None, skip_trace=True)
+        assert reply["code"] == "unknown_id"  # the connection is still open and answering
+    texts = texts_of(frames)
+    reasons = {f["index"]: f["reason"] for f in finishes_of(frames)}
+    accepted = next(iter(of_request(frames, "accepted")), {})
+    return accepted, [texts.get(i, "") for i in range(n)], [reasons.get(i, "") for i in range(n)]
 
 
 def backend_env(hf_home: Path, endpoint: str) -> dict[str, str]:

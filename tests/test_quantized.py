@@ -32,13 +32,8 @@ from backend.engines.embedded.quantized import (
     read_saved_blocks,
 )
 from backend.engines.embedded.startup_probe import PROBE_OUTPUT_ROWS, Source
-from backend.engines.embedded.weights import (
-    LlamaConfig,
-    bundled_gguf,
-    read_config,
-    read_tensors,
-    resolve_model,
-)
+from backend.engines.embedded.weights import LlamaConfig, bundled_gguf, resolve_model
+from tests.support.embedded import bundled_model
 from tests.test_rows_linear import kernel_on
 
 LAYER_MATRICES = 7
@@ -53,14 +48,9 @@ def kernel() -> Iterator[None]:
 
 @pytest.fixture(scope="module")
 def weights(kernel: None) -> tuple[LlamaConfig, dict[str, torch.Tensor], dict[str, BlockMatrix]]:
-    folder = resolve_model()
-    assert folder.gguf == bundled_gguf()
-    tensors = read_tensors(folder.path)
-    return (
-        LlamaConfig.from_hf(read_config(folder.path)),
-        tensors,
-        load_blocks(folder.path, bundled_gguf(), tensors),
-    )
+    read = bundled_model()
+    assert read.folder.gguf == bundled_gguf()
+    return read.config, read.tensors, read.blocks()
 
 
 @pytest.fixture(scope="module")

@@ -3,14 +3,11 @@
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 import os
 import signal
 import subprocess
 import sys
-from collections.abc import AsyncIterator
-from typing import Any
 
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -19,7 +16,6 @@ from websockets.asyncio.client import connect
 from websockets.exceptions import ConnectionClosed, InvalidStatus
 
 from backend.config.settings import Limits
-from backend.engines.synthetic import SyntheticEngine
 from backend.frames import cancel_frame, generate_frame
 from backend.protocol import (
     CancelCommand,
@@ -33,33 +29,14 @@ from backend.serving.server import BackendServer
 from devkit.frames import recv_frame
 from devkit.load import rss_mb, run_load, start_backend
 from devkit.local import ROOT, free_port
-from tests.support.backends import serving
+from tests.support.backends import serving, synthetic_serving
+from tests.support.wire import generate, next_of
 
 LIMITS = Limits()
 
 
-def synthetic(
-    rate: float = 200, limits: Limits | None = None, **options: Any
-) -> contextlib.AbstractAsyncContextManager[BackendServer]:
-    """A backend on the synthetic engine at `rate` tokens/s (`tests.support.backends.serving`)."""
-    return serving(SyntheticEngine(rate=rate, jitter=0.2), limits or Limits(), **options)
-
-
-@pytest.fixture
-async def server() -> AsyncIterator[BackendServer]:
-    async with synthetic() as backend:
-        yield backend
-
-
-async def next_of(ws: Any, kind: str, limit_s: float = 10) -> dict[str, Any]:
-    async with asyncio.timeout(limit_s):
-        while (frame := await recv_frame(ws))["type"] != kind:
-            pass
-    return frame
-
-
-def generate(request_id: str, n: int = 2, max_tokens: int = 20) -> str:
-    return json.dumps(generate_frame(request_id, "hi", n, {"max_tokens": max_tokens}))
+SERVER_RATE = 200.0
+"""The conftest `server` fixture's synthetic tokens/s per sample."""
 
 
 # Admission, without sockets.
@@ -95,18 +72,18 @@ def test_admission_counts_connections_rate_and_samples() -> None:
 
 
 async def test_server_wide_limits_say_which_limit() -> None:
-    async with synthetic(
-        limits=Limits(max_total_samples=5, requests_per_minute=2, max_connections_per_address=2)
+    async with synthetic_serving(
+        SERVER_RATE, limits=Limits(max_total_samples=5, requests_per_minute=2, max_connections_per_address=2)
     ) as backend:
         async with connect(backend.url) as a, connect(backend.url) as b:
-            await a.send(generate("big", n=4, max_tokens=1000))
+            await a.send(generate("big", 4, "hi", {"max_tokens": 1000}))
             await next_of(a, "accepted")
-            await b.send(generate("more", n=2))
+            await b.send(generate("more", 2, "hi", {"max_tokens": 20}))
             error = await next_of(b, "error")
             assert error["code"] == "server_busy" and error["id"] == "more"
-            await b.send(generate("fits", n=1))
+            await b.send(generate("fits", 1, "hi", {"max_tokens": 20}))
             await next_of(b, "done")
-            await b.send(generate("fourth", n=1))
+            await b.send(generate("fourth", 1, "hi", {"max_tokens": 20}))
             assert (await next_of(b, "error"))["code"] == "rate_limited"
             third = await connect(backend.url)
             refusal = await next_of(third, "error")
@@ -117,7 +94,9 @@ async def test_server_wide_limits_say_which_limit() -> None:
 
 
 async def test_origins_and_token() -> None:
-    async with synthetic(allowed_origins=("http://127.0.0.1:7860",), token="s3cret") as backend:
+    async with synthetic_serving(
+        SERVER_RATE, allowed_origins=("http://127.0.0.1:7860",), token="s3cret"
+    ) as backend:
         with pytest.raises(InvalidStatus) as caught:
             await connect(backend.url)
         assert caught.value.response.status_code == 401
@@ -127,7 +106,7 @@ async def test_origins_and_token() -> None:
         assert caught.value.response.status_code == 403
         for headers in (auth, {**auth, "Origin": "http://127.0.0.1:7860"}):
             async with connect(backend.url, additional_headers=headers) as ws:
-                await ws.send(generate("ok"))
+                await ws.send(generate("ok", 2, "hi", {"max_tokens": 20}))
                 await next_of(ws, "done")
         with pytest.raises(InvalidStatus):
             await connect(backend.url, additional_headers={"Authorization": "Bearer wrong"})
@@ -137,7 +116,7 @@ async def test_origins_and_token() -> None:
 
 
 async def test_a_client_that_stops_reading_is_dropped_without_slowing_others() -> None:
-    async with synthetic(rate=400, limits=Limits(send_stall_s=1.0)) as backend:
+    async with synthetic_serving(rate=400, limits=Limits(send_stall_s=1.0)) as backend:
         stalled = await connect(backend.url, max_queue=1, ping_interval=None)
         await stalled.send(
             json.dumps(generate_frame("flood", "x", 32, {"max_tokens": 2048, "temperature": 0}))
@@ -145,7 +124,7 @@ async def test_a_client_that_stops_reading_is_dropped_without_slowing_others() -
         # it never reads again; meanwhile another client streams normally
         async with connect(backend.url) as other:
             for i in range(3):
-                await other.send(generate(f"r{i}", n=2, max_tokens=20))
+                await other.send(generate(f"r{i}", 2, "hi", {"max_tokens": 20}))
                 done = await next_of(other, "done", limit_s=10)
                 assert done["stats"]["tokens"] > 0
         async with asyncio.timeout(20):
@@ -264,7 +243,7 @@ async def test_a_flood_of_fuzzed_frames_never_breaks_the_connection(server: Back
         '{"type":"export_trace","id":42}',
     ] * 20
     async with connect(server.url) as ws:
-        await ws.send(generate("live", n=2, max_tokens=200))
+        await ws.send(generate("live", 2, "hi", {"max_tokens": 200}))
         await next_of(ws, "accepted")
         for frame in frames:
             await ws.send(frame)
@@ -276,7 +255,7 @@ async def test_a_flood_of_fuzzed_frames_never_breaks_the_connection(server: Back
                 frame = await recv_frame(ws)
                 errors += frame["type"] == "error" and frame["id"] != "live"
         await next_of(ws, "done")
-        await ws.send(generate("after", n=1, max_tokens=5))
+        await ws.send(generate("after", 1, "hi", {"max_tokens": 5}))
         assert (await next_of(ws, "done"))["id"] == "after"
 
 
@@ -422,7 +401,7 @@ async def test_an_sglang_server_dying_mid_stream_ends_the_samples_with_error() -
     try:
         async with serving(SGLangEngine(url)) as backend, connect(backend.url) as ws:
             for rid in ("first", "second"):  # and the backend keeps serving the next request
-                await ws.send(generate(rid, n=4, max_tokens=32))
+                await ws.send(generate(rid, 4, "hi", {"max_tokens": 32}))
                 frames = []
                 async with asyncio.timeout(30):
                     while True:

@@ -8,7 +8,6 @@ import asyncio
 import json
 import subprocess
 import sys
-from collections.abc import AsyncIterator
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -19,7 +18,6 @@ from websockets.asyncio.client import connect
 from backend.config.settings import Limits
 from backend.engines.base import RequestRejected
 from backend.engines.replay import ReplayEngine
-from backend.engines.synthetic import SyntheticEngine
 from backend.frames import generate_frame, replay_frame
 from backend.protocol import GenerateCommand, ProtocolError, parse_client_frame
 from backend.saved_run import SavedRun, SavedSample, saved_run_dict, saved_run_json
@@ -36,10 +34,8 @@ RATE = 40.0
 """Synthetic tokens per second per sample: a 24-token sample takes about 0.6 s."""
 
 
-@pytest.fixture
-async def server() -> AsyncIterator[BackendServer]:
-    async with serving(SyntheticEngine(rate=RATE, jitter=0.3), Limits(n_max=8)) as backend:
-        yield backend
+SERVER_RATE, SERVER_JITTER, SERVER_LIMITS = RATE, 0.3, Limits(n_max=8)
+"""The conftest `server` fixture's synthetic engine and limits."""
 
 
 def url(server: BackendServer) -> str:

@@ -10,14 +10,18 @@ from typing import Any
 import pytest
 from websockets.asyncio.client import connect
 
-from backend.config.settings import Limits
-from backend.engines.synthetic import SyntheticEngine, synthetic_logprobs, synthetic_tokens
+from backend.engines.synthetic import synthetic_logprobs, synthetic_tokens
 from backend.frames import generate_frame
 from backend.serving.server import BackendServer
 from devkit.frames import recv_frame
-from tests.support.backends import serving
+from tests.support.backends import synthetic_serving
+from tests.support.wire import generate, texts_of, tokens_of, until_done
 
 SEED = 11
+
+
+SERVER_RATE = 400.0
+"""The conftest `server` fixture's synthetic tokens/s per sample."""
 
 
 async def run(
@@ -25,58 +29,30 @@ async def run(
 ) -> list[dict[str, Any]]:
     """Every frame of one request, up to its `done` (or the first error)."""
     params = {"max_tokens": max_tokens, "seed": SEED, "temperature": 1.0}
-    frame = generate_frame("r1", "Tell a story.", n, params, **options)
-    frames = []
     async with connect(backend.url) as ws:
-        await ws.send(json.dumps(frame))
-        while True:
-            got = await recv_frame(ws, 20)
-            frames.append(got)
-            if got["type"] in ("done", "error"):
-                return frames
+        await ws.send(generate("r1", n, "Tell a story.", params, **options))
+        return await until_done(ws, limit_s=None, frame_s=20, stop_on_error=True)
 
 
-def texts(frames: list[dict[str, Any]]) -> dict[int, str]:
-    out: dict[int, str] = {}
-    for f in frames:
-        if f["type"] == "chunk":
-            out[f["index"]] = out.get(f["index"], "") + f["text"]
-    return out
-
-
-def tokens(frames: list[dict[str, Any]]) -> dict[int, int]:
-    out: dict[int, int] = {}
-    for f in frames:
-        if f["type"] == "chunk":
-            out[f["index"]] = out.get(f["index"], 0) + f["tokens"]
-    return out
-
-
-@pytest.fixture
-async def backend() -> Any:
-    async with serving(SyntheticEngine(rate=400, jitter=0.2), Limits()) as server:
-        yield server
-
-
-async def test_cumulative_outputs_reach_the_client_as_the_same_deltas(backend: BackendServer) -> None:
-    delta = await run(backend)
-    cumulative = await run(backend, output_kind="cumulative")
-    assert texts(cumulative) == texts(delta) and tokens(cumulative) == tokens(delta)
+async def test_cumulative_outputs_reach_the_client_as_the_same_deltas(server: BackendServer) -> None:
+    delta = await run(server)
+    cumulative = await run(server, output_kind="cumulative")
+    assert texts_of(cumulative) == texts_of(delta) and tokens_of(cumulative) == tokens_of(delta)
     expected = "".join(synthetic_tokens(SEED + 1, 40)[0])
-    assert texts(cumulative)[1] == expected  # deltas, not the text repeated: exactly the sample's text
+    assert texts_of(cumulative)[1] == expected  # deltas, not the text repeated: exactly the sample's text
     assert [f["reason"] for f in cumulative if f["type"] == "finish"] == [
         f["reason"] for f in delta if f["type"] == "finish"
     ]
 
 
 async def test_the_trace_shows_what_a_cumulative_consumer_reads_grow_with_the_text(
-    backend: BackendServer,
+    server: BackendServer,
 ) -> None:
     def reads(frames: list[dict[str, Any]]) -> list[list[Any]]:
         return [entry for f in frames if f["type"] == "trace" for entry in f["reads"]]
 
-    delta = reads(await run(backend, n=2, max_tokens=120))
-    cumulative = reads(await run(backend, n=2, max_tokens=120, output_kind="cumulative"))
+    delta = reads(await run(server, n=2, max_tokens=120))
+    cumulative = reads(await run(server, n=2, max_tokens=120, output_kind="cumulative"))
     assert delta == []  # delta outputs are the default path: nothing extra is measured per token
     # [t_ms, id, index, largest output's bytes, consumer us per output, outputs]
     sizes = [e[3] for e in cumulative if e[2] == 0]
@@ -89,13 +65,13 @@ async def test_cancel_after_stops_each_sample_from_the_consumer_side() -> None:
     # 10 tokens/s a sample (100 ms a token): at 400, make test's loaded machine delayed the consumer
     # by a few ms and up to 4 tokens, made before the abort, were already waiting for it (counts 6-9);
     # at 25 (40 ms a token) a clean-clone CI run once saw one sample reach 8.
-    async with serving(SyntheticEngine(rate=10, jitter=0.2), Limits()) as backend:
+    async with synthetic_serving(10) as backend:
         frames = await run(backend, n=4, max_tokens=200, cancel_after=5)
     finishes = {f["index"]: f for f in frames if f["type"] == "finish"}
     assert {f["reason"] for f in finishes.values()} == {"abort"}
     # The engine may have a token or two in flight when the abort lands (a synthetic sample's
     # next token is already due): never more than that.
-    assert all(5 <= count <= 7 for count in tokens(frames).values()), tokens(frames)
+    assert all(5 <= count <= 7 for count in tokens_of(frames).values()), tokens_of(frames)
     cancels = [entry for f in frames if f["type"] == "trace" for entry in f["cancels"]]
     stages = {(entry[2], entry[3]) for entry in cancels}
     for index in range(4):
@@ -103,9 +79,9 @@ async def test_cancel_after_stops_each_sample_from_the_consumer_side() -> None:
 
 
 async def test_logprobs_come_with_each_token_and_match_the_engines_distribution(
-    backend: BackendServer,
+    server: BackendServer,
 ) -> None:
-    frames = await run(backend, n=2, max_tokens=30, logprobs=True)
+    frames = await run(server, n=2, max_tokens=30, logprobs=True)
     pieces: dict[int, list[Any]] = {}
     for f in frames:
         if f["type"] == "chunk":
@@ -116,14 +92,14 @@ async def test_logprobs_come_with_each_token_and_match_the_engines_distribution(
         assert [text for text, _ in got] == words
         assert [lp for _, lps in got for lp in lps] == pytest.approx(list(synthetic_logprobs(words)))
         assert all(math.exp(lp) < 1 for _, lps in got for lp in lps)
-    plain = await run(backend, n=2, max_tokens=30)
+    plain = await run(server, n=2, max_tokens=30)
     assert not any("logprobs" in f for f in plain if f["type"] == "chunk")
 
 
-async def test_logprobs_and_cumulative_together(backend: BackendServer) -> None:
-    frames = await run(backend, n=2, max_tokens=30, logprobs=True, output_kind="cumulative")
+async def test_logprobs_and_cumulative_together(server: BackendServer) -> None:
+    frames = await run(server, n=2, max_tokens=30, logprobs=True, output_kind="cumulative")
     counts = [len(lps) for f in frames if f["type"] == "chunk" for _, lps in f["logprobs"]]
-    assert sum(counts) == sum(tokens(frames).values())  # each token's logprob once, not again and again
+    assert sum(counts) == sum(tokens_of(frames).values())  # each token's logprob once, not again and again
 
 
 @pytest.mark.parametrize(
@@ -138,10 +114,10 @@ async def test_logprobs_and_cumulative_together(backend: BackendServer) -> None:
     ],
 )
 async def test_bad_values_get_a_clear_error_and_the_connection_serves_on(
-    backend: BackendServer, options: dict[str, Any], message: str
+    server: BackendServer, options: dict[str, Any], message: str
 ) -> None:
     frame = generate_frame("bad", "x", 2, {"max_tokens": 40}, **options)
-    async with connect(backend.url) as ws:
+    async with connect(server.url) as ws:
         await ws.send(json.dumps(frame))
         error = await recv_frame(ws, 10)
         assert error["type"] == "error" and error["code"] == "bad_field" and error["id"] == "bad"

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 import os
 import subprocess
@@ -10,11 +11,10 @@ import sys
 import time
 import urllib.error
 import urllib.request
-from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
-from websockets.asyncio.client import ClientConnection, connect
+from websockets.asyncio.client import connect
 
 from backend.config.settings import Limits
 from backend.engines.base import Generation
@@ -23,52 +23,20 @@ from backend.frames import cancel_frame, frames_in, generate_frame
 from backend.serving import connection as connection_module
 from backend.serving.connection import ClientSession, ServerSide
 from backend.serving.server import BackendServer
-from devkit.frames import recv_frame
 from devkit.local import ROOT, free_port
+from tests.support import wire
 from tests.support.backends import serving
+from tests.support.wire import finishes_of, generate, texts_of
 
+STORY = "Tell a story."
 
-@pytest.fixture
-async def server() -> AsyncIterator[BackendServer]:
-    async with serving(
-        SyntheticEngine(rate=100, jitter=0.3), Limits(max_requests_per_connection=3)
-    ) as backend:
-        yield backend
+SERVER_JITTER = 0.3
+SERVER_LIMITS = Limits(max_requests_per_connection=3)
+"""The conftest `server` fixture's engine and limits: a connection may make three requests."""
 
-
-async def recv(ws: ClientConnection, limit_s: float = 10.0) -> dict[str, Any]:
-    """The next frame that is not a live trace frame (tests/test_trace.py covers those)."""
-    while True:
-        frame = await recv_frame(ws, limit_s)
-        if frame["type"] != "trace":
-            return frame
-
-
-async def until_done(ws: ClientConnection, request_id: str, limit_s: float = 30.0) -> list[dict[str, Any]]:
-    """Every frame up to and including `done` of `request_id` (frames of other ids included)."""
-    frames: list[dict[str, Any]] = []
-    async with asyncio.timeout(limit_s):
-        while True:
-            frame = await recv(ws)
-            frames.append(frame)
-            if frame["type"] == "done" and frame["id"] == request_id:
-                return frames
-
-
-def texts_of(frames: list[dict[str, Any]], request_id: str) -> dict[int, str]:
-    texts: dict[int, str] = {}
-    for f in frames:
-        if f["type"] == "chunk" and f["id"] == request_id:
-            texts[f["index"]] = texts.get(f["index"], "") + f["text"]
-    return texts
-
-
-def finishes_of(frames: list[dict[str, Any]], request_id: str) -> list[dict[str, Any]]:
-    return [f for f in frames if f["type"] == "finish" and f["id"] == request_id]
-
-
-def generate(request_id: str = "r1", n: int = 4, **params: Any) -> str:
-    return json.dumps(generate_frame(request_id, "Tell a story.", n, params))
+recv = functools.partial(wire.recv, skip_trace=True)
+"""The next frame that is not a live trace frame (tests/test_trace.py covers those)."""
+until_done = functools.partial(wire.until_done, skip_trace=True)
 
 
 def health(backend: BackendServer) -> dict[str, Any]:
@@ -79,7 +47,7 @@ def health(backend: BackendServer) -> dict[str, Any]:
 
 async def test_n4_streams_each_sample_exactly(server: BackendServer) -> None:
     async with connect(server.url) as ws:
-        await ws.send(generate(max_tokens=30, seed=7))
+        await ws.send(generate("r1", 4, STORY, {"max_tokens": 30, "seed": 7}))
         accepted = await recv(ws)
         assert accepted["type"] == "accepted"
         assert (accepted["id"], accepted["n"], accepted["engine"]) == ("r1", 4, "synthetic")
@@ -110,7 +78,7 @@ async def test_n4_streams_each_sample_exactly(server: BackendServer) -> None:
 
 async def test_random_seed_is_reported(server: BackendServer) -> None:
     async with connect(server.url) as ws:
-        await ws.send(generate(n=2, max_tokens=3))
+        await ws.send(generate("r1", 2, STORY, {"max_tokens": 3}))
         accepted = await recv(ws)
         seed = accepted["params"]["seed"]
         assert isinstance(seed, int)
@@ -120,7 +88,9 @@ async def test_random_seed_is_reported(server: BackendServer) -> None:
 
 async def test_cancel_one_sample_leaves_the_others_running(server: BackendServer) -> None:
     async with connect(server.url) as ws:
-        await ws.send(generate(max_tokens=60, seed=1, temperature=0))  # every sample runs to length
+        await ws.send(
+            generate("r1", 4, STORY, {"max_tokens": 60, "seed": 1, "temperature": 0})
+        )  # every sample runs to length
         assert (await recv(ws))["type"] == "accepted"
         frames: list[dict[str, Any]] = []
         while len([f for f in frames if f["type"] == "chunk"]) < 8:
@@ -136,7 +106,7 @@ async def test_cancel_one_sample_leaves_the_others_running(server: BackendServer
 
 async def test_cancel_all_stops_the_engine(server: BackendServer) -> None:
     async with connect(server.url) as ws:
-        await ws.send(generate(max_tokens=1000, seed=1, temperature=0))
+        await ws.send(generate("r1", 4, STORY, {"max_tokens": 1000, "seed": 1, "temperature": 0}))
         assert (await recv(ws))["type"] == "accepted"
         for _ in range(6):
             await recv(ws)
@@ -148,15 +118,15 @@ async def test_cancel_all_stops_the_engine(server: BackendServer) -> None:
         assert server.engine.health()["running_samples"] == 0
         assert frames[-1]["stats"]["finish_reasons"] == {"abort": 4}
         # the connection is still usable
-        await ws.send(generate("r2", n=1, max_tokens=2))
+        await ws.send(generate("r2", 1, STORY, {"max_tokens": 2}))
         assert (await recv(ws))["type"] == "accepted"
         await until_done(ws, "r2")
 
 
 async def test_disconnect_aborts_requests_in_the_engine(server: BackendServer) -> None:
     ws = await connect(server.url)
-    await ws.send(generate("a", max_tokens=1000))
-    await ws.send(generate("b", n=3, max_tokens=1000))
+    await ws.send(generate("a", 4, STORY, {"max_tokens": 1000}))
+    await ws.send(generate("b", 3, STORY, {"max_tokens": 1000}))
     for _ in range(10):
         await recv(ws)
     assert server.engine.health()["running_samples"] == 7
@@ -171,8 +141,8 @@ async def test_disconnect_aborts_requests_in_the_engine(server: BackendServer) -
 
 async def test_several_requests_share_one_connection(server: BackendServer) -> None:
     async with connect(server.url) as ws:
-        await ws.send(generate("a", n=2, max_tokens=20, seed=1))
-        await ws.send(generate("b", n=3, max_tokens=10, seed=2))
+        await ws.send(generate("a", 2, STORY, {"max_tokens": 20, "seed": 1}))
+        await ws.send(generate("b", 3, STORY, {"max_tokens": 10, "seed": 2}))
         frames: list[dict[str, Any]] = []
         async with asyncio.timeout(20):
             while len([f for f in frames if f["type"] == "done"]) < 2:
@@ -219,7 +189,7 @@ async def test_every_bad_input_gets_an_error_and_the_connection_keeps_working(se
         await ws.send(b"\x00\x01binary")
         assert (await recv(ws))["code"] == "bad_frame"
         # a valid request afterwards runs normally
-        await ws.send(generate("ok", n=2, max_tokens=5))
+        await ws.send(generate("ok", 2, STORY, {"max_tokens": 5}))
         assert (await recv(ws))["type"] == "accepted"
         frames = await until_done(ws, "ok")
         assert len(finishes_of(frames, "ok")) == 2
@@ -227,9 +197,9 @@ async def test_every_bad_input_gets_an_error_and_the_connection_keeps_working(se
 
 async def test_duplicate_id_index_out_of_range_and_request_limit(server: BackendServer) -> None:
     async with connect(server.url) as ws:
-        await ws.send(generate("r1", n=2, max_tokens=1000))
+        await ws.send(generate("r1", 2, STORY, {"max_tokens": 1000}))
         assert (await recv(ws))["type"] == "accepted"
-        await ws.send(generate("r1", n=2, max_tokens=5))
+        await ws.send(generate("r1", 2, STORY, {"max_tokens": 5}))
         frame = await recv(ws)
         while frame["type"] == "chunk":
             frame = await recv(ws)
@@ -242,8 +212,8 @@ async def test_duplicate_id_index_out_of_range_and_request_limit(server: Backend
         assert frame["code"] == "index_out_of_range"
 
         for request_id in ("r2", "r3"):
-            await ws.send(generate(request_id, n=1, max_tokens=1000))
-        await ws.send(generate("r4", n=1, max_tokens=5))
+            await ws.send(generate(request_id, 1, STORY, {"max_tokens": 1000}))
+        await ws.send(generate("r4", 1, STORY, {"max_tokens": 5}))
         codes = []
         async with asyncio.timeout(5):
             while "too_many_requests" not in codes:
@@ -256,7 +226,7 @@ async def test_duplicate_id_index_out_of_range_and_request_limit(server: Backend
             while len([f for f in frames if f["type"] == "done"]) < 3:
                 frames.append(await recv(ws))
         # the id is free again once its request is done
-        await ws.send(generate("r1", n=1, max_tokens=2))
+        await ws.send(generate("r1", 1, STORY, {"max_tokens": 2}))
         assert (await recv(ws))["type"] == "accepted"
 
 
@@ -266,7 +236,7 @@ async def test_a_message_over_the_hard_cap_closes_only_that_connection(server: B
         await ws.send("x" * (2 << 20))
         with pytest.raises(Exception):  # noqa: B017 - the library closes with 1009
             await recv(ws, 5)
-        await bystander.send(generate("ok", n=1, max_tokens=3))
+        await bystander.send(generate("ok", 1, STORY, {"max_tokens": 3}))
         assert (await recv(bystander))["type"] == "accepted"
 
 
@@ -311,7 +281,7 @@ def test_python_m_backend_serves_alone() -> None:
                 except OSError:
                     await asyncio.sleep(0.2)
         async with ws:
-            await ws.send(generate("cli", n=2, max_tokens=10, seed=3))
+            await ws.send(generate("cli", 2, STORY, {"max_tokens": 10, "seed": 3}))
             return await until_done(ws, "cli")
 
     try:
@@ -380,7 +350,7 @@ async def test_an_engine_failure_ends_the_request_with_errors_and_keeps_serving(
             assert (frame["type"], frame["code"], frame["id"]) == ("error", "engine_error", "r1")
             assert "out of memory" in frame["message"]
 
-            await ws.send(generate("r2", n=3, max_tokens=50))
+            await ws.send(generate("r2", 3, STORY, {"max_tokens": 50}))
             assert (await recv(ws))["type"] == "accepted"
             frames = await until_done(ws, "r2")
             errors = [f for f in frames if f["type"] == "error"]
@@ -482,7 +452,7 @@ async def test_an_internal_error_on_a_frame_is_an_error_frame_and_the_connection
             frame = await recv(ws)
             assert (frame["type"], frame["code"], frame["id"]) == ("error", "internal_error", "r1")
             assert "chat_template is not set" in frame["message"] and "still usable" in frame["message"]
-            await ws.send(generate("r2", n=2, max_tokens=5))
+            await ws.send(generate("r2", 2, STORY, {"max_tokens": 5}))
             accepted = await recv(ws)
             assert accepted["type"] == "accepted" and accepted["format"] == "chat"
             frames = await until_done(ws, "r2")

@@ -30,6 +30,7 @@ from backend.frames import generate_frame
 from devkit.frames import recv_frame
 from devkit.local import ROOT
 from tests.support.backends import serving
+from tests.support.wire import until_done
 from ui.engine_info import engine_line_now
 
 STAND_IN = ROOT / "tests" / "support" / "fake_sglang_server"
@@ -120,9 +121,7 @@ async def test_a_port_another_program_takes_first_is_given_up_for_a_fresh_one(
                 async with connect(server.url) as ws:
                     frame = generate_frame("a", "Hi", 2, format="raw")
                     await ws.send(json.dumps(frame | {"params": {"max_tokens": 3}}))
-                    frames = []
-                    while not frames or frames[-1]["type"] != "done":
-                        frames.append(await recv_frame(ws, 10))
+                    frames = await until_done(ws, limit_s=None)
     finally:
         mute.close()
     texts = ["".join(f["text"] for f in frames if f["type"] == "chunk" and f["index"] == i) for i in (0, 1)]
@@ -239,9 +238,7 @@ async def test_a_launched_server_whose_scheduler_dies_ends_its_requests_with_the
             (scheduler,) = children(int(server_pid))
             killed_at = time.monotonic()
             os.kill(int(scheduler), signal.SIGKILL)
-            frames = []
-            while not frames or frames[-1]["type"] != "done":
-                frames.append(await recv_frame(ws, 10))
+            frames = await until_done(ws, limit_s=None)
             ended_in = time.monotonic() - killed_at
             finishes = [f for f in frames if f["type"] == "finish"]
             assert sorted((f["index"], f["reason"]) for f in finishes) == [

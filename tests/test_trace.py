@@ -9,14 +9,13 @@ import html
 import json
 import time
 import weakref
-from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
-from websockets.asyncio.client import ClientConnection, connect
+from websockets.asyncio.client import connect
 
-from backend.engines.synthetic import SyntheticEngine, synthetic_tokens
-from backend.frames import cancel_frame, export_trace_frame, generate_frame
+from backend.engines.synthetic import synthetic_tokens
+from backend.frames import cancel_frame, export_trace_frame
 from backend.serving import server as server_module
 from backend.serving.server import BackendServer
 from backend.trace.feed import TraceFeed
@@ -24,32 +23,13 @@ from backend.trace.frames import OTHER_CONNECTION, chrome_trace, live_frame, tas
 from backend.trace.prefill import KEPT_ENDED, PrefillLog, PrefillSpan, prefill_counts
 from backend.trace.recorder import LAG, STEP, LoopTracer
 from devkit.frames import recv_frame
-from tests.support.backends import serving
+from tests.support.backends import synthetic_serving
+from tests.support.wire import generate, until_done
 from ui.trace_view import TraceView, panel_html
 from ui.view import RunView
 
-
-@pytest.fixture
-async def server() -> AsyncIterator[BackendServer]:
-    async with serving(SyntheticEngine(rate=100, jitter=0.2)) as backend:
-        yield backend
-
-
-def generate(request_id: str, n: int = 2, **extra: Any) -> str:
-    params = extra.pop("params", {"max_tokens": 30, "seed": 3})
-    return json.dumps(generate_frame(request_id, "hi", n, params, **extra))
-
-
-async def frames_until_done(
-    ws: ClientConnection, request_id: str, limit_s: float = 30
-) -> list[dict[str, Any]]:
-    frames = []
-    async with asyncio.timeout(limit_s):
-        while True:
-            frame = await recv_frame(ws)
-            frames.append(frame)
-            if frame["type"] == "done" and frame["id"] == request_id:
-                return frames
+PARAMS = {"max_tokens": 30, "seed": 3}
+"""A request's sampling settings where a test names none."""
 
 
 def _spin(seconds: float) -> None:
@@ -106,8 +86,8 @@ def test_connections_see_their_own_tasks_and_others_anonymously() -> None:
 
 async def test_live_trace_frames_name_tasks_and_count_every_chunk(server: BackendServer) -> None:
     async with connect(server.url) as ws:
-        await ws.send(generate("r1", n=3))
-        frames = await frames_until_done(ws, "r1")
+        await ws.send(generate("r1", 3, "hi", PARAMS))
+        frames = await until_done(ws, "r1")
     traces = [f for f in frames if f["type"] == "trace"]
     assert traces, "trace frames arrive while the request runs"
     assert frames.index(traces[-1]) < frames.index(frames[-1])  # the last trace comes before done
@@ -132,8 +112,8 @@ async def test_live_trace_frames_name_tasks_and_count_every_chunk(server: Backen
 
 async def test_export_is_a_chrome_trace_with_every_event_kind(server: BackendServer) -> None:
     async with connect(server.url, max_size=None) as ws:
-        await ws.send(generate("r1", n=2))
-        await frames_until_done(ws, "r1")
+        await ws.send(generate("r1", 2, "hi", PARAMS))
+        await until_done(ws, "r1")
         await ws.send(json.dumps(export_trace_frame("r1")))
         async with asyncio.timeout(10):
             while (export := await recv_frame(ws))["type"] != "trace_export":
@@ -159,14 +139,14 @@ async def cancel_latency_ms(server: BackendServer, mode: str) -> float:
     """Client-side time from sending cancel to receiving `done`, under a consumer mode."""
     async with connect(server.url) as ws:
         params = {"max_tokens": 1000, "seed": 1, "temperature": 0}
-        await ws.send(generate("r", n=4, params=params, consumer={"mode": mode, "block_ms": 15}))
+        await ws.send(generate("r", 4, "hi", params, consumer={"mode": mode, "block_ms": 15}))
         chunks = 0
         while chunks < 40:
             if (await recv_frame(ws))["type"] == "chunk":
                 chunks += 1
         sent = time.perf_counter()
         await ws.send(json.dumps(cancel_frame("r")))
-        frames = await frames_until_done(ws, "r")
+        frames = await until_done(ws, "r")
         assert {f["reason"] for f in frames if f["type"] == "finish"} == {"abort"}
         return (time.perf_counter() - sent) * 1000
 
@@ -179,13 +159,13 @@ async def test_blocking_consumer_raises_cancel_latency(server: BackendServer) ->
 
 async def test_cancel_chain_is_traced(server: BackendServer) -> None:
     async with connect(server.url) as ws:
-        await ws.send(generate("r1", n=2, params={"max_tokens": 1000, "seed": 1}))
+        await ws.send(generate("r1", 2, "hi", {"max_tokens": 1000, "seed": 1}))
         while (await recv_frame(ws))["type"] != "chunk":
             pass
         await ws.send(json.dumps(cancel_frame("r1", 1)))
         await asyncio.sleep(0.1)
         await ws.send(json.dumps(cancel_frame("r1")))
-        frames = await frames_until_done(ws, "r1")
+        frames = await until_done(ws, "r1")
     cancels = [c for f in frames if f["type"] == "trace" for c in f["cancels"]]
     stages = [(stage, index) for _, _, index, stage in cancels]
     assert ("received", 1) in stages and ("aborted", 1) in stages and ("finished", 1) in stages
@@ -194,8 +174,8 @@ async def test_cancel_chain_is_traced(server: BackendServer) -> None:
 
 async def test_fanout_requests_gives_the_same_samples(server: BackendServer) -> None:
     async with connect(server.url) as ws:
-        await ws.send(generate("a", n=3, fanout="requests"))
-        frames = await frames_until_done(ws, "a")
+        await ws.send(generate("a", 3, "hi", PARAMS, fanout="requests"))
+        frames = await until_done(ws, "a")
     texts: dict[int, str] = {}
     for f in frames:
         if f["type"] == "chunk":
@@ -208,8 +188,8 @@ async def test_fanout_requests_gives_the_same_samples(server: BackendServer) -> 
 async def test_greedy_consumer_runs_in_longer_steps_than_cooperative(server: BackendServer) -> None:
     async def mean_steps_per_slice(mode: str) -> float:
         async with connect(server.url) as ws:
-            await ws.send(generate(mode, n=8, params={"max_tokens": 40, "seed": 1}, consumer={"mode": mode}))
-            frames = await frames_until_done(ws, mode)
+            await ws.send(generate(mode, 8, "hi", {"max_tokens": 40, "seed": 1}, consumer={"mode": mode}))
+            frames = await until_done(ws, mode)
         slices = [
             s
             for f in frames
@@ -224,10 +204,10 @@ async def test_greedy_consumer_runs_in_longer_steps_than_cooperative(server: Bac
 
 
 async def test_tracing_can_be_turned_off() -> None:
-    async with serving(SyntheticEngine(rate=200), trace=False) as backend:
+    async with synthetic_serving(200, 0.3, trace=False) as backend:
         async with connect(backend.url) as ws:
-            await ws.send(generate("r1"))
-            frames = await frames_until_done(ws, "r1")
+            await ws.send(generate("r1", 2, "hi", PARAMS))
+            frames = await until_done(ws, "r1")
             assert not [f for f in frames if f["type"] == "trace"]
             accepted = next(f for f in frames if f["type"] == "accepted")
             assert accepted["trace_off"] == "tracing is off on this server (--no-trace)"
@@ -239,11 +219,11 @@ async def test_without_the_c_parts_the_server_serves_untraced_and_the_page_says_
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     monkeypatch.setattr(server_module, "tracer_available", lambda: False)
-    async with serving(SyntheticEngine(rate=200)) as backend:
+    async with synthetic_serving(200, 0.3) as backend:
         assert "C parts are not built" in backend.health()["trace"]["off"]
         async with connect(backend.url) as ws:
-            await ws.send(generate("r1"))
-            frames = await frames_until_done(ws, "r1")
+            await ws.send(generate("r1", 2, "hi", PARAMS))
+            frames = await until_done(ws, "r1")
             assert [f["type"] for f in frames].count("chunk") > 0
             assert not [f for f in frames if f["type"] == "trace"]
         view = RunView("r1", started_at=0.0)
@@ -391,13 +371,13 @@ async def test_the_tracer_keeps_no_callback_alive() -> None:
 
 
 async def test_trace_frames_carry_the_loops_task_tree_once_a_second() -> None:
-    async with serving(SyntheticEngine(rate=100)) as backend:
+    async with synthetic_serving(100, 0.3) as backend:
         async with connect(backend.url) as ws, connect(backend.url) as other:
             # another connection's request, running beside this one
-            await other.send(generate("o1", params={"max_tokens": 200, "seed": 1}))
-            await ws.send(generate("r1", params={"max_tokens": 200, "seed": 2}))
-            frames = await frames_until_done(ws, "r1")
-            await frames_until_done(other, "o1")
+            await other.send(generate("o1", 2, "hi", {"max_tokens": 200, "seed": 1}))
+            await ws.send(generate("r1", 2, "hi", {"max_tokens": 200, "seed": 2}))
+            frames = await until_done(ws, "r1")
+            await until_done(other, "o1")
     trees = [f["tasks"] for f in frames if f["type"] == "trace" and "tasks" in f]
     traced = [f for f in frames if f["type"] == "trace"]
     assert 1 <= len(trees) <= len(traced) // 4 + 1  # about one frame in five
@@ -487,8 +467,8 @@ def test_the_export_puts_the_prefill_on_a_lane_of_its_own() -> None:
 
 async def test_a_requests_trace_frames_carry_its_prefill_span(server: BackendServer) -> None:
     async with connect(server.url, max_size=None) as ws:
-        await ws.send(generate("r1", n=3))
-        frames = await frames_until_done(ws, "r1")
+        await ws.send(generate("r1", 3, "hi", PARAMS))
+        frames = await until_done(ws, "r1")
         await ws.send(json.dumps(export_trace_frame("r1")))
         async with asyncio.timeout(10):
             while (export := await recv_frame(ws))["type"] != "trace_export":

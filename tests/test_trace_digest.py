@@ -12,13 +12,12 @@ from typing import Any
 import pytest
 from websockets.asyncio.client import connect
 
-from backend.engines.synthetic import SyntheticEngine
-from backend.frames import cancel_frame, generate_frame
+from backend.frames import cancel_frame
 from backend.trace import recorder
 from backend.trace.frames import connection_frame, digest_ring
 from backend.trace.recorder import CANCEL, CHUNK, FRAME, IDLE, LAG, STEP
-from devkit.frames import recv_frame
-from tests.support.backends import serving
+from tests.support.backends import synthetic_serving
+from tests.support.wire import generate, of_request, until_done
 
 pytestmark = pytest.mark.skipif(
     not recorder.available() and not os.environ.get("CI"), reason="the tracer's C parts are not built here"
@@ -29,25 +28,22 @@ MS = 1_000_000
 
 async def _generate(port: int, request_id: str, cancel: dict[str, Any] | None, mode: str) -> None:
     async with connect(f"ws://127.0.0.1:{port}/ws") as ws:
-        frame = generate_frame(request_id, "hi", 4, trace=True)
-        frame["params"] = {"max_tokens": 120, "seed": 5}
-        frame["consumer"] = {"mode": mode, "block_ms": 2}
-        await ws.send(json.dumps(frame))
-        received = 0
-        while True:
-            reply = await recv_frame(ws)
-            if reply["type"] == "chunk":
-                received += 1
-                # Early, while the request surely runs: when this client lags, chunks merge, and a
-                # request of a few hundred tokens can arrive in only a few frames.
-                if cancel is not None and received == 3:
-                    await ws.send(json.dumps(cancel_frame(request_id, cancel.get("index"))))
-            if reply["type"] == "done":
-                return
+        consumer = {"mode": mode, "block_ms": 2}
+        await ws.send(
+            generate(request_id, 4, "hi", {"max_tokens": 120, "seed": 5}, trace=True, consumer=consumer)
+        )
+
+        async def on_frame(frame: dict[str, Any], frames: list[dict[str, Any]]) -> None:
+            # Early, while the request surely runs: when this client lags, chunks merge, and a
+            # request of a few hundred tokens can arrive in only a few frames.
+            if cancel is not None and frame["type"] == "chunk" and len(of_request(frames, "chunk")) == 3:
+                await ws.send(json.dumps(cancel_frame(request_id, cancel.get("index"))))
+
+        await until_done(ws, limit_s=None, frame_s=None, on_frame=on_frame)
 
 
 async def test_a_real_servers_ring_digests_to_its_own_totals() -> None:
-    async with serving(SyntheticEngine(rate=300, jitter=0.3)) as server:
+    async with synthetic_serving(300, 0.3) as server:
         await asyncio.gather(
             _generate(server.port, "a", None, "cooperative"),
             _generate(server.port, "b", {"index": 1}, "greedy"),

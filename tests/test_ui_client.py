@@ -4,16 +4,15 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import AsyncIterator
 
 import pytest
 from websockets.asyncio.server import ServerConnection, serve
 
-from backend.engines.synthetic import SyntheticEngine, synthetic_tokens
+from backend.engines.synthetic import synthetic_tokens
 from backend.frames import accepted_frame, encode
+from backend.serving.server import BackendServer
 from backend.vocabulary import SamplingParams
 from devkit.local import free_port
-from tests.support.backends import serving
 from ui.client import BackendError, BackendRun
 from ui.view import (
     WAITING_HINT_S,
@@ -25,15 +24,12 @@ from ui.view import (
     summary_markdown,
 )
 
-
-@pytest.fixture
-async def backend_url() -> AsyncIterator[str]:
-    async with serving(SyntheticEngine(rate=100)) as server:
-        yield server.url
+SERVER_JITTER = 0.3
+"""The conftest `server` fixture's synthetic engine: 100 tokens/s per sample, each interval ± 30 %."""
 
 
-async def test_run_streams_into_the_view(backend_url: str) -> None:
-    run = BackendRun(backend_url)
+async def test_run_streams_into_the_view(server: BackendServer) -> None:
+    run = BackendRun(server.url)
     view = await run.start("Hello", 3, {"max_tokens": 20, "temperature": 0.8, "seed": 9})
     assert view.accepted and view.n == 3 and view.params["seed"] == 9
     async for _ in run.updates(0.05):
@@ -47,11 +43,11 @@ async def test_run_streams_into_the_view(backend_url: str) -> None:
     assert "| 2 |" in summary_markdown(view) and "**Request:**" in summary_markdown(view)
 
 
-async def test_the_status_line_says_a_cancelled_run_was_cancelled(backend_url: str) -> None:
+async def test_the_status_line_says_a_cancelled_run_was_cancelled(server: BackendServer) -> None:
     """Cancel (every sample aborted) reads "cancelled", a run with one column stopped says how many
     of its samples were stopped; neither reads plain "finished"."""
     for stop_all in (True, False):
-        run = BackendRun(backend_url)
+        run = BackendRun(server.url)
         view = await run.start("Hello", 3, {"max_tokens": 400, "seed": 4})
         async for _ in run.updates(0.05):
             if any(sample.text for sample in view.samples):
@@ -67,9 +63,9 @@ async def test_the_status_line_says_a_cancelled_run_was_cancelled(backend_url: s
 
 
 async def test_the_final_state_is_yielded_even_if_the_run_ends_while_the_consumer_is_busy(
-    backend_url: str,
+    server: BackendServer,
 ) -> None:
-    run = BackendRun(backend_url)
+    run = BackendRun(server.url)
     await run.start("Hello", 2, {"max_tokens": 5, "seed": 1})
     seen_finished = []
     async for view in run.updates(0.01):
@@ -78,8 +74,8 @@ async def test_the_final_state_is_yielded_even_if_the_run_ends_while_the_consume
     assert seen_finished[-1] is True
 
 
-async def test_updates_are_capped_at_the_frame_rate(backend_url: str) -> None:
-    run = BackendRun(backend_url)
+async def test_updates_are_capped_at_the_frame_rate(server: BackendServer) -> None:
+    run = BackendRun(server.url)
     await run.start("Hello", 8, {"max_tokens": 60, "temperature": 0, "seed": 1})
     loop = asyncio.get_running_loop()
     started = loop.time()
@@ -93,8 +89,8 @@ async def test_updates_are_capped_at_the_frame_rate(backend_url: str) -> None:
     assert updates < tokens / 10
 
 
-async def test_cancel_one_then_all(backend_url: str) -> None:
-    run = BackendRun(backend_url)
+async def test_cancel_one_then_all(server: BackendServer) -> None:
+    run = BackendRun(server.url)
     await run.start("Hello", 3, {"max_tokens": 1000, "seed": 1})
     updates = run.updates(0.02)
     await anext(updates)
@@ -108,12 +104,12 @@ async def test_cancel_one_then_all(backend_url: str) -> None:
     await updates.aclose()
 
 
-async def test_unreachable_backend_and_refused_request(backend_url: str) -> None:
+async def test_unreachable_backend_and_refused_request(server: BackendServer) -> None:
     dead = f"ws://127.0.0.1:{free_port()}/ws"
     with pytest.raises(BackendError, match="the backend is unreachable"):
         await BackendRun(dead).start("Hello", 1, {})
     with pytest.raises(BackendError, match="n must be between 1 and 32"):
-        await BackendRun(backend_url).start("Hello", 99, {})
+        await BackendRun(server.url).start("Hello", 99, {})
 
 
 def test_view_ignores_other_requests_and_reports_errors() -> None:

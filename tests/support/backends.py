@@ -40,6 +40,14 @@ async def serving(
             await server.engine.stop()
 
 
+def synthetic_serving(
+    rate: float = 100.0, jitter: float = 0.2, limits: Limits | None = None, **options: Any
+) -> contextlib.AbstractAsyncContextManager[BackendServer]:
+    """`serving` the synthetic engine at `rate` tokens/s per sample with `jitter`, `limits` and the
+    server's other `options` (the conftest `server` fixture's backend, and tests' own variants)."""
+    return serving(SyntheticEngine(rate=rate, jitter=jitter), limits, **options)
+
+
 @dataclass(frozen=True)
 class RunningApp:
     """`python app.py` serving a test module: its page's URL and its backend's /health URL."""

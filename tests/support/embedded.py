@@ -1,14 +1,54 @@
-"""Helpers of the embedded engine's tests: a request's texts, finish reasons and last chunks."""
+"""Helpers of the embedded engine's tests: the bundled model read once, a request's texts, finish
+reasons and last chunks."""
 
 from __future__ import annotations
+
+import functools
+from dataclasses import dataclass
 
 import torch
 
 from backend.engines.embedded.engine import EmbeddedGeneration
 from backend.engines.embedded.linear import kernel_status
+from backend.engines.embedded.quantized import BlockMatrix, load_blocks
+from backend.engines.embedded.weights import (
+    LlamaConfig,
+    ModelFolder,
+    read_config,
+    read_tensors,
+    resolve_model,
+)
 from backend.vocabulary import SamplingParams
 
 PROMPT = "Name three colors."
+
+
+@dataclass(frozen=True)
+class BundledModel:
+    """The bundled model's folder (its float32 weights converted from the GGUF), config and
+    tensors, as the engine reads them."""
+
+    folder: ModelFolder
+    config: LlamaConfig
+    tensors: dict[str, torch.Tensor]
+
+    def blocks(self) -> dict[str, BlockMatrix]:
+        """The GGUF's blocks of the float32 weights (none where the folder has no GGUF), read once."""
+        return _blocks()
+
+
+@functools.cache
+def bundled_model() -> BundledModel:
+    """The bundled model, read once for the test process (the modules that read it share it)."""
+    folder = resolve_model()
+    return BundledModel(folder, LlamaConfig.from_hf(read_config(folder.path)), read_tensors(folder.path))
+
+
+@functools.cache
+def _blocks() -> dict[str, BlockMatrix]:
+    model = bundled_model()
+    gguf = model.folder.gguf
+    return load_blocks(model.folder.path, gguf, model.tensors) if gguf else {}
 
 
 async def collect(generation: EmbeddedGeneration | object, n: int) -> tuple[list[str], list, list]:
