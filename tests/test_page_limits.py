@@ -44,6 +44,7 @@ def test_good_inputs_make_the_request_the_backend_expects() -> None:
         "system": "Be brief.",
         "cancel_after": 7,
         "logprobs": True,
+        "alternatives": 5,
     }
     assert not wanted.blocking and wanted.tokens == 256
     assert request(seed=None).params["seed"] is None

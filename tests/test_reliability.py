@@ -139,7 +139,7 @@ def test_a_killed_client_process_aborts_its_work() -> None:
     port = url.split(":")[2].split("/")[0]
     script = (
         "import asyncio, json, websockets.asyncio.client as c\n"
-        "from backend.protocol import generate_frame\n"
+        "from backend.frames import generate_frame\n"
         "async def main():\n"
         f"    ws = await c.connect('{url}')\n"
         "    frame = generate_frame('r', 'x', 4, {'max_tokens': 2000})\n"
