@@ -488,7 +488,9 @@ async def test_the_server_gives_k_alternatives_a_token(
     prompt = COLOUR_PROMPT if prompt_format == "chat" else "Once upon a time"
     k = 4
     async with connect(server.url) as ws:
-        await ws.send(generate("alt", 2, 16, prompt, format=prompt_format, logprobs=True, alternatives=k))
+        await ws.send(
+            generate("alt", 2, prompt, params(16), format=prompt_format, logprobs=True, alternatives=k)
+        )
         entries: list[tuple[float, list[Any]]] = []
 
         async def on_frame(frame: dict[str, Any], texts: dict[int, str]) -> None:
