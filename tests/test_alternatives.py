@@ -32,6 +32,7 @@ from devkit.frames import recv_frame
 from devkit.listing import ListingEngine
 from tests.support.backends import serving
 from tests.support.embedded import collect, params
+from tests.support.page_events import PAGE_SETTINGS, page
 from ui.alternatives_view import why_none
 from ui.handlers import Handlers
 from ui.run_recorder import RunRecorder
@@ -302,25 +303,7 @@ def test_a_saved_run_keeps_its_alternatives_and_one_without_has_none() -> None:
     assert parse_saved_runs(plain)[0].params.alternatives == 0
 
 
-SETTINGS: dict[str, Any] = {
-    "n": 2,
-    "max_tokens": 8,
-    "temperature": 0.8,
-    "top_p": 0.95,
-    "seed": 5,
-    "consumer": "cooperative",
-    "block_ms": 0,
-    "fanout": "n",
-    "output_kind": "delta",
-    "cancel_after": None,
-    "logprobs": True,
-    "alternatives": 3,
-    "answer_pattern": "",
-}
-
-
-def page(session: str = "alternatives-page") -> Any:
-    return SimpleNamespace(session_hash=session, client=None, headers={})
+SETTINGS = {**PAGE_SETTINGS, "logprobs": True, "alternatives": 3}
 
 
 async def generate(handlers: Handlers, request: Any, **change: Any) -> list[Any]:

@@ -14,39 +14,19 @@ from typing import Any
 import gradio as gr
 
 from tests.support.backends import synthetic_serving
+from tests.support.page_events import PAGE_SETTINGS, page
 from ui.handlers import Handlers
 from ui.sample_tree_view import RUN_STRIDE, value_rows
 from ui.view import PREFIX_TAIL_CHARS
 
 SKIP = gr.skip()
 
-SETTINGS: dict[str, Any] = {
-    "n": 2,
-    "max_tokens": 8,
-    "temperature": 0.8,
-    "top_p": 0.95,
-    "seed": 5,
-    "consumer": "cooperative",
-    "block_ms": 0,
-    "fanout": "n",
-    "output_kind": "delta",
-    "cancel_after": None,
-    "logprobs": False,
-    "answer_pattern": "",
-}
-"""What the page sends beside a continuation (its run settings but the prompt, format and system
-prompt, which are the continued run's)."""
-
-
-def page(session: str = "one-page") -> Any:
-    return SimpleNamespace(session_hash=session, client=None, headers={})
-
 
 async def generate(
     handlers: Handlers, request: Any, prompt: str = "Tell a story.", **change: Any
 ) -> list[Any]:
     """A Generate run to its end; its last outputs."""
-    settings = {**SETTINGS, "prompt": prompt, "format": "chat", "system": "", **change}
+    settings = {**PAGE_SETTINGS, "prompt": prompt, "format": "chat", "system": "", **change}
     last: list[Any] = []
     async for outputs in handlers.generate(request, **settings):
         last = outputs
@@ -58,7 +38,9 @@ async def continue_from(
 ) -> list[list[Any]]:
     """The outputs of a continuation of `node` of run `run`'s tree, to its end."""
     event = SimpleNamespace(index=node, value=run)
-    return [outputs async for outputs in handlers.continue_from(event, request, **{**SETTINGS, **change})]
+    return [
+        outputs async for outputs in handlers.continue_from(event, request, **{**PAGE_SETTINGS, **change})
+    ]
 
 
 def leaf(tree_value: dict[str, Any], sample: int) -> dict[str, Any]:
@@ -116,7 +98,7 @@ async def test_a_branch_that_cannot_be_continued_is_said_and_the_page_keeps_its_
 
         # A run still streaming: continue once it has finished (or been cancelled).
         long = {
-            **SETTINGS,
+            **PAGE_SETTINGS,
             "prompt": "Tell a long story.",
             "max_tokens": 2000,
             "format": "chat",
@@ -167,7 +149,7 @@ async def continue_at_point(
 ) -> list[list[Any]]:
     """The outputs of a continuation of column `column` from character `offset`, to its end."""
     event = SimpleNamespace(index=column, value={"continue_at": offset, "run": run})
-    settings = {**SETTINGS, **change}
+    settings = {**PAGE_SETTINGS, **change}
     return [outputs async for outputs in handlers.continue_from_point(event, request, **settings)]
 
 
@@ -214,7 +196,13 @@ async def test_continue_is_offered_only_once_the_run_has_finished() -> None:
     async with synthetic_serving(100, 0.1) as backend:
         handlers = Handlers(backend.url)
         request = page()
-        settings = {**SETTINGS, "prompt": "Tell a story.", "format": "chat", "system": "", "max_tokens": 30}
+        settings = {
+            **PAGE_SETTINGS,
+            "prompt": "Tell a story.",
+            "format": "chat",
+            "system": "",
+            "max_tokens": 30,
+        }
         seen = [outputs async for outputs in handlers.generate(request, **settings)]
         streaming = [o for o in seen if o[0]["samples"] and "streaming" in o[1]]
         assert streaming and all("still streaming" in o[6]["why_not"] for o in streaming)
