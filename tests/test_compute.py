@@ -16,7 +16,7 @@ INT8_OFF = (False, "the int8 products' C part is not built")
 
 
 def test_the_rows_kernel_is_batch_invariant_as_it_is_and_a_library_path_at_a_block() -> None:
-    assert list(PATHS) == ["fp32-blocks", "bf16-torch", "int8-exact"]
+    assert list(PATHS) == ["int8-exact", "fp32-blocks", "bf16-torch"]
     assert {name for name, path in PATHS.items() if Choice(path).batch_invariant} == {
         "fp32-blocks",
         "int8-exact",
@@ -40,9 +40,9 @@ def _labels(options: tuple[Choice, ...]) -> list[str]:
 
 def test_auto_times_every_path_it_can_run_the_library_one_at_each_block() -> None:
     both = decide("auto", KERNEL_ON, has_gguf=True, blocks=(8, 32), ladders=False)
-    assert _labels(both.options) == ["fp32-blocks", "bf16-torch/32", "bf16-torch/8", "int8-exact"]
+    assert _labels(both.options) == ["int8-exact", "fp32-blocks", "bf16-torch/32", "bf16-torch/8"]
     laddered = decide("auto", KERNEL_ON, has_gguf=True)  # the engine's own blocks: at most four options
-    assert _labels(laddered.options) == ["fp32-blocks", "bf16-torch/1-32", "bf16-torch/1-8", "int8-exact"]
+    assert _labels(laddered.options) == ["int8-exact", "fp32-blocks", "bf16-torch/1-32", "bf16-torch/1-8"]
     no_gguf = decide("auto", KERNEL_ON, has_gguf=False, blocks=(8,), ladders=False, int8=INT8_OFF)
     assert _labels(no_gguf.options) == ["bf16-torch/8"]
     # int8-exact needs no block: forced, nothing to time or check
@@ -60,7 +60,7 @@ def test_auto_times_every_path_it_can_run_the_library_one_at_each_block() -> Non
 
 def test_auto_without_the_kernel_times_the_library_path() -> None:
     decision = decide("auto", KERNEL_OFF, has_gguf=True, blocks=(16,))
-    assert _labels(decision.options) == ["bf16-torch/1-16", "int8-exact"]
+    assert _labels(decision.options) == ["int8-exact", "bf16-torch/1-16"]
 
 
 def test_a_forced_path_that_cannot_run_is_refused_with_the_reason() -> None:
@@ -71,7 +71,7 @@ def test_a_forced_path_that_cannot_run_is_refused_with_the_reason() -> None:
     with pytest.raises(ValueError, match="--compute int8-exact cannot run here: the int8 products' C part"):
         decide("int8-exact", KERNEL_ON, has_gguf=True, int8=INT8_OFF)
     with pytest.raises(
-        ValueError, match="must be one of auto, fp32-blocks, bf16-torch, int8-exact, got 'float16'"
+        ValueError, match="must be one of auto, int8-exact, fp32-blocks, bf16-torch, got 'float16'"
     ):
         decide("float16", KERNEL_ON, has_gguf=True)
     assert decide("bf16-torch", KERNEL_OFF, has_gguf=False).choice.path.name == "bf16-torch"
@@ -81,7 +81,7 @@ def test_a_forced_path_that_cannot_run_is_refused_with_the_reason() -> None:
 def test_a_removed_path_is_refused_naming_the_paths_that_remain(removed: str) -> None:
     with pytest.raises(
         ValueError,
-        match=f"--compute {removed} is no longer offered .*auto, fp32-blocks, bf16-torch, int8-exact",
+        match=f"--compute {removed} is no longer offered .*auto, int8-exact, fp32-blocks, bf16-torch",
     ):
         decide(removed, KERNEL_ON, has_gguf=True)
 
@@ -246,3 +246,25 @@ def test_a_ladder_that_fails_its_check_gives_way_to_its_block_alone_ranked_by_it
         (ladder, kernel), lambda option, rows: slow[rows] if option.block else 3.0 * rows, check, (1, 16)
     )
     assert found.choice == kernel and "bf16-torch/16" not in found.times and found.failed == []
+
+
+def test_a_step_slowed_once_by_other_work_does_not_decide_the_path() -> None:
+    """int8-exact's step at 32 rows is timed while another process starts (ten times its time, once):
+    one pass would take fp32-blocks; the second pass times every step again, keeps the best and
+    takes int8-exact, as every quiet start would."""
+    exact, blocks = Choice(PATHS["int8-exact"]), Choice(PATHS["fp32-blocks"])
+    timed: list[tuple[str, int]] = []
+
+    def step(option: Choice, rows: int) -> float:
+        timed.append((option.label, rows))
+        slowed = option == exact and rows == 32 and timed.count(("int8-exact", 32)) == 1
+        return (0.6 if option == exact else 1.0) * rows * (10 if slowed else 1)
+
+    assert probe((exact, blocks), step, lambda option: [], rows=(1, 8, 32), repeats=1).choice == blocks
+    timed.clear()
+    found = probe((exact, blocks), step, lambda option: [], rows=(1, 8, 32))
+    assert found.choice == exact and found.unfinished == {"fp32-blocks"}
+    assert found.times["int8-exact"] == pytest.approx(1.8)
+    # Each step measured in the first pass is timed once more, the last first, and no other.
+    first = timed[: len(timed) // 2]
+    assert timed[len(first) :][: len(first)] == first[::-1]
