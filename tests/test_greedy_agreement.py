@@ -1,16 +1,16 @@
-"""Greedy tokens of the embedded engine's model against transformers' forward of the same weights, on
-every compute path this machine runs.
+"""Greedy tokens of the embedded engine's model against transformers' forward of the same weights, on every
+compute path this machine runs.
 
-For each prompt (chat-templated), greedy tokens two ways: the engine's `Llama` as the engine runs it
-on the path (every prompt a row of one batch: prefilled, then decoded together; on the default
-path, the rows kernel from the GGUF's packed blocks and the C decode ops) and transformers'
-`generate(do_sample=False)` on the converted weights in the path's dtype, one prompt at a time. The
-end of turn is ignored on both sides (its logit -inf; `min_new_tokens` for transformers), so every
-answer is exactly that long. The two forwards sum in other orders, so they may part only where the
-reference's two best tokens are within the dtype's rounding of each other: each prompt agrees on
-every token, or parts at such a near-tie. On `int8-exact` the reference has the weights its int8
-steps give back, and the engine's rows are rounded to int8 at every product besides: its near-tie
-is that rounding's.
+For each prompt (chat-templated), greedy tokens two ways: the engine's `Llama` as the engine runs it on
+the path (every prompt a row of one batch: prefilled, then decoded together; on the default path, the
+rows kernel from the GGUF's packed blocks and the C decode ops) and transformers'
+`generate(do_sample=False)` on the converted weights in the path's dtype (in float32 the prompts as one
+batch padded on the left, in bfloat16 one at a time). The end of turn is ignored on both sides (its logit
+-inf; `min_new_tokens` for transformers), so every answer is exactly that long. The two forwards sum in
+other orders, so they may part only where the reference's two best tokens are within the dtype's rounding
+of each other: each prompt agrees on every token, or parts at such a near-tie. On `int8-exact` the
+reference has the weights its int8 steps give back, and the engine's rows are rounded to int8 at every
+product besides: its near-tie is that rounding's.
 """
 
 from __future__ import annotations
@@ -67,11 +67,21 @@ def engine_greedy(model: Llama, config: LlamaConfig, prompts: list[list[int]], e
 
 @torch.inference_mode()
 def reference_greedy(
-    reference: torch.nn.Module, ids: list[int], eos: int
-) -> tuple[list[int], list[torch.Tensor]]:
-    """transformers' greedy tokens and each step's logits."""
+    reference: torch.nn.Module, prompts: list[list[int]], eos: int
+) -> list[tuple[list[int], list[torch.Tensor]]]:
+    """transformers' greedy tokens and each step's logits for every prompt: in float32 the prompts
+    generated together as one batch padded on the left (each attends to its own tokens alone; the
+    weights read once a step for all of them; the same tokens as one prompt at a time), in another
+    dtype one prompt at a time (a bfloat16 product rounds by its row count: batched, its greedy
+    tokens part from those of one prompt alone)."""
+    if reference.dtype != torch.float32 and len(prompts) > 1:
+        return [reference_greedy(reference, [ids], eos)[0] for ids in prompts]
+    width = max(map(len, prompts))
+    ids = torch.tensor([[eos] * (width - len(p)) + p for p in prompts])
+    mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts])
     out = reference.generate(
-        torch.tensor([ids]),
+        ids,
+        attention_mask=mask,
         max_new_tokens=TOKENS,
         min_new_tokens=TOKENS,
         do_sample=False,
@@ -80,7 +90,10 @@ def reference_greedy(
         output_scores=True,
         return_dict_in_generate=True,
     )
-    return out.sequences[0, len(ids) :].tolist(), [score[0].float() for score in out.scores]
+    return [
+        (out.sequences[row, width:].tolist(), [score[row].float() for score in out.scores])
+        for row in range(len(prompts))
+    ]
 
 
 def _as_engine_weights(reference: torch.nn.Module, model: Llama) -> None:
@@ -117,7 +130,7 @@ def _plain_reference(dtype: torch.dtype) -> tuple[tuple[list[int], list[torch.Te
     tokenizer = AutoTokenizer.from_pretrained(folder.path)
     eos = int(tokenizer.eos_token_id)
     reference = AutoModelForCausalLM.from_pretrained(folder.path, dtype=dtype)
-    return tuple(reference_greedy(reference, ids, eos) for ids in _prompts(tokenizer))
+    return tuple(reference_greedy(reference, _prompts(tokenizer), eos))
 
 
 def _prompts(tokenizer: object) -> list[list[int]]:
@@ -151,7 +164,7 @@ def test_greedy_tokens_agree_with_transformers_or_part_at_a_near_tie(name: str) 
         if path.form == "int8":
             reference = AutoModelForCausalLM.from_pretrained(folder.path, dtype=dtype)
             _as_engine_weights(reference, model)
-            references = [reference_greedy(reference, ids, eos) for ids in prompts]
+            references = reference_greedy(reference, prompts, eos)
         else:
             references = list(_plain_reference(dtype))
         partings = []
