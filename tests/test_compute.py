@@ -246,25 +246,3 @@ def test_a_ladder_that_fails_its_check_gives_way_to_its_block_alone_ranked_by_it
         (ladder, kernel), lambda option, rows: slow[rows] if option.block else 3.0 * rows, check, (1, 16)
     )
     assert found.choice == kernel and "bf16-torch/16" not in found.times and found.failed == []
-
-
-def test_a_step_slowed_once_by_other_work_does_not_decide_the_path() -> None:
-    """int8-exact's step at 32 rows is timed while another process starts (ten times its time, once):
-    one pass would take fp32-blocks; the second pass times every step again, keeps the best and
-    takes int8-exact, as every quiet start would."""
-    exact, blocks = Choice(PATHS["int8-exact"]), Choice(PATHS["fp32-blocks"])
-    timed: list[tuple[str, int]] = []
-
-    def step(option: Choice, rows: int) -> float:
-        timed.append((option.label, rows))
-        slowed = option == exact and rows == 32 and timed.count(("int8-exact", 32)) == 1
-        return (0.6 if option == exact else 1.0) * rows * (10 if slowed else 1)
-
-    assert probe((exact, blocks), step, lambda option: [], rows=(1, 8, 32), repeats=1).choice == blocks
-    timed.clear()
-    found = probe((exact, blocks), step, lambda option: [], rows=(1, 8, 32))
-    assert found.choice == exact and found.unfinished == {"fp32-blocks"}
-    assert found.times["int8-exact"] == pytest.approx(1.8)
-    # Each step measured in the first pass is timed once more, the last first, and no other.
-    first = timed[: len(timed) // 2]
-    assert timed[len(first) :][: len(first)] == first[::-1]

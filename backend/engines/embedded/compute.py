@@ -77,9 +77,10 @@ PATHS: dict[str, ComputePath] = {
 }
 """Every path, by its `--compute` name, in the order ties are settled in: `int8-exact` first. Its
 lead over `fp32-blocks` in a probe is thin where one row's step (memory-bound, int8's weights
-larger than the GGUF's blocks) weighs most, and a start slowed by other work could tie them, while
-at 8 and 32 rows int8-exact's steps take a third of fp32-blocks' (2-core AMD EPYC Zen 4: 1.9
-against 5.1 ms a token at 8 rows, 1.1 against 3.1 at 32)."""
+larger than the GGUF's blocks) weighs most, and a start slowed by other work could tie them (3
+starts in 12 here took `fp32-blocks` so), while at 8 and 32 rows int8-exact's steps take a third
+of fp32-blocks' (2-core AMD EPYC Zen 4: 1.9 against 5.1 ms a token at 8 rows, 1.1 against 3.1 at
+32)."""
 
 COMPUTE_CHOICES = ("auto", *PATHS)
 """What `--compute` accepts."""
@@ -260,52 +261,6 @@ class Probe:
     """The row counts each option's steps were timed at."""
 
 
-class _Timer:
-    """`probe`'s timings: each path's step at each row count (the best of the passes so far), and
-    the options' times from them."""
-
-    def __init__(self, step: Callable[[Choice, int], float], rows: tuple[int, ...]) -> None:
-        self.step, self.rows = step, rows
-        self.measured: dict[tuple[str, int], float] = {}
-        self.timed_as: dict[tuple[str, int], Choice] = {}
-        self.times: dict[str, float] = {}
-
-    def timed(self, option: Choice, limit: float, counts: tuple[int, ...] | None = None) -> bool:
-        """Time `option` over `counts` (all the rows) into `times`, up to `limit`; whether it was
-        timed whole. A step already measured is not timed again."""
-        total = 0.0
-        for count in self.rows if counts is None else counts:
-            for size in option.step_rows(count):
-                key = option.path.name, size
-                if key not in self.measured:
-                    self.measured[key] = self.step(option, size)
-                    self.timed_as[key] = option
-                total += self.measured[key] / count
-            if total > limit:
-                self.times[option.label] = total
-                return False
-        self.times[option.label] = total
-        return True
-
-    def rank(self, options: tuple[Choice, ...]) -> list[Choice]:
-        """One pass: every option at the first row count, then each in turn over the rest, fastest
-        there first, left once past the fastest whole one by TIE; the options timed whole."""
-        self.times.clear()
-        finished: list[Choice] = []
-        for option in options:
-            self.timed(option, float("inf"), self.rows[:1])
-        for option in sorted(options, key=lambda option: self.times[option.label]):
-            best = min((self.times[done.label] for done in finished), default=float("inf"))
-            if self.timed(option, best * (1 + TIE)):
-                finished.append(option)
-        return finished
-
-    def again(self) -> None:
-        """Time every step measured so far once more (the last first), keeping the best."""
-        for key in reversed(list(self.measured)):
-            self.measured[key] = min(self.measured[key], self.step(self.timed_as[key], key[1]))
-
-
 def probe(
     options: tuple[Choice, ...],
     step: Callable[[Choice, int], float],
@@ -314,27 +269,41 @@ def probe(
     repeats: int = 2,
 ) -> Probe:
     """The fastest batch-invariant one of `options`: `step(option, count)` runs a sample of a decode
-    step's linear layers at `count` rows and returns its estimate of a whole step's, in seconds (the
-    best of `repeats` passes, each step measured once per path and row count in a pass); an
-    option's time is the sum over `rows` of a token's time there, its step over the rows (a PyTorch
-    path's step: its products at the row counts it calls, Choice.step_rows). In a pass every option
-    is timed at the first of `rows` (the cheapest), then each in turn over the rest, the fastest
-    there first, so that a fast one is timed whole early and the slower ones are left sooner: an
-    option is left unfinished once its sum so far passes the fastest whole one's by more than TIE
-    (its time is then that partial sum, marked slower in `probe_reason`). Each later pass times
-    again every step the passes before it measured and takes the best, then ranks the options
-    afresh: a moment of other work on the machine (one process starting or ending beside it) slows
-    one pass's steps, rarely the same step in two passes apart. The order of timing changes no
-    choice: an option left is slower than the fastest by more than TIE. From the first `_ranked`
-    on, a PyTorch path must pass `check(option)` (a list of what differs, empty where nothing
-    does). A ladder that fails gives way to its block alone, timed then and ranked among the rest
-    by its time."""
-    timer = _Timer(step, rows)
-    finished = timer.rank(options)
-    for _ in range(repeats - 1):
-        timer.again()
-        finished = timer.rank(options)
-    times, timed = timer.times, timer.timed
+    step's linear layers at `count` rows and returns its estimate of a whole step's, in seconds
+    (the best of `repeats`, measured once per path and row count); an option's time is the sum over
+    `rows` of a token's time there, its step over the rows (a PyTorch path's step: its products at
+    the row counts it calls, Choice.step_rows). Every option is timed at the first of `rows` (the
+    cheapest), then each in turn over the rest, the fastest there first, so that a fast one is
+    timed whole early and the slower ones are left sooner: an option is left unfinished once its
+    sum so far passes the fastest whole one's by more than TIE (its time is then that partial sum,
+    marked slower in `probe_reason`). The order of timing changes no choice: an option left is
+    slower than the fastest by more than TIE. From the first `_ranked` on, a PyTorch path must pass
+    `check(option)` (a list of what differs, empty where nothing does). A ladder that fails gives
+    way to its block alone, timed then and ranked among the rest by its time."""
+    times: dict[str, float] = {}
+    finished: list[Choice] = []
+    measured: dict[tuple[str, int], float] = {}
+
+    def timed(option: Choice, limit: float, counts: tuple[int, ...] = rows) -> bool:
+        """Time `option` over `counts` into `times`, up to `limit`; whether it was timed whole."""
+        total = 0.0
+        for count in counts:
+            for size in option.step_rows(count):
+                if (option.path.name, size) not in measured:
+                    measured[option.path.name, size] = min(step(option, size) for _ in range(repeats))
+                total += measured[option.path.name, size] / count
+            if total > limit:
+                times[option.label] = total
+                return False
+        times[option.label] = total
+        return True
+
+    for option in options:
+        timed(option, float("inf"), rows[:1])
+    for option in sorted(options, key=lambda option: times[option.label]):
+        best = min((times[done.label] for done in finished), default=float("inf"))
+        if timed(option, best * (1 + TIE)):
+            finished.append(option)
     unfinished = {option.label for option in options} - {option.label for option in finished}
     ranked = _ranked(options, finished, times)
     failed: list[str] = []
