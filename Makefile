@@ -6,10 +6,11 @@ PY := $(VENV)/bin/python
 # make gpu-check's Python: the environment requirements-gpu.txt was installed in.
 GPU_PYTHON ?= python3
 TORCH := $(shell grep '^torch==' requirements.txt)
-# make test's pytest processes: a test file each, four at once (most tests wait on a process they
-# started or a page: on 2 cores, AMD EPYC Zen 4, three at once kept them busy 79 % of the time and
-# took 9 min 25 s, four 8 min 44 s).
-TEST_WORKERS ?= -n 4 --dist loadfile
+# make test's pytest processes: a test file each, three at once (most tests wait on a process they
+# started, so one at a time left a core idle: 9 min 52 s against 6 min 5 s here, 2 cores). Four at
+# once took 8 min 44 s against three's 9 min 25 s (AMD EPYC Zen 4, 2 cores), but a browser check of
+# the live stall (drawn within 5 s) then missed its time.
+TEST_WORKERS ?= -n 3 --dist loadfile
 # The tracer's C parts, built in place (without a C compiler the dashboard serves untraced and says why).
 NATIVE := backend/trace/_step_recorder$(shell $(PYTHON) -c 'import sysconfig; print(sysconfig.get_config_var("EXT_SUFFIX"))')
 
