@@ -77,10 +77,10 @@ PATHS: dict[str, ComputePath] = {
 }
 """Every path, by its `--compute` name, in the order ties are settled in: `int8-exact` first. Its
 lead over `fp32-blocks` in a probe is thin where one row's step (memory-bound, int8's weights
-larger than the GGUF's blocks) weighs most, and a start slowed by other work could tie them (3
-starts in 12 here took `fp32-blocks` so), while at 8 and 32 rows int8-exact's steps take a third
-of fp32-blocks' (2-core AMD EPYC Zen 4: 1.9 against 5.1 ms a token at 8 rows, 1.1 against 3.1 at
-32)."""
+larger than the GGUF's blocks) weighs most: 14 against 17.7 ms summed over 1, 8 and 32 rows, and
+a start slowed by other work can bring them within TIE, while at 8 and 32 rows int8-exact's steps
+take a third of fp32-blocks' (2-core AMD EPYC Zen 4: 1.9 against 5.1 ms a token at 8 rows, 1.1
+against 3.1 at 32)."""
 
 COMPUTE_CHOICES = ("auto", *PATHS)
 """What `--compute` accepts."""
