@@ -229,6 +229,9 @@ def test_the_rough_edges_of_a_run(context: BrowserContext, synthetic_app: Runnin
         box.fill("2000")  # streams for minutes: still streaming when the column is clicked
         box.press("Enter")
         page.locator("#generate").click()
+        # Until the new run's first update the columns still hold the kept run, finished, which
+        # Continue from here may continue: the click waits for the new run.
+        expect(page.locator("#status")).to_contain_text("streaming", timeout=15_000)
         expect(page.locator("#sample-0")).not_to_have_text("", timeout=15_000)
         page.locator("#sample-0").click(position={"x": 6, "y": 6})  # its first word, whatever its length
         offer = page.locator("#column-continue")

@@ -195,7 +195,7 @@ def expect_hanging(page: Page, text: str, count: int, current: bool = True) -> N
             return under && under.length === count;
         }""",
         arg=[text, count, current],
-        timeout=10_000,
+        timeout=30_000,  # as the status waits: a loaded host draws the tree late
     )
 
 

@@ -358,7 +358,10 @@ def test_cancel_after_and_cumulative_outputs_through_the_page(synthetic_app: Run
     assert statuses(cut) == ["stopped"] * 3 and "· cancelled." in cut[STATUS]
     for column in cut[SAMPLES]["samples"]:
         count = int(column["header"].split(" tok")[0].rsplit(" ", 1)[1])
-        assert 4 <= count <= 6, column["header"]
+        # Tokens that fell due while the abort was on its way still come: the engine keeps its own
+        # deadlines (40 ms apart here), so a moment's stall of app or server lets several out at
+        # once (3 seen on a loaded 2-core host). 12 is far below the run's 200.
+        assert 4 <= count <= 12, column["header"]
     cumulative = client.predict(
         "Tell a story.", 3, 30, 0.8, 0.95, 5, *EXPERIMENTS, "cumulative", api_name="/generate"
     )
