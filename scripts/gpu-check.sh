@@ -91,7 +91,7 @@ check() {
     echo "=== real-engine tests on the GPU"
     local status
     DASHBOARD_REAL_ENGINES=1 DASHBOARD_ENGINES_ON_GPU=1 "$python" -m pytest --timeout 1800 tests/test_engines_real.py \
-        -m "server_sglang or app_serving or app_failing or app_killed" -p no:cacheprovider -rA "$@" 2>&1 | tee "$logs/pytest.log"
+        -m "server_sglang or app_serving or app_failing" -p no:cacheprovider -rA "$@" 2>&1 | tee "$logs/pytest.log"
     status=${PIPESTATUS[0]}
     echo "=== what passed on this GPU ($(grep -m1 -o 'GPU 0: [^,]*' <("$python" -m backend.engines.gpu_probe) || echo '?'))"
     grep -E '^(PASSED|FAILED|ERROR|SKIPPED)' "$logs/pytest.log" || echo "(no test ran)"

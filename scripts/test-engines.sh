@@ -14,8 +14,8 @@ set -uo pipefail
 cd "$(dirname "$0")/.."
 python=$1
 shift
-groups=("server_sglang" "app_serving" "app_failing" "app_killed" "server_vllm")
-needs=("sglang sglang-app router model" "sglang sglang-app model" "sglang sglang-app model" "sglang sglang-app model" "vllm model")
+groups=("server_sglang" "app_serving" "app_failing" "server_vllm")
+needs=("sglang sglang-app router model" "sglang sglang-app model" "sglang sglang-app model" "vllm model")
 # Every SGLang group waits for all the parts in the SGLang environment: pip must not change packages
 # under a running server.
 

@@ -59,7 +59,7 @@ def page(browser: Browser, synthetic_app: RunningApp) -> Iterator[Page]:
     page.close()
 
 
-ENGINE_GROUPS = ("server_sglang", "server_vllm", "app_serving", "app_failing", "app_killed")
+ENGINE_GROUPS = ("server_sglang", "server_vllm", "app_serving", "app_failing")
 """The real-engine tests' groups (markers): each group's tests share the servers or the kind of
 app.py start they need, and `make test-engines` (scripts/test-engines.sh) runs the groups at once,
 each in a pytest of its own."""

@@ -994,7 +994,7 @@ def test_app_py_serves_in_process_sglang(tmp_path: Path) -> None:
         stop_process_group(app.process)
 
 
-@pytest.mark.app_killed
+@pytest.mark.app_serving
 def test_in_process_sglangs_scheduler_killed_mid_run_ends_its_samples_with_the_cause(tmp_path: Path) -> None:
     """SGLang's scheduler killed mid-run (as the kernel's OOM killer or a crash would end it):
     SGLang's watchdog signals the backend, whose running request ends at once, each column `error`
@@ -1238,7 +1238,7 @@ KILLED_GONE_S = 5.0
 """How soon after app.py or the backend is killed outright every process they started must be gone."""
 
 
-@pytest.mark.app_killed
+@pytest.mark.app_failing
 def test_sglang_killed_outright_with_its_dashboard_leaves_nothing(tmp_path: Path) -> None:
     """SIGKILL, as the out-of-memory killer sends it, to app.py and to `python -m backend` with
     `--engine auto` launching the real SGLang server (its scheduler and detokenizer with it), and to
@@ -1282,7 +1282,7 @@ def test_sglang_killed_outright_with_its_dashboard_leaves_nothing(tmp_path: Path
         stop_process_group(in_process.process)
 
 
-@pytest.mark.app_killed
+@pytest.mark.app_failing
 def test_a_launched_servers_scheduler_killed_mid_run_ends_its_samples_with_the_cause(tmp_path: Path) -> None:
     """`--engine auto` with its SGLang server: the server's scheduler killed while two samples
     stream. SGLang's watchdog ends the server; each column ends `error` within seconds, saying the
