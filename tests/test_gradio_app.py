@@ -408,3 +408,32 @@ async def test_cancel_answers_once_generate_has_drawn_the_end_of_the_run() -> No
             assert "· cancelled." in outputs[1]
             # what each column shows: the text it streamed before the Cancel, words of it
             assert all(len(s["text"].split()) >= 2 for s in outputs[0]["samples"]), outputs[0]
+
+
+async def test_cancel_after_the_run_ended_says_nothing_runs_once_generate_has_drawn_its_end() -> None:
+    """A Cancel pressed when the run has finished but its Generate event has not yet drawn its last
+    update (a loaded Gradio): it waits for that update, then says nothing is running, so the
+    message is not drawn over."""
+    import asyncio
+    from types import SimpleNamespace
+
+    from tests.support.backends import synthetic_serving
+    from ui.handlers import NOTHING_TO_CANCEL, Handlers
+
+    async with synthetic_serving(200, 0.2) as backend:
+        handlers = Handlers(backend.url)
+        request: Any = SimpleNamespace(session_hash="one-page", client=None, headers={})
+        settings = {"prompt": "Say hi.", "n": 2, "max_tokens": 4, "temperature": 0.8, "top_p": 0.95}
+        settings.update(seed=1, consumer="cooperative", block_ms=0, fanout="n", format="chat")
+        generate = handlers.generate(request, **settings)
+        async for outputs in generate:  # up to the finished run's view, its last update not pulled
+            if statuses(outputs) and set(statuses(outputs)) <= {"stop", "length"}:
+                break
+        assert len(statuses(outputs)) == 2 and set(statuses(outputs)) <= {"stop", "length"}, outputs
+        cancel = asyncio.create_task(handlers.cancel(request))
+        await asyncio.sleep(0.3)
+        assert not cancel.done(), "Cancel answered while Generate could still draw"
+        async for _ in generate:  # its last update, then its end
+            pass
+        answer = await asyncio.wait_for(cancel, 5)
+        assert NOTHING_TO_CANCEL in answer[1], answer[1]

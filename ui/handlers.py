@@ -404,14 +404,17 @@ class Handlers(Continuing):
         its way cannot land after the final view and leave a column "streaming". The page then
         cancels the Generate event (`.then(cancels=...)` in `ui.app`): a no-op for an event that
         ended, and it drops a Generate still waiting in the queue. A Generate still waiting for the
-        engine to start stops waiting, and the status line says so; with nothing running, the status
-        line says that (NOTHING_TO_CANCEL) and the last run stays on the page."""
+        engine to start stops waiting, and the status line says so; with nothing running (a run
+        that has finished, once its Generate event has drawn its end), the status line says that
+        (NOTHING_TO_CANCEL) and the last run stays on the page."""
         session = session_of(request)
         waiting = self._waiting.get(session)
         if waiting is not None:
             waiting.set()
             return status_only(CANCELLED_WAIT)
         run = self._runs.get(session)
+        if run is not None and run.view.finished:
+            await self._generate_ended(run)
         if run is None or (run.view.finished and run not in self._streaming):
             shown = status_markdown(run.view) + "\n\n" if run is not None else ""
             return status_only(shown + NOTHING_TO_CANCEL)
@@ -419,12 +422,17 @@ class Handlers(Continuing):
         # A blocked loop reads the Cancel only when its step ends: the run streams on meanwhile,
         # saying that the Cancel waits, and this event waits with it (up to BLOCKED_CANCEL_WAIT_S).
         if await run.wait_finished(BLOCKED_CANCEL_WAIT_S if run.blocks_loop else CLOSE_TIMEOUT_S):
-            streaming = self._streaming.get(run)
-            if streaming is not None:
-                with contextlib.suppress(TimeoutError):
-                    async with asyncio.timeout(CLOSE_TIMEOUT_S):
-                        await streaming.wait()
+            await self._generate_ended(run)
         return outputs_for(run.view, self._answers.get(session), lineage=self._lineages.get(session))
+
+    async def _generate_ended(self, run: BackendRun) -> None:
+        """Return once the Generate event streaming `run` has ended (at once where none does), or
+        after CLOSE_TIMEOUT_S: an answer given after it cannot be drawn over by its last update."""
+        streaming = self._streaming.get(run)
+        if streaming is not None:
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(CLOSE_TIMEOUT_S):
+                    await streaming.wait()
 
     async def export(self, request: gr.Request) -> Any:
         """This session's run's trace as a Perfetto JSON file to download."""
