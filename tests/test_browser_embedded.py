@@ -55,8 +55,9 @@ def test_the_sheep_example_pressed_while_the_model_loads_waits_then_answers_and_
         page.locator("#examples").get_by_text(sheep.label).click()
         expect(page.locator("#prompt textarea")).to_have_value(SHEEP)
         expect(page.locator("#n input[type=number]")).to_have_value(str(sheep.n))
-        # The page's seed is random, and a sample may then answer in one word ("Sammy!"): seed 3's
-        # eight answers are sentences on int8-exact, fp32-blocks and bf16-torch, also held to AVX2.
+        # The page's seed is random, and a sample may then answer in one word ("Sammy!"): with seed 3
+        # all eight answers are longer and name a number or the sheep, on int8-exact, fp32-blocks and
+        # bf16-torch, also held to AVX2.
         set_seed(page, 3)
         page.locator("#generate").click()
         with urllib.request.urlopen(embedded_app["health"], timeout=10) as response:
