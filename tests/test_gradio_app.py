@@ -378,14 +378,14 @@ async def test_cancel_answers_once_generate_has_drawn_the_end_of_the_run() -> No
     yielded the run's end and returned, so no update of Generate can land after it and leave a
     column "streaming"; the page then cancels the (ended) Generate event."""
     import asyncio
-    from types import SimpleNamespace
 
     from tests.support.backends import synthetic_serving
+    from tests.support.page_events import page as visitor
     from ui.handlers import Handlers
 
     async with synthetic_serving(50, 0.2) as backend:
         handlers = Handlers(backend.url)
-        request: Any = SimpleNamespace(session_hash="one-page", client=None, headers={})
+        request = visitor()
         drawn: list[list[Any]] = []
         streaming = asyncio.Event()
 
@@ -415,16 +415,15 @@ async def test_cancel_after_the_run_ended_says_nothing_runs_once_generate_has_dr
     update (a loaded Gradio): it waits for that update, then says nothing is running, so the
     message is not drawn over."""
     import asyncio
-    from types import SimpleNamespace
 
     from tests.support.backends import synthetic_serving
+    from tests.support.page_events import PAGE_SETTINGS, page
     from ui.handlers import NOTHING_TO_CANCEL, Handlers
 
     async with synthetic_serving(200, 0.2) as backend:
         handlers = Handlers(backend.url)
-        request: Any = SimpleNamespace(session_hash="one-page", client=None, headers={})
-        settings = {"prompt": "Say hi.", "n": 2, "max_tokens": 4, "temperature": 0.8, "top_p": 0.95}
-        settings.update(seed=1, consumer="cooperative", block_ms=0, fanout="n", format="chat")
+        request = page()
+        settings = {**PAGE_SETTINGS, "prompt": "Say hi.", "format": "chat", "system": "", "max_tokens": 4}
         generate = handlers.generate(request, **settings)
         async for outputs in generate:  # up to the finished run's view, its last update not pulled
             if statuses(outputs) and set(statuses(outputs)) <= {"stop", "length"}:

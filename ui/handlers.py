@@ -413,11 +413,11 @@ class Handlers(Continuing):
             waiting.set()
             return status_only(CANCELLED_WAIT)
         run = self._runs.get(session)
-        if run is not None and run.view.finished:
+        if run is None:
+            return status_only(NOTHING_TO_CANCEL)
+        if run.view.finished:
             await self._generate_ended(run)
-        if run is None or (run.view.finished and run not in self._streaming):
-            shown = status_markdown(run.view) + "\n\n" if run is not None else ""
-            return status_only(shown + NOTHING_TO_CANCEL)
+            return status_only(status_markdown(run.view) + "\n\n" + NOTHING_TO_CANCEL)
         await run.cancel()
         # A blocked loop reads the Cancel only when its step ends: the run streams on meanwhile,
         # saying that the Cancel waits, and this event waits with it (up to BLOCKED_CANCEL_WAIT_S).
